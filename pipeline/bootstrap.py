@@ -1,0 +1,71 @@
+"""Bootstrap bases: a Debian root filesystem from debootstrap, imported as an image.
+
+No registry is involved, which is what the embedded default and air-gapped sites need. The
+image is content-addressed by its recipe, so it is built once and reused by every cell on it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from pipeline import cmd
+from pipeline.engine import Engine
+from pipeline.errors import InfraError
+from pipeline.model import BootstrapBase
+from pipeline.site import SiteSettings
+
+__all__ = ["base_tag", "ensure_base"]
+
+# Bump when the steps below change in a way that changes the image.
+RECIPE_REVISION = 1
+
+
+def base_tag(base: BootstrapBase, images_dir: Path) -> str:
+    """`stackproof/base-NAME:<digest of the recipe>`; the mirror is not part of it."""
+    recipe = base.recipe
+    spec = {
+        "revision": RECIPE_REVISION,
+        "suite": recipe.suite,
+        "variant": recipe.variant,
+        "include": sorted(recipe.include),
+        "venv": recipe.venv,
+    }
+    digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
+    return f"stackproof/base-{base.name}:{digest[:16]}"
+
+
+def ensure_base(engine: Engine, base: BootstrapBase, site: SiteSettings, images_dir: Path) -> tuple[str, bool]:
+    """Build the base unless its tag exists. Returns (tag, built_now)."""
+    tag = base_tag(base, images_dir)
+    if engine.image(tag) is not None:
+        print(f"base {tag} exists, reusing it", file=sys.stderr)
+        return tag, False
+    if shutil.which("debootstrap") is None:
+        raise InfraError("debootstrap is not installed: `apt-get install -y debootstrap` (needs root)")
+    if not site.debian_mirror:
+        raise InfraError("no Debian mirror known: set STACKPROOF_DEBIAN_MIRROR or configure apt sources")
+    recipe = base.recipe
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="stackproof-bootstrap-") as tmp:
+        rootfs = Path(tmp) / "rootfs"
+        argv = ["debootstrap", f"--variant={recipe.variant}"]
+        if recipe.include:
+            argv.append("--include=" + ",".join(recipe.include))
+        argv += [recipe.suite, str(rootfs), site.debian_mirror]
+        cmd.stream(argv, on_line=lambda line: print(f"[bootstrap {base.name}] {line}", file=sys.stderr), timeout=1800)
+        cmd.run(["chroot", str(rootfs), "python3", "-m", "venv", recipe.venv], timeout=300)
+        for leftover in ("var/cache/apt/archives", "var/lib/apt/lists"):
+            for path in (rootfs / leftover).glob("*"):
+                if path.is_file():
+                    path.unlink()
+        tarball = Path(tmp) / "rootfs.tar"
+        cmd.run(["tar", "-C", str(rootfs), "--numeric-owner", "-cf", str(tarball), "."], timeout=600)
+        engine.import_rootfs(tarball, tag, changes=["ENV LANG=C.UTF-8"])
+    print(f"base {tag} bootstrapped in {time.monotonic() - started:.0f}s", file=sys.stderr)
+    return tag, True

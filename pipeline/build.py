@@ -1,0 +1,159 @@
+"""Build a cell's image: bases first, skip when the content tag exists, stream the log, record it.
+
+The build context is assembled in a temporary directory from the plan; the per-index pip options
+(mirror URLs may carry credentials) and the CA bundle are written to a separate private directory
+and passed as BuildKit secrets, so they never enter the context, a layer or the log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TextIO
+
+from pipeline.bootstrap import ensure_base
+from pipeline.engine import Engine
+from pipeline.errors import InfraError
+from pipeline.model import BootstrapBase, Cell, CellBase, Matrix, RegistryBase
+from pipeline.plan import BuildPlan, plan_cell
+from pipeline.site import SiteSettings
+
+__all__ = ["BuildResult", "build_cell", "write_context"]
+
+MATRIX_DIGEST_LABEL = "io.stackproof.matrix.digest"
+_RESOLVED_BASE = re.compile(r"resolve (?:docker-image://)?(\S+@sha256:[0-9a-f]{64})")
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuildResult:
+    cell: str
+    tag: str
+    image_id: str
+    skipped: bool
+    seconds: float
+    base_ref: str
+    base_resolved: str | None  # what a tag-only registry base resolved to, read from the build log
+    matrix_digest: str
+    log: str | None
+
+    def to_json(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def build_cell(
+    engine: Engine,
+    matrix: Matrix,
+    cell: Cell,
+    site: SiteSettings,
+    images_dir: Path,
+    *,
+    out_dir: Path,
+    no_cache: bool = False,
+    force: bool = False,
+) -> BuildResult:
+    """Build `cell` (and whatever it stands on) unless its content tag already exists."""
+    for note in cell.notes:
+        print(f"note: {cell.id}: {note}", file=sys.stderr)
+    base = cell.base
+    if isinstance(base, CellBase):
+        parent = matrix.cell(base.cell)
+        build_cell(engine, matrix, parent, site, images_dir, out_dir=out_dir.parent / parent.id)
+    elif isinstance(base, BootstrapBase):
+        ensure_base(engine, base, site, images_dir)
+    plan = plan_cell(matrix, cell, site, images_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    existing = engine.image(plan.tag)
+    if existing is not None and not (force or no_cache):
+        print(f"{cell.id}: {plan.tag} exists, build skipped", file=sys.stderr)
+        result = BuildResult(
+            cell=cell.id, tag=plan.tag, image_id=existing.id, skipped=True, seconds=0.0, base_ref=plan.base_ref,
+            base_resolved=None, matrix_digest=existing.labels.get(MATRIX_DIGEST_LABEL, ""), log=None,
+        )
+    else:
+        result = _build(engine, matrix, plan, site, out_dir=out_dir, no_cache=no_cache)
+    (out_dir / "build.json").write_text(json.dumps(result.to_json(), indent=2) + "\n")
+    return result
+
+
+def _build(engine: Engine, matrix: Matrix, plan: BuildPlan, site: SiteSettings, *, out_dir: Path, no_cache: bool) -> BuildResult:
+    cell = plan.cell
+    log_path = out_dir / "build.log"
+    started = time.monotonic()
+    resolved: list[str] = []
+    with tempfile.TemporaryDirectory(prefix=f"stackproof-{cell.id}-") as tmp, log_path.open("w") as log:
+        context = Path(tmp) / "context"
+        secrets_dir = Path(tmp) / "secrets"
+        write_context(plan, context)
+        secrets = _write_secrets(matrix, plan, site, secrets_dir)
+        print(f"{cell.id}: building {plan.tag} ({len(plan.files)} context files, "
+              f"{len(plan.local_wheels)} local wheels), log: {log_path}", file=sys.stderr)
+
+        def on_line(line: str, log: TextIO = log) -> None:
+            log.write(line + "\n")
+            print(f"[build {cell.id}] {line}", file=sys.stderr, flush=True)
+            match = _RESOLVED_BASE.search(line)
+            if match:
+                resolved.append(match.group(1))
+
+        engine.build(
+            context, tag=plan.tag, platform=cell.platform, secrets=secrets,
+            labels={MATRIX_DIGEST_LABEL: matrix.digest}, on_line=on_line, no_cache=no_cache,
+        )
+    image = engine.image(plan.tag)
+    if image is None:
+        raise InfraError(f"{cell.id}: the build reported success but {plan.tag} is not in the image store")
+    seconds = time.monotonic() - started
+    print(f"{cell.id}: built {plan.tag} ({image.id[:19]}) in {seconds:.0f}s", file=sys.stderr)
+    base_resolved = resolved[0] if resolved and isinstance(cell.base, RegistryBase) else None
+    if base_resolved and isinstance(cell.base, RegistryBase) and not cell.base.digest:
+        print(f"note: {cell.id}: base {cell.base.image} resolved to {base_resolved}; pin that digest in matrix.yaml",
+              file=sys.stderr)
+    return BuildResult(
+        cell=cell.id, tag=plan.tag, image_id=image.id, skipped=False, seconds=round(seconds, 1),
+        base_ref=plan.base_ref, base_resolved=base_resolved, matrix_digest=matrix.digest, log=str(log_path),
+    )
+
+
+def write_context(plan: BuildPlan, context: Path) -> None:
+    """Lay the plan's files out as a build context (wheels are hard-linked where possible)."""
+    context.mkdir(parents=True)
+    (context / "Dockerfile").write_text(plan.dockerfile)
+    for rel, data in plan.files:
+        path = context / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    for index in plan.indexes:  # every index's wheel dir exists, so the Dockerfile is site-independent
+        (context / "stackproof" / "wheels" / index).mkdir(parents=True, exist_ok=True)
+    for wheel in plan.local_wheels:
+        target = context / wheel.context_path
+        try:
+            os.link(wheel.path, target)
+        except OSError:
+            shutil.copyfile(wheel.path, target)
+
+
+def _write_secrets(matrix: Matrix, plan: BuildPlan, site: SiteSettings, directory: Path) -> dict[str, Path]:
+    directory.mkdir(mode=0o700)
+    secrets: dict[str, Path] = {}
+    for index in plan.indexes:
+        where = site.index_location(matrix, index)
+        if where.is_local:
+            options = ["--no-index", "--find-links", f"/tmp/stackproof/wheels/{index}"]
+        else:
+            options = ["--index-url", where.location]
+            if where.location.startswith("http://"):
+                options += ["--trusted-host", where.location.split("/")[2].rsplit("@", 1)[-1]]
+        path = directory / f"index-{index}"
+        path.touch(mode=0o600)
+        path.write_text("\n".join(options) + "\n")
+        secrets[f"index-{index}"] = path
+    if site.ca_bundle is not None:
+        secrets["cabundle"] = site.ca_bundle
+    return secrets

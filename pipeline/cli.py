@@ -1,0 +1,217 @@
+"""`stackproof` command line: parse, load the matrix once, dispatch, map exceptions to exit codes.
+
+Exit codes: 0 success, 1 a check failed, 2 bad input or usage (nothing built or run),
+3 infrastructure problem (no docker daemon, registry unreachable, a tool timeout), 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+from dataclasses import asdict, is_dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import pipeline
+from pipeline.errors import Interrupted, MatrixError, PipelineError
+from pipeline.load import load_matrix
+from pipeline.model import Cell, Matrix
+
+__all__ = ["main"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _raise_interrupted)
+    try:
+        return int(args.handler(args) or 0)
+    except KeyboardInterrupt:
+        print("stackproof: interrupted; cleaned up", file=sys.stderr)
+        return Interrupted.exit_code
+    except MatrixError as exc:
+        for problem in exc.problems:
+            print(problem, file=sys.stderr)
+        print(f"stackproof: {len(exc.problems)} problem(s) in the matrix; nothing was built or run", file=sys.stderr)
+        return exc.exit_code
+    except PipelineError as exc:
+        print(f"stackproof: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+
+
+def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--matrix", type=Path, default=Path(os.environ.get("STACKPROOF_MATRIX", "matrix.yaml")),
+                        help="matrix file (default: ./matrix.yaml or $STACKPROOF_MATRIX)")
+    common.add_argument("--images", type=Path, default=None,
+                        help="templates and recipes directory (default: images/ beside the matrix)")
+    common.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+
+    parser = argparse.ArgumentParser(prog="stackproof", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"stackproof {pipeline.__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    matrix = commands.add_parser("matrix", help="validate, list and show cells").add_subparsers(dest="sub", required=True)
+    p = matrix.add_parser("validate", parents=[common], help="check matrix.yaml; FILE:LINE: path: message")
+    p.set_defaults(handler=_matrix_validate)
+    p = matrix.add_parser("list", parents=[common], help="cell ids, arch, base, runner labels")
+    p.set_defaults(handler=_matrix_list)
+    p = matrix.add_parser("show", parents=[common], help="the fully resolved cell")
+    p.add_argument("cell")
+    p.set_defaults(handler=_matrix_show)
+
+    p = commands.add_parser("render", parents=[common], help="write Dockerfiles and per-index requirement files")
+    p.add_argument("cells", nargs="*", help="cells to render (default: all)")
+    p.add_argument("--out", type=Path, default=Path("stackproof-out/render"))
+    p.set_defaults(handler=_render)
+
+    p = commands.add_parser("lock", parents=[common], help="resolve a cell's install into its hash-locked file")
+    p.add_argument("cells", nargs="+")
+    p.set_defaults(handler=_lock)
+
+    p = commands.add_parser("build", parents=[common], help="build a cell's image (skipped when its content tag exists)")
+    p.add_argument("cell")
+    p.add_argument("--out", type=Path, default=Path("stackproof-out"))
+    p.add_argument("--no-cache", action="store_true", help="rebuild every step")
+    p.add_argument("--force", action="store_true", help="build even when the content tag exists")
+    p.set_defaults(handler=_build)
+
+    p = commands.add_parser("run", parents=[common], help="build + start + prove + tear down: the main job")
+    p.add_argument("cell")
+    p.add_argument("--arm", default=None)
+    p.add_argument("--out", type=Path, default=Path("stackproof-out"))
+    p.set_defaults(handler=_run)
+    return parser
+
+
+# -- handlers --------------------------------------------------------------------------------------
+
+def _load(args: argparse.Namespace) -> tuple[Matrix, Path]:
+    images = args.images or args.matrix.parent / "images"
+    return load_matrix(args.matrix, images_dir=images), images
+
+
+def _emit(args: argparse.Namespace, document: Any, text: str) -> None:
+    if args.json:
+        print(json.dumps(_jsonable(document), indent=2))
+    else:
+        print(text)
+
+
+def _matrix_validate(args: argparse.Namespace) -> int:
+    matrix, _ = _load(args)
+    notes = [f"{matrix.file}:{c.line}: cells[{c.id}]: note: {n}" for c in matrix.cells for n in c.notes]
+    for note in notes:
+        print(note, file=sys.stderr)
+    _emit(args, {"file": str(matrix.file), "valid": True, "cells": len(matrix.cells), "notes": notes},
+          f"{matrix.file}: valid, {len(matrix.cells)} cells")
+    return 0
+
+
+def _matrix_list(args: argparse.Namespace) -> int:
+    matrix, _ = _load(args)
+    rows = [{"id": c.id, "arch": c.arch, "platform": c.platform, "base": c.base.name, "runner": list(c.runner),
+             "arms": [a.name for a in c.arms], "expect": c.expect.stage if c.expect else None} for c in matrix.cells]
+    width = max((len(r["id"]) for r in rows), default=4)  # type: ignore[arg-type]
+    lines = [f"{r['id']:<{width}}  {r['arch']:<6} {r['platform']:<12} {r['base']:<20} {','.join(r['runner'])}"  # type: ignore[arg-type]
+             + (f"  expect fail at {r['expect']}" if r["expect"] else "") for r in rows]
+    _emit(args, {"cells": rows}, "\n".join(lines))
+    return 0
+
+
+def _matrix_show(args: argparse.Namespace) -> int:
+    matrix, _ = _load(args)
+    cell = matrix.cell(args.cell)
+    document = _jsonable(cell)
+    _emit(args, document, json.dumps(document, indent=2))
+    return 0
+
+
+def _render(args: argparse.Namespace) -> int:
+    from pipeline.plan import plan_cell
+    from pipeline.site import load_site
+
+    matrix, images = _load(args)
+    site = load_site(matrix)
+    cells: list[Cell] = [matrix.cell(c) for c in args.cells] if args.cells else list(matrix.cells)
+    written = []
+    for cell in cells:
+        plan = plan_cell(matrix, cell, site, images)
+        target = args.out / cell.id
+        target.mkdir(parents=True, exist_ok=True)
+        (target / "Dockerfile").write_text(plan.dockerfile)
+        for rel, data in plan.files:
+            (target / rel).parent.mkdir(parents=True, exist_ok=True)
+            (target / rel).write_bytes(data)
+        written.append({"cell": cell.id, "dir": str(target), "tag": plan.tag,
+                        "requirements": [rel for rel, _ in plan.files if "/requirements/" in rel]})
+    _emit(args, {"rendered": written}, "\n".join(f"{w['cell']}: {w['dir']}/Dockerfile  {w['tag']}" for w in written))
+    return 0
+
+
+def _lock(args: argparse.Namespace) -> int:
+    from pipeline.lock import resolve_lock, write_lock
+    from pipeline.site import load_site
+
+    matrix, _ = _load(args)
+    site = load_site(matrix)
+    done = []
+    for cell_id in args.cells:
+        cell = matrix.cell(cell_id)
+        lock = resolve_lock(matrix, cell, site)
+        path = write_lock(cell, lock)
+        done.append({"cell": cell.id, "lock": str(path), "packages": len(lock.packages)})
+    _emit(args, {"locked": done}, "\n".join(f"{d['cell']}: {d['packages']} packages -> {d['lock']}" for d in done))
+    return 0
+
+
+def _build(args: argparse.Namespace) -> int:
+    from pipeline.build import build_cell
+    from pipeline.engine import Engine
+    from pipeline.site import load_site
+
+    matrix, images = _load(args)
+    cell = matrix.cell(args.cell)
+    site = load_site(matrix)
+    engine = Engine.connect()
+    result = build_cell(engine, matrix, cell, site, images, out_dir=args.out / cell.id,
+                        no_cache=args.no_cache, force=args.force)
+    _emit(args, result.to_json(), f"{result.tag} {result.image_id}" + (" (existing)" if result.skipped else ""))
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    from pipeline.engine import Engine
+    from pipeline.runjob import run_cell
+    from pipeline.site import load_site
+
+    matrix, images = _load(args)
+    cell = matrix.cell(args.cell)
+    if args.arm:
+        cell.arm(args.arm)  # a bad arm name is a usage error before anything is built
+    site = load_site(matrix)
+    engine = Engine.connect()
+    result = run_cell(engine, matrix, cell, site, images, out_root=args.out, arm_name=args.arm)
+    _emit(args, result.to_json(),
+          f"{cell.id}: PASS: ready in {result.readiness_seconds:.0f}s, "
+          f"{result.completion['completion_tokens']} tokens answered; outputs in {result.out_dir}")
+    return 0
+
+
+def _jsonable(value: Any) -> Any:
+    if is_dataclass(value) and not isinstance(value, type):
+        return _jsonable(asdict(value))
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value

@@ -1,0 +1,485 @@
+"""Read matrix.yaml, apply inheritance, validate, and return the frozen `Matrix`.
+
+One inheritance rule, applied in this order: `defaults`, then each `extends` ancestor from the
+root down, then the cell itself. Mappings merge key by key (recursively); lists and scalars
+replace; a `null` value removes the key. Every problem is collected and reported together as
+`FILE:LINE: path: message`, with a did-you-mean for misspelled keys and names.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import hashlib
+import re
+from pathlib import Path
+from typing import Any
+
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+
+from pipeline.errors import MatrixError
+from pipeline.model import (
+    STAGES,
+    Arm,
+    Base,
+    BootstrapBase,
+    BootstrapRecipe,
+    Cell,
+    CellBase,
+    Expectation,
+    Index,
+    Install,
+    Matrix,
+    ModelSource,
+    RegistryBase,
+    Requirement,
+    ServeSpec,
+)
+from pipeline.yamlsrc import Path_, YamlSource, format_path, load_yaml
+
+__all__ = ["KNOWN_ARCHES", "SCHEMA_VERSION", "load_matrix"]
+
+SCHEMA_VERSION = 1
+KNOWN_ARCHES = ("none", "sm80", "sm86", "sm89", "sm90", "sm100", "sm103", "sm110", "sm120", "sm121")
+PLATFORMS = ("linux/amd64", "linux/arm64")
+TOP_KEYS = ("schema_version", "indexes", "bases", "defaults", "cells")
+CELL_KEYS = (
+    "id", "extends", "description", "base", "platform", "arch", "runner", "system_packages", "install",
+    "overrides", "uninstall", "recipes", "env", "serve", "arms", "expect",
+)
+INHERITABLE_KEYS = tuple(k for k in CELL_KEYS if k not in ("id", "extends"))
+REQUIRED_CELL_KEYS = ("base", "platform", "arch")
+PACKAGE_KEYS = ("version", "index")
+INSTALL_KEYS = ("requirements", "lock", "python_version", "python_platform")
+SERVE_KEYS = ("model", "args", "env", "readiness_timeout", "shm_size", "gpus")
+MODEL_KEYS = ("source", "revision")
+ARM_KEYS = ("description", "env", "args")
+EXPECT_KEYS = ("outcome", "stage", "reason")
+INDEX_KEYS = ("url",)
+REGISTRY_BASE_KEYS = ("image", "digest", "python")
+BOOTSTRAP_KEYS = ("suite", "variant", "include", "venv")
+TOOL_OWNED_ARGS = ("--host", "--port")  # the tool binds the server to 127.0.0.1 on a port it picks
+
+_ID = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_PACKAGE = re.compile(r"^([A-Z0-9]|[A-Z0-9][A-Z0-9._-]*[A-Z0-9])$", re.IGNORECASE)
+_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+_IMAGE = re.compile(r"^[a-z0-9][a-z0-9._/:-]*:[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
+_MODEL = re.compile(r"^(hf:[\w.-]+/[\w.-]+|path:/\S+)$")
+
+
+def load_matrix(file: Path, *, images_dir: Path | None = None) -> Matrix:
+    """Load and validate `file`; raise `MatrixError` listing every problem, located."""
+    file = Path(file)
+    src = load_yaml(file)
+    checker = _Checker(src, images_dir or file.parent / "images")
+    matrix = checker.matrix()
+    if checker.problems:
+        raise MatrixError(checker.problems)
+    assert matrix is not None
+    return matrix
+
+
+class _Checker:
+    """Walks the document once, building typed values and collecting located problems."""
+
+    def __init__(self, src: YamlSource, images_dir: Path) -> None:
+        self.src = src
+        self.images_dir = images_dir
+        self.problems: list[str] = []
+        self.origins: dict[Path_, Path_] = {}  # merged cell path -> where in the file it came from
+
+    # -- reporting --------------------------------------------------------------------------------
+
+    def problem(self, path: Path_, message: str) -> None:
+        where = self.origins.get(path, path)
+        self.problems.append(f"{self.src.file}:{self.src.line_of(where)}: {format_path(where)}: {message}")
+
+    def keys(self, path: Path_, value: Any, allowed: tuple[str, ...], required: tuple[str, ...] = ()) -> bool:
+        """Check `value` is a mapping with only `allowed` keys and all `required` ones."""
+        if not isinstance(value, dict):
+            self.problem(path, f"must be a mapping, got {_kind(value)}")
+            return False
+        for key in value:
+            if key not in allowed:
+                self.problem((*path, key), f"unknown key{_did_you_mean(str(key), allowed)}")
+        for key in required:
+            if key not in value:
+                self.problem(path, f"missing required key {key!r}")
+        return True
+
+    # -- scalars ----------------------------------------------------------------------------------
+
+    def text(self, path: Path_, value: Any, *, pattern: re.Pattern[str] | None = None, what: str = "") -> str:
+        if isinstance(value, bool) or value is None or isinstance(value, dict | list):
+            self.problem(path, f"must be a string, got {_kind(value)}")
+            return ""
+        text = self.src.text_of(self.origins.get(path, path)) or str(value)
+        if pattern is not None and not pattern.match(text):
+            self.problem(path, f"{text!r} is not a valid {what or 'value'}")
+        return text
+
+    def choice(self, path: Path_, value: Any, choices: tuple[str, ...], what: str) -> str:
+        text = self.text(path, value)
+        if text and text not in choices:
+            self.problem(path, f"unknown {what} {text!r}{_did_you_mean(text, choices)}")
+        return text
+
+    def texts(self, path: Path_, value: Any, *, pattern: re.Pattern[str] | None = None, what: str = "") -> tuple[str, ...]:
+        if value is None:
+            return ()
+        if not isinstance(value, list):
+            self.problem(path, f"must be a list, got {_kind(value)}")
+            return ()
+        return tuple(self.text((*path, i), item, pattern=pattern, what=what) for i, item in enumerate(value))
+
+    def env(self, path: Path_, value: Any) -> tuple[tuple[str, str], ...]:
+        if value is None:
+            return ()
+        if not isinstance(value, dict):
+            self.problem(path, f"must be a mapping of NAME: value, got {_kind(value)}")
+            return ()
+        pairs = []
+        for name, item in value.items():
+            if not _ENV_NAME.match(str(name)):
+                self.problem((*path, name), f"{name!r} is not a valid environment variable name")
+            pairs.append((str(name), self.text((*path, name), item)))
+        return tuple(sorted(pairs))
+
+    def version(self, path: Path_, value: Any) -> str:
+        text = self.text(path, value)
+        try:
+            Version(text)
+        except InvalidVersion:
+            self.problem(path, f"{text!r} is not an exact version (write one version, e.g. '0.6.18.post1')")
+        return text
+
+    # -- document ---------------------------------------------------------------------------------
+
+    def matrix(self) -> Matrix | None:
+        data = self.src.data
+        if not self.keys((), data, TOP_KEYS, required=("schema_version", "cells")):
+            return None
+        version = data.get("schema_version")
+        if "schema_version" in data and version != SCHEMA_VERSION:
+            self.problem(("schema_version",), f"unsupported schema_version {version!r} (this tool reads {SCHEMA_VERSION})")
+            return None
+        indexes = self.indexes(data.get("indexes") or {})
+        bases = self.bases(data.get("bases") or {})
+        raw_cells = data.get("cells")
+        if not isinstance(raw_cells, list):
+            self.problem(("cells",), f"must be a list of cells, got {_kind(raw_cells)}")
+            return None
+        defaults = data.get("defaults") or {}
+        if "defaults" in data:
+            self.keys(("defaults",), defaults, INHERITABLE_KEYS)
+        cells = self.cells(raw_cells, defaults, indexes, bases)
+        digest = "sha256:" + hashlib.sha256(self.src.file.read_bytes()).hexdigest()
+        return Matrix(file=self.src.file, digest=digest, indexes=indexes, bases=bases, cells=cells)
+
+    def indexes(self, value: Any) -> tuple[Index, ...]:
+        if not isinstance(value, dict):
+            self.problem(("indexes",), f"must be a mapping of name: {{url: ...}}, got {_kind(value)}")
+            return ()
+        result = []
+        for name, spec in value.items():
+            path: Path_ = ("indexes", name)
+            if self.keys(path, spec, INDEX_KEYS, required=INDEX_KEYS):
+                url = self.text((*path, "url"), spec.get("url"))
+                if url and not url.startswith(("https://", "http://", "file://")):
+                    self.problem((*path, "url"), f"{url!r} is not an http(s) or file URL")
+                result.append(Index(name=str(name), url=url))
+        return tuple(result)
+
+    def bases(self, value: Any) -> tuple[Base, ...]:
+        if not isinstance(value, dict):
+            self.problem(("bases",), f"must be a mapping of name: base, got {_kind(value)}")
+            return ()
+        result: list[Base] = []
+        for name, spec in value.items():
+            path: Path_ = ("bases", name)
+            if not isinstance(spec, dict):
+                self.problem(path, f"must be a mapping, got {_kind(spec)}")
+            elif "bootstrap" in spec:
+                if self.keys(path, spec, ("bootstrap",)) and self.keys(
+                    (*path, "bootstrap"), spec["bootstrap"], BOOTSTRAP_KEYS, required=("suite", "venv")
+                ):
+                    b = spec["bootstrap"]
+                    bp = (*path, "bootstrap")
+                    recipe = BootstrapRecipe(
+                        suite=self.text((*bp, "suite"), b.get("suite")),
+                        variant=self.text((*bp, "variant"), b.get("variant", "minbase")),
+                        include=self.texts((*bp, "include"), b.get("include")),
+                        venv=self.text((*bp, "venv"), b.get("venv")),
+                    )
+                    result.append(BootstrapBase(name=str(name), recipe=recipe))
+            elif "cell" in spec:
+                if self.keys(path, spec, ("cell",)):
+                    result.append(CellBase(name=str(name), cell=self.text((*path, "cell"), spec["cell"])))
+            elif self.keys(path, spec, REGISTRY_BASE_KEYS, required=("image",)):
+                image = self.text((*path, "image"), spec.get("image"), pattern=_IMAGE, what="image repository:tag")
+                digest = None
+                if spec.get("digest") is not None:
+                    digest = self.text((*path, "digest"), spec["digest"], pattern=_DIGEST, what="sha256 digest")
+                python = self.text((*path, "python"), spec.get("python", "python3"))
+                result.append(RegistryBase(name=str(name), image=image, digest=digest, python=python))
+        return tuple(result)
+
+    # -- cells ------------------------------------------------------------------------------------
+
+    def cells(
+        self, raw_cells: list[Any], defaults: Any, indexes: tuple[Index, ...], bases: tuple[Base, ...]
+    ) -> tuple[Cell, ...]:
+        by_id: dict[str, int] = {}
+        for i, raw in enumerate(raw_cells):
+            if not self.keys(("cells", i), raw, CELL_KEYS, required=("id",)):
+                continue
+            cell_id = self.text(("cells", i, "id"), raw.get("id"), pattern=_ID, what="cell id")
+            if cell_id in by_id:
+                first = self.src.line_of(("cells", by_id[cell_id]))
+                self.problem(("cells", i, "id"), f"duplicate cell id {cell_id!r} (first defined at line {first})")
+            elif cell_id:
+                by_id[cell_id] = i
+        cells = []
+        for i, raw in enumerate(raw_cells):
+            if not isinstance(raw, dict) or raw.get("id") not in by_id or by_id[raw["id"]] != i:
+                continue
+            chain = self.extends_chain(i, raw_cells, by_id)
+            if chain is None:
+                continue
+            layers: list[tuple[Path_, Any]] = []
+            if isinstance(defaults, dict):
+                layers.append((("defaults",), defaults))
+            layers += [(("cells", j), {k: v for k, v in raw_cells[j].items() if k in INHERITABLE_KEYS}) for j in chain]
+            merged, origins = _merge(layers)
+            self.origins = {("cells", i, *rel): where for rel, where in origins.items()}
+            cell = self.cell(i, str(raw["id"]), merged, indexes, bases, set(by_id))
+            self.origins = {}
+            if cell is not None:
+                cells.append(cell)
+        self.base_cells_exist(bases, set(by_id))
+        return tuple(cells)
+
+    def extends_chain(self, i: int, raw_cells: list[Any], by_id: dict[str, int]) -> list[int] | None:
+        """Indexes of the cell's ancestors, root first, ending with the cell itself."""
+        chain = [i]
+        while "extends" in raw_cells[chain[0]]:
+            j = chain[0]
+            parent = raw_cells[j]["extends"]
+            if parent not in by_id:
+                self.problem(("cells", j, "extends"), f"no cell {parent!r}{_did_you_mean(str(parent), tuple(by_id))}")
+                return None
+            if by_id[parent] in chain:
+                names = " -> ".join(str(raw_cells[k]["id"]) for k in [by_id[parent], *chain])
+                self.problem(("cells", j, "extends"), f"extends cycle: {names}")
+                return None
+            chain.insert(0, by_id[parent])
+        return chain
+
+    def cell(
+        self,
+        i: int,
+        cell_id: str,
+        data: dict[str, Any],
+        indexes: tuple[Index, ...],
+        bases: tuple[Base, ...],
+        cell_ids: set[str],
+    ) -> Cell | None:
+        p: Path_ = ("cells", i)
+        for key in REQUIRED_CELL_KEYS:
+            if key not in data:
+                self.problem(p, f"missing required key {key!r} (set it in the cell, an ancestor or defaults)")
+        index_names = tuple(ix.name for ix in indexes)
+        base_names = tuple(b.name for b in bases)
+        notes: list[str] = []
+
+        base: Base | None = None
+        if "base" in data:
+            base_name = self.text((*p, "base"), data["base"])
+            base = next((b for b in bases if b.name == base_name), None)
+            if base is None:
+                self.problem((*p, "base"), f"no base {base_name!r}{_did_you_mean(base_name, base_names)}")
+            elif isinstance(base, CellBase) and base.cell == cell_id:
+                self.problem((*p, "base"), f"base {base_name!r} is this cell's own image")
+            elif isinstance(base, RegistryBase) and base.digest is None:
+                notes.append(f"base {base.image} is pinned by tag only; the build records the digest it got")
+
+        install = self.install((*p, "install"), data.get("install"), index_names) if "install" in data else None
+        overrides = self.packages((*p, "overrides"), data.get("overrides"), index_names)
+        serve = self.serve((*p, "serve"), data["serve"]) if data.get("serve") is not None else None
+        expect = None
+        if data.get("expect") is not None and self.keys(
+            (*p, "expect"), data["expect"], EXPECT_KEYS, required=("outcome", "stage", "reason")
+        ):
+            e = data["expect"]
+            self.choice((*p, "expect", "outcome"), e.get("outcome"), ("fail",), "expected outcome")
+            expect = Expectation(
+                stage=self.choice((*p, "expect", "stage"), e.get("stage"), STAGES, "stage"),
+                reason=self.text((*p, "expect", "reason"), e.get("reason")),
+            )
+        recipes = self.texts((*p, "recipes"), data.get("recipes"))
+        for j, recipe in enumerate(recipes):
+            if recipe and not (self.images_dir / "recipes" / recipe / "steps.j2").is_file():
+                known = tuple(d.parent.name for d in (self.images_dir / "recipes").glob("*/steps.j2"))
+                self.problem((*p, "recipes", j), f"no recipe {recipe!r} in images/recipes/{_did_you_mean(recipe, known)}")
+
+        if base is None or any(k not in data for k in REQUIRED_CELL_KEYS):
+            return None
+        return Cell(
+            id=cell_id,
+            line=self.src.line_of(p),
+            base=base,
+            platform=self.choice((*p, "platform"), data["platform"], PLATFORMS, "platform"),
+            arch=self.choice((*p, "arch"), data["arch"], KNOWN_ARCHES, "arch"),
+            runner=self.texts((*p, "runner"), data.get("runner")),
+            system_packages=self.texts((*p, "system_packages"), data.get("system_packages")),
+            install=install,
+            overrides=overrides,
+            uninstall=tuple(str(canonicalize_name(n)) for n in self.texts((*p, "uninstall"), data.get("uninstall"))),
+            recipes=recipes,
+            env=self.env((*p, "env"), data.get("env")),
+            serve=serve,
+            arms=self.arms((*p, "arms"), data.get("arms")),
+            expect=expect,
+            notes=tuple(notes),
+        )
+
+    def packages(self, path: Path_, value: Any, index_names: tuple[str, ...]) -> tuple[Requirement, ...]:
+        """`name: {version, index}` mappings (overrides and install requirements)."""
+        if value is None:
+            return ()
+        if not isinstance(value, dict):
+            self.problem(path, f"must be a mapping of package: {{version, index}}, got {_kind(value)}")
+            return ()
+        result = []
+        for name, spec in value.items():
+            item: Path_ = (*path, name)
+            if not _PACKAGE.match(str(name)):
+                self.problem(item, f"{name!r} is not a valid package name")
+            if not self.keys(item, spec, PACKAGE_KEYS, required=PACKAGE_KEYS):
+                continue
+            version = self.version((*item, "version"), spec.get("version"))
+            index = self.text((*item, "index"), spec.get("index"))
+            if index and index not in index_names:
+                self.problem((*item, "index"), f"undeclared index {index!r}{_did_you_mean(index, index_names)}")
+            result.append(Requirement(name=str(canonicalize_name(str(name))), version=version, index=index))
+        return tuple(sorted(result, key=lambda r: r.name))
+
+    def install(self, path: Path_, value: Any, index_names: tuple[str, ...]) -> Install | None:
+        if not self.keys(path, value, INSTALL_KEYS, required=("requirements", "lock")):
+            return None
+        lock = self.text((*path, "lock"), value.get("lock"))
+        return Install(
+            requirements=self.packages((*path, "requirements"), value.get("requirements"), index_names),
+            lock=(self.src.file.parent / lock).resolve(),
+            python_version=self.text((*path, "python_version"), value.get("python_version", "3.11")),
+            python_platform=self.text((*path, "python_platform"), value.get("python_platform", "x86_64-manylinux_2_28")),
+        )
+
+    def serve(self, path: Path_, value: Any) -> ServeSpec | None:
+        if not self.keys(path, value, SERVE_KEYS, required=("model",)):
+            return None
+        model = value.get("model")
+        source = ModelSource(source="", revision=None)
+        if self.keys((*path, "model"), model, MODEL_KEYS, required=("source",)):
+            text = self.text((*path, "model", "source"), model.get("source"), pattern=_MODEL,
+                             what="model source (hf:org/name or path:/dir/in/image)")
+            revision = model.get("revision")
+            source = ModelSource(
+                source=text, revision=None if revision is None else self.text((*path, "model", "revision"), revision)
+            )
+        args = self.texts((*path, "args"), value.get("args"))
+        self.tool_owned(path, args)
+        timeout = value.get("readiness_timeout", 600)
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
+            self.problem((*path, "readiness_timeout"), f"must be a positive number of seconds, got {timeout!r}")
+            timeout = 600
+        return ServeSpec(
+            model=source,
+            args=args,
+            env=self.env((*path, "env"), value.get("env")),
+            readiness_timeout_s=float(timeout),
+            shm_size=self.text((*path, "shm_size"), value.get("shm_size", "1g")),
+            gpus=None if value.get("gpus") is None else self.text((*path, "gpus"), value["gpus"]),
+        )
+
+    def tool_owned(self, path: Path_, args: tuple[str, ...]) -> None:
+        for j, arg in enumerate(args):
+            if arg.split("=", 1)[0] in TOOL_OWNED_ARGS:
+                self.problem((*path, "args", j), f"{arg!r}: the tool sets --host 127.0.0.1 and --port itself")
+
+    def arms(self, path: Path_, value: Any) -> tuple[Arm, ...]:
+        if value is None:
+            return ()
+        if not isinstance(value, dict):
+            self.problem(path, f"must be a mapping of arm name: {{env, args}}, got {_kind(value)}")
+            return ()
+        result = []
+        for name, spec in value.items():
+            item: Path_ = (*path, name)
+            if not _ID.match(str(name)):
+                self.problem(item, f"{name!r} is not a valid arm name")
+            spec = spec or {}
+            if self.keys(item, spec, ARM_KEYS):
+                args = self.texts((*item, "args"), spec.get("args"))
+                self.tool_owned(item, args)
+                result.append(Arm(
+                    name=str(name),
+                    description=self.text((*item, "description"), spec.get("description", "")),
+                    env=self.env((*item, "env"), spec.get("env")),
+                    args=args,
+                ))
+        return tuple(result)
+
+    def base_cells_exist(self, bases: tuple[Base, ...], cell_ids: set[str]) -> None:
+        for base in bases:
+            if isinstance(base, CellBase) and base.cell not in cell_ids:
+                self.problem(("bases", base.name, "cell"), f"no cell {base.cell!r}{_did_you_mean(base.cell, tuple(cell_ids))}")
+
+
+def _merge(layers: list[tuple[Path_, Any]]) -> tuple[dict[str, Any], dict[Path_, Path_]]:
+    """Apply the inheritance rule; return the merged mapping and where each path came from."""
+    merged: dict[str, Any] = {}
+    origins: dict[Path_, Path_] = {}
+
+    def record(rel: Path_, where: Path_, value: Any) -> None:
+        origins[rel] = where
+        if isinstance(value, dict):
+            for k, v in value.items():
+                record((*rel, k), (*where, k), v)
+        elif isinstance(value, list):
+            for j, v in enumerate(value):
+                record((*rel, j), (*where, j), v)
+
+    def merge_into(target: dict[str, Any], rel: Path_, layer: dict[str, Any], where: Path_) -> None:
+        for key, value in layer.items():
+            r, w = (*rel, key), (*where, key)
+            if value is None:
+                target.pop(key, None)
+                for stale in [o for o in origins if o[: len(r)] == r]:
+                    del origins[stale]
+            elif isinstance(value, dict) and isinstance(target.get(key), dict):
+                origins[r] = w
+                merge_into(target[key], r, value, w)
+            else:
+                for stale in [o for o in origins if o[: len(r)] == r]:
+                    del origins[stale]
+                target[key] = copy.deepcopy(value)
+                record(r, w, value)
+
+    for where, layer in layers:
+        if isinstance(layer, dict):
+            merge_into(merged, (), layer, where)
+    return merged, origins
+
+
+def _did_you_mean(word: str, choices: tuple[str, ...] | list[str]) -> str:
+    matches = difflib.get_close_matches(word, list(choices), n=1)
+    return f", did you mean {matches[0]!r}?" if matches else ""
+
+
+def _kind(value: Any) -> str:
+    names: dict[type, str] = {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
+

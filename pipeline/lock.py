@@ -1,0 +1,142 @@
+"""Hash-locked stacks: resolve a cell's `install` once, install exactly that lock at build time.
+
+A lock records, for every package, its name, version, sha256 hashes and the index it must come
+from. It also records a digest of its inputs, so a cell edited after locking is refused with a
+clear error instead of silently building something else.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.utils import canonicalize_name
+
+from pipeline import cmd
+from pipeline.errors import InputError
+from pipeline.model import Cell, Install, Matrix
+from pipeline.site import SiteSettings
+
+__all__ = ["LOCK_SCHEMA_VERSION", "Lock", "LockedPackage", "inputs_digest", "read_lock", "resolve_lock", "write_lock"]
+
+LOCK_SCHEMA_VERSION = 1
+DEPENDENCY_INDEX = "pypi"  # packages the cell does not name come from here
+
+
+@dataclass(frozen=True, kw_only=True)
+class LockedPackage:
+    name: str
+    version: str
+    index: str
+    hashes: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Lock:
+    cell: str
+    inputs_digest: str
+    packages: tuple[LockedPackage, ...]
+
+    def get(self, name: str) -> LockedPackage | None:
+        return next((p for p in self.packages if p.name == name), None)
+
+
+def inputs_digest(install: Install) -> str:
+    """What the lock was resolved from; any change makes the lock stale."""
+    inputs = {
+        "requirements": [[r.name, r.version, r.index] for r in install.requirements],
+        "python_version": install.python_version,
+        "python_platform": install.python_platform,
+        "dependency_index": DEPENDENCY_INDEX,
+    }
+    return "sha256:" + hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
+
+
+def read_lock(cell: Cell) -> Lock:
+    assert cell.install is not None
+    path = cell.install.lock
+    hint = f"run `stackproof lock {cell.id}`"
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise InputError(f"{path}: cell {cell.id!r} has no lock yet: {hint}") from exc
+    except (OSError, json.JSONDecodeError) as exc:
+        raise InputError(f"{path}: unreadable lock ({exc}): {hint}") from exc
+    if data.get("schema_version") != LOCK_SCHEMA_VERSION:
+        raise InputError(f"{path}: schema_version {data.get('schema_version')!r} is not {LOCK_SCHEMA_VERSION}: {hint}")
+    lock = Lock(
+        cell=data["cell"],
+        inputs_digest=data["inputs_digest"],
+        packages=tuple(
+            LockedPackage(name=p["name"], version=p["version"], index=p["index"], hashes=tuple(p["hashes"]))
+            for p in data["packages"]
+        ),
+    )
+    if lock.inputs_digest != inputs_digest(cell.install):
+        raise InputError(f"{path}: stale lock, cell {cell.id!r} changed its install since it was locked: {hint}")
+    return lock
+
+
+def write_lock(cell: Cell, lock: Lock) -> Path:
+    assert cell.install is not None
+    document = {
+        "schema_version": LOCK_SCHEMA_VERSION,
+        "cell": lock.cell,
+        "inputs_digest": lock.inputs_digest,
+        "generated_by": f"stackproof lock {cell.id}",
+        "packages": [
+            {"name": p.name, "version": p.version, "index": p.index, "hashes": list(p.hashes)} for p in lock.packages
+        ],
+    }
+    cell.install.lock.parent.mkdir(parents=True, exist_ok=True)
+    cell.install.lock.write_text(json.dumps(document, indent=1) + "\n")
+    return cell.install.lock
+
+
+def resolve_lock(matrix: Matrix, cell: Cell, site: SiteSettings) -> Lock:
+    """Resolve the cell's install requirements with `uv pip compile` into a Lock."""
+    install = cell.install
+    if install is None:
+        raise InputError(f"cell {cell.id!r} has no `install` section to lock")
+    argv = [
+        "uv", "pip", "compile", "--quiet", "--generate-hashes", "--no-header", "--no-annotate",
+        "--python-version", install.python_version, "--python-platform", install.python_platform,
+    ]
+    for index in sorted({DEPENDENCY_INDEX, *(r.index for r in install.requirements)}):
+        where = site.index_location(matrix, index)
+        if where.is_local:
+            argv += ["--find-links", str(where.directory)]
+        elif index == DEPENDENCY_INDEX:
+            argv += ["--index-url", where.location]
+        else:
+            argv += ["--extra-index-url", where.location]
+    env = {"SSL_CERT_FILE": str(site.ca_bundle)} if site.ca_bundle else {}
+    with tempfile.TemporaryDirectory(prefix="stackproof-lock-") as tmp:
+        requirements = Path(tmp) / "requirements.in"
+        requirements.write_text("".join(f"{r.pin}\n" for r in install.requirements))
+        result = cmd.run([*argv, str(requirements)], env=env, timeout=900, redact=site.secrets())
+    named = {r.name: r.index for r in install.requirements}
+    packages = tuple(
+        LockedPackage(name=name, version=version, index=named.get(name, DEPENDENCY_INDEX), hashes=hashes)
+        for name, version, hashes in parse_compiled(result.stdout)
+    )
+    return Lock(cell=cell.id, inputs_digest=inputs_digest(install), packages=packages)
+
+
+_PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)")
+_HASH = re.compile(r"--hash=(sha256:[0-9a-f]{64})")
+
+
+def parse_compiled(text: str) -> list[tuple[str, str, tuple[str, ...]]]:
+    """Parse pip-compile style output (`name==ver \\` then `--hash=` lines) into sorted pins."""
+    result: list[tuple[str, str, tuple[str, ...]]] = []
+    for block in re.split(r"\n(?=[A-Za-z0-9])", text.strip()):
+        match = _PIN.match(block)
+        if match:
+            name = str(canonicalize_name(match.group(1)))
+            result.append((name, match.group(2), tuple(sorted(_HASH.findall(block)))))
+    return sorted(result)

@@ -1,0 +1,226 @@
+"""The resolved matrix: frozen, typed, no I/O.
+
+`pipeline.load.load_matrix` builds these once from matrix.yaml; everything downstream takes them
+as arguments and never reads YAML, dicts or the environment again.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+
+from pipeline.errors import InputError
+
+__all__ = [
+    "STAGES",
+    "Arm",
+    "BootstrapBase",
+    "BootstrapRecipe",
+    "Cell",
+    "CellBase",
+    "Expectation",
+    "Index",
+    "Install",
+    "Matrix",
+    "ModelSource",
+    "Override",
+    "RegistryBase",
+    "Requirement",
+    "ServeSpec",
+    "Stage",
+]
+
+Pairs = tuple[tuple[str, str], ...]
+
+
+class Stage(str, Enum):
+    """The check families, cheapest first; a FAIL stops the stages after it."""
+
+    IMPORTS = "imports"
+    STARTUP = "startup"
+    AUTOTUNE = "autotune"
+    LOAD = "load"
+
+
+STAGES: tuple[str, ...] = tuple(stage.value for stage in Stage)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Index:
+    """A named package index. A site's mirror map may point the name elsewhere at build time."""
+
+    name: str
+    url: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class BootstrapRecipe:
+    """A Debian root filesystem made with debootstrap, no registry involved."""
+
+    suite: str
+    variant: str
+    include: tuple[str, ...]
+    venv: str  # a virtualenv created in the rootfs, so pip never touches Debian's python
+
+
+@dataclass(frozen=True, kw_only=True)
+class RegistryBase:
+    name: str
+    image: str  # repository:tag
+    digest: str | None  # sha256:...; None is allowed but flagged, and the build records what it got
+    python: str
+
+    @property
+    def reference(self) -> str:
+        return f"{self.image}@{self.digest}" if self.digest else self.image
+
+
+@dataclass(frozen=True, kw_only=True)
+class BootstrapBase:
+    name: str
+    recipe: BootstrapRecipe
+
+    @property
+    def python(self) -> str:
+        return f"{self.recipe.venv}/bin/python"
+
+
+@dataclass(frozen=True, kw_only=True)
+class CellBase:
+    """Another cell's image; resolved to that cell's content tag when planning."""
+
+    name: str
+    cell: str
+
+
+Base = RegistryBase | BootstrapBase | CellBase
+
+
+@dataclass(frozen=True, kw_only=True)
+class Requirement:
+    """`name==version` from exactly one declared index."""
+
+    name: str  # canonical (PEP 503) name
+    version: str
+    index: str
+
+    @property
+    def pin(self) -> str:
+        return f"{self.name}=={self.version}"
+
+
+Override = Requirement
+
+
+@dataclass(frozen=True, kw_only=True)
+class Install:
+    """A stack resolved once into a hash-locked file; the build installs exactly that lock."""
+
+    requirements: tuple[Requirement, ...]
+    lock: Path  # absolute
+    python_version: str
+    python_platform: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSource:
+    """`hf:org/name` (with a revision) or `path:/dir/in/image`."""
+
+    source: str
+    revision: str | None
+
+    @property
+    def kind(self) -> str:
+        return self.source.split(":", 1)[0]
+
+    @property
+    def location(self) -> str:
+        return self.source.split(":", 1)[1]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServeSpec:
+    model: ModelSource
+    args: tuple[str, ...]
+    env: Pairs
+    readiness_timeout_s: float
+    shm_size: str
+    gpus: str | None  # docker --gpus value on GPU hosts; None on CPU cells
+
+
+@dataclass(frozen=True, kw_only=True)
+class Arm:
+    """A variant of the same image: other env or args at serve time."""
+
+    name: str
+    description: str
+    env: Pairs
+    args: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Expectation:
+    """A known-bad stack kept in the matrix: it must fail at `stage`, for `reason`."""
+
+    stage: str
+    reason: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cell:
+    id: str
+    line: int
+    base: Base
+    platform: str
+    arch: str
+    runner: tuple[str, ...]
+    system_packages: tuple[str, ...]
+    install: Install | None
+    overrides: tuple[Override, ...]
+    uninstall: tuple[str, ...]
+    recipes: tuple[str, ...]
+    env: Pairs
+    serve: ServeSpec | None
+    arms: tuple[Arm, ...]
+    expect: Expectation | None
+    notes: tuple[str, ...] = ()  # flagged-but-allowed findings, e.g. a base without digest
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.arch != "none"
+
+    def arm(self, name: str) -> Arm:
+        for arm in self.arms:
+            if arm.name == name:
+                return arm
+        raise InputError(f"cell {self.id!r} has no arm {name!r}{_suggest(name, [a.name for a in self.arms])}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Matrix:
+    file: Path
+    digest: str  # sha256 of the matrix file's bytes
+    indexes: tuple[Index, ...]
+    bases: tuple[Base, ...]
+    cells: tuple[Cell, ...] = field(default=())
+
+    def cell(self, cell_id: str) -> Cell:
+        for cell in self.cells:
+            if cell.id == cell_id:
+                return cell
+        raise InputError(f"{self.file}: no cell {cell_id!r}{_suggest(cell_id, [c.id for c in self.cells])}")
+
+    def index(self, name: str) -> Index:
+        for index in self.indexes:
+            if index.name == name:
+                return index
+        raise InputError(f"{self.file}: no index {name!r}")
+
+
+def _suggest(word: str, choices: list[str]) -> str:
+    matches = difflib.get_close_matches(word, choices, n=1)
+    if matches:
+        return f", did you mean {matches[0]!r}?"
+    return f" (known: {', '.join(choices)})" if choices else ""

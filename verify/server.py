@@ -1,0 +1,212 @@
+"""Start a cell's vLLM OpenAI server in a container, wait for it, and always remove it.
+
+`ServerContainer` is a context manager: the container gets a name chosen before `docker run`, so
+even an interrupt that lands while `docker run` is in flight can be cleaned up by name. The
+server log is streamed to a file (and the terminal) for the whole life of the container.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+import threading
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+import httpx
+
+from pipeline import cmd
+from pipeline.engine import Engine
+from pipeline.errors import CheckFailed, InfraError
+from pipeline.model import Arm, Cell, ServeSpec
+
+__all__ = ["Readiness", "ServerContainer", "free_port", "serve_argv"]
+
+HOST = "127.0.0.1"  # servers bind loopback only; traffic never leaves this machine
+RUN_LABEL = "io.stackproof.run"
+POLL_SECONDS = 1.0
+PROGRESS_EVERY_S = 15.0
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+def serve_argv(serve: ServeSpec, arm: Arm | None, port: int) -> list[str]:
+    """The server command: `vllm serve MODEL --host 127.0.0.1 --port N` plus the cell's and arm's args."""
+    model = serve.model.location
+    argv = ["vllm", "serve", model, "--host", HOST, "--port", str(port)]
+    if serve.model.kind == "hf" and serve.model.revision:
+        argv += ["--revision", serve.model.revision]
+    return [*argv, *serve.args, *(arm.args if arm else ())]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Readiness:
+    seconds: float
+    url: str
+
+
+class ServerContainer:
+    """One server container for one cell (and arm); removed on every exit path."""
+
+    def __init__(self, engine: Engine, cell: Cell, image: str, *, out_dir: Path, arm: Arm | None = None,
+                 extra_env: dict[str, str] | None = None, port: int | None = None) -> None:
+        if cell.serve is None:
+            raise CheckFailed(f"cell {cell.id!r} has no serve spec")
+        self.engine = engine
+        self.cell = cell
+        self.serve = cell.serve
+        self.image = image
+        self.arm = arm
+        self.extra_env = extra_env or {}
+        self.port = port or free_port()
+        self.run_id = uuid.uuid4().hex[:12]
+        self.name = f"stackproof-{cell.id}-{self.run_id}"[:128]
+        self.out_dir = out_dir
+        self.log_path = out_dir / "server.log"
+        self.tail: deque[str] = deque(maxlen=60)
+        self._follower: threading.Thread | None = None
+        self._started = False
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    def __enter__(self) -> ServerContainer:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.remove()
+
+    def start(self) -> None:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        env = dict(self.cell.serve.env if self.cell.serve else ())
+        env.update(self.arm.env if self.arm else ())
+        env.update(self.extra_env)
+        argv = ["run", "--detach", "--name", self.name, "--network", "host", "--shm-size", self.serve.shm_size,
+                "--label", f"{RUN_LABEL}={self.run_id}", "--label", f"io.stackproof.cell={self.cell.id}"]
+        if self.serve.gpus:
+            argv += ["--gpus", self.serve.gpus]
+        for key, value in sorted(env.items()):
+            argv += ["--env", f"{key}={value}"]
+        argv += ["--entrypoint", serve_argv(self.serve, self.arm, self.port)[0], self.image,
+                 *serve_argv(self.serve, self.arm, self.port)[1:]]
+        self._started = True  # from here on, remove() must run even if `docker run` is interrupted
+        self.engine.docker(*argv, timeout=120)
+        print(f"{self.cell.id}: server container {self.name} on {self.base_url}, log: {self.log_path}", file=sys.stderr)
+        self._follower = threading.Thread(target=self._follow_logs, name=f"logs-{self.name}", daemon=True)
+        self._follower.start()
+
+    def remove(self) -> None:
+        """Remove the container by name; safe to call twice, and when it never started."""
+        if not self._started:
+            return
+        self._started = False
+        self.engine.docker("rm", "--force", "--volumes", self.name, check=False, quiet=True, timeout=60)
+        if self._follower is not None:
+            self._follower.join(timeout=10)
+        print(f"{self.cell.id}: server container {self.name} removed", file=sys.stderr)
+
+    def _follow_logs(self) -> None:
+        with self.log_path.open("a") as log:
+            def on_line(line: str) -> None:
+                log.write(line + "\n")
+                log.flush()
+                self.tail.append(line)
+                print(f"[server {self.cell.id}] {line}", file=sys.stderr, flush=True)
+
+            try:
+                cmd.stream([self.engine.cli.path, "logs", "--follow", self.name], on_line=on_line, timeout=24 * 3600)
+            except Exception:  # the container went away; the log so far is kept
+                pass
+
+    # -- state ------------------------------------------------------------------------------------
+
+    def state(self) -> tuple[str, int]:
+        """(status, exit code) from docker inspect; ('missing', -1) when the container is gone."""
+        result = self.engine.docker("inspect", "--format", "{{.State.Status}} {{.State.ExitCode}}", self.name,
+                                    check=False, quiet=True, timeout=30)
+        if result.returncode != 0:
+            return "missing", -1
+        status, _, code = result.stdout.strip().partition(" ")
+        return status, int(code or -1)
+
+    def last_lines(self, n: int = 40) -> str:
+        return "\n".join(list(self.tail)[-n:])
+
+    def wait_ready(self, timeout: float | None = None) -> Readiness:
+        """Poll /health until 200; fail fast when the container exits, give up at the timeout."""
+        timeout = timeout or self.serve.readiness_timeout_s
+        started = time.monotonic()
+        next_progress = started + PROGRESS_EVERY_S
+        with httpx.Client(timeout=httpx.Timeout(5.0)) as client:
+            while True:
+                status, code = self.state()
+                if status not in ("running", "created"):
+                    time.sleep(0.5)  # let the log follower catch the last lines
+                    raise CheckFailed(
+                        f"{self.cell.id}: the server container {status} (exit code {code}) before it was ready, "
+                        f"after {time.monotonic() - started:.0f}s. Last log lines:\n{self.last_lines()}\n"
+                        f"full log: {self.log_path}"
+                    )
+                try:
+                    if client.get(f"{self.base_url}/health").status_code == 200:
+                        seconds = time.monotonic() - started
+                        print(f"{self.cell.id}: ready in {seconds:.0f}s", file=sys.stderr)
+                        return Readiness(seconds=round(seconds, 1), url=self.base_url)
+                except httpx.TransportError:
+                    pass
+                now = time.monotonic()
+                if now - started > timeout:
+                    raise CheckFailed(
+                        f"{self.cell.id}: not ready after {timeout:.0f}s (readiness_timeout). Last log lines:\n"
+                        f"{self.last_lines()}\nfull log: {self.log_path}"
+                    )
+                if now >= next_progress:
+                    print(f"{self.cell.id}: waiting for {self.base_url}/health: {now - started:.0f}s of {timeout:.0f}s",
+                          file=sys.stderr)
+                    next_progress = now + PROGRESS_EVERY_S
+                time.sleep(POLL_SECONDS)
+
+    def complete(self, prompt: str = "The capital of France is", max_tokens: int = 16,
+                 timeout: float = 120) -> dict[str, object]:
+        """One real completion: proof that the engine, not just the API, works."""
+        try:
+            with httpx.Client(timeout=httpx.Timeout(timeout, connect=5.0)) as client:
+                models = client.get(f"{self.base_url}/v1/models").json()
+                model = models["data"][0]["id"]
+                started = time.monotonic()
+                response = client.post(f"{self.base_url}/v1/completions", json={
+                    "model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+                })
+        except httpx.TimeoutException as exc:
+            raise CheckFailed(f"{self.cell.id}: completion timed out after {timeout:.0f}s") from exc
+        except httpx.TransportError as exc:
+            raise CheckFailed(f"{self.cell.id}: completion failed: {exc}\n{self.last_lines()}") from exc
+        if response.status_code != 200:
+            raise CheckFailed(f"{self.cell.id}: completion answered HTTP {response.status_code}: {response.text[:500]}")
+        body = response.json()
+        usage = body.get("usage") or {}
+        text = body["choices"][0]["text"]
+        if not usage.get("completion_tokens"):
+            raise CheckFailed(f"{self.cell.id}: completion returned no tokens: {body}")
+        return {
+            "model": model, "prompt": prompt, "text": text, "completion_tokens": usage["completion_tokens"],
+            "finish_reason": body["choices"][0].get("finish_reason"),
+            "seconds": round(time.monotonic() - started, 2),
+        }
+
+
+def require_docker_image(engine: Engine, image: str) -> None:
+    if engine.image(image) is None:
+        raise InfraError(f"image {image} is not in the local image store")
