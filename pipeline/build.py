@@ -73,8 +73,15 @@ def build_cell(
     if existing is not None and not (force or no_cache):
         print(f"{cell.id}: {plan.tag} exists, build skipped", file=sys.stderr)
         result = BuildResult(
-            cell=cell.id, tag=plan.tag, image_id=existing.id, skipped=True, seconds=0.0, base_ref=plan.base_ref,
-            base_resolved=None, matrix_digest=existing.labels.get(MATRIX_DIGEST_LABEL, ""), log=None,
+            cell=cell.id,
+            tag=plan.tag,
+            image_id=existing.id,
+            skipped=True,
+            seconds=0.0,
+            base_ref=plan.base_ref,
+            base_resolved=None,
+            matrix_digest=existing.labels.get(MATRIX_DIGEST_LABEL, ""),
+            log=None,
         )
     else:
         result = _build(engine, matrix, plan, site, out_dir=out_dir, no_cache=no_cache)
@@ -82,7 +89,9 @@ def build_cell(
     return result
 
 
-def _build(engine: Engine, matrix: Matrix, plan: BuildPlan, site: SiteSettings, *, out_dir: Path, no_cache: bool) -> BuildResult:
+def _build(
+    engine: Engine, matrix: Matrix, plan: BuildPlan, site: SiteSettings, *, out_dir: Path, no_cache: bool
+) -> BuildResult:
     cell = plan.cell
     log_path = out_dir / "build.log"
     started = time.monotonic()
@@ -92,8 +101,11 @@ def _build(engine: Engine, matrix: Matrix, plan: BuildPlan, site: SiteSettings, 
         secrets_dir = Path(tmp) / "secrets"
         write_context(plan, context)
         secrets = _write_secrets(matrix, plan, site, secrets_dir)
-        print(f"{cell.id}: building {plan.tag} ({len(plan.files)} context files, "
-              f"{len(plan.local_wheels)} local wheels), log: {log_path}", file=sys.stderr)
+        print(
+            f"{cell.id}: building {plan.tag} ({len(plan.files)} context files, "
+            f"{len(plan.local_wheels)} local wheels), log: {log_path}",
+            file=sys.stderr,
+        )
 
         def on_line(line: str, log: TextIO = log) -> None:
             log.write(line + "\n")
@@ -103,8 +115,13 @@ def _build(engine: Engine, matrix: Matrix, plan: BuildPlan, site: SiteSettings, 
                 resolved.append(match.group(1))
 
         engine.build(
-            context, tag=plan.tag, platform=cell.platform, secrets=secrets,
-            labels={MATRIX_DIGEST_LABEL: matrix.digest}, on_line=on_line, no_cache=no_cache,
+            context,
+            tag=plan.tag,
+            platform=cell.platform,
+            secrets=secrets,
+            labels={MATRIX_DIGEST_LABEL: matrix.digest},
+            on_line=on_line,
+            no_cache=no_cache,
         )
     image = engine.image(plan.tag)
     if image is None:
@@ -113,11 +130,20 @@ def _build(engine: Engine, matrix: Matrix, plan: BuildPlan, site: SiteSettings, 
     print(f"{cell.id}: built {plan.tag} ({image.id[:19]}) in {seconds:.0f}s", file=sys.stderr)
     base_resolved = resolved[0] if resolved and isinstance(cell.base, RegistryBase) else None
     if base_resolved and isinstance(cell.base, RegistryBase) and not cell.base.digest:
-        print(f"note: {cell.id}: base {cell.base.image} resolved to {base_resolved}; pin that digest in matrix.yaml",
-              file=sys.stderr)
+        print(
+            f"note: {cell.id}: base {cell.base.image} resolved to {base_resolved}; pin that digest in matrix.yaml",
+            file=sys.stderr,
+        )
     return BuildResult(
-        cell=cell.id, tag=plan.tag, image_id=image.id, skipped=False, seconds=round(seconds, 1),
-        base_ref=plan.base_ref, base_resolved=base_resolved, matrix_digest=matrix.digest, log=str(log_path),
+        cell=cell.id,
+        tag=plan.tag,
+        image_id=image.id,
+        skipped=False,
+        seconds=round(seconds, 1),
+        base_ref=plan.base_ref,
+        base_resolved=base_resolved,
+        matrix_digest=matrix.digest,
+        log=str(log_path),
     )
 
 

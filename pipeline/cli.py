@@ -48,17 +48,24 @@ def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
 
 def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--matrix", type=Path, default=Path(os.environ.get("STACKPROOF_MATRIX", "matrix.yaml")),
-                        help="matrix file (default: ./matrix.yaml or $STACKPROOF_MATRIX)")
-    common.add_argument("--images", type=Path, default=None,
-                        help="templates and recipes directory (default: images/ beside the matrix)")
+    common.add_argument(
+        "--matrix",
+        type=Path,
+        default=Path(os.environ.get("STACKPROOF_MATRIX", "matrix.yaml")),
+        help="matrix file (default: ./matrix.yaml or $STACKPROOF_MATRIX)",
+    )
+    common.add_argument(
+        "--images", type=Path, default=None, help="templates and recipes directory (default: images/ beside the matrix)"
+    )
     common.add_argument("--json", action="store_true", help="print one JSON document on stdout")
 
     parser = argparse.ArgumentParser(prog="stackproof", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"stackproof {pipeline.__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    matrix = commands.add_parser("matrix", help="validate, list and show cells").add_subparsers(dest="sub", required=True)
+    matrix = commands.add_parser("matrix", help="validate, list and show cells").add_subparsers(
+        dest="sub", required=True
+    )
     p = matrix.add_parser("validate", parents=[common], help="check matrix.yaml; FILE:LINE: path: message")
     p.set_defaults(handler=_matrix_validate)
     p = matrix.add_parser("list", parents=[common], help="cell ids, arch, base, runner labels")
@@ -76,7 +83,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("cells", nargs="+")
     p.set_defaults(handler=_lock)
 
-    p = commands.add_parser("build", parents=[common], help="build a cell's image (skipped when its content tag exists)")
+    p = commands.add_parser(
+        "build", parents=[common], help="build a cell's image (skipped when its content tag exists)"
+    )
     p.add_argument("cell")
     p.add_argument("--out", type=Path, default=Path("stackproof-out"))
     p.add_argument("--no-cache", action="store_true", help="rebuild every step")
@@ -92,6 +101,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 # -- handlers --------------------------------------------------------------------------------------
+
 
 def _load(args: argparse.Namespace) -> tuple[Matrix, Path]:
     images = args.images or args.matrix.parent / "images"
@@ -110,18 +120,34 @@ def _matrix_validate(args: argparse.Namespace) -> int:
     notes = [f"{matrix.file}:{c.line}: cells[{c.id}]: note: {n}" for c in matrix.cells for n in c.notes]
     for note in notes:
         print(note, file=sys.stderr)
-    _emit(args, {"file": str(matrix.file), "valid": True, "cells": len(matrix.cells), "notes": notes},
-          f"{matrix.file}: valid, {len(matrix.cells)} cells")
+    _emit(
+        args,
+        {"file": str(matrix.file), "valid": True, "cells": len(matrix.cells), "notes": notes},
+        f"{matrix.file}: valid, {len(matrix.cells)} cells",
+    )
     return 0
 
 
 def _matrix_list(args: argparse.Namespace) -> int:
     matrix, _ = _load(args)
-    rows = [{"id": c.id, "arch": c.arch, "platform": c.platform, "base": c.base.name, "runner": list(c.runner),
-             "arms": [a.name for a in c.arms], "expect": c.expect.stage if c.expect else None} for c in matrix.cells]
+    rows = [
+        {
+            "id": c.id,
+            "arch": c.arch,
+            "platform": c.platform,
+            "base": c.base.name,
+            "runner": list(c.runner),
+            "arms": [a.name for a in c.arms],
+            "expect": c.expect.stage if c.expect else None,
+        }
+        for c in matrix.cells
+    ]
     width = max((len(r["id"]) for r in rows), default=4)  # type: ignore[arg-type]
-    lines = [f"{r['id']:<{width}}  {r['arch']:<6} {r['platform']:<12} {r['base']:<20} {','.join(r['runner'])}"  # type: ignore[arg-type]
-             + (f"  expect fail at {r['expect']}" if r["expect"] else "") for r in rows]
+    lines = [
+        f"{r['id']:<{width}}  {r['arch']:<6} {r['platform']:<12} {r['base']:<20} {','.join(r['runner'])}"  # type: ignore[arg-type]
+        + (f"  expect fail at {r['expect']}" if r["expect"] else "")
+        for r in rows
+    ]
     _emit(args, {"cells": rows}, "\n".join(lines))
     return 0
 
@@ -150,8 +176,14 @@ def _render(args: argparse.Namespace) -> int:
         for rel, data in plan.files:
             (target / rel).parent.mkdir(parents=True, exist_ok=True)
             (target / rel).write_bytes(data)
-        written.append({"cell": cell.id, "dir": str(target), "tag": plan.tag,
-                        "requirements": [rel for rel, _ in plan.files if "/requirements/" in rel]})
+        written.append(
+            {
+                "cell": cell.id,
+                "dir": str(target),
+                "tag": plan.tag,
+                "requirements": [rel for rel, _ in plan.files if "/requirements/" in rel],
+            }
+        )
     _emit(args, {"rendered": written}, "\n".join(f"{w['cell']}: {w['dir']}/Dockerfile  {w['tag']}" for w in written))
     return 0
 
@@ -181,8 +213,9 @@ def _build(args: argparse.Namespace) -> int:
     cell = matrix.cell(args.cell)
     site = load_site(matrix)
     engine = Engine.connect()
-    result = build_cell(engine, matrix, cell, site, images, out_dir=args.out / cell.id,
-                        no_cache=args.no_cache, force=args.force)
+    result = build_cell(
+        engine, matrix, cell, site, images, out_dir=args.out / cell.id, no_cache=args.no_cache, force=args.force
+    )
     _emit(args, result.to_json(), f"{result.tag} {result.image_id}" + (" (existing)" if result.skipped else ""))
     return 0
 
@@ -199,9 +232,12 @@ def _run(args: argparse.Namespace) -> int:
     site = load_site(matrix)
     engine = Engine.connect()
     result = run_cell(engine, matrix, cell, site, images, out_root=args.out, arm_name=args.arm)
-    _emit(args, result.to_json(),
-          f"{cell.id}: PASS: ready in {result.readiness_seconds:.0f}s, "
-          f"{result.completion['completion_tokens']} tokens answered; outputs in {result.out_dir}")
+    _emit(
+        args,
+        result.to_json(),
+        f"{cell.id}: PASS: ready in {result.readiness_seconds:.0f}s, "
+        f"{result.completion['completion_tokens']} tokens answered; outputs in {result.out_dir}",
+    )
     return 0
 
 

@@ -146,6 +146,9 @@ def stream(
     if returncode != 0:
         raise CommandFailed([_echo([a], redact) for a in argv], returncode, "\n".join(tail))
     return CommandResult(
-        argv=tuple(argv), returncode=returncode, stdout="\n".join(tail), stderr="",
+        argv=tuple(argv),
+        returncode=returncode,
+        stdout="\n".join(tail),
+        stderr="",
         seconds=time.monotonic() - started,
     )

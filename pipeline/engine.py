@@ -55,7 +55,9 @@ def candidate_paths() -> list[str]:
         path = os.path.join(directory, "docker")
         if os.access(path, os.X_OK) and os.path.realpath(path) not in map(os.path.realpath, found):
             found.append(path)
-    if os.access("/usr/bin/docker", os.X_OK) and os.path.realpath("/usr/bin/docker") not in map(os.path.realpath, found):
+    if os.access("/usr/bin/docker", os.X_OK) and os.path.realpath("/usr/bin/docker") not in map(
+        os.path.realpath, found
+    ):
         found.append("/usr/bin/docker")
     return found
 
@@ -107,7 +109,9 @@ class Engine:
     def connect(cls) -> Engine:
         """Detect the CLI and make sure a daemon answers; exit code 3 with a hint when none does."""
         engine = cls(detect_cli())
-        result = cmd.run([engine.cli.path, "info", "--format", "{{.ServerVersion}}"], check=False, quiet=True, timeout=30)
+        result = cmd.run(
+            [engine.cli.path, "info", "--format", "{{.ServerVersion}}"], check=False, quiet=True, timeout=30
+        )
         if result.returncode != 0 or not result.stdout.strip():
             raise InfraError(
                 "no docker daemon answers: start one (e.g. `dockerd --bridge=none --iptables=false`, see README) "

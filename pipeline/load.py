@@ -45,8 +45,22 @@ KNOWN_ARCHES = ("none", "sm80", "sm86", "sm89", "sm90", "sm100", "sm103", "sm110
 PLATFORMS = ("linux/amd64", "linux/arm64")
 TOP_KEYS = ("schema_version", "indexes", "bases", "defaults", "cells")
 CELL_KEYS = (
-    "id", "extends", "description", "base", "platform", "arch", "runner", "system_packages", "install",
-    "overrides", "uninstall", "recipes", "env", "serve", "arms", "expect",
+    "id",
+    "extends",
+    "description",
+    "base",
+    "platform",
+    "arch",
+    "runner",
+    "system_packages",
+    "install",
+    "overrides",
+    "uninstall",
+    "recipes",
+    "env",
+    "serve",
+    "arms",
+    "expect",
 )
 INHERITABLE_KEYS = tuple(k for k in CELL_KEYS if k not in ("id", "extends"))
 REQUIRED_CELL_KEYS = ("base", "platform", "arch")
@@ -94,7 +108,9 @@ class _Checker:
 
     def problem(self, path: Path_, message: str) -> None:
         where = self.origins.get(path, path)
-        self.problems.append(f"{self.src.file}:{self.src.line_of(where)}: {format_path(where)}: {message}")
+        line = f"{self.src.file}:{self.src.line_of(where)}: {format_path(where)}: {message}"
+        if line not in self.problems:  # a mistake in `defaults` or an ancestor is reported once
+            self.problems.append(line)
 
     def keys(self, path: Path_, value: Any, allowed: tuple[str, ...], required: tuple[str, ...] = ()) -> bool:
         """Check `value` is a mapping with only `allowed` keys and all `required` ones."""
@@ -104,10 +120,10 @@ class _Checker:
         for key in value:
             if key not in allowed:
                 self.problem((*path, key), f"unknown key{_did_you_mean(str(key), allowed)}")
-        for key in required:
-            if key not in value:
-                self.problem(path, f"missing required key {key!r}")
-        return True
+        missing = [key for key in required if key not in value]
+        for key in missing:
+            self.problem(path, f"missing required key {key!r}")
+        return not missing
 
     # -- scalars ----------------------------------------------------------------------------------
 
@@ -126,7 +142,9 @@ class _Checker:
             self.problem(path, f"unknown {what} {text!r}{_did_you_mean(text, choices)}")
         return text
 
-    def texts(self, path: Path_, value: Any, *, pattern: re.Pattern[str] | None = None, what: str = "") -> tuple[str, ...]:
+    def texts(
+        self, path: Path_, value: Any, *, pattern: re.Pattern[str] | None = None, what: str = ""
+    ) -> tuple[str, ...]:
         if value is None:
             return ()
         if not isinstance(value, list):
@@ -148,9 +166,10 @@ class _Checker:
         return tuple(sorted(pairs))
 
     def version(self, path: Path_, value: Any) -> str:
+        """An exact version, normalised once here (`1.16.0-post1` -> `1.16.0.post1`)."""
         text = self.text(path, value)
         try:
-            Version(text)
+            return str(Version(text))
         except InvalidVersion:
             self.problem(path, f"{text!r} is not an exact version (write one version, e.g. '0.6.18.post1')")
         return text
@@ -163,7 +182,9 @@ class _Checker:
             return None
         version = data.get("schema_version")
         if "schema_version" in data and version != SCHEMA_VERSION:
-            self.problem(("schema_version",), f"unsupported schema_version {version!r} (this tool reads {SCHEMA_VERSION})")
+            self.problem(
+                ("schema_version",), f"unsupported schema_version {version!r} (this tool reads {SCHEMA_VERSION})"
+            )
             return None
         indexes = self.indexes(data.get("indexes") or {})
         bases = self.bases(data.get("bases") or {})
@@ -322,25 +343,35 @@ class _Checker:
         for j, recipe in enumerate(recipes):
             if recipe and not (self.images_dir / "recipes" / recipe / "steps.j2").is_file():
                 known = tuple(d.parent.name for d in (self.images_dir / "recipes").glob("*/steps.j2"))
-                self.problem((*p, "recipes", j), f"no recipe {recipe!r} in images/recipes/{_did_you_mean(recipe, known)}")
+                self.problem(
+                    (*p, "recipes", j), f"no recipe {recipe!r} in images/recipes/{_did_you_mean(recipe, known)}"
+                )
 
+        # Every field is checked before giving up on the cell, so all its problems show at once.
+        platform = self.choice((*p, "platform"), data["platform"], PLATFORMS, "platform") if "platform" in data else ""
+        arch = self.choice((*p, "arch"), data["arch"], KNOWN_ARCHES, "arch") if "arch" in data else ""
+        runner = self.texts((*p, "runner"), data.get("runner"))
+        system_packages = self.texts((*p, "system_packages"), data.get("system_packages"))
+        uninstall = tuple(str(canonicalize_name(n)) for n in self.texts((*p, "uninstall"), data.get("uninstall")))
+        env = self.env((*p, "env"), data.get("env"))
+        arms = self.arms((*p, "arms"), data.get("arms"))
         if base is None or any(k not in data for k in REQUIRED_CELL_KEYS):
             return None
         return Cell(
             id=cell_id,
             line=self.src.line_of(p),
             base=base,
-            platform=self.choice((*p, "platform"), data["platform"], PLATFORMS, "platform"),
-            arch=self.choice((*p, "arch"), data["arch"], KNOWN_ARCHES, "arch"),
-            runner=self.texts((*p, "runner"), data.get("runner")),
-            system_packages=self.texts((*p, "system_packages"), data.get("system_packages")),
+            platform=platform,
+            arch=arch,
+            runner=runner,
+            system_packages=system_packages,
             install=install,
             overrides=overrides,
-            uninstall=tuple(str(canonicalize_name(n)) for n in self.texts((*p, "uninstall"), data.get("uninstall"))),
+            uninstall=uninstall,
             recipes=recipes,
-            env=self.env((*p, "env"), data.get("env")),
+            env=env,
             serve=serve,
-            arms=self.arms((*p, "arms"), data.get("arms")),
+            arms=arms,
             expect=expect,
             notes=tuple(notes),
         )
@@ -374,7 +405,9 @@ class _Checker:
             requirements=self.packages((*path, "requirements"), value.get("requirements"), index_names),
             lock=(self.src.file.parent / lock).resolve(),
             python_version=self.text((*path, "python_version"), value.get("python_version", "3.11")),
-            python_platform=self.text((*path, "python_platform"), value.get("python_platform", "x86_64-manylinux_2_28")),
+            python_platform=self.text(
+                (*path, "python_platform"), value.get("python_platform", "x86_64-manylinux_2_28")
+            ),
         )
 
     def serve(self, path: Path_, value: Any) -> ServeSpec | None:
@@ -383,8 +416,12 @@ class _Checker:
         model = value.get("model")
         source = ModelSource(source="", revision=None)
         if self.keys((*path, "model"), model, MODEL_KEYS, required=("source",)):
-            text = self.text((*path, "model", "source"), model.get("source"), pattern=_MODEL,
-                             what="model source (hf:org/name or path:/dir/in/image)")
+            text = self.text(
+                (*path, "model", "source"),
+                model.get("source"),
+                pattern=_MODEL,
+                what="model source (hf:org/name or path:/dir/in/image)",
+            )
             revision = model.get("revision")
             source = ModelSource(
                 source=text, revision=None if revision is None else self.text((*path, "model", "revision"), revision)
@@ -424,18 +461,22 @@ class _Checker:
             if self.keys(item, spec, ARM_KEYS):
                 args = self.texts((*item, "args"), spec.get("args"))
                 self.tool_owned(item, args)
-                result.append(Arm(
-                    name=str(name),
-                    description=self.text((*item, "description"), spec.get("description", "")),
-                    env=self.env((*item, "env"), spec.get("env")),
-                    args=args,
-                ))
+                result.append(
+                    Arm(
+                        name=str(name),
+                        description=self.text((*item, "description"), spec.get("description", "")),
+                        env=self.env((*item, "env"), spec.get("env")),
+                        args=args,
+                    )
+                )
         return tuple(result)
 
     def base_cells_exist(self, bases: tuple[Base, ...], cell_ids: set[str]) -> None:
         for base in bases:
             if isinstance(base, CellBase) and base.cell not in cell_ids:
-                self.problem(("bases", base.name, "cell"), f"no cell {base.cell!r}{_did_you_mean(base.cell, tuple(cell_ids))}")
+                self.problem(
+                    ("bases", base.name, "cell"), f"no cell {base.cell!r}{_did_you_mean(base.cell, tuple(cell_ids))}"
+                )
 
 
 def _merge(layers: list[tuple[Path_, Any]]) -> tuple[dict[str, Any], dict[Path_, Path_]]:
@@ -465,13 +506,20 @@ def _merge(layers: list[tuple[Path_, Any]]) -> tuple[dict[str, Any], dict[Path_,
             else:
                 for stale in [o for o in origins if o[: len(r)] == r]:
                     del origins[stale]
-                target[key] = copy.deepcopy(value)
-                record(r, w, value)
+                target[key] = _without_nulls(value)
+                record(r, w, target[key])
 
     for where, layer in layers:
         if isinstance(layer, dict):
             merge_into(merged, (), layer, where)
     return merged, origins
+
+
+def _without_nulls(value: Any) -> Any:
+    """A copy of `value` where `null` mapping entries are dropped: null always means "remove"."""
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    return copy.deepcopy(value)
 
 
 def _did_you_mean(word: str, choices: tuple[str, ...] | list[str]) -> str:
@@ -482,4 +530,3 @@ def _did_you_mean(word: str, choices: tuple[str, ...] | list[str]) -> str:
 def _kind(value: Any) -> str:
     names: dict[type, str] = {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}
     return names.get(type(value), type(value).__name__)
-

@@ -103,8 +103,17 @@ def resolve_lock(matrix: Matrix, cell: Cell, site: SiteSettings) -> Lock:
     if install is None:
         raise InputError(f"cell {cell.id!r} has no `install` section to lock")
     argv = [
-        "uv", "pip", "compile", "--quiet", "--generate-hashes", "--no-header", "--no-annotate",
-        "--python-version", install.python_version, "--python-platform", install.python_platform,
+        "uv",
+        "pip",
+        "compile",
+        "--quiet",
+        "--generate-hashes",
+        "--no-header",
+        "--no-annotate",
+        "--python-version",
+        install.python_version,
+        "--python-platform",
+        install.python_platform,
     ]
     for index in sorted({DEPENDENCY_INDEX, *(r.index for r in install.requirements)}):
         where = site.index_location(matrix, index)

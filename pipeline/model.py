@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 
 from pipeline.errors import InputError
@@ -35,7 +35,7 @@ __all__ = [
 Pairs = tuple[tuple[str, str], ...]
 
 
-class Stage(str, Enum):
+class Stage(StrEnum):
     """The check families, cheapest first; a FAIL stops the stages after it."""
 
     IMPORTS = "imports"

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from packaging.utils import canonicalize_name, parse_sdist_filename, parse_wheel_filename
+from packaging.version import Version
 
 import pipeline
 from pipeline.errors import InputError
@@ -78,7 +79,9 @@ class BuildPlan:
         return f"{TAG_REPOSITORY}/{self.cell.id}:{self.digest[:16]}"
 
 
-def plan_cell(matrix: Matrix, cell: Cell, site: SiteSettings, images_dir: Path, _seen: tuple[str, ...] = ()) -> BuildPlan:
+def plan_cell(
+    matrix: Matrix, cell: Cell, site: SiteSettings, images_dir: Path, _seen: tuple[str, ...] = ()
+) -> BuildPlan:
     """Gather the cell's inputs (lock, local wheels, base) and render its plan."""
     if cell.id in _seen:
         raise InputError(f"{matrix.file}:{cell.line}: cell {cell.id!r} is its own base through {' -> '.join(_seen)}")
@@ -95,8 +98,13 @@ def plan_cell(matrix: Matrix, cell: Cell, site: SiteSettings, images_dir: Path, 
     lock = read_lock(cell) if cell.install else None
     wanted = _wanted_from_local_mirrors(cell, lock, site)
     return render_plan(
-        cell, base_ref=base_ref, python=python, lock=lock, local_wheels=_find_local_wheels(wanted, site),
-        venv=base.recipe.venv if isinstance(base, BootstrapBase) else None, images_dir=images_dir,
+        cell,
+        base_ref=base_ref,
+        python=python,
+        lock=lock,
+        local_wheels=_find_local_wheels(wanted, site),
+        venv=base.recipe.venv if isinstance(base, BootstrapBase) else None,
+        images_dir=images_dir,
     )
 
 
@@ -120,20 +128,43 @@ def render_plan(
     snippets = []
     for recipe in cell.recipes:
         recipe_dir = images_dir / "recipes" / recipe
-        for path in sorted(p for p in recipe_dir.rglob("*") if p.is_file() and p.name != "steps.j2"):
-            if "__pycache__" not in path.parts:
-                files[f"stackproof/recipes/{recipe}/{path.relative_to(recipe_dir)}"] = path.read_bytes()
+        for path in _recipe_files(recipe_dir):
+            files[f"stackproof/recipes/{recipe}/{path.relative_to(recipe_dir)}"] = path.read_bytes()
         snippets.append(render_template(images_dir, f"recipes/{recipe}/steps.j2", python=python, cell=cell).strip())
     labels = _labels(cell, base_ref)
     dockerfile = render_template(
-        images_dir, "cell.Dockerfile.j2",
-        cell=cell, base_ref=base_ref, python=python, venv=venv, lock_groups=lock_groups,
-        override_groups=override_groups, recipe_snippets=snippets, labels=labels, tool_version=pipeline.__version__,
+        images_dir,
+        "cell.Dockerfile.j2",
+        cell=cell,
+        base_ref=base_ref,
+        python=python,
+        venv=venv,
+        lock_groups=lock_groups,
+        override_groups=override_groups,
+        recipe_snippets=snippets,
+        labels=labels,
+        tool_version=pipeline.__version__,
     )
     indexes = tuple(sorted({g.index for g in (*lock_groups, *override_groups)}))
     return BuildPlan(
-        cell=cell, base_ref=base_ref, dockerfile=dockerfile, files=tuple(sorted(files.items())),
-        local_wheels=tuple(w for w in local_wheels if w.index in indexes), indexes=indexes,
+        cell=cell,
+        base_ref=base_ref,
+        dockerfile=dockerfile,
+        files=tuple(sorted(files.items())),
+        local_wheels=tuple(w for w in local_wheels if w.index in indexes),
+        indexes=indexes,
+    )
+
+
+def _recipe_files(recipe_dir: Path) -> list[Path]:
+    """The recipe's own files: not its template, not tool caches or hidden files, which would
+    otherwise make the tag differ between a working tree and a fresh clone."""
+    return sorted(
+        path
+        for path in recipe_dir.rglob("*")
+        if path.is_file()
+        and path.name != "steps.j2"
+        and not any(part.startswith(".") or part == "__pycache__" for part in path.relative_to(recipe_dir).parts)
     )
 
 
@@ -156,15 +187,23 @@ def _override_groups(overrides: tuple[Requirement, ...], lock: Lock | None) -> t
     for index in sorted({o.index for o in overrides}):
         members = [o for o in overrides if o.index == index]
         locked = [lock.get(o.name) if lock else None for o in members]
-        hashed = all(p is not None and p.version == o.version and p.hashes for p, o in zip(locked, members, strict=True))
+        hashed = all(
+            p is not None and Version(p.version) == Version(o.version) and p.hashes
+            for p, o in zip(locked, members, strict=True)
+        )
         lines = []
         for o, p in zip(members, locked, strict=True):
             hashes = " ".join(f"--hash={h}" for h in p.hashes) if hashed and p else ""
             lines.append(f"{o.pin} {hashes}".rstrip() + "\n")
-        groups.append(RequirementGroup(
-            index=index, file=f"overrides-{index}.txt", text="".join(lines),
-            pins=tuple(o.pin for o in members), hashed=hashed,
-        ))
+        groups.append(
+            RequirementGroup(
+                index=index,
+                file=f"overrides-{index}.txt",
+                text="".join(lines),
+                pins=tuple(o.pin for o in members),
+                hashed=hashed,
+            )
+        )
     return tuple(groups)
 
 
@@ -194,7 +233,8 @@ def _python_of(matrix: Matrix, cell: Cell) -> str:
 def _wanted_from_local_mirrors(cell: Cell, lock: Lock | None, site: SiteSettings) -> dict[str, set[tuple[str, str]]]:
     """For each index served by a local directory here: the (name, version) pairs the build needs."""
     wanted: dict[str, set[tuple[str, str]]] = {}
-    pins = [(p.index, p.name, p.version) for p in (lock.packages if lock else ())]
+    skip = {o.name for o in cell.overrides} | set(cell.uninstall)
+    pins = [(p.index, p.name, p.version) for p in (lock.packages if lock else ()) if p.name not in skip]
     pins += [(o.index, o.name, o.version) for o in cell.overrides]
     for index, name, version in pins:
         mirror = site.mirror(index)

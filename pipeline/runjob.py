@@ -59,10 +59,18 @@ def run_cell(
     with ServerContainer(engine, cell, build.tag, out_dir=run_dir, arm=arm) as server:
         readiness = server.wait_ready()
         completion = server.complete()
-        print(f"{cell.id}: completion {completion['completion_tokens']} tokens: {completion['text']!r}", file=sys.stderr)
+        print(
+            f"{cell.id}: completion {completion['completion_tokens']} tokens: {completion['text']!r}", file=sys.stderr
+        )
     result = RunResult(
-        cell=cell.id, arm=arm.name if arm else None, image=build.tag, image_id=build.image_id, build=build.to_json(),
-        readiness_seconds=readiness.seconds, completion=completion, seconds=round(time.monotonic() - started, 1),
+        cell=cell.id,
+        arm=arm.name if arm else None,
+        image=build.tag,
+        image_id=build.image_id,
+        build=build.to_json(),
+        readiness_seconds=readiness.seconds,
+        completion=completion,
+        seconds=round(time.monotonic() - started, 1),
         out_dir=str(run_dir),
     )
     (run_dir / "run.json").write_text(json.dumps({**result.to_json(), "status": "pass"}, indent=2) + "\n")

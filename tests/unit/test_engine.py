@@ -56,10 +56,12 @@ def _result(argv: Sequence[str], returncode: int, stdout: str, stderr: str = "")
 
 
 def test_buildx_anywhere_beats_an_earlier_classic_cli() -> None:
-    runner = FakeRunner({
-        "/usr/local/bin/docker": FakeDocker("20.10.24"),
-        "/usr/bin/docker": FakeDocker("27.3.1", buildx=True),
-    })
+    runner = FakeRunner(
+        {
+            "/usr/local/bin/docker": FakeDocker("20.10.24"),
+            "/usr/bin/docker": FakeDocker("27.3.1", buildx=True),
+        }
+    )
     cli = detect_cli(["/usr/local/bin/docker", "/usr/bin/docker"], runner=runner)
     assert cli == DockerCli(path="/usr/bin/docker", mode="buildx", version="27.3.1")
     assert cli.build_argv() == ["/usr/bin/docker", "buildx", "build", "--load"]
@@ -67,10 +69,12 @@ def test_buildx_anywhere_beats_an_earlier_classic_cli() -> None:
 
 
 def test_first_buildx_cli_wins() -> None:
-    runner = FakeRunner({
-        "/a/docker": FakeDocker("28.0.1", buildx=True),
-        "/b/docker": FakeDocker("27.0.0", buildx=True),
-    })
+    runner = FakeRunner(
+        {
+            "/a/docker": FakeDocker("28.0.1", buildx=True),
+            "/b/docker": FakeDocker("27.0.0", buildx=True),
+        }
+    )
     assert detect_cli(["/a/docker", "/b/docker"], runner=runner).path == "/a/docker"
     assert all(argv[0] == "/a/docker" for argv, _ in runner.calls)  # stops at the first that can
 
@@ -86,10 +90,12 @@ def test_classic_docker_20_10_uses_builtin_buildkit() -> None:
 
 
 def test_newer_static_cli_without_buildx_is_skipped_for_a_classic_one() -> None:
-    runner = FakeRunner({
-        "/usr/local/bin/docker": FakeDocker("28.1.1"),
-        "/usr/bin/docker": FakeDocker("20.10.24"),
-    })
+    runner = FakeRunner(
+        {
+            "/usr/local/bin/docker": FakeDocker("28.1.1"),
+            "/usr/bin/docker": FakeDocker("20.10.24"),
+        }
+    )
     cli = detect_cli(["/usr/local/bin/docker", "/usr/bin/docker"], runner=runner)
     assert (cli.path, cli.mode) == ("/usr/bin/docker", "classic-buildkit")
 
@@ -104,11 +110,13 @@ def test_docker_28_without_buildx_is_rejected() -> None:
 
 
 def test_none_capable_lists_everything_found() -> None:
-    runner = FakeRunner({
-        "/opt/docker": FakeDocker("28.1.1"),
-        "/usr/bin/docker": FakeDocker("19.03.13", build_help=BUILD_HELP_LEGACY),
-        "/broken/docker": FakeDocker(""),
-    })
+    runner = FakeRunner(
+        {
+            "/opt/docker": FakeDocker("28.1.1"),
+            "/usr/bin/docker": FakeDocker("19.03.13", build_help=BUILD_HELP_LEGACY),
+            "/broken/docker": FakeDocker(""),
+        }
+    )
     with pytest.raises(InfraError) as info:
         detect_cli(["/opt/docker", "/usr/bin/docker", "/broken/docker"], runner=runner)
     message = str(info.value)
@@ -172,7 +180,9 @@ BASE_ENV = {"STACKPROOF_CA_BUNDLE": "none", "STACKPROOF_DEBIAN_MIRROR": "http://
 def test_no_mirrors_by_default(real_matrix: Matrix) -> None:
     site = load_site(real_matrix, BASE_ENV)
     assert site == SiteSettings(mirrors=(), ca_bundle=None, debian_mirror="http://deb.example/debian")
-    assert site.index_location(real_matrix, "flashinfer") == Mirror(index="flashinfer", location="https://flashinfer.ai/whl")
+    assert site.index_location(real_matrix, "flashinfer") == Mirror(
+        index="flashinfer", location="https://flashinfer.ai/whl"
+    )
     assert site.secrets() == ()
 
 
@@ -218,12 +228,15 @@ def test_mirror_entry_without_index_and_location(real_matrix: Matrix, entry: str
         load_site(real_matrix, {**BASE_ENV, "STACKPROOF_MIRRORS": entry})
 
 
-@pytest.mark.parametrize(("location", "shown"), [
-    ("https://user:password@mirror.example/simple", "https://***@mirror.example/simple"),
-    ("https://token@mirror.example/simple", "https://***@mirror.example/simple"),
-    ("https://mirror.example/simple", "https://mirror.example/simple"),
-    ("/srv/wheels", "/srv/wheels"),
-])
+@pytest.mark.parametrize(
+    ("location", "shown"),
+    [
+        ("https://user:password@mirror.example/simple", "https://***@mirror.example/simple"),
+        ("https://token@mirror.example/simple", "https://***@mirror.example/simple"),
+        ("https://mirror.example/simple", "https://mirror.example/simple"),
+        ("/srv/wheels", "/srv/wheels"),
+    ],
+)
 def test_mirror_redacted_hides_credentials(location: str, shown: str) -> None:
     mirror = Mirror(index="pypi", location=location)
     assert mirror.redacted == shown
