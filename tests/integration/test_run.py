@@ -1,0 +1,106 @@
+"""The main job on the embedded default, for real: a vLLM 0.28.0 CPU server in a container.
+
+Also the paths that must not leave anything behind: a server that dies while starting, and a run
+interrupted by SIGINT or SIGTERM while it waits for readiness.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline.engine import Engine
+from tests.integration.conftest import REPO, containers, stackproof, write_matrix
+
+pytestmark = pytest.mark.integration
+
+CELL_LABEL = "io.stackproof.cell=cpu-tiny"
+
+
+def test_cpu_tiny_end_to_end(cpu_tiny: str, tmp_path: Path) -> None:
+    result = stackproof(["run", "cpu-tiny", "--json", "--out", str(tmp_path)])
+    assert result.returncode == 0, result.stderr[-5000:]
+    report = result.json()
+    assert report["image"] == cpu_tiny
+    completion = report["completion"]
+    assert isinstance(completion, dict)
+    assert completion["completion_tokens"] == 16 and completion["finish_reason"] == "length"
+    assert 0 < float(report["readiness_seconds"]) < 420  # type: ignore[arg-type]
+    log = (Path(str(report["out_dir"])) / "server.log").read_text()
+    assert "Application startup complete." in log
+    assert '"POST /v1/completions HTTP/1.1" 200' in log
+    assert containers(CELL_LABEL) == [], "the server container must be removed after a passing run"
+
+
+def test_server_that_exits_while_starting_fails_fast(cpu_tiny: str, tmp_path: Path) -> None:
+    """An arm with an invalid argument: vLLM exits at once; the run must not wait for the timeout."""
+    matrix = write_matrix(
+        tmp_path / "matrix.yaml",
+        edit={
+            "cpu-tiny": {
+                "arms": {
+                    "too-long": {
+                        "description": "exceeds the model's 512 positions",
+                        "args": ["--max-model-len", "100000"],
+                    }
+                },
+            }
+        },
+    )
+    started = time.monotonic()
+    result = stackproof(
+        [
+            "run",
+            "cpu-tiny",
+            "--arm",
+            "too-long",
+            "--matrix",
+            str(matrix),
+            "--images",
+            str(REPO / "images"),
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    elapsed = time.monotonic() - started
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "before it was ready" in result.stderr
+    assert "max_model_len" in result.stderr, "the last server log lines must be shown"
+    assert elapsed < 120, f"took {elapsed:.0f}s: the wait must end when the container exits, not at the timeout"
+    assert containers(CELL_LABEL) == []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_interrupted_run_leaves_no_container(
+    cpu_tiny: str, engine: Engine, tmp_path: Path, sig: signal.Signals
+) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pipeline", "run", "cpu-tiny", "--out", str(tmp_path)],
+        cwd=REPO,
+        env=os.environ.copy(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while not containers(CELL_LABEL):
+            assert proc.poll() is None, f"run ended before its container started: {proc.stderr.read()[-3000:]}"  # type: ignore[union-attr]
+            assert time.monotonic() < deadline, "no server container appeared within 300s"
+            time.sleep(0.5)
+        time.sleep(3)  # inside the readiness wait, with the log follower running
+        proc.send_signal(sig)
+        _, stderr = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, stderr[-3000:]
+    assert "removed" in stderr
+    assert containers(CELL_LABEL) == [], f"{sig.name} left a container behind"
