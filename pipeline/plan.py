@@ -119,8 +119,10 @@ def render_plan(
     images_dir: Path,
 ) -> BuildPlan:
     """Pure: the Dockerfile and context files for `cell`."""
-    overridden = {o.name for o in cell.overrides}
-    lock_groups = _lock_groups(lock, skip=overridden | set(cell.uninstall)) if lock else ()
+    # Overridden packages stay in the lock install and the override reinstalls them on top: the
+    # locked layer (gigabytes) then never changes when an override is added or moved, and recipes
+    # that run between the two (the tiny model needs tqdm) see a complete stack.
+    lock_groups = _lock_groups(lock, skip=set(cell.uninstall)) if lock else ()
     override_groups = _override_groups(cell.overrides, lock)
     files: dict[str, bytes] = {"stackproof/pip-install.sh": template_text(images_dir, "pip-install.sh").encode()}
     for group in (*lock_groups, *override_groups):
@@ -233,8 +235,7 @@ def _python_of(matrix: Matrix, cell: Cell) -> str:
 def _wanted_from_local_mirrors(cell: Cell, lock: Lock | None, site: SiteSettings) -> dict[str, set[tuple[str, str]]]:
     """For each index served by a local directory here: the (name, version) pairs the build needs."""
     wanted: dict[str, set[tuple[str, str]]] = {}
-    skip = {o.name for o in cell.overrides} | set(cell.uninstall)
-    pins = [(p.index, p.name, p.version) for p in (lock.packages if lock else ()) if p.name not in skip]
+    pins = [(p.index, p.name, p.version) for p in (lock.packages if lock else ()) if p.name not in cell.uninstall]
     pins += [(o.index, o.name, o.version) for o in cell.overrides]
     for index, name, version in pins:
         mirror = site.mirror(index)

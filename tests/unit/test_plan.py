@@ -310,7 +310,7 @@ def test_local_mirror_matches_non_normalised_versions(plan, wheels: Path) -> Non
 def test_local_mirror_needs_only_what_is_installed(tmp_path: Path, tmp_images: Path, locked: Matrix) -> None:
     directory = tmp_path / "pypi-wheels"
     directory.mkdir()
-    for name in ("alpha-1.0", "beta-3.0", "eps-1.0"):
+    for name in ("alpha-1.0", "beta-2.0", "beta-3.0", "eps-1.0"):
         (directory / f"{name}-py3-none-any.whl").write_bytes(name.encode())
     result = plan_cell(locked, locked.cell("c"), _local(directory), tmp_images)
     assert [w.path.name for w in result.local_wheels] == sorted(p.name for p in directory.iterdir())
@@ -362,15 +362,16 @@ def test_each_override_group_uses_only_its_own_index_secret(
 # -- locks ------------------------------------------------------------------------------------------
 
 
-def test_overridden_and_uninstalled_packages_leave_the_lock_files(locked: Matrix, tmp_images: Path) -> None:
+def test_uninstalled_packages_leave_the_lock_files_and_overridden_ones_stay(locked: Matrix, tmp_images: Path) -> None:
+    """Overrides reinstall on top of the complete lock, so adding one never rebuilds the locked layer."""
     result = plan_cell(locked, locked.cell("c"), SiteSettings(), tmp_images)
     files = _files(result)
     assert files["stackproof/requirements/lock-pypi.txt"] == (
-        f"alpha==1.0 --hash={_hash('alpha')}\neps==1.0 --hash={_hash('eps1')} --hash={_hash('eps2')}\n"
+        f"alpha==1.0 --hash={_hash('alpha')}\nbeta==2.0 --hash={_hash('beta')}\n"
+        f"eps==1.0 --hash={_hash('eps1')} --hash={_hash('eps2')}\n"
     )
-    # torch is overridden, and was the only package locked from `extra`: no lock group for it.
-    assert "stackproof/requirements/lock-extra.txt" not in files
-    assert list(_blocks(result.dockerfile, "# Locked stack from index")) == ["pypi"]
+    assert files["stackproof/requirements/lock-extra.txt"] == f"torch==2.0 --hash={_hash('torch')}\n"
+    assert list(_blocks(result.dockerfile, "# Locked stack from index")) == ["extra", "pypi"]
     assert "RUN python3 -m pip uninstall --disable-pip-version-check -y gamma || true" in result.dockerfile
 
 
