@@ -15,19 +15,24 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = "tqdm"
 PREVIOUS = "4.70.0"
-CHANGES = ("4.69.0", "4.68.0", "4.67.0")
+# Versions to move the override to, newest first. A version whose override step BuildKit has
+# cached from an earlier run is skipped, so every sample is a real install.
+CANDIDATES = tuple(f"4.{minor}.{patch}" for minor in range(69, 40, -1) for patch in (0, 1))
+SAMPLES = 3
 GOAL_RATIO = 1.5
 
 
@@ -49,15 +54,25 @@ def main() -> int:
         try:
             previous, _ = build(work, PREVIOUS, tags)
             print(f"previous image: {previous} ({PACKAGE}=={PREVIOUS})", file=sys.stderr)
-            rebuilds, floors, images = [], [], []
-            for version in CHANGES:
+            rebuilds, floors, images, changes = [], [], [], []
+            for version in CANDIDATES:
+                if len(rebuilds) == SAMPLES:
+                    break
+                if not version_exists(version):
+                    continue
                 tag, seconds = build(work, version, tags)
+                if override_step_was_cached(work):
+                    print(f"{PACKAGE}=={version}: override step cached earlier, not a sample", file=sys.stderr)
+                    continue
                 rebuilds.append(seconds)
                 images.append(tag)
+                changes.append(version)
                 floors.append(floor(docker, previous, version, site.ca_bundle))
+            if not rebuilds:
+                sys.exit("every candidate version was cached; prune the build cache (docker builder prune)")
             cold = None
             if not args.skip_cold:
-                _, cold = build(work, CHANGES[-1], tags, extra=["--no-cache"])
+                _, cold = build(work, changes[-1], tags, extra=["--no-cache"])
             reused, total, new_bytes, size = layer_reuse(docker, previous, images[0])
         finally:
             for tag in tags:
@@ -71,7 +86,7 @@ def main() -> int:
         ("new layer bytes / image bytes", f"{new_bytes:,} / {size:,}", f"{100 * new_bytes / max(size, 1):.3f}%"),
         ("layers reused from the previous image", f"{reused} of {total}", "base layers reused" if reused else "NONE"),
     ]
-    print(f"\nstackproof rebuild benchmark: cpu-tiny, override {PACKAGE} {PREVIOUS} -> {', '.join(CHANGES)}")
+    print(f"\nstackproof rebuild benchmark: cpu-tiny, override {PACKAGE} {PREVIOUS} -> {', '.join(changes)}")
     width = max(len(r[0]) for r in rows)
     for name, value, note in rows:
         print(f"  {name:<{width}}  {value:>24}  {note}")
@@ -87,8 +102,21 @@ def build(work: Path, version: str, tags: list[str], extra: list[str] | None = N
             cell["overrides"] = {PACKAGE: {"version": version, "index": "pypi"}}
     matrix = work / "matrix.yaml"
     matrix.write_text(yaml.safe_dump(data, sort_keys=False))
-    argv = [sys.executable, "-m", "pipeline", "build", "cpu-tiny", "--json", "--matrix", str(matrix),
-            "--images", str(REPO / "images"), "--out", str(work / "out"), *(extra or [])]
+    argv = [
+        sys.executable,
+        "-m",
+        "pipeline",
+        "build",
+        "cpu-tiny",
+        "--json",
+        "--matrix",
+        str(matrix),
+        "--images",
+        str(REPO / "images"),
+        "--out",
+        str(work / "out"),
+        *(extra or []),
+    ]
     started = time.monotonic()
     proc = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, env=os.environ.copy())
     seconds = time.monotonic() - started
@@ -99,6 +127,21 @@ def build(work: Path, version: str, tags: list[str], extra: list[str] | None = N
         tags.append(result["tag"])
     print(f"built {PACKAGE}=={version}{' ' + ' '.join(extra) if extra else ''}: {seconds:.1f}s", file=sys.stderr)
     return str(result["tag"]), seconds
+
+
+def version_exists(version: str, _known: list[str] = []) -> bool:  # noqa: B006 - a per-process memo
+    if not _known:
+        argv = [sys.executable, "-m", "pip", "index", "versions", PACKAGE]
+        out = subprocess.run(argv, capture_output=True, text=True)
+        _known.extend(v.strip() for v in out.stdout.partition("Available versions:")[2].split(","))
+    return version in _known
+
+
+def override_step_was_cached(work: Path) -> bool:
+    """True when the last build's log shows BuildKit reused the override step instead of running it."""
+    log = (work / "out" / "cpu-tiny" / "build.log").read_text()
+    step = re.search(r"^(#\d+) \[\d+/\d+\] RUN .*overrides-pypi\.txt", log, re.MULTILINE)
+    return step is not None and f"{step.group(1)} CACHED" in log
 
 
 def floor(docker: str, image: str, version: str, ca_bundle: Path | None) -> float:
@@ -114,25 +157,32 @@ def floor(docker: str, image: str, version: str, ca_bundle: Path | None) -> floa
 
 
 def layer_reuse(docker: str, previous: str, rebuilt: str) -> tuple[int, int, int, int]:
-    """(layers shared with the previous image, layers in the rebuilt one, new-layer bytes, image bytes)."""
-    def inspect(ref: str) -> dict[str, object]:
+    """(rebuilt layers also in the previous image, rebuilt layers, bytes of the others, image bytes)."""
+
+    def inspect(ref: str) -> dict[str, Any]:
         out = subprocess.run([docker, "image", "inspect", ref], check=True, capture_output=True, text=True).stdout
         return json.loads(out)[0]  # type: ignore[no-any-return]
 
-    old_layers = inspect(previous)["RootFS"]["Layers"]  # type: ignore[index]
-    new_info = inspect(rebuilt)
-    new_layers = new_info["RootFS"]["Layers"]  # type: ignore[index]
-    shared = 0
-    for a, b in zip(old_layers, new_layers, strict=False):
-        if a != b:
-            break
-        shared += 1
-    # Non-empty history entries (oldest first) correspond one to one with RootFS layers.
-    history = subprocess.run([docker, "image", "history", "--no-trunc", "--human=false", "--format", "{{.Size}}",
-                              rebuilt], check=True, capture_output=True, text=True).stdout.split()
-    sizes = [int(s) for s in reversed(history) if int(s) > 0]
-    new_bytes = sum(sizes[shared:]) if len(sizes) == len(new_layers) else -1
-    return shared, len(new_layers), new_bytes, int(new_info["Size"])  # type: ignore[arg-type]
+    old_layers = set(inspect(previous)["RootFS"]["Layers"])
+    info = inspect(rebuilt)
+    layers: list[str] = info["RootFS"]["Layers"]
+    # History entries that write a filesystem layer (RUN, COPY, ADD, the imported base), oldest
+    # first, correspond one to one with RootFS layers; ENV and LABEL entries write none.
+    history = subprocess.run(
+        [docker, "image", "history", "--no-trunc", "--human=false", "--format", "{{.Size}}|{{.CreatedBy}}", rebuilt],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.splitlines()
+    sizes = []
+    for line in reversed(history):
+        size, _, created_by = line.partition("|")
+        if not created_by.strip() or created_by.split()[0] in ("RUN", "COPY", "ADD"):
+            sizes.append(int(size))
+    if len(sizes) != len(layers):
+        sys.exit(f"cannot map {len(sizes)} history entries onto {len(layers)} layers of {rebuilt}")
+    new_bytes = sum(size for size, layer in zip(sizes, layers, strict=True) if layer not in old_layers)
+    return sum(layer in old_layers for layer in layers), len(layers), new_bytes, int(info["Size"])
 
 
 def _samples(values: list[float]) -> str:

@@ -58,8 +58,15 @@ def ensure_base(engine: Engine, base: BootstrapBase, site: SiteSettings, images_
         if recipe.include:
             argv.append("--include=" + ",".join(recipe.include))
         argv += [recipe.suite, str(rootfs), site.debian_mirror]
-        cmd.stream(argv, on_line=lambda line: print(f"[bootstrap {base.name}] {line}", file=sys.stderr), timeout=1800)
-        cmd.run(["chroot", str(rootfs), "python3", "-m", "venv", recipe.venv], timeout=300)
+        try:
+            cmd.stream(
+                argv, on_line=lambda line: print(f"[bootstrap {base.name}] {line}", file=sys.stderr), timeout=1800
+            )
+            cmd.run(["chroot", str(rootfs), "python3", "-m", "venv", recipe.venv], timeout=300)
+        finally:
+            # An interrupted debootstrap leaves /proc and /sys mounted inside the rootfs; unmount
+            # them before the temporary directory is deleted, or the delete walks into them.
+            _unmount_below(rootfs)
         for leftover in ("var/cache/apt/archives", "var/lib/apt/lists"):
             for path in (rootfs / leftover).glob("*"):
                 if path.is_file():
@@ -69,3 +76,14 @@ def ensure_base(engine: Engine, base: BootstrapBase, site: SiteSettings, images_
         engine.import_rootfs(tarball, tag, changes=["ENV LANG=C.UTF-8"])
     print(f"base {tag} bootstrapped in {time.monotonic() - started:.0f}s", file=sys.stderr)
     return tag, True
+
+
+def _unmount_below(root: Path, mounts: Path = Path("/proc/mounts")) -> None:
+    try:
+        lines = mounts.read_text().splitlines()
+    except OSError:
+        return
+    prefix = str(root.resolve()) + "/"
+    targets = [line.split()[1] for line in lines if len(line.split()) > 1 and line.split()[1].startswith(prefix)]
+    for target in sorted(targets, key=len, reverse=True):  # deepest first
+        cmd.run(["umount", "--lazy", target], check=False, timeout=60)

@@ -16,6 +16,7 @@ from packaging.utils import canonicalize_name, parse_sdist_filename, parse_wheel
 from packaging.version import Version
 
 import pipeline
+from pipeline.cache import file_sha256
 from pipeline.errors import InputError
 from pipeline.lock import Lock, read_lock
 from pipeline.model import BootstrapBase, Cell, CellBase, Matrix, Requirement
@@ -255,7 +256,7 @@ def _find_local_wheels(wanted: dict[str, set[tuple[str, str]]], site: SiteSettin
             key = _dist_key(path.name)
             if key in pairs:
                 seen.add(key)
-                found.append(LocalWheel(index=index, path=path, sha256=_sha256_file(path)))
+                found.append(LocalWheel(index=index, path=path, sha256=file_sha256(path)))
         missing = sorted(pairs - seen)
         if missing:
             listing = ", ".join(f"{n}=={v}" for n, v in missing)
@@ -274,11 +275,3 @@ def _dist_key(filename: str) -> tuple[str, str] | None:
     except ValueError:
         return None
     return str(canonicalize_name(name)), str(version)
-
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()

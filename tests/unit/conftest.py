@@ -114,3 +114,9 @@ def invalid(write_matrix: Callable[[str], Path], images_dir: Path) -> Callable[.
         return Invalid(file=path, text=path.read_text(), problems=info.value.problems)
 
     return collect
+
+
+@pytest.fixture(autouse=True)
+def _private_cache_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unit tests never write into the user's ~/.cache/stackproof."""
+    monkeypatch.setenv("STACKPROOF_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "stackproof-cache"))
