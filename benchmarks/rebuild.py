@@ -123,8 +123,9 @@ def build(work: Path, version: str, tags: list[str], extra: list[str] | None = N
     if proc.returncode != 0:
         sys.exit(f"build failed:\n{proc.stderr[-3000:]}")
     result = json.loads(proc.stdout)
-    if result["tag"] not in tags:
-        tags.append(result["tag"])
+    # Remember the image id as well as the tag: a later build of the same content moves the tag,
+    # and the image it leaves behind must be removed too.
+    tags.extend(ref for ref in (result["tag"], result["image_id"]) if ref not in tags)
     print(f"built {PACKAGE}=={version}{' ' + ' '.join(extra) if extra else ''}: {seconds:.1f}s", file=sys.stderr)
     return str(result["tag"]), seconds
 
