@@ -17,7 +17,7 @@ from types import FrameType
 from typing import Any
 
 import pipeline
-from pipeline.errors import Interrupted, MatrixError, PipelineError
+from pipeline.errors import InputError, Interrupted, MatrixError, PipelineError
 from pipeline.load import load_matrix
 from pipeline.model import Cell, Matrix
 
@@ -92,11 +92,29 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="build even when the content tag exists")
     p.set_defaults(handler=_build)
 
-    p = commands.add_parser("run", parents=[common], help="build + start + prove + tear down: the main job")
+    p = commands.add_parser("run", parents=[common], help="build + verify every available stage: the main job")
     p.add_argument("cell")
     p.add_argument("--arm", default=None)
+    p.add_argument("--stages", default=None, help="comma-separated stages (default: all available)")
     p.add_argument("--out", type=Path, default=Path("stackproof-out"))
     p.set_defaults(handler=_run)
+
+    p = commands.add_parser("verify", parents=[common], help="run stages against a cell's built image")
+    p.add_argument("cell")
+    p.add_argument("--arm", default=None)
+    p.add_argument("--stages", default=None, help="comma-separated stages (default: all available)")
+    p.add_argument("--out", type=Path, default=Path("stackproof-out"))
+    p.set_defaults(handler=_verify)
+
+    probe = commands.add_parser("probe", help="run an in-image probe").add_subparsers(dest="sub", required=True)
+    p = probe.add_parser("imports", parents=[common], help="installed distributions, imports, torch, env (JSON)")
+    p.add_argument("cell", nargs="?", help="probe this cell's built image")
+    p.add_argument("--host", action="store_true", help="probe this host's Python environment instead")
+    p.add_argument("--python", default=sys.executable, help="with --host: the interpreter to probe")
+    p.add_argument(
+        "--modules", default=None, help="modules to import (default: the cell's, or torch?,flashinfer?,vllm?)"
+    )
+    p.set_defaults(handler=_probe_imports)
     return parser
 
 
@@ -221,23 +239,59 @@ def _build(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    return _verify_or_run(args, build=True)
+
+
+def _verify(args: argparse.Namespace) -> int:
+    return _verify_or_run(args, build=False)
+
+
+def _verify_or_run(args: argparse.Namespace, *, build: bool) -> int:
     from pipeline.engine import Engine
-    from pipeline.runjob import run_cell
+    from pipeline.runjob import run_cell, verify_cell
     from pipeline.site import load_site
+    from verify.runner import parse_stages
 
     matrix, images = _load(args)
     cell = matrix.cell(args.cell)
     if args.arm:
-        cell.arm(args.arm)  # a bad arm name is a usage error before anything is built
+        cell.arm(args.arm)  # a bad arm name is a usage error before anything is built or run
+    stages = parse_stages(args.stages)
     site = load_site(matrix)
     engine = Engine.connect()
-    result = run_cell(engine, matrix, cell, site, images, out_root=args.out, arm_name=args.arm)
-    _emit(
-        args,
-        result.to_json(),
-        f"{cell.id}: PASS: ready in {result.readiness_seconds:.0f}s, "
-        f"{result.completion['completion_tokens']} tokens answered; outputs in {result.out_dir}",
-    )
+    job = run_cell if build else verify_cell
+    report = job(engine, matrix, cell, site, images, out_root=args.out, stages=stages, arm_name=args.arm)
+    verdict = "PASS" if report.outcome.passed else "FAIL"
+    stages_line = ", ".join(f"{s.stage} {s.status}" for s in report.stages)
+    _emit(args, report.to_json(), f"{cell.id}: {verdict}: {report.outcome.summary} [{stages_line}]")
+    return 0 if report.outcome.passed else 1
+
+
+def _probe_imports(args: argparse.Namespace) -> int:
+    from verify.probe import probe_host
+
+    if args.host == bool(args.cell):
+        raise InputError("probe imports: give a CELL, or --host")
+    if args.host:
+        modules = tuple((args.modules or "torch?,flashinfer?,vllm?").split(","))
+        report = probe_host(args.python, modules=modules)
+    else:
+        from pipeline.engine import Engine
+        from pipeline.plan import plan_cell, python_of
+        from pipeline.site import load_site
+        from verify.probe import probe_image
+
+        matrix, images = _load(args)
+        cell = matrix.cell(args.cell)
+        tag = plan_cell(matrix, cell, load_site(matrix), images).tag
+        engine = Engine.connect()
+        if engine.image(tag) is None:
+            raise InputError(f"{cell.id}: image {tag} is not built: run `stackproof build {cell.id}`")
+        modules = tuple(args.modules.split(",")) if args.modules else cell.imports
+        report = probe_image(
+            engine, tag, python=python_of(matrix, cell), modules=modules, env=dict(cell.serve.env if cell.serve else ())
+        )
+    print(json.dumps(report.raw, indent=1, sort_keys=True))
     return 0
 
 

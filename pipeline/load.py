@@ -61,6 +61,8 @@ CELL_KEYS = (
     "serve",
     "arms",
     "expect",
+    "imports",
+    "accepted_conflicts",
 )
 INHERITABLE_KEYS = tuple(k for k in CELL_KEYS if k not in ("id", "extends"))
 REQUIRED_CELL_KEYS = ("base", "platform", "arch")
@@ -69,7 +71,8 @@ INSTALL_KEYS = ("requirements", "lock", "python_version", "python_platform")
 SERVE_KEYS = ("model", "args", "env", "readiness_timeout", "shm_size", "gpus")
 MODEL_KEYS = ("source", "revision")
 ARM_KEYS = ("description", "env", "args")
-EXPECT_KEYS = ("outcome", "stage", "reason")
+EXPECT_KEYS = ("outcome", "stage", "reason", "match")
+DEFAULT_IMPORTS = ("torch?", "flashinfer?", "vllm?")
 INDEX_KEYS = ("url",)
 REGISTRY_BASE_KEYS = ("image", "digest", "python")
 BOOTSTRAP_KEYS = ("suite", "variant", "include", "venv")
@@ -164,6 +167,23 @@ class _Checker:
                 self.problem((*path, name), f"{name!r} is not a valid environment variable name")
             pairs.append((str(name), self.text((*path, name), item)))
         return tuple(sorted(pairs))
+
+    def regex(self, path: Path_, value: Any) -> str:
+        text = self.text(path, value)
+        try:
+            re.compile(text)
+        except re.error as exc:
+            self.problem(path, f"{text!r} is not a valid regular expression: {exc}")
+        return text
+
+    def env_like(self, path: Path_, value: Any, what: str) -> tuple[tuple[str, str], ...]:
+        """A mapping of name: text (not environment names), e.g. accepted_conflicts."""
+        if value is None:
+            return ()
+        if not isinstance(value, dict):
+            self.problem(path, f"must be a mapping of {what}, got {_kind(value)}")
+            return ()
+        return tuple((str(k), self.text((*path, k), v)) for k, v in value.items())
 
     def version(self, path: Path_, value: Any) -> str:
         """An exact version, normalised once here (`1.16.0-post1` -> `1.16.0.post1`)."""
@@ -331,13 +351,14 @@ class _Checker:
         serve = self.serve((*p, "serve"), data["serve"]) if data.get("serve") is not None else None
         expect = None
         if data.get("expect") is not None and self.keys(
-            (*p, "expect"), data["expect"], EXPECT_KEYS, required=("outcome", "stage", "reason")
+            (*p, "expect"), data["expect"], EXPECT_KEYS, required=EXPECT_KEYS
         ):
             e = data["expect"]
             self.choice((*p, "expect", "outcome"), e.get("outcome"), ("fail",), "expected outcome")
             expect = Expectation(
                 stage=self.choice((*p, "expect", "stage"), e.get("stage"), STAGES, "stage"),
                 reason=self.text((*p, "expect", "reason"), e.get("reason")),
+                match=self.regex((*p, "expect", "match"), e.get("match")),
             )
         recipes = self.texts((*p, "recipes"), data.get("recipes"))
         for j, recipe in enumerate(recipes):
@@ -355,6 +376,8 @@ class _Checker:
         uninstall = tuple(str(canonicalize_name(n)) for n in self.texts((*p, "uninstall"), data.get("uninstall")))
         env = self.env((*p, "env"), data.get("env"))
         arms = self.arms((*p, "arms"), data.get("arms"))
+        imports = self.texts((*p, "imports"), data["imports"]) if "imports" in data else DEFAULT_IMPORTS
+        accepted = self.env_like((*p, "accepted_conflicts"), data.get("accepted_conflicts"), "package: reason")
         if base is None or any(k not in data for k in REQUIRED_CELL_KEYS):
             return None
         return Cell(
@@ -373,6 +396,8 @@ class _Checker:
             serve=serve,
             arms=arms,
             expect=expect,
+            imports=imports,
+            accepted_conflicts=tuple(sorted((str(canonicalize_name(k)), v) for k, v in accepted)),
             notes=tuple(notes),
         )
 

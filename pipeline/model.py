@@ -162,10 +162,15 @@ class Arm:
 
 @dataclass(frozen=True, kw_only=True)
 class Expectation:
-    """A known-bad stack kept in the matrix: it must fail at `stage`, for `reason`."""
+    """A known-bad stack kept in the matrix: it must fail at `stage`, for `reason`.
+
+    `match` is a regex that the failure's evidence must contain: failing for another reason is a
+    pipeline failure too.
+    """
 
     stage: str
     reason: str
+    match: str
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -185,6 +190,8 @@ class Cell:
     serve: ServeSpec | None
     arms: tuple[Arm, ...]
     expect: Expectation | None
+    imports: tuple[str, ...] = ()  # modules the imports stage must import; `name?` = only where installed
+    accepted_conflicts: Pairs = ()  # required package -> why its conflict or absence is accepted
     notes: tuple[str, ...] = ()  # flagged-but-allowed findings, e.g. a base without digest
 
     @property

@@ -89,7 +89,7 @@ def plan_cell(
     base = cell.base
     if isinstance(base, CellBase):
         parent = plan_cell(matrix, matrix.cell(base.cell), site, images_dir, (*_seen, cell.id))
-        base_ref, python = parent.tag, _python_of(matrix, parent.cell)
+        base_ref, python = parent.tag, python_of(matrix, parent.cell)
     elif isinstance(base, BootstrapBase):
         from pipeline.bootstrap import base_tag
 
@@ -226,7 +226,8 @@ def _labels(cell: Cell, base_ref: str) -> list[tuple[str, str]]:
     return labels
 
 
-def _python_of(matrix: Matrix, cell: Cell) -> str:
+def python_of(matrix: Matrix, cell: Cell) -> str:
+    """The python the cell's image installs into: its base's, through any chain of cell bases."""
     base = cell.base
     while isinstance(base, CellBase):
         base = matrix.cell(base.cell).base

@@ -1,40 +1,26 @@
-"""The main job: build a cell, start its server, prove it answers, tear it down on every path.
+"""The jobs that touch images: `verify` (stages against a built image) and `run` (build + verify).
 
-Later stages (imports, startup, autotune, load) plug in between readiness and teardown.
+`run` is the main job: build the cell (or reuse its content tag), then its stages in order —
+imports (no server), startup (server, readiness, one completion, teardown) — stopping at the
+first failure. The cell's `expect` decides whether that outcome passes the pipeline.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from pipeline.build import BuildResult, build_cell
+from pipeline.build import build_cell
 from pipeline.engine import Engine
-from pipeline.errors import CheckFailed, InputError
+from pipeline.errors import InputError
 from pipeline.model import Cell, Matrix
+from pipeline.plan import plan_cell, python_of
 from pipeline.site import SiteSettings
-from verify.server import ServerContainer
+from verify.result import VerifyReport
+from verify.runner import verify_image
 
-__all__ = ["RunResult", "run_cell"]
-
-
-@dataclass(frozen=True, kw_only=True)
-class RunResult:
-    cell: str
-    arm: str | None
-    image: str
-    image_id: str
-    build: dict[str, object]
-    readiness_seconds: float
-    completion: dict[str, object]
-    seconds: float
-    out_dir: str
-
-    def to_json(self) -> dict[str, object]:
-        return asdict(self)
+__all__ = ["run_cell", "verify_cell"]
 
 
 def run_cell(
@@ -45,37 +31,52 @@ def run_cell(
     images_dir: Path,
     *,
     out_root: Path,
+    stages: tuple[str, ...],
     arm_name: str | None = None,
-) -> RunResult:
-    if cell.serve is None:
-        raise InputError(f"{matrix.file}:{cell.line}: cell {cell.id!r} has no serve spec, so it cannot run")
+) -> VerifyReport:
     arm = cell.arm(arm_name) if arm_name else None
-    started = time.monotonic()
-    cell_dir = out_root / cell.id
-    build: BuildResult = build_cell(engine, matrix, cell, site, images_dir, out_dir=cell_dir)
-    run_dir = cell_dir / time.strftime("run-%Y%m%dT%H%M%S")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "run.json").write_text(json.dumps({"cell": cell.id, "image": build.tag, "status": "started"}) + "\n")
-    with ServerContainer(engine, cell, build.tag, out_dir=run_dir, arm=arm) as server:
-        readiness = server.wait_ready()
-        completion = server.complete()
-        print(
-            f"{cell.id}: completion {completion['completion_tokens']} tokens: {completion['text']!r}", file=sys.stderr
-        )
-    result = RunResult(
-        cell=cell.id,
-        arm=arm.name if arm else None,
+    build = build_cell(engine, matrix, cell, site, images_dir, out_dir=out_root / cell.id)
+    return verify_image(
+        engine,
+        cell,
         image=build.tag,
         image_id=build.image_id,
-        build=build.to_json(),
-        readiness_seconds=readiness.seconds,
-        completion=completion,
-        seconds=round(time.monotonic() - started, 1),
-        out_dir=str(run_dir),
+        python=python_of(matrix, cell),
+        stages=stages,
+        arm=arm,
+        out_dir=_run_dir(out_root, cell),
     )
-    (run_dir / "run.json").write_text(json.dumps({**result.to_json(), "status": "pass"}, indent=2) + "\n")
-    if cell.expect is not None:
-        raise CheckFailed(
-            f"{cell.id}: expected to fail at stage {cell.expect.stage!r} ({cell.expect.reason}) but the run passed"
-        )
-    return result
+
+
+def verify_cell(
+    engine: Engine,
+    matrix: Matrix,
+    cell: Cell,
+    site: SiteSettings,
+    images_dir: Path,
+    *,
+    out_root: Path,
+    stages: tuple[str, ...],
+    arm_name: str | None = None,
+) -> VerifyReport:
+    """Verify the cell's already-built image (its content tag); nothing is built."""
+    arm = cell.arm(arm_name) if arm_name else None
+    tag = plan_cell(matrix, cell, site, images_dir).tag
+    image = engine.image(tag)
+    if image is None:
+        raise InputError(f"{cell.id}: image {tag} is not built: run `stackproof build {cell.id}` (or `stackproof run`)")
+    print(f"{cell.id}: verifying {tag} ({image.id[:19]})", file=sys.stderr)
+    return verify_image(
+        engine,
+        cell,
+        image=tag,
+        image_id=image.id,
+        python=python_of(matrix, cell),
+        stages=stages,
+        arm=arm,
+        out_dir=_run_dir(out_root, cell),
+    )
+
+
+def _run_dir(out_root: Path, cell: Cell) -> Path:
+    return out_root / cell.id / time.strftime("run-%Y%m%dT%H%M%S")

@@ -29,6 +29,7 @@ __all__ = ["Readiness", "ServerContainer", "free_port", "serve_argv"]
 
 HOST = "127.0.0.1"  # servers bind loopback only; traffic never leaves this machine
 RUN_LABEL = "io.stackproof.run"
+SERVER_ROLE_LABEL = "io.stackproof.role=server"
 POLL_SECONDS = 1.0
 PROGRESS_EVERY_S = 15.0
 
@@ -105,30 +106,15 @@ class ServerContainer:
         env = dict(self.cell.serve.env if self.cell.serve else ())
         env.update(self.arm.env if self.arm else ())
         env.update(self.extra_env)
-        argv = [
-            "run",
-            "--detach",
-            "--name",
-            self.name,
-            "--network",
-            "host",
-            "--shm-size",
-            self.serve.shm_size,
-            "--label",
-            f"{RUN_LABEL}={self.run_id}",
-            "--label",
-            f"io.stackproof.cell={self.cell.id}",
-        ]
+        labels = [f"{RUN_LABEL}={self.run_id}", f"io.stackproof.cell={self.cell.id}", SERVER_ROLE_LABEL]
+        argv = ["run", "--detach", "--name", self.name, "--network", "host", "--shm-size", self.serve.shm_size]
+        argv += [arg for label in labels for arg in ("--label", label)]
         if self.serve.gpus:
             argv += ["--gpus", self.serve.gpus]
         for key, value in sorted(env.items()):
             argv += ["--env", f"{key}={value}"]
-        argv += [
-            "--entrypoint",
-            serve_argv(self.serve, self.arm, self.port)[0],
-            self.image,
-            *serve_argv(self.serve, self.arm, self.port)[1:],
-        ]
+        command = serve_argv(self.serve, self.arm, self.port)
+        argv += ["--entrypoint", command[0], self.image, *command[1:]]
         self._started = True  # from here on, remove() must run even if `docker run` is interrupted
         self.engine.docker(*argv, timeout=120)
         print(f"{self.cell.id}: server container {self.name} on {self.base_url}, log: {self.log_path}", file=sys.stderr)

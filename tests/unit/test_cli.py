@@ -68,7 +68,7 @@ def test_validate_real_matrix_reports_notes(real: list[str], repo: Path, capsys)
     out, err = capsys.readouterr()
     document = json.loads(out)
     assert document["valid"] is True
-    assert document["cells"] == 4
+    assert document["cells"] == 6
     assert document["file"] == str(repo / "matrix.yaml")
     assert len(document["notes"]) == 3  # the three cells on the tag-only vllm-openai base
     assert all("pinned by tag only" in note for note in document["notes"])
@@ -79,7 +79,7 @@ def test_list_json_is_one_document(real: list[str], capsys) -> None:
     assert main(["matrix", "list", *real, "--json"]) == 0
     document = json.loads(capsys.readouterr().out)  # raises if anything else was printed
     rows = {row["id"]: row for row in document["cells"]}
-    assert list(rows) == ["cpu-tiny", "sm120-vllm-0.28.0-release", FIXED, SPARK]
+    assert list(rows) == ["cpu-tiny", "fi-0.6.13-matched", "fi-mismatch", "sm120-vllm-0.28.0-release", FIXED, SPARK]
     assert rows["cpu-tiny"] == {
         "id": "cpu-tiny",
         "arch": "none",
@@ -98,11 +98,14 @@ def test_list_text_has_one_line_per_cell(real: list[str], capsys) -> None:
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in lines] == [
         "cpu-tiny",
+        "fi-0.6.13-matched",
+        "fi-mismatch",
         "sm120-vllm-0.28.0-release",
         FIXED,
         SPARK,
     ]
-    assert lines[1].endswith("expect fail at autotune")
+    assert lines[2].endswith("expect fail at imports")
+    assert lines[3].endswith("expect fail at autotune")
 
 
 def test_show_cell_json(real: list[str], repo: Path, capsys) -> None:

@@ -15,6 +15,8 @@ from pipeline.model import BootstrapBase, CellBase, Matrix, RegistryBase
 FIXED = "sm120-vllm-0.28.0-fi-0.6.18.post1-cu130"
 RELEASE = "sm120-vllm-0.28.0-release"
 SPARK = "sm121-vllm-0.28.0-fi-0.6.18.post1-cu130"
+MATCHED = "fi-0.6.13-matched"
+MISMATCH = "fi-mismatch"
 SOURCE_INDENT = " " * 8
 ANYWHERE = "(set it in the cell, an ancestor or defaults)"
 TOOL_OWNED = "the tool sets --host 127.0.0.1 and --port itself"
@@ -44,15 +46,28 @@ def doc(*parts: str) -> str:
 # -- the real matrix.yaml ---------------------------------------------------------------------------
 
 
-def test_real_matrix_has_four_cells_in_file_order(real_matrix: Matrix) -> None:
-    assert [c.id for c in real_matrix.cells] == ["cpu-tiny", RELEASE, FIXED, SPARK]
+def test_real_matrix_cells_in_file_order(real_matrix: Matrix) -> None:
+    assert [c.id for c in real_matrix.cells] == ["cpu-tiny", MATCHED, MISMATCH, RELEASE, FIXED, SPARK]
     assert {c.id: c.arch for c in real_matrix.cells} == {
         "cpu-tiny": "none",
+        MATCHED: "none",
+        MISMATCH: "none",
         RELEASE: "sm120",
         FIXED: "sm120",
         SPARK: "sm121",
     }
-    assert [c.is_gpu for c in real_matrix.cells] == [False, True, True, True]
+    assert [c.is_gpu for c in real_matrix.cells] == [False, False, False, True, True, True]
+
+
+def test_fi_mismatch_inherits_the_matched_cell_and_moves_only_flashinfer_python(real_matrix: Matrix) -> None:
+    matched, mismatch = real_matrix.cell(MATCHED), real_matrix.cell(MISMATCH)
+    pins = {o.name: o.version for o in mismatch.overrides}
+    assert pins == {**{o.name: o.version for o in matched.overrides}, "flashinfer-python": "0.6.18.post1"}
+    assert pins["flashinfer-cubin"] == "0.6.13"
+    assert matched.expect is None and matched.serve is None  # `serve: null` beats defaults' serve
+    assert mismatch.expect is not None and mismatch.expect.stage == "imports"
+    assert mismatch.accepted_conflicts == matched.accepted_conflicts
+    assert mismatch.imports == ("torch", "flashinfer", "vllm")
     assert real_matrix.digest.startswith("sha256:") and len(real_matrix.digest) == 7 + 64
 
 
@@ -60,7 +75,8 @@ def test_real_matrix_indexes_and_bases(real_matrix: Matrix) -> None:
     names = [ix.name for ix in real_matrix.indexes]
     assert names == ["pypi", "pytorch-cpu", "flashinfer", "flashinfer-cu130"]
     assert real_matrix.index("flashinfer-cu130").url == "https://flashinfer.ai/whl/cu130"
-    debian, vllm = real_matrix.bases
+    debian, cpu_tiny, vllm = real_matrix.bases
+    assert isinstance(cpu_tiny, CellBase) and cpu_tiny.cell == "cpu-tiny"
     assert isinstance(debian, BootstrapBase)
     assert debian.recipe.include == ("python3", "python3-venv", "python3-pip", "ca-certificates")
     assert debian.python == "/opt/venv/bin/python"
@@ -837,7 +853,7 @@ def test_wrong_types_are_located(invalid, header: str) -> None:
             """\
             runner: self-hosted
             env: [A]
-            expect: {outcome: pass, stage: autotuning, reason: x}
+            expect: {outcome: pass, stage: autotuning, reason: x, match: x}
     """,
         )
     )

@@ -1,0 +1,140 @@
+"""Verdicts as data: a status, a message and the evidence behind it.
+
+Checks return `CheckResult`s; a stage's status is the worst of its checks'; a `VerifyReport` is
+what one verification of one image produced, with the cell's expectation evaluated against it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from pipeline.model import STAGES, Expectation
+
+__all__ = ["CheckResult", "Expectation", "Outcome", "StageResult", "Status", "VerifyReport", "evaluate", "worst"]
+
+REPORT_SCHEMA_VERSION = 1
+
+
+class Status(StrEnum):
+    PASS = "PASS"
+    FAIL = "FAIL"
+    INCONCLUSIVE = "INCONCLUSIVE"
+    SKIP = "SKIP"
+    ERROR = "ERROR"
+
+
+# How bad each status is when a stage sums up its checks: one FAIL makes the stage FAIL.
+_SEVERITY = {Status.SKIP: 0, Status.PASS: 1, Status.INCONCLUSIVE: 2, Status.ERROR: 3, Status.FAIL: 4}
+
+
+def worst(statuses: list[Status]) -> Status:
+    relevant = [s for s in statuses if s is not Status.SKIP]
+    return max(relevant, key=_SEVERITY.__getitem__) if relevant else Status.SKIP
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckResult:
+    name: str
+    status: Status
+    message: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageResult:
+    stage: str
+    status: Status
+    checks: tuple[CheckResult, ...]
+    seconds: float
+    artifacts: dict[str, str] = field(default_factory=dict)  # name -> path of a kept file
+
+    @classmethod
+    def of(cls, stage: str, checks: list[CheckResult], seconds: float, **artifacts: str) -> StageResult:
+        return cls(
+            stage=stage,
+            status=worst([c.status for c in checks]),
+            checks=tuple(checks),
+            seconds=round(seconds, 2),
+            artifacts=artifacts,
+        )
+
+    def failures(self) -> list[CheckResult]:
+        return [c for c in self.checks if c.status in (Status.FAIL, Status.ERROR)]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Outcome:
+    """Whether the pipeline passes, once the cell's expectation is taken into account."""
+
+    passed: bool
+    summary: str
+    expected_failure: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class VerifyReport:
+    cell: str
+    arm: str | None
+    image: str
+    image_id: str
+    stages: tuple[StageResult, ...]
+    outcome: Outcome
+    schema_version: int = REPORT_SCHEMA_VERSION
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def evaluate(expect: Expectation | None, stages: list[StageResult]) -> Outcome:
+    """Apply the cell's expectation to the stages that ran.
+
+    Without one, the pipeline passes when no stage failed. With `expect: fail` at stage S, it
+    passes only when S ran and FAILed, every stage before S passed, and the failure evidence
+    matches the declared pattern: failing elsewhere, or for another reason, or passing, is a
+    pipeline failure. When S was not selected, the stages that ran must pass.
+    """
+    bad = [s for s in stages if s.status in (Status.FAIL, Status.ERROR)]
+    ran = {s.stage for s in stages}
+    if expect is None or expect.stage not in ran:
+        if bad:
+            return Outcome(passed=False, summary=f"{bad[0].stage} {bad[0].status}: {_first_failure(bad[0])}")
+        note = f" (expected failure at {expect.stage} not evaluated: stage not run)" if expect else ""
+        return Outcome(passed=True, summary="all stages passed" + note)
+    target = next(s for s in stages if s.stage == expect.stage)
+    before = [s for s in stages if STAGES.index(s.stage) < STAGES.index(expect.stage)]
+    record: dict[str, Any] = {"stage": expect.stage, "reason": expect.reason, "match": expect.match}
+    if any(s.status in (Status.FAIL, Status.ERROR) for s in before):
+        early = next(s for s in before if s.status in (Status.FAIL, Status.ERROR))
+        return Outcome(
+            passed=False,
+            expected_failure={**record, "matched": False},
+            summary=f"expected to fail at {expect.stage} but failed earlier, at {early.stage}: {_first_failure(early)}",
+        )
+    if target.status is not Status.FAIL:
+        return Outcome(
+            passed=False,
+            expected_failure={**record, "matched": False},
+            summary=f"expected to fail at {expect.stage} ({expect.reason}) but it was {target.status}",
+        )
+    evidence = "\n".join(f"{c.message}\n{c.evidence}" for c in target.failures())
+    matched = re.search(expect.match, evidence) is not None
+    if not matched:
+        return Outcome(
+            passed=False,
+            expected_failure={**record, "matched": False},
+            summary=f"{expect.stage} failed, but not for the declared reason (no match for "
+            f"{expect.match!r}): {_first_failure(target)}",
+        )
+    return Outcome(
+        passed=True,
+        expected_failure={**record, "matched": True},
+        summary=f"failed at {expect.stage} as expected: {expect.reason}",
+    )
+
+
+def _first_failure(stage: StageResult) -> str:
+    failures = stage.failures()
+    return failures[0].message if failures else str(stage.status)

@@ -1,0 +1,93 @@
+"""Run a cell's stages against a built image, cheapest first, stopping at the first failure.
+
+A stage that FAILs stops the stages after it (they depend on it: never start a server for an
+image whose imports are broken). The report, with the cell's expectation evaluated, is written
+to `report.json` in the run's directory.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from pipeline.engine import Engine
+from pipeline.errors import InputError
+from pipeline.model import STAGES, Arm, Cell
+from verify.imports import run_imports
+from verify.result import StageResult, Status, VerifyReport, evaluate
+from verify.startup import run_startup
+
+__all__ = ["AVAILABLE_STAGES", "parse_stages", "verify_image"]
+
+StageRunner = Callable[[Engine, Cell, str, str, "Arm | None", Path], StageResult]
+
+
+def _imports(engine: Engine, cell: Cell, image: str, python: str, arm: Arm | None, out: Path) -> StageResult:
+    return run_imports(engine, cell, image, python=python, arm=arm, out_dir=out)
+
+
+def _startup(engine: Engine, cell: Cell, image: str, python: str, arm: Arm | None, out: Path) -> StageResult:
+    return run_startup(engine, cell, image, arm=arm, out_dir=out)
+
+
+# The stages this version implements, in dependency order; autotune and load come later.
+STAGE_RUNNERS: dict[str, StageRunner] = {"imports": _imports, "startup": _startup}
+AVAILABLE_STAGES: tuple[str, ...] = tuple(STAGE_RUNNERS)
+
+
+def parse_stages(text: str | None) -> tuple[str, ...]:
+    """`imports,startup` -> the stages in dependency order; unknown or unavailable names are usage errors."""
+    if not text:
+        return AVAILABLE_STAGES
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    for name in names:
+        if name not in STAGES:
+            raise InputError(f"--stages: unknown stage {name!r} (stages: {', '.join(STAGES)})")
+        if name not in STAGE_RUNNERS:
+            raise InputError(
+                f"--stages: stage {name!r} is not available yet (available: {', '.join(AVAILABLE_STAGES)})"
+            )
+    return tuple(s for s in STAGES if s in names)
+
+
+def verify_image(
+    engine: Engine,
+    cell: Cell,
+    *,
+    image: str,
+    image_id: str,
+    python: str,
+    stages: tuple[str, ...],
+    arm: Arm | None,
+    out_dir: Path,
+) -> VerifyReport:
+    results: list[StageResult] = []
+    for stage in stages:
+        result = STAGE_RUNNERS[stage](engine, cell, image, python, arm, out_dir)
+        results.append(result)
+        _print_stage(cell, result)
+        if result.status in (Status.FAIL, Status.ERROR):
+            skipped = stages[stages.index(stage) + 1 :]
+            if skipped:
+                print(f"{cell.id}: {stage} {result.status}: not running {', '.join(skipped)}", file=sys.stderr)
+            break
+    report = VerifyReport(
+        cell=cell.id,
+        arm=arm.name if arm else None,
+        image=image,
+        image_id=image_id,
+        stages=tuple(results),
+        outcome=evaluate(cell.expect, results),
+    )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "report.json").write_text(json.dumps(report.to_json(), indent=2, default=str) + "\n")
+    return report
+
+
+def _print_stage(cell: Cell, result: StageResult) -> None:
+    print(f"{cell.id}: stage {result.stage}: {result.status} ({result.seconds:.1f}s)", file=sys.stderr)
+    for check in result.checks:
+        if check.status is not Status.SKIP:
+            print(f"  {check.status:<12} {check.name}: {check.message}", file=sys.stderr)
