@@ -9,6 +9,7 @@ replace; a `null` value removes the key. Every problem is collected and reported
 from __future__ import annotations
 
 import copy
+import dataclasses
 import difflib
 import hashlib
 import re
@@ -300,7 +301,7 @@ class _Checker:
             if cell is not None:
                 cells.append(cell)
         self.base_cells_exist(bases, set(by_id))
-        return tuple(cells)
+        return _inherit_accepted_conflicts(cells, bases)
 
     def extends_chain(self, i: int, raw_cells: list[Any], by_id: dict[str, int]) -> list[int] | None:
         """Indexes of the cell's ancestors, root first, ending with the cell itself."""
@@ -538,6 +539,26 @@ def _merge(layers: list[tuple[Path_, Any]]) -> tuple[dict[str, Any], dict[Path_,
         if isinstance(layer, dict):
             merge_into(merged, (), layer, where)
     return merged, origins
+
+
+def _inherit_accepted_conflicts(cells: list[Cell], bases: tuple[Base, ...]) -> tuple[Cell, ...]:
+    """A cell built on another cell's image stands on that stack, so it accepts what that cell
+    accepted (its own entries win). Resolved here, once, so checks see the whole list."""
+    by_id = {c.id: c for c in cells}
+    resolved: dict[str, Cell] = {}
+
+    def resolve(cell: Cell, seen: tuple[str, ...] = ()) -> Cell:
+        if cell.id in resolved:
+            return resolved[cell.id]
+        base = cell.base
+        parent = by_id.get(base.cell) if isinstance(base, CellBase) else None
+        if parent is not None and parent.id not in seen:
+            merged = {**dict(resolve(parent, (*seen, cell.id)).accepted_conflicts), **dict(cell.accepted_conflicts)}
+            cell = dataclasses.replace(cell, accepted_conflicts=tuple(sorted(merged.items())))
+        resolved[cell.id] = cell
+        return cell
+
+    return tuple(resolve(c) for c in cells)
 
 
 def _without_nulls(value: Any) -> Any:

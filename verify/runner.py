@@ -91,3 +91,10 @@ def _print_stage(cell: Cell, result: StageResult) -> None:
     for check in result.checks:
         if check.status is not Status.SKIP:
             print(f"  {check.status:<12} {check.name}: {check.message}", file=sys.stderr)
+        if check.status in (Status.FAIL, Status.ERROR) and check.evidence.get("last_log_lines"):
+            print(
+                "  last log lines:",
+                *(f"    {line}" for line in check.evidence["last_log_lines"][-15:]),
+                sep="\n",
+                file=sys.stderr,
+            )

@@ -49,6 +49,18 @@ def serve_argv(serve: ServeSpec, arm: Arm | None, port: int) -> list[str]:
     return [*argv, *serve.args, *(arm.args if arm else ())]
 
 
+class ServerFailed(CheckFailed):
+    """The server did not become ready or did not answer; carries the last log lines."""
+
+    def __init__(self, reason: str, server: ServerContainer) -> None:
+        self.reason = reason
+        self.last_lines = server.last_lines().splitlines()
+        self.log_path = server.log_path
+        super().__init__(
+            f"{server.cell.id}: {reason}. Last log lines:\n{server.last_lines()}\nfull log: {server.log_path}"
+        )
+
+
 @dataclass(frozen=True, kw_only=True)
 class Readiness:
     seconds: float
@@ -175,10 +187,10 @@ class ServerContainer:
                 status, code = self.state()
                 if status not in ("running", "created"):
                     time.sleep(0.5)  # let the log follower catch the last lines
-                    raise CheckFailed(
-                        f"{self.cell.id}: the server container {status} (exit code {code}) before it was ready, "
-                        f"after {time.monotonic() - started:.0f}s. Last log lines:\n{self.last_lines()}\n"
-                        f"full log: {self.log_path}"
+                    raise ServerFailed(
+                        f"the server container {status} (exit code {code}) before it was ready, "
+                        f"after {time.monotonic() - started:.0f}s",
+                        self,
                     )
                 try:
                     if client.get(f"{self.base_url}/health").status_code == 200:
@@ -189,10 +201,7 @@ class ServerContainer:
                     pass
                 now = time.monotonic()
                 if now - started > timeout:
-                    raise CheckFailed(
-                        f"{self.cell.id}: not ready after {timeout:.0f}s (readiness_timeout). Last log lines:\n"
-                        f"{self.last_lines()}\nfull log: {self.log_path}"
-                    )
+                    raise ServerFailed(f"not ready after {timeout:.0f}s (readiness_timeout)", self)
                 if now >= next_progress:
                     print(
                         f"{self.cell.id}: waiting for {self.base_url}/health: {now - started:.0f}s of {timeout:.0f}s",
@@ -220,16 +229,16 @@ class ServerContainer:
                     },
                 )
         except httpx.TimeoutException as exc:
-            raise CheckFailed(f"{self.cell.id}: completion timed out after {timeout:.0f}s") from exc
+            raise ServerFailed(f"completion timed out after {timeout:.0f}s", self) from exc
         except httpx.TransportError as exc:
-            raise CheckFailed(f"{self.cell.id}: completion failed: {exc}\n{self.last_lines()}") from exc
+            raise ServerFailed(f"completion failed: {exc}", self) from exc
         if response.status_code != 200:
-            raise CheckFailed(f"{self.cell.id}: completion answered HTTP {response.status_code}: {response.text[:500]}")
+            raise ServerFailed(f"completion answered HTTP {response.status_code}: {response.text[:500]}", self)
         body = response.json()
         usage = body.get("usage") or {}
         text = body["choices"][0]["text"]
         if not usage.get("completion_tokens"):
-            raise CheckFailed(f"{self.cell.id}: completion returned no tokens: {body}")
+            raise ServerFailed(f"completion returned no tokens: {body}", self)
         return {
             "model": model,
             "prompt": prompt,

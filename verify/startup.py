@@ -10,10 +10,9 @@ import time
 from pathlib import Path
 
 from pipeline.engine import Engine
-from pipeline.errors import CheckFailed
 from pipeline.model import Arm, Cell
 from verify.result import CheckResult, StageResult, Status
-from verify.server import ServerContainer
+from verify.server import ServerContainer, ServerFailed
 
 __all__ = ["run_startup"]
 
@@ -28,31 +27,15 @@ def run_startup(engine: Engine, cell: Cell, image: str, *, arm: Arm | None, out_
     checks: list[CheckResult] = []
     with ServerContainer(engine, cell, image, out_dir=out_dir, arm=arm) as server:
         try:
-            readiness = server.wait_ready()
-            checks.append(
-                CheckResult(
-                    name="readiness",
-                    status=Status.PASS,
-                    message=f"/health answered 200 after {readiness.seconds:.0f}s",
-                    evidence={"seconds": readiness.seconds, "url": readiness.url},
-                )
-            )
+            ready = server.wait_ready()
+            message = f"/health answered 200 after {ready.seconds:.0f}s"
+            evidence: dict[str, object] = {"seconds": ready.seconds, "url": ready.url}
+            checks.append(CheckResult(name="readiness", status=Status.PASS, message=message, evidence=evidence))
             completion = server.complete()
-            checks.append(
-                CheckResult(
-                    name="completion",
-                    status=Status.PASS,
-                    message=f"{completion['completion_tokens']} tokens answered",
-                    evidence=completion,
-                )
-            )
-        except CheckFailed as exc:
-            checks.append(
-                CheckResult(
-                    name="readiness" if not checks else "completion",
-                    status=Status.FAIL,
-                    message=str(exc).splitlines()[0],
-                    evidence={"last_log_lines": server.last_lines().splitlines()},
-                )
-            )
+            message = f"{completion['completion_tokens']} tokens answered"
+            checks.append(CheckResult(name="completion", status=Status.PASS, message=message, evidence=completion))
+        except ServerFailed as exc:
+            name = "completion" if checks else "readiness"
+            evidence = {"last_log_lines": exc.last_lines}
+            checks.append(CheckResult(name=name, status=Status.FAIL, message=exc.reason, evidence=evidence))
     return StageResult.of(STAGE, checks, time.monotonic() - started, server_log=str(server.log_path))

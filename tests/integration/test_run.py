@@ -28,13 +28,19 @@ def test_cpu_tiny_end_to_end(cpu_tiny: str, tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-5000:]
     report = result.json()
     assert report["image"] == cpu_tiny
-    completion = report["completion"]
-    assert isinstance(completion, dict)
+    assert report["outcome"]["passed"] is True  # type: ignore[index]
+    stages = {s["stage"]: s for s in report["stages"]}  # type: ignore[union-attr]
+    assert [s["stage"] for s in report["stages"]] == ["imports", "startup"]  # type: ignore[union-attr]
+    assert stages["imports"]["status"] == "PASS" and stages["startup"]["status"] == "PASS"
+    checks = {c["name"]: c for c in stages["startup"]["checks"]}
+    completion = checks["completion"]["evidence"]
     assert completion["completion_tokens"] == 16 and completion["finish_reason"] == "length"
-    assert 0 < float(report["readiness_seconds"]) < 420  # type: ignore[arg-type]
-    log = (Path(str(report["out_dir"])) / "server.log").read_text()
+    assert 0 < float(checks["readiness"]["evidence"]["seconds"]) < 420
+    log = Path(stages["startup"]["artifacts"]["server_log"]).read_text()
     assert "Application startup complete." in log
     assert '"POST /v1/completions HTTP/1.1" 200' in log
+    probe = Path(stages["imports"]["artifacts"]["probe"])
+    assert probe.is_file() and '"vllm"' in probe.read_text()
     assert containers(CELL_LABEL) == [], "the server container must be removed after a passing run"
 
 
@@ -70,16 +76,23 @@ def test_server_that_exits_while_starting_fails_fast(cpu_tiny: str, tmp_path: Pa
     )
     elapsed = time.monotonic() - started
     assert result.returncode == 1, result.stderr[-3000:]
-    assert "before it was ready" in result.stderr
+    assert "stage startup: FAIL" in result.stderr and "before it was ready" in result.stderr
+    assert "cpu-tiny: FAIL: startup FAIL" in result.stdout
     assert "max_model_len" in result.stderr, "the last server log lines must be shown"
     assert elapsed < 120, f"took {elapsed:.0f}s: the wait must end when the container exits, not at the timeout"
     assert containers(CELL_LABEL) == []
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize(
+    ("sig", "phase"),
+    [(signal.SIGINT, "server"), (signal.SIGTERM, "server"), (signal.SIGINT, "probe")],
+    ids=["SIGINT-while-waiting-for-readiness", "SIGTERM-while-waiting-for-readiness", "SIGINT-during-imports-probe"],
+)
 def test_interrupted_run_leaves_no_container(
-    cpu_tiny: str, engine: Engine, tmp_path: Path, sig: signal.Signals
+    cpu_tiny: str, engine: Engine, tmp_path: Path, sig: signal.Signals, phase: str
 ) -> None:
+    """Interrupt `stackproof run` while the container of `phase` runs: every container goes."""
+    role = f"io.stackproof.role={phase}"
     proc = subprocess.Popen(
         [sys.executable, "-m", "pipeline", "run", "cpu-tiny", "--out", str(tmp_path)],
         cwd=REPO,
@@ -90,11 +103,11 @@ def test_interrupted_run_leaves_no_container(
     )
     try:
         deadline = time.monotonic() + 300
-        while not containers(CELL_LABEL):
-            assert proc.poll() is None, f"run ended before its container started: {proc.stderr.read()[-3000:]}"  # type: ignore[union-attr]
-            assert time.monotonic() < deadline, "no server container appeared within 300s"
-            time.sleep(0.5)
-        time.sleep(3)  # inside the readiness wait, with the log follower running
+        while not (set(containers(CELL_LABEL)) & set(containers(role))):
+            assert proc.poll() is None, f"run ended before its {phase} container started: {proc.stderr.read()[-3000:]}"  # type: ignore[union-attr]
+            assert time.monotonic() < deadline, f"no {phase} container appeared within 300s"
+            time.sleep(0.2)
+        time.sleep(2 if phase == "server" else 0.5)
         proc.send_signal(sig)
         _, stderr = proc.communicate(timeout=90)
     finally:
@@ -102,5 +115,7 @@ def test_interrupted_run_leaves_no_container(
             proc.kill()
             proc.wait()
     assert proc.returncode == 130, stderr[-3000:]
-    assert "removed" in stderr
-    assert containers(CELL_LABEL) == [], f"{sig.name} left a container behind"
+    assert "interrupted; cleaned up" in stderr
+    if phase == "server":
+        assert "server container" in stderr and "removed" in stderr
+    assert containers(CELL_LABEL) == [], f"{sig.name} during the {phase} left a container behind"

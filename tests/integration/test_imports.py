@@ -1,0 +1,94 @@
+"""Stage `imports` on real CPU images: a matched FlashInfer pair passes, a mismatched one fails
+at `import flashinfer` with FlashInfer's own error, and no server is ever started for it."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline.engine import Engine
+from tests.integration.conftest import REPO, engine_cli, stackproof, write_matrix
+
+pytestmark = pytest.mark.integration
+
+
+def _created_since(since: float, label: str) -> list[str]:
+    """Names of containers created since `since` (epoch seconds) carrying `label`, from the daemon's events."""
+    proc = subprocess.run(
+        [
+            engine_cli(),
+            "events",
+            "--since",
+            f"{since:.0f}",
+            "--until",
+            f"{time.time() + 1:.0f}",
+            "--filter",
+            "type=container",
+            "--filter",
+            "event=create",
+            "--filter",
+            f"label={label}",
+            "--format",
+            "{{.Actor.Attributes.name}}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return proc.stdout.split()
+
+
+def test_matched_flashinfer_pair_imports(engine: Engine, cpu_tiny: str, tmp_path: Path) -> None:
+    result = stackproof(["run", "fi-0.6.13-matched", "--json", "--out", str(tmp_path)])
+    assert result.returncode == 0, result.stderr[-4000:]
+    report = result.json()
+    imports = report["stages"][0]  # type: ignore[index]
+    assert imports["stage"] == "imports" and imports["status"] == "PASS"
+    checks = {c["name"]: c for c in imports["checks"]}
+    assert checks["import"]["evidence"]["flashinfer"] == "ok"
+    assert checks["flashinfer-trio"]["evidence"]["flashinfer_import_check"] == "passes"
+    assert report["outcome"]["passed"] is True  # type: ignore[index]
+
+
+def test_mismatched_flashinfer_pair_fails_at_imports_and_starts_no_server(
+    engine: Engine, cpu_tiny: str, tmp_path: Path
+) -> None:
+    build = stackproof(["build", "fi-mismatch", "--out", str(tmp_path)])
+    assert build.returncode == 0, build.stderr[-4000:]
+    since = time.time() - 1
+    result = stackproof(["run", "fi-mismatch", "--json", "--out", str(tmp_path)])
+    # The cell expects this failure, so the pipeline passes: exit 0, outcome explains why.
+    assert result.returncode == 0, result.stderr[-4000:]
+    report = result.json()
+    assert [s["stage"] for s in report["stages"]] == ["imports"]  # type: ignore[union-attr]
+    imports = report["stages"][0]  # type: ignore[index]
+    assert imports["status"] == "FAIL"
+    checks = {c["name"]: c for c in imports["checks"]}
+    assert checks["import"]["message"].startswith(
+        "import flashinfer raised RuntimeError: flashinfer-cubin version (0.6.13) does not match "
+        "flashinfer version (0.6.18.post1)"
+    )
+    assert checks["flashinfer-trio"]["status"] == "FAIL"
+    assert report["outcome"]["expected_failure"]["matched"] is True  # type: ignore[index]
+    assert "not running startup" in result.stderr
+    # The probe container is visible in the daemon's events (so the query works) and no server was.
+    assert _created_since(since, "io.stackproof.role=probe"), "the events query saw no probe container"
+    assert _created_since(since, "io.stackproof.role=server") == []
+
+
+def test_verify_needs_a_built_image(engine: Engine, tmp_path: Path) -> None:
+    """A cell whose content tag was never built: verify says what to run, and builds nothing."""
+    overrides = {
+        "flashinfer-python": {"version": "0.6.13", "index": "pypi"},
+        "flashinfer-cubin": {"version": "0.6.13", "index": "pypi"},
+        "tabulate": {"version": "0.9.0", "index": "pypi"},
+    }
+    matrix = write_matrix(tmp_path / "matrix.yaml", edit={"fi-0.6.13-matched": {"overrides": overrides}})
+    result = stackproof(["verify", "fi-0.6.13-matched", "--matrix", str(matrix), "--images", str(REPO / "images")])
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "is not built: run `stackproof build fi-0.6.13-matched`" in result.stderr
+    assert "docker build" not in result.stderr
