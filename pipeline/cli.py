@@ -106,6 +106,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=Path("stackproof-out"))
     p.set_defaults(handler=_verify)
 
+    inspect = commands.add_parser("inspect", help="inspect a file").add_subparsers(dest="sub", required=True)
+    p = inspect.add_parser("log", parents=[common], help="log rules and known failure signatures in a log file")
+    p.add_argument("file", type=Path)
+    p.add_argument("--cell", default=None, help="also apply this cell's rules (and its built-in rule sets)")
+    p.add_argument("--arm", default=None)
+    p.set_defaults(handler=_inspect_log)
+
     probe = commands.add_parser("probe", help="run an in-image probe").add_subparsers(dest="sub", required=True)
     p = probe.add_parser("imports", parents=[common], help="installed distributions, imports, torch, env (JSON)")
     p.add_argument("cell", nargs="?", help="probe this cell's built image")
@@ -265,6 +272,37 @@ def _verify_or_run(args: argparse.Namespace, *, build: bool) -> int:
     stages_line = ", ".join(f"{s.stage} {s.status}" for s in report.stages)
     _emit(args, report.to_json(), f"{cell.id}: {verdict}: {report.outcome.summary} [{stages_line}]")
     return 0 if report.outcome.passed else 1
+
+
+def _inspect_log(args: argparse.Namespace) -> int:
+    """Exit 1 when a failure signature or a forbid rule matches; expect rules are reported only."""
+    from verify.logscan import Facts, judge, load_catalog, rules_for, scan
+    from verify.result import Status
+
+    cell = arm = None
+    if args.cell:
+        matrix, _ = _load(args)
+        cell = matrix.cell(args.cell)
+        arm = cell.arm(args.arm) if args.arm else None
+    try:
+        data = args.file.read_bytes()
+    except OSError as exc:
+        raise InputError(f"{args.file}: cannot read: {exc.strerror}") from exc
+    facts = Facts(serve=True, arch=cell.arch if cell else "", flashinfer=None, cudnn=None)
+    rules = rules_for(cell, arm, facts)
+    matches = scan(data, rules, load_catalog())
+    checks = judge(matches, rules, source=str(args.file))
+    failed = any(c.status is Status.FAIL and c.name.startswith(("forbid:", "signatures")) for c in checks)
+    shown = [m for m in matches if m.kind != "evidence"]
+    lines = [f"{m.line_no}: [{m.kind} {m.id}] {m.line.strip()[:200]}" + (f"  ({', '.join(m.refs)})" if m.refs else "")
+             for m in shown[:200]]
+    lines += [f"{c.status:<12} {c.name}: {c.message[:300]}" for c in checks]
+    document = {
+        "file": str(args.file), "bytes": len(data), "lines": data.count(b"\n"), "failed": failed,
+        "matches": [m.to_json() for m in matches], "checks": [_jsonable(c) for c in checks],
+    }
+    _emit(args, document, "\n".join(lines))
+    return 1 if failed else 0
 
 
 def _probe_imports(args: argparse.Namespace) -> int:

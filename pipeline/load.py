@@ -31,11 +31,13 @@ from pipeline.model import (
     Expectation,
     Index,
     Install,
+    LogRule,
     Matrix,
     ModelSource,
     RegistryBase,
     Requirement,
     ServeSpec,
+    parse_log_rule,
 )
 from pipeline.yamlsrc import Path_, YamlSource, format_path, load_yaml
 
@@ -64,6 +66,7 @@ CELL_KEYS = (
     "expect",
     "imports",
     "accepted_conflicts",
+    "log_rules",
 )
 INHERITABLE_KEYS = tuple(k for k in CELL_KEYS if k not in ("id", "extends"))
 REQUIRED_CELL_KEYS = ("base", "platform", "arch")
@@ -71,7 +74,7 @@ PACKAGE_KEYS = ("version", "index")
 INSTALL_KEYS = ("requirements", "lock", "python_version", "python_platform")
 SERVE_KEYS = ("model", "args", "env", "readiness_timeout", "shm_size", "gpus")
 MODEL_KEYS = ("source", "revision")
-ARM_KEYS = ("description", "env", "args")
+ARM_KEYS = ("description", "env", "args", "log_rules")
 EXPECT_KEYS = ("outcome", "stage", "reason", "match")
 DEFAULT_IMPORTS = ("torch?", "flashinfer?", "vllm?")
 INDEX_KEYS = ("url",)
@@ -168,6 +171,21 @@ class _Checker:
                 self.problem((*path, name), f"{name!r} is not a valid environment variable name")
             pairs.append((str(name), self.text((*path, name), item)))
         return tuple(sorted(pairs))
+
+    def log_rules(self, path: Path_, value: Any, *, prefix: str) -> tuple[LogRule, ...]:
+        if value is None:
+            return ()
+        if not isinstance(value, list):
+            self.problem(path, f"must be a list of rules like {{expect: 'regex'}}, got {_kind(value)}")
+            return ()
+        rules = []
+        for j, item in enumerate(value):
+            rule, problems = parse_log_rule(item, default_id=f"{prefix}-{j}")
+            for sub, message in problems:
+                self.problem((*path, j, *sub), message)
+            if rule is not None:
+                rules.append(rule)
+        return tuple(rules)
 
     def regex(self, path: Path_, value: Any) -> str:
         text = self.text(path, value)
@@ -379,6 +397,7 @@ class _Checker:
         arms = self.arms((*p, "arms"), data.get("arms"))
         imports = self.texts((*p, "imports"), data["imports"]) if "imports" in data else DEFAULT_IMPORTS
         accepted = self.env_like((*p, "accepted_conflicts"), data.get("accepted_conflicts"), "package: reason")
+        log_rules = self.log_rules((*p, "log_rules"), data.get("log_rules"), prefix=cell_id)
         if base is None or any(k not in data for k in REQUIRED_CELL_KEYS):
             return None
         return Cell(
@@ -399,6 +418,7 @@ class _Checker:
             expect=expect,
             imports=imports,
             accepted_conflicts=tuple(sorted((str(canonicalize_name(k)), v) for k, v in accepted)),
+            log_rules=log_rules,
             notes=tuple(notes),
         )
 
@@ -489,6 +509,7 @@ class _Checker:
                 self.tool_owned(item, args)
                 result.append(
                     Arm(
+                        log_rules=self.log_rules((*item, "log_rules"), spec.get("log_rules"), prefix=str(name)),
                         name=str(name),
                         description=self.text((*item, "description"), spec.get("description", "")),
                         env=self.env((*item, "env"), spec.get("env")),

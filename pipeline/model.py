@@ -23,6 +23,7 @@ __all__ = [
     "Expectation",
     "Index",
     "Install",
+    "LogRule",
     "Matrix",
     "ModelSource",
     "Override",
@@ -151,6 +152,57 @@ class ServeSpec:
 
 
 @dataclass(frozen=True, kw_only=True)
+class LogRule:
+    """A pattern the server log must show (`expect`), must not show (`forbid`), or whose named
+    groups are captured into the report (`evidence`)."""
+
+    id: str
+    kind: str  # expect | forbid | evidence
+    pattern: str
+    if_absent: str = "fail"  # expect only: fail | inconclusive (absence proves nothing)
+
+
+LOG_RULE_KINDS = ("expect", "forbid", "evidence")
+
+
+def parse_log_rule(value: object, default_id: str) -> tuple[LogRule | None, list[tuple[tuple[str, ...], str]]]:
+    """One rule from its mapping form, e.g. `{expect: 'regex', id: x, if_absent: inconclusive}`.
+
+    Returns the rule (or None) and the problems found, each as (sub-path, message), so both
+    matrix.yaml and the built-in rule sets report located errors the same way.
+    """
+    import re
+
+    if not isinstance(value, dict):
+        return None, [((), "must be a mapping like {expect: 'regex'}")]
+    problems: list[tuple[tuple[str, ...], str]] = []
+    allowed = (*LOG_RULE_KINDS, "id", "if_absent")
+    for key in value:
+        if key not in allowed:
+            problems.append(((str(key),), f"unknown key{_suggest(str(key), list(allowed))}"))
+    kinds = [k for k in LOG_RULE_KINDS if k in value]
+    if len(kinds) != 1:
+        problems.append(((), "needs exactly one of expect, forbid, evidence"))
+        return None, problems
+    kind = kinds[0]
+    pattern = value[kind]
+    if not isinstance(pattern, str):
+        problems.append(((kind,), "must be a string (a regular expression)"))
+        return None, problems
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        problems.append(((kind,), f"{pattern!r} is not a valid regular expression: {exc}"))
+    if_absent = str(value.get("if_absent", "fail"))
+    if if_absent not in ("fail", "inconclusive"):
+        problems.append((("if_absent",), f"must be fail or inconclusive, got {if_absent!r}"))
+    elif "if_absent" in value and kind != "expect":
+        problems.append((("if_absent",), "only an expect rule has if_absent"))
+    rule = LogRule(id=str(value.get("id", default_id)), kind=kind, pattern=pattern, if_absent=if_absent)
+    return (None if problems else rule), problems
+
+
+@dataclass(frozen=True, kw_only=True)
 class Arm:
     """A variant of the same image: other env or args at serve time."""
 
@@ -158,6 +210,7 @@ class Arm:
     description: str
     env: Pairs
     args: tuple[str, ...]
+    log_rules: tuple[LogRule, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -192,6 +245,7 @@ class Cell:
     expect: Expectation | None
     imports: tuple[str, ...] = ()  # modules the imports stage must import; `name?` = only where installed
     accepted_conflicts: Pairs = ()  # required package -> why its conflict or absence is accepted
+    log_rules: tuple[LogRule, ...] = ()  # applied to the server log, with the arm's and the built-in sets
     notes: tuple[str, ...] = ()  # flagged-but-allowed findings, e.g. a base without digest
 
     @property

@@ -10,26 +10,54 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.engine import Engine
 from pipeline.errors import InputError
 from pipeline.model import STAGES, Arm, Cell
 from verify.imports import run_imports
+from verify.logscan import Facts
+from verify.probe import ProbeReport
 from verify.result import StageResult, Status, VerifyReport, evaluate
 from verify.startup import run_startup
 
 __all__ = ["AVAILABLE_STAGES", "parse_stages", "verify_image"]
 
-StageRunner = Callable[[Engine, Cell, str, str, "Arm | None", Path], StageResult]
+@dataclass(frozen=True, kw_only=True)
+class StageContext:
+    """What every stage is given: the image under test and the results of the stages before it."""
+
+    engine: Engine
+    cell: Cell
+    image: str
+    python: str
+    arm: Arm | None
+    out_dir: Path
+    prior: tuple[StageResult, ...]
+
+    def facts(self) -> Facts:
+        """Facts for the log rule sets: from the imports probe when it ran, else from the cell."""
+        flashinfer = next((o.version for o in self.cell.overrides if o.name == "flashinfer-python"), None)
+        cudnn = None
+        imports = next((s for s in self.prior if s.stage == "imports" and "probe" in s.artifacts), None)
+        if imports is not None:
+            report = ProbeReport.parse(json.loads(Path(imports.artifacts["probe"]).read_text()))
+            dist = report.dist("flashinfer-python")
+            flashinfer = dist.version if dist else None
+            cudnn = report.torch.cudnn if report.torch else None
+        return Facts(serve=self.cell.serve is not None, arch=self.cell.arch, flashinfer=flashinfer, cudnn=cudnn)
 
 
-def _imports(engine: Engine, cell: Cell, image: str, python: str, arm: Arm | None, out: Path) -> StageResult:
-    return run_imports(engine, cell, image, python=python, arm=arm, out_dir=out)
+StageRunner = Callable[[StageContext], StageResult]
 
 
-def _startup(engine: Engine, cell: Cell, image: str, python: str, arm: Arm | None, out: Path) -> StageResult:
-    return run_startup(engine, cell, image, arm=arm, out_dir=out)
+def _imports(ctx: StageContext) -> StageResult:
+    return run_imports(ctx.engine, ctx.cell, ctx.image, python=ctx.python, arm=ctx.arm, out_dir=ctx.out_dir)
+
+
+def _startup(ctx: StageContext) -> StageResult:
+    return run_startup(ctx.engine, ctx.cell, ctx.image, arm=ctx.arm, out_dir=ctx.out_dir, facts=ctx.facts())
 
 
 # The stages this version implements, in dependency order; autotune and load come later.
@@ -65,7 +93,9 @@ def verify_image(
 ) -> VerifyReport:
     results: list[StageResult] = []
     for stage in stages:
-        result = STAGE_RUNNERS[stage](engine, cell, image, python, arm, out_dir)
+        context = StageContext(engine=engine, cell=cell, image=image, python=python, arm=arm, out_dir=out_dir,
+                               prior=tuple(results))
+        result = STAGE_RUNNERS[stage](context)
         results.append(result)
         _print_stage(cell, result)
         if result.status in (Status.FAIL, Status.ERROR):

@@ -24,6 +24,7 @@ from pipeline import cmd
 from pipeline.engine import Engine
 from pipeline.errors import CheckFailed, InfraError
 from pipeline.model import Arm, Cell, ServeSpec
+from verify.logscan import LogWatcher
 
 __all__ = ["Readiness", "ServerContainer", "free_port", "serve_argv"]
 
@@ -80,6 +81,7 @@ class ServerContainer:
         arm: Arm | None = None,
         extra_env: dict[str, str] | None = None,
         port: int | None = None,
+        watcher: LogWatcher | None = None,
     ) -> None:
         if cell.serve is None:
             raise CheckFailed(f"cell {cell.id!r} has no serve spec")
@@ -95,6 +97,7 @@ class ServerContainer:
         self.out_dir = out_dir
         self.log_path = out_dir / "server.log"
         self.tail: deque[str] = deque(maxlen=60)
+        self.watcher = watcher
         self._follower: threading.Thread | None = None
         self._started = False
 
@@ -150,6 +153,8 @@ class ServerContainer:
                 log.write(line + "\n")
                 log.flush()
                 self.tail.append(line)
+                if self.watcher is not None:
+                    self.watcher.feed(line)
                 print(f"[server {self.cell.id}] {line}", file=sys.stderr, flush=True)
 
             # `docker logs` fails once the container is removed; the log so far is kept.
@@ -190,6 +195,13 @@ class ServerContainer:
                     raise ServerFailed(
                         f"the server container {status} (exit code {code}) before it was ready, "
                         f"after {time.monotonic() - started:.0f}s",
+                        self,
+                    )
+                fatal = self.watcher.fatal if self.watcher else None
+                if fatal is not None:
+                    raise ServerFailed(
+                        f"failure signature {fatal.id} ({fatal.title}) at server log line {fatal.line_no}, "
+                        f"after {time.monotonic() - started:.0f}s: {fatal.line.strip()[:300]}",
                         self,
                     )
                 try:

@@ -1,7 +1,9 @@
-"""Stage `startup` (its first part): start the server, wait for readiness, answer one completion.
+"""Stage `startup`: start the server, wait for readiness, answer one completion, judge the logs.
 
-The container is removed on every path. Log rules and failure signatures (a later issue) plug in
-here, over the same server log.
+The server log streams through a `LogWatcher` (a known-fatal signature ends the readiness wait
+at once); after teardown the whole log is judged against the cell's, the arm's and the built-in
+rule sets and the signature catalog, and the kernel log (where readable) against the kernel
+signatures. The container is removed on every path.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from pathlib import Path
 
 from pipeline.engine import Engine
 from pipeline.model import Arm, Cell
+from verify.kernellog import read_kernel_log
+from verify.logscan import Facts, LogWatcher, judge, load_catalog, rules_for, scan
 from verify.result import CheckResult, StageResult, Status
 from verify.server import ServerContainer, ServerFailed
 
@@ -19,13 +23,18 @@ __all__ = ["run_startup"]
 STAGE = "startup"
 
 
-def run_startup(engine: Engine, cell: Cell, image: str, *, arm: Arm | None, out_dir: Path) -> StageResult:
+def run_startup(
+    engine: Engine, cell: Cell, image: str, *, arm: Arm | None, out_dir: Path, facts: Facts
+) -> StageResult:
     started = time.monotonic()
     if cell.serve is None:
         check = CheckResult(name="serve", status=Status.SKIP, message="the cell has no serve spec")
         return StageResult.of(STAGE, [check], time.monotonic() - started)
+    signatures = load_catalog()
     checks: list[CheckResult] = []
-    with ServerContainer(engine, cell, image, out_dir=out_dir, arm=arm) as server:
+    since = time.time()
+    watcher = LogWatcher(signatures)
+    with ServerContainer(engine, cell, image, out_dir=out_dir, arm=arm, watcher=watcher) as server:
         try:
             ready = server.wait_ready()
             message = f"/health answered 200 after {ready.seconds:.0f}s"
@@ -38,4 +47,17 @@ def run_startup(engine: Engine, cell: Cell, image: str, *, arm: Arm | None, out_
             name = "completion" if checks else "readiness"
             evidence = {"last_log_lines": exc.last_lines}
             checks.append(CheckResult(name=name, status=Status.FAIL, message=exc.reason, evidence=evidence))
+    log = server.log_path.read_bytes() if server.log_path.exists() else b""
+    rules = rules_for(cell, arm, facts)
+    checks += judge(scan(log, rules, [s for s in signatures if s.source == "server"]), rules)
+    checks.append(_kernel_check(since, signatures))
     return StageResult.of(STAGE, checks, time.monotonic() - started, server_log=str(server.log_path))
+
+
+def _kernel_check(since: float, signatures: tuple) -> CheckResult:  # type: ignore[type-arg]
+    data, source = read_kernel_log(since)
+    if data is None:
+        return CheckResult(name="kernel-log", status=Status.SKIP, message=source)
+    kernel = [s for s in signatures if s.source == "kernel"]
+    verdict = judge(scan(data, (), kernel), (), source=source)[-1]
+    return CheckResult(name="kernel-log", status=verdict.status, message=verdict.message, evidence=verdict.evidence)

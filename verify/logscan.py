@@ -1,0 +1,467 @@
+"""Log rules and known failure signatures, applied to a server log, a kernel log or any file.
+
+Data, not code: the catalog of signatures lives in `signatures.yaml` and the built-in rule sets in
+`logrules.yaml`, both beside this file. Scanning is pure (`scan` takes bytes and returns matches);
+each pattern is pre-filtered by a literal it must contain, found with `bytes.find`, so a big log
+is read at close to memory speed and only candidate lines meet the regex engine.
+"""
+
+from __future__ import annotations
+
+import re
+import re._constants as sre_c  # type: ignore[import-not-found]
+import re._parser as sre_parse  # type: ignore[import-not-found]
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from pipeline.errors import MatrixError
+from pipeline.model import Arm, Cell, LogRule, parse_log_rule
+from pipeline.yamlsrc import Path_, YamlSource, load_yaml
+from verify.result import CheckResult, Status
+
+__all__ = [
+    "CATALOG_FILE",
+    "RULESETS_FILE",
+    "Facts",
+    "LogMatch",
+    "LogWatcher",
+    "Signature",
+    "judge",
+    "load_catalog",
+    "load_rulesets",
+    "rules_for",
+    "scan",
+]
+
+CATALOG_FILE = Path(__file__).with_name("signatures.yaml")
+RULESETS_FILE = Path(__file__).with_name("logrules.yaml")
+_REF = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+#\d+$")
+SIGNATURE_KEYS = ("id", "title", "severity", "source", "match", "window", "what", "workaround", "refs")
+
+
+# -- data ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Signature:
+    id: str
+    title: str
+    severity: str  # fail | warn
+    source: str  # server | kernel
+    match: str | None
+    first: str | None  # window: `then` within `within` lines after `first`
+    then: str | None
+    within: int
+    what: str
+    workaround: str
+    refs: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RuleSet:
+    id: str
+    when: dict[str, Any]
+    rules: tuple[LogRule, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Facts:
+    """What the rule sets' conditions look at; None means unknown, which satisfies a condition."""
+
+    serve: bool
+    arch: str
+    flashinfer: str | None = None
+    cudnn: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class LogMatch:
+    id: str
+    kind: str  # signature | expect | forbid | evidence
+    line_no: int  # 1-based; for a window, the `first` line
+    line: str
+    groups: dict[str, str] = field(default_factory=dict)
+    severity: str = ""
+    title: str = ""
+    refs: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        document = {"id": self.id, "kind": self.kind, "line": self.line_no, "text": self.line}
+        if self.groups:
+            document["groups"] = self.groups
+        if self.kind == "signature":
+            document |= {"severity": self.severity, "title": self.title, "refs": list(self.refs)}
+        return document
+
+
+# -- loading ---------------------------------------------------------------------------------------
+
+
+@cache
+def load_catalog(file: Path = CATALOG_FILE) -> tuple[Signature, ...]:
+    src = load_yaml(file)
+    problems: list[str] = []
+    entries = (src.data or {}).get("signatures") if isinstance(src.data, dict) else None
+    if not isinstance(entries, list):
+        raise MatrixError([f"{file}:1: signatures: must be a list"])
+    result, seen = [], set()
+    for i, entry in enumerate(entries):
+        sig = _signature(src, ("signatures", i), entry, problems)
+        if sig is not None:
+            if sig.id in seen:
+                problems.append(f"{src.where(('signatures', i, 'id'))}: duplicate signature id {sig.id!r}")
+            seen.add(sig.id)
+            result.append(sig)
+    if problems:
+        raise MatrixError(problems)
+    return tuple(result)
+
+
+def _signature(src: YamlSource, path: Path_, entry: Any, problems: list[str]) -> Signature | None:
+    def bad(sub: Path_, message: str) -> None:
+        problems.append(f"{src.where((*path, *sub))}: {message}")
+
+    if not isinstance(entry, dict):
+        bad((), "must be a mapping")
+        return None
+    before = len(problems)
+    for key in entry:
+        if key not in SIGNATURE_KEYS:
+            bad((key,), "unknown key")
+    for key in ("id", "title", "severity", "source", "what", "workaround", "refs"):
+        if key not in entry:
+            bad((), f"missing required key {key!r}")
+    if ("match" in entry) == ("window" in entry):
+        bad((), "needs exactly one of match, window")
+    if entry.get("severity") not in ("fail", "warn"):
+        bad(("severity",), f"must be fail or warn, got {entry.get('severity')!r}")
+    if entry.get("source") not in ("server", "kernel"):
+        bad(("source",), f"must be server or kernel, got {entry.get('source')!r}")
+    refs = entry.get("refs") or []
+    for j, ref in enumerate(refs):
+        if not isinstance(ref, str) or not _REF.match(ref):
+            bad(("refs", j), f"{ref!r} is not an upstream reference written as owner/repo#N")
+    window = entry.get("window") or {}
+    patterns = {("match",): entry.get("match")} if "match" in entry else {
+        ("window", "first"): window.get("first"), ("window", "then"): window.get("then")}
+    for sub, pattern in patterns.items():
+        try:
+            re.compile(str(pattern))
+        except re.error as exc:
+            bad(sub, f"not a valid regular expression: {exc}")
+    if len(problems) > before:
+        return None
+    return Signature(
+        id=str(entry["id"]), title=str(entry["title"]), severity=entry["severity"], source=entry["source"],
+        match=entry.get("match"), first=window.get("first"), then=window.get("then"),
+        within=int(window.get("within", 20)), what=str(entry["what"]).strip(),
+        workaround=str(entry["workaround"]).strip(), refs=tuple(refs),
+    )
+
+
+@cache
+def load_rulesets(file: Path = RULESETS_FILE) -> tuple[RuleSet, ...]:
+    src = load_yaml(file)
+    problems: list[str] = []
+    sets = src.data.get("rulesets") if isinstance(src.data, dict) else None
+    if not isinstance(sets, list):
+        raise MatrixError([f"{file}:1: rulesets: must be a list"])
+    result = []
+    for i, entry in enumerate(sets):
+        rules = []
+        for j, item in enumerate(entry.get("rules") or []):
+            rule, found = parse_log_rule(item, default_id=f"{entry.get('id')}-{j}")
+            problems += [f"{src.where(('rulesets', i, 'rules', j, *sub))}: {message}" for sub, message in found]
+            if rule is not None:
+                rules.append(rule)
+        when = dict(entry.get("when") or {})
+        for key in when:
+            if key not in ("serve", "arch", "flashinfer", "cudnn_below"):
+                problems.append(f"{src.where(('rulesets', i, 'when', key))}: unknown condition")
+        if "flashinfer" in when:
+            try:
+                SpecifierSet(str(when["flashinfer"]))
+            except InvalidSpecifier:
+                problems.append(f"{src.where(('rulesets', i, 'when', 'flashinfer'))}: not a version specifier")
+        result.append(RuleSet(id=str(entry.get("id")), when=when, rules=tuple(rules)))
+    if problems:
+        raise MatrixError(problems)
+    return tuple(result)
+
+
+def rules_for(cell: Cell | None, arm: Arm | None, facts: Facts | None) -> tuple[LogRule, ...]:
+    """Built-in rule sets whose conditions hold, then the cell's rules, then the arm's."""
+    rules: list[LogRule] = []
+    if facts is not None:
+        for ruleset in load_rulesets():
+            if _holds(ruleset.when, facts):
+                rules += ruleset.rules
+    rules += cell.log_rules if cell else ()
+    rules += arm.log_rules if arm else ()
+    return tuple(rules)
+
+
+def _holds(when: dict[str, Any], facts: Facts) -> bool:
+    if "serve" in when and bool(when["serve"]) != facts.serve:
+        return False
+    if "arch" in when and facts.arch not in when["arch"]:
+        return False
+    if "flashinfer" in when and facts.flashinfer is not None:
+        try:
+            if not SpecifierSet(str(when["flashinfer"])).contains(Version(facts.flashinfer), prereleases=True):
+                return False
+        except InvalidVersion:
+            return False
+    return not ("cudnn_below" in when and facts.cudnn is not None and facts.cudnn >= int(when["cudnn_below"]))
+
+
+# -- scanning --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Pattern:
+    """One regex with the literals one of which every match contains (None: no usable literal)."""
+
+    key: tuple[str, str]  # (kind, id) of the rule or signature; windows use (kind, id + ":first")
+    regex: re.Pattern[bytes]
+    anchors: tuple[bytes, ...] | None
+
+
+@cache
+def _compile(pattern: str) -> tuple[re.Pattern[bytes], tuple[bytes, ...] | None]:
+    regex = re.compile(pattern.encode())
+    found = _anchors(pattern)
+    return regex, (tuple(a.encode() for a in found) if found else None)
+
+
+def _anchors(pattern: str) -> list[str] | None:
+    """Literal strings at least one of which every match of `pattern` contains, or None."""
+    try:
+        parsed = sre_parse.parse(pattern)
+    except re.error:
+        return None
+    if parsed.state.flags & re.IGNORECASE:
+        return None
+    return _sequence_anchors(list(parsed))
+
+
+def _sequence_anchors(items: list[tuple[Any, Any]]) -> list[str] | None:
+    if len(items) == 1 and items[0][0] is sre_c.BRANCH:
+        found: list[str] = []
+        for branch in items[0][1][1]:
+            sub = _sequence_anchors(list(branch))
+            if sub is None:
+                return None
+            found += sub
+        return found
+    best, run, groups = "", "", []
+    for op, av in items:
+        if op is sre_c.LITERAL:
+            run += chr(av)
+            continue
+        best, run = max(best, run, key=len), ""
+        if op is sre_c.SUBPATTERN:
+            groups.append(list(av[-1]))
+    best = max(best, run, key=len)
+    if len(best) >= 3:
+        return [best]
+    for group in groups:  # a mandatory group, e.g. (?:a|b), whose alternatives all have literals
+        sub = _sequence_anchors(group)
+        if sub and all(len(a) >= 3 for a in sub):
+            return sub
+    return None
+
+
+def _line_bounds(data: bytes, pos: int) -> tuple[int, int]:
+    start = data.rfind(b"\n", 0, pos) + 1
+    end = data.find(b"\n", pos)
+    return start, len(data) if end < 0 else end
+
+
+def _candidate_lines(data: bytes, pattern: _Pattern) -> Iterable[tuple[int, int]]:
+    """(start, end) of each line that may match, in order."""
+    if pattern.anchors is None:
+        for m in pattern.regex.finditer(data):
+            yield _line_bounds(data, m.start())
+        return
+    starts: set[int] = set()
+    for anchor in pattern.anchors:
+        pos = data.find(anchor)
+        while pos >= 0:
+            start, end = _line_bounds(data, pos)
+            if start not in starts:
+                starts.add(start)
+            pos = data.find(anchor, end)
+    for start in sorted(starts):
+        yield _line_bounds(data, start)
+
+
+class _LineNumbers:
+    """Line numbers for increasing byte offsets, counting newlines once."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data, self.pos, self.line = data, 0, 1
+
+    def at(self, offset: int) -> int:
+        if offset < self.pos:
+            self.pos, self.line = 0, 1
+        self.line += self.data.count(b"\n", self.pos, offset)
+        self.pos = offset
+        return self.line
+
+
+def scan(data: bytes, rules: Sequence[LogRule], signatures: Sequence[Signature]) -> list[LogMatch]:
+    """Every rule and signature match in `data`, in log order."""
+    found: list[tuple[int, LogMatch]] = []
+    for rule in rules:
+        regex, anchors = _compile(rule.pattern)
+        pattern = _Pattern((rule.kind, rule.id), regex, anchors)
+        for start, end in _candidate_lines(data, pattern):
+            m = regex.search(data, start, end)
+            if m:
+                found.append((start, _match(rule.id, rule.kind, data[start:end], m)))
+                if rule.kind == "expect":
+                    break  # one sighting proves an expect rule
+    for sig in signatures:
+        found += [(start, match) for start, match in _scan_signature(data, sig)]
+    numbers = _LineNumbers(data)
+    ordered = sorted(found, key=lambda item: item[0])
+    return [_with_line(match, numbers.at(start)) for start, match in ordered]
+
+
+def _scan_signature(data: bytes, sig: Signature) -> Iterable[tuple[int, LogMatch]]:
+    regex, anchors = _compile(sig.match or sig.first or "")
+    pattern = _Pattern(("signature", sig.id), regex, anchors)
+    for start, end in _candidate_lines(data, pattern):
+        m = regex.search(data, start, end)
+        if not m:
+            continue
+        if sig.match is not None:
+            yield start, _signature_match(sig, data[start:end], m)
+            continue
+        then, _ = _compile(sig.then or "")
+        window_end = end
+        for _ in range(sig.within):
+            nxt = data.find(b"\n", window_end + 1)
+            window_end = len(data) if nxt < 0 else nxt
+            if window_end >= len(data):
+                break
+        hit = then.search(data, end, window_end)
+        if hit:
+            yield start, _signature_match(sig, data[start:end], hit)
+
+
+def _match(rule_id: str, kind: str, line: bytes, m: re.Match[bytes]) -> LogMatch:
+    groups = {k: v.decode(errors="replace") for k, v in m.groupdict().items() if v is not None}
+    return LogMatch(id=rule_id, kind=kind, line_no=0, line=line.decode(errors="replace"), groups=groups)
+
+
+def _signature_match(sig: Signature, line: bytes, m: re.Match[bytes]) -> LogMatch:
+    groups = {k: v.decode(errors="replace") for k, v in m.groupdict().items() if v is not None}
+    return LogMatch(id=sig.id, kind="signature", line_no=0, line=line.decode(errors="replace"), groups=groups,
+                    severity=sig.severity, title=sig.title, refs=sig.refs)
+
+
+def _with_line(match: LogMatch, line_no: int) -> LogMatch:
+    return LogMatch(**{**match.__dict__, "line_no": line_no})
+
+
+# -- judging ---------------------------------------------------------------------------------------
+
+
+def judge(matches: Sequence[LogMatch], rules: Sequence[LogRule], *, source: str = "the server log") -> list[CheckResult]:
+    """Rule verdicts, evidence captures and signature matches as checks."""
+    checks = []
+    for rule in rules:
+        hits = [m for m in matches if m.kind == rule.kind and m.id == rule.id]
+        where = ", ".join(f"line {m.line_no}" for m in hits[:5])
+        if rule.kind == "expect":
+            if hits:
+                checks.append(CheckResult(name=f"expect:{rule.id}", status=Status.PASS,
+                                          message=f"{source} shows /{rule.pattern}/ ({where})",
+                                          evidence={"line": hits[0].line_no, "text": hits[0].line}))
+            else:
+                status = Status.INCONCLUSIVE if rule.if_absent == "inconclusive" else Status.FAIL
+                checks.append(CheckResult(name=f"expect:{rule.id}", status=status,
+                                          message=f"{source} never shows /{rule.pattern}/"))
+        elif rule.kind == "forbid":
+            if hits:
+                checks.append(CheckResult(name=f"forbid:{rule.id}", status=Status.FAIL,
+                                          message=f"{source} shows forbidden /{rule.pattern}/ at {where}: "
+                                                  f"{hits[0].line.strip()[:300]}",
+                                          evidence={"matches": [m.to_json() for m in hits[:20]]}))
+            else:
+                checks.append(CheckResult(name=f"forbid:{rule.id}", status=Status.PASS,
+                                          message=f"{source} never shows /{rule.pattern}/"))
+    evidence_rules = [r for r in rules if r.kind == "evidence"]
+    if evidence_rules:
+        captured: dict[str, list[Any]] = {}
+        for m in matches:
+            if m.kind == "evidence":
+                values = captured.setdefault(m.id, [])
+                value = m.groups or m.line.strip()
+                if value not in values and len(values) < 20:
+                    values.append(value)
+        checks.append(CheckResult(name="evidence", status=Status.PASS,
+                                  message=f"captured {', '.join(captured) or 'nothing'}", evidence=captured))
+    signatures = [m for m in matches if m.kind == "signature"]
+    failing = [m for m in signatures if m.severity == "fail"]
+    listing = [m.to_json() for m in signatures[:50]]
+    if failing:
+        first = failing[0]
+        refs = f" ({', '.join(first.refs)})" if first.refs else ""
+        checks.append(CheckResult(name="signatures", status=Status.FAIL,
+                                  message=f"{first.id}: {first.title}{refs}, {source} line {first.line_no}",
+                                  evidence={"matches": listing}))
+    else:
+        warned = sorted({m.id for m in signatures})
+        checks.append(CheckResult(name="signatures", status=Status.PASS,
+                                  message=f"no failure signature in {source}"
+                                  + (f"; warnings: {', '.join(warned)}" if warned else ""),
+                                  evidence={"matches": listing}))
+    return checks
+
+
+# -- the live log ----------------------------------------------------------------------------------
+
+
+class LogWatcher:
+    """Fed the server log line by line as it streams; remembers the first failure signature.
+
+    The readiness wait polls `fatal`, so a known-fatal line ends the wait at once instead of at the
+    timeout (an engine can die while the API process keeps the container up).
+    """
+
+    def __init__(self, signatures: Sequence[Signature]) -> None:
+        self.signatures = [s for s in signatures if s.source == "server" and s.severity == "fail"]
+        self.recent: deque[str] = deque(maxlen=max((s.within for s in self.signatures), default=1) + 1)
+        self.count = 0
+        self.fatal: LogMatch | None = None
+
+    def feed(self, line: str) -> None:
+        self.count += 1
+        self.recent.append(line)
+        if self.fatal is not None:
+            return
+        for sig in self.signatures:
+            if sig.match is not None:
+                m = _compile(sig.match)[0].search(line.encode(errors="replace"))
+                if m:
+                    self.fatal = _with_line(_signature_match(sig, line.encode(), m), self.count)
+                    return
+            elif re.search(sig.then or "", line):
+                first = _compile(sig.first or "")[0]
+                window = list(self.recent)[-(sig.within + 1):-1]
+                for offset, earlier in enumerate(window):
+                    if first.search(earlier.encode(errors="replace")):
+                        line_no = self.count - len(window) + offset
+                        self.fatal = LogMatch(id=sig.id, kind="signature", line_no=line_no, line=earlier,
+                                              severity=sig.severity, title=sig.title, refs=sig.refs)
+                        return
