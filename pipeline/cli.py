@@ -18,7 +18,6 @@ from typing import Any
 
 import pipeline
 from pipeline.errors import InputError, Interrupted, MatrixError, PipelineError
-from pipeline.load import load_matrix
 from pipeline.model import Cell, Matrix
 
 __all__ = ["main"]
@@ -129,6 +128,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _load(args: argparse.Namespace) -> tuple[Matrix, Path]:
+    from pipeline.load import load_matrix
+
     images = args.images or args.matrix.parent / "images"
     return load_matrix(args.matrix, images_dir=images), images
 
@@ -276,7 +277,7 @@ def _verify_or_run(args: argparse.Namespace, *, build: bool) -> int:
 
 def _inspect_log(args: argparse.Namespace) -> int:
     """Exit 1 when a failure signature or a forbid rule matches; expect rules are reported only."""
-    from verify.logscan import Facts, judge, load_catalog, rules_for, scan
+    from verify.logscan import Facts, judge, load_catalog, open_log, rules_for, scan
     from verify.result import Status
 
     cell = arm = None
@@ -284,13 +285,14 @@ def _inspect_log(args: argparse.Namespace) -> int:
         matrix, _ = _load(args)
         cell = matrix.cell(args.cell)
         arm = cell.arm(args.arm) if args.arm else None
-    try:
-        data = args.file.read_bytes()
-    except OSError as exc:
-        raise InputError(f"{args.file}: cannot read: {exc.strerror}") from exc
     facts = Facts(serve=True, arch=cell.arch if cell else "", flashinfer=None, cudnn=None)
     rules = rules_for(cell, arm, facts)
-    matches = scan(data, rules, load_catalog())
+    try:
+        with open_log(args.file) as data:
+            matches = scan(data, rules, load_catalog())
+            size = len(data)
+    except OSError as exc:
+        raise InputError(f"{args.file}: cannot read: {exc.strerror}") from exc
     checks = judge(matches, rules, source=str(args.file))
     failed = any(c.status is Status.FAIL and c.name.startswith(("forbid:", "signatures")) for c in checks)
     shown = [m for m in matches if m.kind != "evidence"]
@@ -298,7 +300,7 @@ def _inspect_log(args: argparse.Namespace) -> int:
              for m in shown[:200]]
     lines += [f"{c.status:<12} {c.name}: {c.message[:300]}" for c in checks]
     document = {
-        "file": str(args.file), "bytes": len(data), "lines": data.count(b"\n"), "failed": failed,
+        "file": str(args.file), "bytes": size, "failed": failed,
         "matches": [m.to_json() for m in matches], "checks": [_jsonable(c) for c in checks],
     }
     _emit(args, document, "\n".join(lines))

@@ -8,12 +8,14 @@ is read at close to memory speed and only candidate lines meet the regex engine.
 
 from __future__ import annotations
 
+import mmap
 import os
 import re
 import re._constants as sre_c  # type: ignore[import-not-found]
 import re._parser as sre_parse  # type: ignore[import-not-found]
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -37,10 +39,12 @@ __all__ = [
     "judge",
     "load_catalog",
     "load_rulesets",
+    "open_log",
     "rules_for",
     "scan",
 ]
 
+Log = bytes | mmap.mmap  # what scan() reads: file bytes, or the file mapped into memory
 CATALOG_FILE = Path(__file__).with_name("signatures.yaml")
 RULESETS_FILE = Path(__file__).with_name("logrules.yaml")
 _REF = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+#\d+$")
@@ -280,13 +284,13 @@ def _sequence_anchors(items: list[tuple[Any, Any]]) -> list[str] | None:
     return None
 
 
-def _line_bounds(data: bytes, pos: int) -> tuple[int, int]:
+def _line_bounds(data: Log, pos: int) -> tuple[int, int]:
     start = data.rfind(b"\n", 0, pos) + 1
     end = data.find(b"\n", pos)
     return start, len(data) if end < 0 else end
 
 
-def _find_all(data: bytes, anchors: Iterable[bytes]) -> dict[bytes, list[int]]:
+def _find_all(data: Log, anchors: Iterable[bytes]) -> dict[bytes, list[int]]:
     """Every position of every anchor, in one pass where Hyperscan is available.
 
     Hyperscan matches all anchors in a single pass at memory speed; without it, `bytes.find` runs
@@ -329,7 +333,7 @@ def _hyperscan_database(anchors: tuple[bytes, ...]) -> Any:
     return database
 
 
-def _candidate_lines(data: bytes, pattern: _Pattern, positions: dict[bytes, list[int]]) -> Iterable[tuple[int, int]]:
+def _candidate_lines(data: Log, pattern: _Pattern, positions: dict[bytes, list[int]]) -> Iterable[tuple[int, int]]:
     """(start, end) of each line that may match, in order."""
     if pattern.anchors is None:
         for m in pattern.regex.finditer(data):
@@ -343,18 +347,35 @@ def _candidate_lines(data: bytes, pattern: _Pattern, positions: dict[bytes, list
 class _LineNumbers:
     """Line numbers for increasing byte offsets, counting newlines once."""
 
-    def __init__(self, data: bytes) -> None:
+    CHUNK = 16 << 20
+
+    def __init__(self, data: Log) -> None:
         self.data, self.pos, self.line = data, 0, 1
 
     def at(self, offset: int) -> int:
         if offset < self.pos:
             self.pos, self.line = 0, 1
-        self.line += self.data.count(b"\n", self.pos, offset)
+        if isinstance(self.data, bytes):
+            self.line += self.data.count(b"\n", self.pos, offset)
+        else:  # an mmap has no count(): count slice by slice, a chunk in memory at a time
+            for start in range(self.pos, offset, self.CHUNK):
+                self.line += self.data[start : min(offset, start + self.CHUNK)].count(b"\n")
         self.pos = offset
         return self.line
 
 
-def scan(data: bytes, rules: Sequence[LogRule], signatures: Sequence[Signature]) -> list[LogMatch]:
+@contextmanager
+def open_log(path: Path) -> Iterator[Log]:
+    """The file mapped into memory (no copy: a 200 MB log costs no read), or b"" when empty."""
+    with path.open("rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            yield b""
+            return
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            yield mapped
+
+
+def scan(data: Log, rules: Sequence[LogRule], signatures: Sequence[Signature]) -> list[LogMatch]:
     """Every rule and signature match in `data`, in log order."""
     found: list[tuple[int, LogMatch]] = []
     wanted = [_compile(r.pattern)[1] for r in rules] + [_compile(s.match or s.first or "")[1] for s in signatures]
@@ -376,7 +397,7 @@ def scan(data: bytes, rules: Sequence[LogRule], signatures: Sequence[Signature])
 
 
 def _scan_signature(
-    data: bytes, sig: Signature, positions: dict[bytes, list[int]]
+    data: Log, sig: Signature, positions: dict[bytes, list[int]]
 ) -> Iterable[tuple[int, LogMatch]]:
     regex, anchors = _compile(sig.match or sig.first or "")
     pattern = _Pattern(("signature", sig.id), regex, anchors)
