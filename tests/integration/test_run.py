@@ -39,6 +39,14 @@ def test_cpu_tiny_end_to_end(cpu_tiny: str, tmp_path: Path) -> None:
     log = Path(stages["startup"]["artifacts"]["server_log"]).read_text()
     assert "Application startup complete." in log
     assert '"POST /v1/completions HTTP/1.1" 200' in log
+    # The real startup log passes cpu-tiny's rules and yields its evidence.
+    assert checks["expect:startup-complete"]["status"] == "PASS"
+    assert checks["expect:cpu-device"]["status"] == "PASS"
+    assert checks["forbid:no-traceback"]["status"] == "PASS"
+    assert checks["evidence"]["evidence"]["architecture"] == [{"architecture": "LlamaForCausalLM"}]
+    assert checks["evidence"]["evidence"]["engine-version"] == [{"version": "0.28.0"}]
+    assert checks["signatures"]["status"] == "PASS"
+    assert checks["kernel-log"]["status"] in ("PASS", "SKIP")
     probe = Path(stages["imports"]["artifacts"]["probe"])
     assert probe.is_file() and '"vllm"' in probe.read_text()
     assert containers(CELL_LABEL) == [], "the server container must be removed after a passing run"
@@ -64,6 +72,7 @@ def test_server_that_exits_while_starting_fails_fast(cpu_tiny: str, tmp_path: Pa
         [
             "run",
             "cpu-tiny",
+            "--json",
             "--arm",
             "too-long",
             "--matrix",
@@ -77,7 +86,11 @@ def test_server_that_exits_while_starting_fails_fast(cpu_tiny: str, tmp_path: Pa
     elapsed = time.monotonic() - started
     assert result.returncode == 1, result.stderr[-3000:]
     assert "stage startup: FAIL" in result.stderr and "before it was ready" in result.stderr
-    assert "cpu-tiny: FAIL: startup FAIL" in result.stdout
+    startup = {s["stage"]: s for s in result.json()["stages"]}["startup"]  # type: ignore[union-attr]
+    checks = {c["name"]: c for c in startup["checks"]}
+    assert checks["readiness"]["status"] == "FAIL"
+    assert any("max_model_len" in line for line in checks["readiness"]["evidence"]["last_log_lines"])
+    assert checks["forbid:no-traceback"]["status"] == "FAIL", "the traceback in the log must be named"
     assert "max_model_len" in result.stderr, "the last server log lines must be shown"
     assert elapsed < 120, f"took {elapsed:.0f}s: the wait must end when the container exits, not at the timeout"
     assert containers(CELL_LABEL) == []
