@@ -29,7 +29,7 @@ def main() -> int:
     sys.path.insert(0, str(REPO))
     from pipeline.engine import Engine
 
-    docker = Engine.connect().cli.path
+    engine = Engine.connect()
     out = Path(os.environ.get("TMPDIR", "/tmp")) / "stackproof-bench-failfast"
     for cell in ("cpu-tiny", "fi-mismatch"):
         stackproof("build", cell, "--out", str(out))
@@ -39,7 +39,7 @@ def main() -> int:
         since = time.time() - 1
         seconds, report = timed("verify", "fi-mismatch", "--json", "--out", str(out))
         verdicts.append(seconds)
-        server_starts.append(len(created(docker, since, "io.stackproof.role=server")))
+        server_starts.append(len(engine.created_since(since, "io.stackproof.role=server")))
         outcomes.append(report["stages"][0]["status"] + (" as expected" if report["outcome"]["passed"] else ""))
 
     seconds, report = timed("verify", "cpu-tiny", "--stages", "startup", "--json", "--out", str(out))
@@ -75,31 +75,6 @@ def timed(*args: str) -> tuple[float, dict]:  # type: ignore[type-arg]
     started = time.monotonic()
     proc = stackproof(*args)
     return time.monotonic() - started, json.loads(proc.stdout)
-
-
-def created(docker: str, since: float, label: str) -> list[str]:
-    proc = subprocess.run(
-        [
-            docker,
-            "events",
-            "--since",
-            f"{since:.0f}",
-            "--until",
-            f"{time.time() + 1:.0f}",
-            "--filter",
-            "type=container",
-            "--filter",
-            "event=create",
-            "--filter",
-            f"label={label}",
-            "--format",
-            "{{.Actor.Attributes.name}}",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return proc.stdout.split()
 
 
 if __name__ == "__main__":

@@ -296,12 +296,17 @@ def _inspect_log(args: argparse.Namespace) -> int:
     checks = judge(matches, rules, source=str(args.file))
     failed = any(c.status is Status.FAIL and c.name.startswith(("forbid:", "signatures")) for c in checks)
     shown = [m for m in matches if m.kind != "evidence"]
-    lines = [f"{m.line_no}: [{m.kind} {m.id}] {m.line.strip()[:200]}" + (f"  ({', '.join(m.refs)})" if m.refs else "")
-             for m in shown[:200]]
+    lines = [
+        f"{m.line_no}: [{m.kind} {m.id}] {m.line.strip()[:200]}" + (f"  ({', '.join(m.refs)})" if m.refs else "")
+        for m in shown[:200]
+    ]
     lines += [f"{c.status:<12} {c.name}: {c.message[:300]}" for c in checks]
     document = {
-        "file": str(args.file), "bytes": size, "failed": failed,
-        "matches": [m.to_json() for m in matches], "checks": [_jsonable(c) for c in checks],
+        "file": str(args.file),
+        "bytes": size,
+        "failed": failed,
+        "matches": [m.to_json() for m in matches],
+        "checks": [_jsonable(c) for c in checks],
     }
     _emit(args, document, "\n".join(lines))
     return 1 if failed else 0

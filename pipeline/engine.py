@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -175,6 +176,28 @@ class Engine:
             ident, _, size = line.partition("\t")
             rows.append((ident, _parse_size(size)))
         return rows
+
+    def created_since(self, since: float, label: str) -> list[str]:
+        """Names of containers carrying `label` created since `since` (epoch seconds), from the
+        daemon's event log: proof of what was, or was never, started."""
+        result = self.docker(
+            "events",
+            "--since",
+            f"{since:.0f}",
+            "--until",
+            f"{time.time() + 1:.0f}",
+            "--filter",
+            "type=container",
+            "--filter",
+            "event=create",
+            "--filter",
+            f"label={label}",
+            "--format",
+            "{{.Actor.Attributes.name}}",
+            timeout=60,
+            quiet=True,
+        )
+        return result.stdout.split()
 
     def which(self) -> str:
         return shutil.which(self.cli.path) or self.cli.path

@@ -154,8 +154,11 @@ def _signature(src: YamlSource, path: Path_, entry: Any, problems: list[str]) ->
         if not isinstance(ref, str) or not _REF.match(ref):
             bad(("refs", j), f"{ref!r} is not an upstream reference written as owner/repo#N")
     window = entry.get("window") or {}
-    patterns = {("match",): entry.get("match")} if "match" in entry else {
-        ("window", "first"): window.get("first"), ("window", "then"): window.get("then")}
+    patterns = (
+        {("match",): entry.get("match")}
+        if "match" in entry
+        else {("window", "first"): window.get("first"), ("window", "then"): window.get("then")}
+    )
     for sub, pattern in patterns.items():
         try:
             re.compile(str(pattern))
@@ -164,10 +167,17 @@ def _signature(src: YamlSource, path: Path_, entry: Any, problems: list[str]) ->
     if len(problems) > before:
         return None
     return Signature(
-        id=str(entry["id"]), title=str(entry["title"]), severity=entry["severity"], source=entry["source"],
-        match=entry.get("match"), first=window.get("first"), then=window.get("then"),
-        within=int(window.get("within", 20)), what=str(entry["what"]).strip(),
-        workaround=str(entry["workaround"]).strip(), refs=tuple(refs),
+        id=str(entry["id"]),
+        title=str(entry["title"]),
+        severity=entry["severity"],
+        source=entry["source"],
+        match=entry.get("match"),
+        first=window.get("first"),
+        then=window.get("then"),
+        within=int(window.get("within", 20)),
+        what=str(entry["what"]).strip(),
+        workaround=str(entry["workaround"]).strip(),
+        refs=tuple(refs),
     )
 
 
@@ -302,6 +312,7 @@ def _find_all(data: Log, anchors: Iterable[bytes]) -> dict[bytes, list[int]]:
         return found
     database = _hyperscan_database(tuple(anchors))
     if database is not None:
+
         def on_match(index: int, start: int, end: int, flags: int, context: object) -> None:
             anchor = anchors[index]
             found[anchor].append(end - len(anchor))
@@ -326,8 +337,9 @@ def _hyperscan_database(anchors: tuple[bytes, ...]) -> Any:
         return None
     try:
         database = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
-        database.compile(expressions=[re.escape(a) for a in anchors], ids=list(range(len(anchors))),
-                         elements=len(anchors))
+        database.compile(
+            expressions=[re.escape(a) for a in anchors], ids=list(range(len(anchors))), elements=len(anchors)
+        )
     except Exception:  # an unsupported CPU or build: fall back to bytes.find
         return None
     return database
@@ -396,9 +408,7 @@ def scan(data: Log, rules: Sequence[LogRule], signatures: Sequence[Signature]) -
     return [_with_line(match, numbers.at(start)) for start, match in ordered]
 
 
-def _scan_signature(
-    data: Log, sig: Signature, positions: dict[bytes, list[int]]
-) -> Iterable[tuple[int, LogMatch]]:
+def _scan_signature(data: Log, sig: Signature, positions: dict[bytes, list[int]]) -> Iterable[tuple[int, LogMatch]]:
     regex, anchors = _compile(sig.match or sig.first or "")
     pattern = _Pattern(("signature", sig.id), regex, anchors)
     for start, end in _candidate_lines(data, pattern, positions):
@@ -427,8 +437,16 @@ def _match(rule_id: str, kind: str, line: bytes, m: re.Match[bytes]) -> LogMatch
 
 def _signature_match(sig: Signature, line: bytes, m: re.Match[bytes]) -> LogMatch:
     groups = {k: v.decode(errors="replace") for k, v in m.groupdict().items() if v is not None}
-    return LogMatch(id=sig.id, kind="signature", line_no=0, line=line.decode(errors="replace"), groups=groups,
-                    severity=sig.severity, title=sig.title, refs=sig.refs)
+    return LogMatch(
+        id=sig.id,
+        kind="signature",
+        line_no=0,
+        line=line.decode(errors="replace"),
+        groups=groups,
+        severity=sig.severity,
+        title=sig.title,
+        refs=sig.refs,
+    )
 
 
 def _with_line(match: LogMatch, line_no: int) -> LogMatch:
@@ -448,22 +466,37 @@ def judge(
         where = ", ".join(f"line {m.line_no}" for m in hits[:5])
         if rule.kind == "expect":
             if hits:
-                checks.append(CheckResult(name=f"expect:{rule.id}", status=Status.PASS,
-                                          message=f"{source} shows /{rule.pattern}/ ({where})",
-                                          evidence={"line": hits[0].line_no, "text": hits[0].line}))
+                checks.append(
+                    CheckResult(
+                        name=f"expect:{rule.id}",
+                        status=Status.PASS,
+                        message=f"{source} shows /{rule.pattern}/ ({where})",
+                        evidence={"line": hits[0].line_no, "text": hits[0].line},
+                    )
+                )
             else:
                 status = Status.INCONCLUSIVE if rule.if_absent == "inconclusive" else Status.FAIL
-                checks.append(CheckResult(name=f"expect:{rule.id}", status=status,
-                                          message=f"{source} never shows /{rule.pattern}/"))
+                checks.append(
+                    CheckResult(
+                        name=f"expect:{rule.id}", status=status, message=f"{source} never shows /{rule.pattern}/"
+                    )
+                )
         elif rule.kind == "forbid":
             if hits:
-                checks.append(CheckResult(name=f"forbid:{rule.id}", status=Status.FAIL,
-                                          message=f"{source} shows forbidden /{rule.pattern}/ at {where}: "
-                                                  f"{hits[0].line.strip()[:300]}",
-                                          evidence={"matches": [m.to_json() for m in hits[:20]]}))
+                checks.append(
+                    CheckResult(
+                        name=f"forbid:{rule.id}",
+                        status=Status.FAIL,
+                        message=f"{source} shows forbidden /{rule.pattern}/ at {where}: {hits[0].line.strip()[:300]}",
+                        evidence={"matches": [m.to_json() for m in hits[:20]]},
+                    )
+                )
             else:
-                checks.append(CheckResult(name=f"forbid:{rule.id}", status=Status.PASS,
-                                          message=f"{source} never shows /{rule.pattern}/"))
+                checks.append(
+                    CheckResult(
+                        name=f"forbid:{rule.id}", status=Status.PASS, message=f"{source} never shows /{rule.pattern}/"
+                    )
+                )
     evidence_rules = [r for r in rules if r.kind == "evidence"]
     if evidence_rules:
         captured: dict[str, list[Any]] = {}
@@ -473,23 +506,38 @@ def judge(
                 value = m.groups or m.line.strip()
                 if value not in values and len(values) < 20:
                     values.append(value)
-        checks.append(CheckResult(name="evidence", status=Status.PASS,
-                                  message=f"captured {', '.join(captured) or 'nothing'}", evidence=captured))
+        checks.append(
+            CheckResult(
+                name="evidence",
+                status=Status.PASS,
+                message=f"captured {', '.join(captured) or 'nothing'}",
+                evidence=captured,
+            )
+        )
     signatures = [m for m in matches if m.kind == "signature"]
     failing = [m for m in signatures if m.severity == "fail"]
     listing = [m.to_json() for m in signatures[:50]]
     if failing:
         first = failing[0]
         refs = f" ({', '.join(first.refs)})" if first.refs else ""
-        checks.append(CheckResult(name="signatures", status=Status.FAIL,
-                                  message=f"{first.id}: {first.title}{refs}, {source} line {first.line_no}",
-                                  evidence={"matches": listing}))
+        checks.append(
+            CheckResult(
+                name="signatures",
+                status=Status.FAIL,
+                message=f"{first.id}: {first.title}{refs}, {source} line {first.line_no}",
+                evidence={"matches": listing},
+            )
+        )
     else:
         warned = sorted({m.id for m in signatures})
-        checks.append(CheckResult(name="signatures", status=Status.PASS,
-                                  message=f"no failure signature in {source}"
-                                  + (f"; warnings: {', '.join(warned)}" if warned else ""),
-                                  evidence={"matches": listing}))
+        checks.append(
+            CheckResult(
+                name="signatures",
+                status=Status.PASS,
+                message=f"no failure signature in {source}" + (f"; warnings: {', '.join(warned)}" if warned else ""),
+                evidence={"matches": listing},
+            )
+        )
     return checks
 
 
@@ -522,10 +570,17 @@ class LogWatcher:
                     return
             elif re.search(sig.then or "", line):
                 first = _compile(sig.first or "")[0]
-                window = list(self.recent)[-(sig.within + 1):-1]
+                window = list(self.recent)[-(sig.within + 1) : -1]
                 for offset, earlier in enumerate(window):
                     if first.search(earlier.encode(errors="replace")):
                         line_no = self.count - len(window) + offset
-                        self.fatal = LogMatch(id=sig.id, kind="signature", line_no=line_no, line=earlier,
-                                              severity=sig.severity, title=sig.title, refs=sig.refs)
+                        self.fatal = LogMatch(
+                            id=sig.id,
+                            kind="signature",
+                            line_no=line_no,
+                            line=earlier,
+                            severity=sig.severity,
+                            title=sig.title,
+                            refs=sig.refs,
+                        )
                         return

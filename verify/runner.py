@@ -24,6 +24,7 @@ from verify.startup import run_startup
 
 __all__ = ["AVAILABLE_STAGES", "parse_stages", "verify_image"]
 
+
 @dataclass(frozen=True, kw_only=True)
 class StageContext:
     """What every stage is given: the image under test and the results of the stages before it."""
@@ -93,8 +94,9 @@ def verify_image(
 ) -> VerifyReport:
     results: list[StageResult] = []
     for stage in stages:
-        context = StageContext(engine=engine, cell=cell, image=image, python=python, arm=arm, out_dir=out_dir,
-                               prior=tuple(results))
+        context = StageContext(
+            engine=engine, cell=cell, image=image, python=python, arm=arm, out_dir=out_dir, prior=tuple(results)
+        )
         result = STAGE_RUNNERS[stage](context)
         results.append(result)
         _print_stage(cell, result)

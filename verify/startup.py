@@ -23,9 +23,7 @@ __all__ = ["run_startup"]
 STAGE = "startup"
 
 
-def run_startup(
-    engine: Engine, cell: Cell, image: str, *, arm: Arm | None, out_dir: Path, facts: Facts
-) -> StageResult:
+def run_startup(engine: Engine, cell: Cell, image: str, *, arm: Arm | None, out_dir: Path, facts: Facts) -> StageResult:
     started = time.monotonic()
     if cell.serve is None:
         check = CheckResult(name="serve", status=Status.SKIP, message="the cell has no serve spec")

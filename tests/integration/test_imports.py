@@ -3,43 +3,15 @@ at `import flashinfer` with FlashInfer's own error, and no server is ever starte
 
 from __future__ import annotations
 
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
 from pipeline.engine import Engine
-from tests.integration.conftest import REPO, engine_cli, stackproof, write_matrix
+from tests.integration.conftest import REPO, stackproof, write_matrix
 
 pytestmark = pytest.mark.integration
-
-
-def _created_since(since: float, label: str) -> list[str]:
-    """Names of containers created since `since` (epoch seconds) carrying `label`, from the daemon's events."""
-    proc = subprocess.run(
-        [
-            engine_cli(),
-            "events",
-            "--since",
-            f"{since:.0f}",
-            "--until",
-            f"{time.time() + 1:.0f}",
-            "--filter",
-            "type=container",
-            "--filter",
-            "event=create",
-            "--filter",
-            f"label={label}",
-            "--format",
-            "{{.Actor.Attributes.name}}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    return proc.stdout.split()
 
 
 def test_matched_flashinfer_pair_imports(engine: Engine, cpu_tiny: str, tmp_path: Path) -> None:
@@ -76,8 +48,8 @@ def test_mismatched_flashinfer_pair_fails_at_imports_and_starts_no_server(
     assert report["outcome"]["expected_failure"]["matched"] is True  # type: ignore[index]
     assert "not running startup" in result.stderr
     # The probe container is visible in the daemon's events (so the query works) and no server was.
-    assert _created_since(since, "io.stackproof.role=probe"), "the events query saw no probe container"
-    assert _created_since(since, "io.stackproof.role=server") == []
+    assert engine.created_since(since, "io.stackproof.role=probe"), "the events query saw no probe container"
+    assert engine.created_since(since, "io.stackproof.role=server") == []
 
 
 def test_verify_needs_a_built_image(engine: Engine, tmp_path: Path) -> None:
