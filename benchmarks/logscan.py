@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-FIXTURE = REPO.parent / "shared" / "fixtures" / "logs" / "vllm-0.28.0-cpu-startup.log"
+FIXTURE = REPO / "tests" / "fixtures" / "logs" / "vllm-0.28.0-cpu-startup.log"
 GOAL = 0.5
 
 # Lines a long-running server writes over and over, and a few it writes once in a while.

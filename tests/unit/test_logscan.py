@@ -15,7 +15,7 @@ from verify import logscan
 from verify.logscan import Facts, LogWatcher, judge, load_catalog, load_rulesets, open_log, rules_for, scan
 from verify.result import Status
 
-FIXTURE_LOGS = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "logs"
+FIXTURE_LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"  # copies of shared/fixtures/logs
 CPU_LOG = FIXTURE_LOGS / "vllm-0.28.0-cpu-startup.log"
 AUTOTUNE_LOG = FIXTURE_LOGS / "flashinfer-autotune-h200-info.log"
 API, CORE = "(APIServer pid=1)", "(EngineCore pid=24)"
