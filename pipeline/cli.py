@@ -112,6 +112,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--arm", default=None)
     p.set_defaults(handler=_inspect_log)
 
+    p = inspect.add_parser("autotune", parents=[common], help="winners per op, shape and M bucket + policy verdict")
+    p.add_argument("file", type=Path)
+    p.add_argument("--arch", default="", help="the GPU arch the cache is judged for (sm90, sm120, sm121...)")
+    p.add_argument("--policy", action="append", default=None, help="apply only these policies (by id)")
+    p.add_argument("--m", type=int, action="append", default=[], help="also say which bucket serves this M")
+    p.set_defaults(handler=_inspect_autotune)
+
     probe = commands.add_parser("probe", help="run an in-image probe").add_subparsers(dest="sub", required=True)
     p = probe.add_parser("imports", parents=[common], help="installed distributions, imports, torch, env (JSON)")
     p.add_argument("cell", nargs="?", help="probe this cell's built image")
@@ -310,6 +317,41 @@ def _inspect_log(args: argparse.Namespace) -> int:
     }
     _emit(args, document, "\n".join(lines))
     return 1 if failed else 0
+
+
+def _inspect_autotune(args: argparse.Namespace) -> int:
+    """Exit 1 when a policy is violated."""
+    from verify.autotune import judge_cache, load_policies, map_to_hybrid_bucket, read_cache, winners
+    from verify.result import Status
+
+    cache = read_cache(args.file)
+    policies = load_policies()
+    if args.policy:
+        unknown = set(args.policy) - {p.id for p in policies}
+        if unknown:
+            known = ", ".join(p.id for p in policies)
+            raise InputError(f"--policy: unknown {', '.join(sorted(unknown))} (known: {known})")
+        policies = tuple(p for p in policies if p.id in args.policy)
+    checks = judge_cache(cache, arch=args.arch, policies=policies)
+    table = winners(cache)
+    lines = [f"{args.file}: FlashInfer autotune cache, {len(cache.entries)} entries, format {cache.format}"]
+    lines += [f"  {k}: {v}" for k, v in cache.metadata.items()]
+    document: dict[str, object] = {"file": str(args.file), "format": cache.format, "metadata": cache.metadata,
+                                   "tables": [], "buckets_for": {}, "checks": [_jsonable(c) for c in checks]}
+    for (op, n, k), rows in table.items():
+        lines.append(f"{op} N={n} K={k}:")
+        lines += [f"  M<={e.m_bucket:<6} {e.runner:<24} tactic {json.dumps(e.tactic)}" for e in rows]
+        document["tables"].append({"op": op, "n": n, "k": k, "rows": [  # type: ignore[attr-defined]
+            {"m_bucket": e.m_bucket, "runner": e.runner, "tactic": e.tactic} for e in rows]})
+    for m in args.m:
+        bucket = map_to_hybrid_bucket(m)
+        served = {f"{op} N={n} K={k}": next((e.runner for e in rows if e.m_bucket == bucket), None)
+                  for (op, n, k), rows in table.items()}
+        document["buckets_for"][str(m)] = {"bucket": bucket, "runners": served}  # type: ignore[index]
+        lines.append(f"M={m} -> bucket {bucket}: " + ", ".join(f"{s}: {r}" for s, r in served.items()))
+    lines += [f"{c.status:<12} {c.name}: {c.message}" for c in checks]
+    _emit(args, document, "\n".join(lines))
+    return 1 if any(c.status is Status.FAIL for c in checks) else 0
 
 
 def _probe_imports(args: argparse.Namespace) -> int:
