@@ -67,6 +67,7 @@ CELL_KEYS = (
     "imports",
     "accepted_conflicts",
     "log_rules",
+    "autotune",
 )
 INHERITABLE_KEYS = tuple(k for k in CELL_KEYS if k not in ("id", "extends"))
 REQUIRED_CELL_KEYS = ("base", "platform", "arch")
@@ -186,6 +187,24 @@ class _Checker:
             if rule is not None:
                 rules.append(rule)
         return tuple(rules)
+
+    def autotune(self, path: Path_, value: Any) -> tuple[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]]:
+        """`{forbid: [{op, runner}], allow: [{op, runner}]}` on top of the built-in autotune policies."""
+        if value is None or not self.keys(path, value, ("forbid", "allow")):
+            return (), ()
+        lists = []
+        for key in ("forbid", "allow"):
+            pairs = []
+            items = value.get(key) or []
+            if not isinstance(items, list):
+                self.problem((*path, key), f"must be a list of {{op, runner}}, got {_kind(items)}")
+                items = []
+            for j, item in enumerate(items):
+                if self.keys((*path, key, j), item, ("op", "runner"), required=("op", "runner")):
+                    pairs.append((self.text((*path, key, j, "op"), item["op"]),
+                                  self.text((*path, key, j, "runner"), item["runner"])))
+            lists.append(tuple(pairs))
+        return lists[0], lists[1]
 
     def regex(self, path: Path_, value: Any) -> str:
         text = self.text(path, value)
@@ -398,6 +417,7 @@ class _Checker:
         imports = self.texts((*p, "imports"), data["imports"]) if "imports" in data else DEFAULT_IMPORTS
         accepted = self.env_like((*p, "accepted_conflicts"), data.get("accepted_conflicts"), "package: reason")
         log_rules = self.log_rules((*p, "log_rules"), data.get("log_rules"), prefix=cell_id)
+        forbid, allow = self.autotune((*p, "autotune"), data.get("autotune"))
         if base is None or any(k not in data for k in REQUIRED_CELL_KEYS):
             return None
         return Cell(
@@ -419,6 +439,8 @@ class _Checker:
             imports=imports,
             accepted_conflicts=tuple(sorted((str(canonicalize_name(k)), v) for k, v in accepted)),
             log_rules=log_rules,
+            autotune_forbid=forbid,
+            autotune_allow=allow,
             notes=tuple(notes),
         )
 

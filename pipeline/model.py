@@ -246,6 +246,8 @@ class Cell:
     imports: tuple[str, ...] = ()  # modules the imports stage must import; `name?` = only where installed
     accepted_conflicts: Pairs = ()  # required package -> why its conflict or absence is accepted
     log_rules: tuple[LogRule, ...] = ()  # applied to the server log, with the arm's and the built-in sets
+    autotune_forbid: tuple[tuple[str, str], ...] = ()  # (op, runner) that must not win, beyond the policies
+    autotune_allow: tuple[tuple[str, str], ...] = ()  # (op, runner) a built-in policy forbids, allowed here
     notes: tuple[str, ...] = ()  # flagged-but-allowed findings, e.g. a base without digest
 
     @property

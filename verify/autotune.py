@@ -238,7 +238,7 @@ def judge_cache(
     *,
     arch: str,
     policies: tuple[Policy, ...],
-    expected: dict[str, str] | None = None,
+    expected: dict[str, str | None] | None = None,
     extra_forbid: tuple[tuple[str, str], ...] = (),
     allow: tuple[tuple[str, str], ...] = (),
 ) -> list[CheckResult]:

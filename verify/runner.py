@@ -16,6 +16,7 @@ from pathlib import Path
 from pipeline.engine import Engine
 from pipeline.errors import InputError
 from pipeline.model import STAGES, Arm, Cell
+from verify.autotune_stage import run_autotune
 from verify.imports import run_imports
 from verify.logscan import Facts
 from verify.probe import ProbeReport
@@ -61,8 +62,12 @@ def _startup(ctx: StageContext) -> StageResult:
     return run_startup(ctx.engine, ctx.cell, ctx.image, arm=ctx.arm, out_dir=ctx.out_dir, facts=ctx.facts())
 
 
-# The stages this version implements, in dependency order; autotune and load come later.
-STAGE_RUNNERS: dict[str, StageRunner] = {"imports": _imports, "startup": _startup}
+def _autotune(ctx: StageContext) -> StageResult:
+    return run_autotune(ctx.engine, ctx.cell, ctx.image, arm=ctx.arm, out_dir=ctx.out_dir, facts=ctx.facts())
+
+
+# The stages this version implements, in dependency order; load comes later.
+STAGE_RUNNERS: dict[str, StageRunner] = {"imports": _imports, "startup": _startup, "autotune": _autotune}
 AVAILABLE_STAGES: tuple[str, ...] = tuple(STAGE_RUNNERS)
 
 

@@ -82,6 +82,8 @@ class ServerContainer:
         extra_env: dict[str, str] | None = None,
         port: int | None = None,
         watcher: LogWatcher | None = None,
+        volumes: dict[Path, str] | None = None,
+        unset_env: tuple[str, ...] = (),
     ) -> None:
         if cell.serve is None:
             raise CheckFailed(f"cell {cell.id!r} has no serve spec")
@@ -98,6 +100,8 @@ class ServerContainer:
         self.log_path = out_dir / "server.log"
         self.tail: deque[str] = deque(maxlen=60)
         self.watcher = watcher
+        self.volumes = volumes or {}  # host path -> container path
+        self.unset_env = unset_env  # image ENV names to remove for this run (`env -u`)
         self._follower: threading.Thread | None = None
         self._started = False
 
@@ -128,7 +132,11 @@ class ServerContainer:
             argv += ["--gpus", self.serve.gpus]
         for key, value in sorted(env.items()):
             argv += ["--env", f"{key}={value}"]
+        for host, container in sorted(self.volumes.items()):
+            argv += ["--volume", f"{host}:{container}"]
         command = serve_argv(self.serve, self.arm, self.port)
+        if self.unset_env:  # docker run cannot remove an image's ENV; `env -u` can
+            command = ["env", *(arg for name in self.unset_env for arg in ("-u", name)), *command]
         argv += ["--entrypoint", command[0], self.image, *command[1:]]
         self._started = True  # from here on, remove() must run even if `docker run` is interrupted
         self.engine.docker(*argv, timeout=120)

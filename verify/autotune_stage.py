@@ -1,0 +1,201 @@
+"""Stage `autotune`: start the server with a fresh, empty autotune cache and judge what FlashInfer wrote.
+
+An empty host directory is mounted at VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR; VLLM_DISABLED_KERNELS and
+VLLM_FLASHINFER_AUTOTUNE_SKIP_OPS are removed unless the arm sets them (what was in force is
+recorded). After readiness the file vLLM names in `Using FlashInfer autotune cache file:` (or any
+`autotune_configs.json` under the directory) is read, the per-arch policies applied, the winners
+table kept, and compared with a previous report of the same cell when one is given. No file, or
+no entries, is INCONCLUSIVE with the reason: it proves nothing either way.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from pipeline.engine import Engine
+from pipeline.model import Arm, Cell
+from verify.autotune import AutotuneCache, judge_cache, load_policies, read_cache, winners
+from verify.logscan import Facts, LogWatcher, load_catalog
+from verify.result import CheckResult, StageResult, Status
+from verify.server import ServerContainer, ServerFailed
+
+__all__ = ["CACHE_MOUNT", "diff_winners", "run_autotune", "winners_table"]
+
+STAGE = "autotune"
+CACHE_MOUNT = "/stackproof/autotune-cache"
+CONTROLLED_ENV = ("VLLM_DISABLED_KERNELS", "VLLM_FLASHINFER_AUTOTUNE_SKIP_OPS")
+_CACHE_LINE = re.compile(r"Using FlashInfer autotune cache file: (?P<path>\S+)")
+_DISABLED = "Skipping FlashInfer autotune because it is disabled."
+
+
+def run_autotune(
+    engine: Engine,
+    cell: Cell,
+    image: str,
+    *,
+    arm: Arm | None,
+    out_dir: Path,
+    facts: Facts,
+    previous: Path | None = None,
+) -> StageResult:
+    started = time.monotonic()
+    if not cell.is_gpu:
+        reason = "CPU cell: FlashInfer autotuning runs only on CUDA GPUs (compute capability >= 9.0)"
+        return StageResult.of(STAGE, [CheckResult(name="autotune", status=Status.SKIP, message=reason)], 0.0)
+    if cell.serve is None:
+        check = CheckResult(name="autotune", status=Status.SKIP, message="the cell has no serve spec")
+        return StageResult.of(STAGE, [check], 0.0)
+    cache_dir = out_dir / "autotune-cache"
+    if cache_dir.exists():
+        shutil.rmtree(cache_dir)
+    cache_dir.mkdir(parents=True)
+    arm_env = dict(arm.env) if arm else {}
+    in_force = {name: arm_env.get(name) for name in CONTROLLED_ENV}  # None: removed for this run
+    checks: list[CheckResult] = []
+    server = ServerContainer(
+        engine,
+        cell,
+        image,
+        out_dir=out_dir / "autotune-server",
+        arm=arm,
+        watcher=LogWatcher(load_catalog()),
+        extra_env={"VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR": CACHE_MOUNT},
+        volumes={cache_dir.resolve(): CACHE_MOUNT},
+        unset_env=tuple(n for n in CONTROLLED_ENV if n not in arm_env),
+    )
+    with server:
+        try:
+            ready = server.wait_ready()
+            checks.append(
+                CheckResult(
+                    name="readiness",
+                    status=Status.PASS,
+                    evidence={"seconds": ready.seconds},
+                    message=f"ready after {ready.seconds:.0f}s with a fresh autotune cache",
+                )
+            )
+        except ServerFailed as exc:
+            checks.append(
+                CheckResult(
+                    name="readiness",
+                    status=Status.FAIL,
+                    message=exc.reason,
+                    evidence={"last_log_lines": exc.last_lines},
+                )
+            )
+            return StageResult.of(STAGE, checks, time.monotonic() - started)
+    log = server.log_path.read_text(errors="replace") if server.log_path.exists() else ""
+    checks += judge_fresh_cache(cell, log, cache_dir, out_dir, facts=facts, env=in_force, previous=previous)
+    return StageResult.of(
+        STAGE, checks, time.monotonic() - started, autotune_cache=str(out_dir / "autotune_configs.json")
+    )
+
+
+def judge_fresh_cache(
+    cell: Cell,
+    log: str,
+    cache_dir: Path,
+    out_dir: Path,
+    *,
+    facts: Facts,
+    env: dict[str, str | None],
+    previous: Path | None = None,
+) -> list[CheckResult]:
+    """Find the cache FlashInfer wrote during this start and judge it (pure but for reading files)."""
+    named = _CACHE_LINE.search(log)
+    candidates = []
+    if named:
+        path = named.group("path")
+        if path.startswith(CACHE_MOUNT):
+            candidates.append(cache_dir / path[len(CACHE_MOUNT) :].lstrip("/"))
+    candidates += sorted(cache_dir.rglob("autotune_configs.json"))
+    found = next((c for c in candidates if c.is_file()), None)
+    evidence: dict[str, Any] = {"env": env, "logged_path": named.group("path") if named else None}
+    if found is None:
+        reason = (
+            _DISABLED
+            if _DISABLED in log
+            else (
+                "vLLM named no autotune cache file"
+                if not named
+                else f"vLLM named {named.group('path')}, which is missing"
+            )
+        )
+        return [
+            CheckResult(
+                name="autotune-cache",
+                status=Status.INCONCLUSIVE,
+                evidence=evidence,
+                message=f"no autotune cache was written ({reason}): tuning proves nothing here",
+            )
+        ]
+    kept = out_dir / "autotune_configs.json"
+    shutil.copyfile(found, kept)
+    cache = read_cache(kept)
+    table = winners_table(cache)
+    evidence.update({"file": str(kept), "metadata": cache.metadata, "entries": len(cache.entries), "winners": table})
+    if not cache.entries:
+        return [
+            CheckResult(
+                name="autotune-cache",
+                status=Status.INCONCLUSIVE,
+                evidence=evidence,
+                message="the autotune cache has no entries although tuning was expected",
+            )
+        ]
+    checks = [
+        CheckResult(
+            name="autotune-cache",
+            status=Status.PASS,
+            evidence=evidence,
+            message=f"{len(cache.entries)} tuned entries in {kept.name}",
+        )
+    ]
+    expected = {"flashinfer_version": facts.flashinfer, "cudnn_version": str(facts.cudnn) if facts.cudnn else None}
+    checks += judge_cache(
+        cache,
+        arch=cell.arch,
+        policies=load_policies(),
+        expected=expected,
+        extra_forbid=cell.autotune_forbid,
+        allow=cell.autotune_allow,
+    )
+    if previous is not None:
+        checks.append(diff_winners(table, previous))
+    return checks
+
+
+def winners_table(cache: AutotuneCache) -> list[dict[str, Any]]:
+    return [
+        {
+            "op": op,
+            "n": n,
+            "k": k,
+            "rows": [{"m_bucket": e.m_bucket, "runner": e.runner, "tactic": e.tactic} for e in rows],
+        }
+        for (op, n, k), rows in winners(cache).items()
+    ]
+
+
+def diff_winners(table: list[dict[str, Any]], previous: Path) -> CheckResult:
+    """Buckets whose winning runner changed since a previous report of the same cell."""
+    try:
+        report = json.loads(previous.read_text())
+        stage = next(s for s in report["stages"] if s["stage"] == STAGE)
+        old = next(c for c in stage["checks"] if c["name"] == "autotune-cache")["evidence"]["winners"]
+    except (OSError, ValueError, KeyError, StopIteration) as exc:
+        return CheckResult(name="winners-diff", status=Status.SKIP, message=f"{previous}: no autotune winners ({exc})")
+    before = {(t["op"], t["n"], t["k"], r["m_bucket"]): r["runner"] for t in old for r in t["rows"]}
+    now = {(t["op"], t["n"], t["k"], r["m_bucket"]): r["runner"] for t in table for r in t["rows"]}
+    changed = [
+        {"op": key[0], "n": key[1], "k": key[2], "m_bucket": key[3], "before": before.get(key), "now": now.get(key)}
+        for key in sorted(set(before) | set(now))
+        if before.get(key) != now.get(key)
+    ]
+    message = f"{len(changed)} bucket(s) changed winner since {previous}" if changed else f"same winners as {previous}"
+    return CheckResult(name="winners-diff", status=Status.PASS, message=message, evidence={"changed": changed})
