@@ -128,6 +128,15 @@ def _parser() -> argparse.ArgumentParser:
         "--modules", default=None, help="modules to import (default: the cell's, or torch?,flashinfer?,vllm?)"
     )
     p.set_defaults(handler=_probe_imports)
+    p = probe.add_parser("kernels", parents=[common], help="FlashInfer bmm_fp8 autotune on a model's linear shapes")
+    p.add_argument("cell", nargs="?", help="run in a GPU container of this cell's built image")
+    p.add_argument("--host", action="store_true", help="run on this host's Python environment instead")
+    p.add_argument("--python", default=sys.executable, help="with --host: the interpreter to use")
+    p.add_argument("--config", type=Path, required=True, help="the model's HF config.json (no weights needed)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    p.add_argument("--arch", default=None, help="judge for this arch (default: from the GPU's compute capability)")
+    p.add_argument("--out", type=Path, default=Path("stackproof-out/kernel-probe"))
+    p.set_defaults(handler=_probe_kernels)
     return parser
 
 
@@ -352,6 +361,40 @@ def _inspect_autotune(args: argparse.Namespace) -> int:
     lines += [f"{c.status:<12} {c.name}: {c.message}" for c in checks]
     _emit(args, document, "\n".join(lines))
     return 1 if any(c.status is Status.FAIL for c in checks) else 0
+
+
+def _probe_kernels(args: argparse.Namespace) -> int:
+    """Exit 1 when the autotune policy is violated."""
+    from verify.kernels import probe_kernels
+    from verify.result import Status
+
+    if args.host == bool(args.cell):
+        raise InputError("probe kernels: give a CELL, or --host")
+    if not args.config.is_file():
+        raise InputError(f"--config {args.config}: no such file")
+    engine = image = gpus = None
+    python = args.python
+    if args.cell:
+        from pipeline.engine import Engine
+        from pipeline.plan import plan_cell, python_of
+        from pipeline.site import load_site
+
+        matrix, images = _load(args)
+        cell = matrix.cell(args.cell)
+        image = plan_cell(matrix, cell, load_site(matrix), images).tag
+        engine = Engine.connect()
+        if engine.image(image) is None:
+            raise InputError(f"{cell.id}: image {image} is not built: run `stackproof build {cell.id}`")
+        python, gpus = python_of(matrix, cell), (cell.serve.gpus if cell.serve else None) or "all"
+    result = probe_kernels(config=args.config, out_dir=args.out, max_tokens=args.max_num_batched_tokens,
+                           python=python, arch=args.arch, engine=engine, image=image, gpus=gpus)
+    lines = [f"{args.config}: {len(result.table)} shapes on {result.report.get('gpu')} ({result.arch}), "
+             f"probe {result.seconds:.0f}s, FlashInfer tuning {result.report.get('wall_seconds')}s"]
+    for t in result.table:
+        lines.append(f"fp8 N={t['n']} K={t['k']}: " + ", ".join(f"M<={r['m_bucket']} {r['runner']}" for r in t["rows"]))
+    lines += [f"{c.status:<12} {c.name}: {c.message}" for c in result.checks]
+    _emit(args, result.to_json(), "\n".join(lines))
+    return 1 if any(c.status is Status.FAIL for c in result.checks) else 0
 
 
 def _probe_imports(args: argparse.Namespace) -> int:

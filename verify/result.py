@@ -20,6 +20,7 @@ REPORT_SCHEMA_VERSION = 1
 
 class Status(StrEnum):
     PASS = "PASS"
+    WARN = "WARN"  # passes, with something a reader must see (e.g. a grown workspace)
     FAIL = "FAIL"
     INCONCLUSIVE = "INCONCLUSIVE"
     SKIP = "SKIP"
@@ -27,7 +28,7 @@ class Status(StrEnum):
 
 
 # How bad each status is when a stage sums up its checks: one FAIL makes the stage FAIL.
-_SEVERITY = {Status.SKIP: 0, Status.PASS: 1, Status.INCONCLUSIVE: 2, Status.ERROR: 3, Status.FAIL: 4}
+_SEVERITY = {Status.SKIP: 0, Status.PASS: 1, Status.WARN: 2, Status.INCONCLUSIVE: 3, Status.ERROR: 4, Status.FAIL: 5}
 
 
 def worst(statuses: list[Status]) -> Status:

@@ -30,8 +30,10 @@ def test_cpu_tiny_end_to_end(cpu_tiny: str, tmp_path: Path) -> None:
     assert report["image"] == cpu_tiny
     assert report["outcome"]["passed"] is True  # type: ignore[index]
     stages = {s["stage"]: s for s in report["stages"]}  # type: ignore[union-attr]
-    assert [s["stage"] for s in report["stages"]] == ["imports", "startup"]  # type: ignore[union-attr]
+    assert [s["stage"] for s in report["stages"]] == ["imports", "startup", "autotune"]  # type: ignore[union-attr]
     assert stages["imports"]["status"] == "PASS" and stages["startup"]["status"] == "PASS"
+    assert stages["autotune"]["status"] == "SKIP"  # a CPU cell: FlashInfer autotuning needs a GPU
+    assert "CPU cell" in stages["autotune"]["checks"][0]["message"]
     checks = {c["name"]: c for c in stages["startup"]["checks"]}
     completion = checks["completion"]["evidence"]
     assert completion["completion_tokens"] == 16 and completion["finish_reason"] == "length"

@@ -1,0 +1,184 @@
+"""Run the kernel probe (on this host, or in a GPU container of a cell's image) and judge its cache.
+
+The probe (`kernel_probe.py`) needs torch with CUDA and flashinfer; this side needs neither. It
+reads the probe's report and FlashInfer's own cache file, builds the same winners table and
+policy verdict as the autotune stage, and reports whether the bmm_fp8 workspace grew (WARN).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline import cmd
+from pipeline.engine import Engine
+from pipeline.errors import CheckFailed
+from verify.autotune import judge_cache, load_policies, read_cache
+from verify.autotune_stage import winners_table
+from verify.result import CheckResult, Status
+
+__all__ = ["KERNEL_PROBE_FILE", "KernelProbeResult", "arch_of", "judge_probe", "probe_kernels"]
+
+KERNEL_PROBE_FILE = Path(__file__).with_name("kernel_probe.py")
+
+
+@dataclass(frozen=True, kw_only=True)
+class KernelProbeResult:
+    arch: str
+    report: dict[str, Any]
+    table: list[dict[str, Any]]
+    checks: list[CheckResult]
+    seconds: float
+    cache_file: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "arch": self.arch,
+            "report": self.report,
+            "winners": self.table,
+            "seconds": self.seconds,
+            "cache_file": self.cache_file,
+            "checks": [
+                {"name": c.name, "status": str(c.status), "message": c.message, "evidence": c.evidence}
+                for c in self.checks
+            ],
+        }
+
+
+def arch_of(capability: str) -> str:
+    """ "12.0" -> "sm120", "9.0" -> "sm90"."""
+    major, _, minor = capability.partition(".")
+    return f"sm{int(major)}{int(minor or 0)}"
+
+
+def probe_kernels(
+    *,
+    config: Path,
+    out_dir: Path,
+    max_tokens: int,
+    python: str,
+    arch: str | None,
+    engine: Engine | None = None,
+    image: str | None = None,
+    gpus: str | None = None,
+) -> KernelProbeResult:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cache, report = out_dir / "autotune.json", out_dir / "kernel-probe.json"
+    for stale in (cache, report):
+        stale.unlink(missing_ok=True)  # FlashInfer merges into an existing file: always start fresh
+    started = time.monotonic()
+    args = ["--max-num-batched-tokens", str(max_tokens)]
+    if engine is not None and image is not None:
+        mounts = [
+            "--volume",
+            f"{KERNEL_PROBE_FILE}:/stackproof/kernel_probe.py:ro",
+            "--volume",
+            f"{config.resolve()}:/stackproof/config.json:ro",
+            "--volume",
+            f"{out_dir.resolve()}:/stackproof/out",
+        ]
+        engine.docker(
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            "--gpus",
+            gpus or "all",
+            "--label",
+            "io.stackproof.role=probe",
+            *mounts,
+            "--entrypoint",
+            python,
+            image,
+            "/stackproof/kernel_probe.py",
+            "--config",
+            "/stackproof/config.json",
+            "--cache",
+            "/stackproof/out/autotune.json",
+            "--report",
+            "/stackproof/out/kernel-probe.json",
+            *args,
+            timeout=3600,
+        )
+    else:
+        cmd.run(
+            [
+                python,
+                str(KERNEL_PROBE_FILE),
+                "--config",
+                str(config),
+                "--cache",
+                str(cache),
+                "--report",
+                str(report),
+                *args,
+            ],
+            timeout=3600,
+        )
+    if not report.is_file() or not cache.is_file():
+        raise CheckFailed(f"the kernel probe wrote no {'report' if not report.is_file() else 'cache'} in {out_dir}")
+    return judge_probe(json.loads(report.read_text()), cache, arch=arch, seconds=time.monotonic() - started)
+
+
+def judge_probe(report: dict[str, Any], cache_file: Path, *, arch: str | None, seconds: float) -> KernelProbeResult:
+    """Pure but for reading the cache: the winners table, the policy verdict and the workspace."""
+    arch = arch or arch_of(str(report.get("capability", "0.0")))
+    cache = read_cache(cache_file)
+    table = winners_table(cache)
+    checks = []
+    probed = {(s["n"], s["k"]) for s in report.get("shapes", {}).values()}
+    tuned = {(t["n"], t["k"]) for t in table}
+    status = Status.PASS if probed == tuned else Status.FAIL
+    checks.append(
+        CheckResult(
+            name="cache-covers-probe",
+            status=status,
+            evidence={"probed": sorted(probed), "in_cache": sorted(tuned)},
+            message=f"FlashInfer's cache holds {len(tuned)} of the {len(probed)} probed shapes",
+        )
+    )
+    checks += judge_cache(
+        cache,
+        arch=arch,
+        policies=load_policies(),
+        expected={
+            "flashinfer_version": report.get("flashinfer"),
+            "cudnn_version": str(report["cudnn"]) if report.get("cudnn") else None,
+        },
+    )
+    workspace = report.get("workspace") or {}
+    if workspace.get("grew") is None:
+        checks.append(
+            CheckResult(
+                name="workspace",
+                status=Status.SKIP,
+                evidence=workspace,
+                message=str(workspace.get("found_in", "workspace size unknown")),
+            )
+        )
+    elif workspace["grew"]:
+        checks.append(
+            CheckResult(
+                name="workspace",
+                status=Status.WARN,
+                evidence=workspace,
+                message=f"the shared bmm_fp8 workspace grew to {workspace['bytes']:,} bytes "
+                f"(default {workspace['default_bytes']:,}): the cuDNN resize_ path ran; under "
+                "CUDA graph capture this is the suspected SM120 fault mechanism",
+            )
+        )
+    else:
+        checks.append(
+            CheckResult(
+                name="workspace",
+                status=Status.PASS,
+                evidence=workspace,
+                message=f"the shared bmm_fp8 workspace stayed at {workspace['bytes']:,} bytes",
+            )
+        )
+    return KernelProbeResult(
+        arch=arch, report=report, table=table, checks=checks, seconds=round(seconds, 1), cache_file=str(cache_file)
+    )
