@@ -96,6 +96,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--arm", default=None)
     p.add_argument("--stages", default=None, help="comma-separated stages (default: all available)")
     p.add_argument("--out", type=Path, default=Path("stackproof-out"))
+    p.add_argument("--previous", type=Path, default=None, help="an earlier report.json: diff autotune winners")
     p.set_defaults(handler=_run)
 
     p = commands.add_parser("verify", parents=[common], help="run stages against a cell's built image")
@@ -103,6 +104,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--arm", default=None)
     p.add_argument("--stages", default=None, help="comma-separated stages (default: all available)")
     p.add_argument("--out", type=Path, default=Path("stackproof-out"))
+    p.add_argument("--previous", type=Path, default=None, help="an earlier report.json: diff autotune winners")
     p.set_defaults(handler=_verify)
 
     inspect = commands.add_parser("inspect", help="inspect a file").add_subparsers(dest="sub", required=True)
@@ -284,7 +286,11 @@ def _verify_or_run(args: argparse.Namespace, *, build: bool) -> int:
     site = load_site(matrix)
     engine = Engine.connect()
     job = run_cell if build else verify_cell
-    report = job(engine, matrix, cell, site, images, out_root=args.out, stages=stages, arm_name=args.arm)
+    if args.previous is not None and not args.previous.is_file():
+        raise InputError(f"--previous {args.previous}: no such file")
+    report = job(
+        engine, matrix, cell, site, images, out_root=args.out, stages=stages, arm_name=args.arm, previous=args.previous
+    )
     verdict = "PASS" if report.outcome.passed else "FAIL"
     stages_line = ", ".join(f"{s.stage} {s.status}" for s in report.stages)
     _emit(args, report.to_json(), f"{cell.id}: {verdict}: {report.outcome.summary} [{stages_line}]")
@@ -345,17 +351,33 @@ def _inspect_autotune(args: argparse.Namespace) -> int:
     table = winners(cache)
     lines = [f"{args.file}: FlashInfer autotune cache, {len(cache.entries)} entries, format {cache.format}"]
     lines += [f"  {k}: {v}" for k, v in cache.metadata.items()]
-    document: dict[str, object] = {"file": str(args.file), "format": cache.format, "metadata": cache.metadata,
-                                   "tables": [], "buckets_for": {}, "checks": [_jsonable(c) for c in checks]}
+    document: dict[str, object] = {
+        "file": str(args.file),
+        "format": cache.format,
+        "metadata": cache.metadata,
+        "tables": [],
+        "buckets_for": {},
+        "checks": [_jsonable(c) for c in checks],
+    }
     for (op, n, k), rows in table.items():
         lines.append(f"{op} N={n} K={k}:")
         lines += [f"  M<={e.m_bucket:<6} {e.runner:<24} tactic {json.dumps(e.tactic)}" for e in rows]
-        document["tables"].append({"op": op, "n": n, "k": k, "rows": [  # type: ignore[attr-defined]
-            {"m_bucket": e.m_bucket, "runner": e.runner, "tactic": e.tactic} for e in rows]})
+        document["tables"].append(
+            {
+                "op": op,
+                "n": n,
+                "k": k,
+                "rows": [  # type: ignore[attr-defined]
+                    {"m_bucket": e.m_bucket, "runner": e.runner, "tactic": e.tactic} for e in rows
+                ],
+            }
+        )
     for m in args.m:
         bucket = map_to_hybrid_bucket(m)
-        served = {f"{op} N={n} K={k}": next((e.runner for e in rows if e.m_bucket == bucket), None)
-                  for (op, n, k), rows in table.items()}
+        served = {
+            f"{op} N={n} K={k}": next((e.runner for e in rows if e.m_bucket == bucket), None)
+            for (op, n, k), rows in table.items()
+        }
         document["buckets_for"][str(m)] = {"bucket": bucket, "runners": served}  # type: ignore[index]
         lines.append(f"M={m} -> bucket {bucket}: " + ", ".join(f"{s}: {r}" for s, r in served.items()))
     lines += [f"{c.status:<12} {c.name}: {c.message}" for c in checks]
@@ -386,10 +408,20 @@ def _probe_kernels(args: argparse.Namespace) -> int:
         if engine.image(image) is None:
             raise InputError(f"{cell.id}: image {image} is not built: run `stackproof build {cell.id}`")
         python, gpus = python_of(matrix, cell), (cell.serve.gpus if cell.serve else None) or "all"
-    result = probe_kernels(config=args.config, out_dir=args.out, max_tokens=args.max_num_batched_tokens,
-                           python=python, arch=args.arch, engine=engine, image=image, gpus=gpus)
-    lines = [f"{args.config}: {len(result.table)} shapes on {result.report.get('gpu')} ({result.arch}), "
-             f"probe {result.seconds:.0f}s, FlashInfer tuning {result.report.get('wall_seconds')}s"]
+    result = probe_kernels(
+        config=args.config,
+        out_dir=args.out,
+        max_tokens=args.max_num_batched_tokens,
+        python=python,
+        arch=args.arch,
+        engine=engine,
+        image=image,
+        gpus=gpus,
+    )
+    lines = [
+        f"{args.config}: {len(result.table)} shapes on {result.report.get('gpu')} ({result.arch}), "
+        f"probe {result.seconds:.0f}s, FlashInfer tuning {result.report.get('wall_seconds')}s"
+    ]
     for t in result.table:
         lines.append(f"fp8 N={t['n']} K={t['k']}: " + ", ".join(f"M<={r['m_bucket']} {r['runner']}" for r in t["rows"]))
     lines += [f"{c.status:<12} {c.name}: {c.message}" for c in result.checks]

@@ -201,8 +201,12 @@ class _Checker:
                 items = []
             for j, item in enumerate(items):
                 if self.keys((*path, key, j), item, ("op", "runner"), required=("op", "runner")):
-                    pairs.append((self.text((*path, key, j, "op"), item["op"]),
-                                  self.text((*path, key, j, "runner"), item["runner"])))
+                    pairs.append(
+                        (
+                            self.text((*path, key, j, "op"), item["op"]),
+                            self.text((*path, key, j, "runner"), item["runner"]),
+                        )
+                    )
             lists.append(tuple(pairs))
         return lists[0], lists[1]
 

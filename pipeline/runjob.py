@@ -33,6 +33,7 @@ def run_cell(
     out_root: Path,
     stages: tuple[str, ...],
     arm_name: str | None = None,
+    previous: Path | None = None,
 ) -> VerifyReport:
     arm = cell.arm(arm_name) if arm_name else None
     build = build_cell(engine, matrix, cell, site, images_dir, out_dir=out_root / cell.id)
@@ -45,6 +46,7 @@ def run_cell(
         stages=stages,
         arm=arm,
         out_dir=_run_dir(out_root, cell),
+        previous=previous,
     )
 
 
@@ -58,6 +60,7 @@ def verify_cell(
     out_root: Path,
     stages: tuple[str, ...],
     arm_name: str | None = None,
+    previous: Path | None = None,
 ) -> VerifyReport:
     """Verify the cell's already-built image (its content tag); nothing is built."""
     arm = cell.arm(arm_name) if arm_name else None
@@ -75,6 +78,7 @@ def verify_cell(
         stages=stages,
         arm=arm,
         out_dir=_run_dir(out_root, cell),
+        previous=previous,
     )
 
 

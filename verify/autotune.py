@@ -36,8 +36,14 @@ __all__ = [
 
 POLICIES_FILE = Path(__file__).with_name("autotune_policies.yaml")
 RESERVED = ("_metadata", "_generation", "_records")
-METADATA_FIELDS = ("flashinfer_version", "cuda_version", "cublas_version", "cudnn_version",
-                   "cudnn_frontend_version", "gpu")
+METADATA_FIELDS = (
+    "flashinfer_version",
+    "cuda_version",
+    "cublas_version",
+    "cudnn_version",
+    "cudnn_frontend_version",
+    "gpu",
+)
 
 # FlashInfer's hybrid bucket mapping (fused_moe/utils.py, identical in 0.6.16 and 0.6.18).
 _PHASE1_END, _PHASE2_STEP, _PHASE2_END, _PHASE3_STEP, _PHASE3_END = 256, 256, 2048, 512, 4096
@@ -71,8 +77,10 @@ def hybrid_buckets(max_tokens: int, min_tokens: int = 1) -> tuple[int, ...]:
     while m <= min(max_tokens, _PHASE1_END):
         buckets.append(m)
         m *= 2
-    for start, step, end in ((_PHASE1_END + _PHASE2_STEP, _PHASE2_STEP, _PHASE2_END),
-                             (_PHASE2_END + _PHASE3_STEP, _PHASE3_STEP, _PHASE3_END)):
+    for start, step, end in (
+        (_PHASE1_END + _PHASE2_STEP, _PHASE2_STEP, _PHASE2_END),
+        (_PHASE2_END + _PHASE3_STEP, _PHASE3_STEP, _PHASE3_END),
+    ):
         m = start
         while m <= min(max_tokens, end):
             buckets.append(m)
@@ -169,13 +177,28 @@ def read_cache(file: Path) -> AutotuneCache:
         if not (isinstance(value, list) and len(value) == 2):
             raise InputError(f"{file}: entry {key[:80]!r}: value is not [runner, tactic]")
         m_bucket, n, k = _gemm_dims(profile)
-        entries.append(Entry(op=str(op), runner=str(value[0]), m_bucket=m_bucket, n=n, k=k, tactic=value[1],
-                             extras=tuple(extras) if isinstance(extras, tuple) else (), key=key))
+        entries.append(
+            Entry(
+                op=str(op),
+                runner=str(value[0]),
+                m_bucket=m_bucket,
+                n=n,
+                k=k,
+                tactic=value[1],
+                extras=tuple(extras) if isinstance(extras, tuple) else (),
+                key=key,
+            )
+        )
         if value[0] != runner:
             raise InputError(f"{file}: entry {key[:80]!r}: key names {runner}, value names {value[0]}")
     metadata = {k: str(v) for k, v in (document.get("_metadata") or {}).items()}
-    return AutotuneCache(file=file, metadata=metadata, entries=tuple(entries),
-                         generation=document.get("_generation"), has_records="_records" in document)
+    return AutotuneCache(
+        file=file,
+        metadata=metadata,
+        entries=tuple(entries),
+        generation=document.get("_generation"),
+        has_records="_records" in document,
+    )
 
 
 def _gemm_dims(profile: Any) -> tuple[int, int, int]:
@@ -219,9 +242,16 @@ def load_policies(file: Path = POLICIES_FILE) -> tuple[Policy, ...]:
                 problems.append(f"{src.where(('policies', i, key))}: unknown key")
         when = entry.get("when") or {}
         forbid = tuple((str(f["op"]), str(f["runner"])) for f in entry.get("forbid") or [])
-        result.append(Policy(id=str(entry.get("id")), arch=tuple(when.get("arch") or ()),
-                             cudnn_below=when.get("cudnn_below"), forbid=forbid, why=str(entry.get("why", "")),
-                             refs=tuple(entry.get("refs") or ())))
+        result.append(
+            Policy(
+                id=str(entry.get("id")),
+                arch=tuple(when.get("arch") or ()),
+                cudnn_below=when.get("cudnn_below"),
+                forbid=forbid,
+                why=str(entry.get("why", "")),
+                refs=tuple(entry.get("refs") or ()),
+            )
+        )
     if problems:
         raise MatrixError(problems)
     return tuple(result)
@@ -229,8 +259,12 @@ def load_policies(file: Path = POLICIES_FILE) -> tuple[Policy, ...]:
 
 def applicable(policies: tuple[Policy, ...], arch: str, cudnn: int | None) -> list[Policy]:
     """Policies for `arch` whose cuDNN condition holds (an unknown cuDNN satisfies it)."""
-    return [p for p in policies if (not p.arch or arch in p.arch)
-            and not (p.cudnn_below is not None and cudnn is not None and cudnn >= p.cudnn_below)]
+    return [
+        p
+        for p in policies
+        if (not p.arch or arch in p.arch)
+        and not (p.cudnn_below is not None and cudnn is not None and cudnn >= p.cudnn_below)
+    ]
 
 
 def judge_cache(
@@ -245,17 +279,31 @@ def judge_cache(
     """The policy verdict, and whether the cache was written by the environment under test."""
     checks = []
     if expected:
-        differ = {k: {"cache": cache_.metadata.get(k), "image": v} for k, v in expected.items()
-                  if v is not None and cache_.metadata.get(k) not in (v, "*")}
+        differ = {
+            k: {"cache": cache_.metadata.get(k), "image": v}
+            for k, v in expected.items()
+            if v is not None and cache_.metadata.get(k) not in (v, "*")
+        }
         if differ:
-            checks.append(CheckResult(
-                name="cache-environment", status=Status.INCONCLUSIVE, evidence=differ,
-                message="the cache was written in another environment ("
-                        + ", ".join(f"{k}: {d['cache']} vs {d['image']}" for k, d in differ.items())
-                        + "): FlashInfer ignores it, so it proves nothing here"))
+            checks.append(
+                CheckResult(
+                    name="cache-environment",
+                    status=Status.INCONCLUSIVE,
+                    evidence=differ,
+                    message="the cache was written in another environment ("
+                    + ", ".join(f"{k}: {d['cache']} vs {d['image']}" for k, d in differ.items())
+                    + "): FlashInfer ignores it, so it proves nothing here",
+                )
+            )
         else:
-            checks.append(CheckResult(name="cache-environment", status=Status.PASS,
-                                      message="cache metadata matches the image under test", evidence=expected))
+            checks.append(
+                CheckResult(
+                    name="cache-environment",
+                    status=Status.PASS,
+                    message="cache metadata matches the image under test",
+                    evidence=expected,
+                )
+            )
     cudnn = _int(cache_.metadata.get("cudnn_version"))
     chosen = applicable(policies, arch, cudnn)
     forbidden = {pair: p.id for p in chosen for pair in p.forbid}
@@ -263,28 +311,55 @@ def judge_cache(
     for pair in allow:
         forbidden.pop(pair, None)
     if not forbidden:
-        checks.append(CheckResult(name="policy", status=Status.SKIP,
-                                  message=f"no autotune policy applies to {arch or 'this arch'} "
-                                          f"with cuDNN {cache_.metadata.get('cudnn_version', '?')}"))
+        checks.append(
+            CheckResult(
+                name="policy",
+                status=Status.SKIP,
+                message=f"no autotune policy applies to {arch or 'this arch'} "
+                f"with cuDNN {cache_.metadata.get('cudnn_version', '?')}",
+            )
+        )
         return checks
     offending = [e for e in cache_.entries if (e.op, e.runner) in forbidden]
     # The M=512 bucket first: it serves M=257..512, the prefill shapes of vllm-project/vllm#55571.
     offending.sort(key=lambda e: (e.m_bucket != 512, e.op, e.n, e.k, e.m_bucket))
     evidence: dict[str, Any] = {
-        "policies": [p.id for p in chosen], "forbidden": [f"{op}:{runner}" for op, runner in forbidden],
-        "offending": [{"op": e.op, "runner": e.runner, "m_bucket": e.m_bucket, "n": e.n, "k": e.k,
-                       "tactic": e.tactic, "policy": forbidden[(e.op, e.runner)]} for e in offending],
+        "policies": [p.id for p in chosen],
+        "forbidden": [f"{op}:{runner}" for op, runner in forbidden],
+        "offending": [
+            {
+                "op": e.op,
+                "runner": e.runner,
+                "m_bucket": e.m_bucket,
+                "n": e.n,
+                "k": e.k,
+                "tactic": e.tactic,
+                "policy": forbidden[(e.op, e.runner)],
+            }
+            for e in offending
+        ],
     }
     if offending:
         first = offending[0]
         more = f" (and {len(offending) - 1} more)" if len(offending) > 1 else ""
-        checks.append(CheckResult(
-            name="policy", status=Status.FAIL, evidence=evidence,
-            message=f"{first.runner} wins {first.op} at M bucket {first.m_bucket} ({first.shape}), forbidden by "
-                    f"{forbidden[(first.op, first.runner)]}{more}"))
+        checks.append(
+            CheckResult(
+                name="policy",
+                status=Status.FAIL,
+                evidence=evidence,
+                message=f"{first.runner} wins {first.op} at M bucket {first.m_bucket} ({first.shape}), forbidden by "
+                f"{forbidden[(first.op, first.runner)]}{more}",
+            )
+        )
     else:
-        checks.append(CheckResult(name="policy", status=Status.PASS, evidence=evidence,
-                                  message=f"no forbidden runner wins any bucket ({', '.join(evidence['forbidden'])})"))
+        checks.append(
+            CheckResult(
+                name="policy",
+                status=Status.PASS,
+                evidence=evidence,
+                message=f"no forbidden runner wins any bucket ({', '.join(evidence['forbidden'])})",
+            )
+        )
     return checks
 
 

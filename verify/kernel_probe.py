@@ -60,9 +60,17 @@ def main() -> int:
     major, minor = torch.cuda.get_device_capability(device)
     m = args.max_num_batched_tokens
     report: dict[str, Any] = {
-        "probe": "kernels", "probe_schema": 1, "flashinfer": flashinfer.__version__, "torch": torch.__version__,
-        "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(), "gpu": torch.cuda.get_device_name(device),
-        "capability": f"{major}.{minor}", "max_num_batched_tokens": m, "cache": args.cache, "shapes": {},
+        "probe": "kernels",
+        "probe_schema": 1,
+        "flashinfer": flashinfer.__version__,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version(),
+        "gpu": torch.cuda.get_device_name(device),
+        "capability": f"{major}.{minor}",
+        "max_num_batched_tokens": m,
+        "cache": args.cache,
+        "shapes": {},
     }
     started = time.monotonic()
     scale = torch.tensor(1.0, device=device, dtype=torch.float32)
@@ -73,10 +81,17 @@ def main() -> int:
             t0 = time.monotonic()
             out = flashinfer.bmm_fp8(a, b, scale, scale, torch.bfloat16, backend="auto")
             torch.cuda.synchronize()
-            report["shapes"][name] = {"n": n, "k": k, "tune_seconds": round(time.monotonic() - t0, 1),
-                                      "finite": bool(torch.isfinite(out).all())}
-            print(f"kernel probe: {name} N={n} K={k} tuned in {report['shapes'][name]['tune_seconds']}s",
-                  file=sys.stderr, flush=True)
+            report["shapes"][name] = {
+                "n": n,
+                "k": k,
+                "tune_seconds": round(time.monotonic() - t0, 1),
+                "finite": bool(torch.isfinite(out).all()),
+            }
+            print(
+                f"kernel probe: {name} N={n} K={k} tuned in {report['shapes'][name]['tune_seconds']}s",
+                file=sys.stderr,
+                flush=True,
+            )
     report["wall_seconds"] = round(time.monotonic() - started, 1)
     report["workspace"] = workspace_report(fi_utils, device)
     with open(args.report, "w") as f:
@@ -93,10 +108,18 @@ def workspace_report(fi_utils: Any, device: Any) -> dict[str, Any]:
             for key, buf in cache.items():
                 if "bmm_fp8_workspace" in str(key):
                     size = int(buf.numel() * buf.element_size())
-                    return {"bytes": size, "default_bytes": DEFAULT_WORKSPACE, "grew": size > DEFAULT_WORKSPACE,
-                            "found_in": f"flashinfer.utils.{attr}"}
-    return {"bytes": None, "default_bytes": DEFAULT_WORKSPACE, "grew": None,
-            "found_in": "not found: flashinfer.utils has no bmm_fp8 workspace cache this probe knows"}
+                    return {
+                        "bytes": size,
+                        "default_bytes": DEFAULT_WORKSPACE,
+                        "grew": size > DEFAULT_WORKSPACE,
+                        "found_in": f"flashinfer.utils.{attr}",
+                    }
+    return {
+        "bytes": None,
+        "default_bytes": DEFAULT_WORKSPACE,
+        "grew": None,
+        "found_in": "not found: flashinfer.utils has no bmm_fp8 workspace cache this probe knows",
+    }
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ class StageContext:
     arm: Arm | None
     out_dir: Path
     prior: tuple[StageResult, ...]
+    previous: Path | None = None  # an earlier report of the same cell, to diff autotune winners against
 
     def facts(self) -> Facts:
         """Facts for the log rule sets: from the imports probe when it ran, else from the cell."""
@@ -63,7 +64,9 @@ def _startup(ctx: StageContext) -> StageResult:
 
 
 def _autotune(ctx: StageContext) -> StageResult:
-    return run_autotune(ctx.engine, ctx.cell, ctx.image, arm=ctx.arm, out_dir=ctx.out_dir, facts=ctx.facts())
+    return run_autotune(
+        ctx.engine, ctx.cell, ctx.image, arm=ctx.arm, out_dir=ctx.out_dir, facts=ctx.facts(), previous=ctx.previous
+    )
 
 
 # The stages this version implements, in dependency order; load comes later.
@@ -96,11 +99,19 @@ def verify_image(
     stages: tuple[str, ...],
     arm: Arm | None,
     out_dir: Path,
+    previous: Path | None = None,
 ) -> VerifyReport:
     results: list[StageResult] = []
     for stage in stages:
         context = StageContext(
-            engine=engine, cell=cell, image=image, python=python, arm=arm, out_dir=out_dir, prior=tuple(results)
+            engine=engine,
+            cell=cell,
+            image=image,
+            python=python,
+            arm=arm,
+            out_dir=out_dir,
+            prior=tuple(results),
+            previous=previous,
         )
         result = STAGE_RUNNERS[stage](context)
         results.append(result)
