@@ -351,25 +351,17 @@ def _inspect_autotune(args: argparse.Namespace) -> int:
     table = winners(cache)
     lines = [f"{args.file}: FlashInfer autotune cache, {len(cache.entries)} entries, format {cache.format}"]
     lines += [f"  {k}: {v}" for k, v in cache.metadata.items()]
-    document: dict[str, object] = {
-        "file": str(args.file),
-        "format": cache.format,
-        "metadata": cache.metadata,
-        "tables": [],
-        "buckets_for": {},
-        "checks": [_jsonable(c) for c in checks],
-    }
+    tables: list[dict[str, object]] = []
+    buckets_for: dict[str, object] = {}
     for (op, n, k), rows in table.items():
         lines.append(f"{op} N={n} K={k}:")
         lines += [f"  M<={e.m_bucket:<6} {e.runner:<24} tactic {json.dumps(e.tactic)}" for e in rows]
-        document["tables"].append(
+        tables.append(
             {
                 "op": op,
                 "n": n,
                 "k": k,
-                "rows": [  # type: ignore[attr-defined]
-                    {"m_bucket": e.m_bucket, "runner": e.runner, "tactic": e.tactic} for e in rows
-                ],
+                "rows": [{"m_bucket": e.m_bucket, "runner": e.runner, "tactic": e.tactic} for e in rows],
             }
         )
     for m in args.m:
@@ -378,8 +370,16 @@ def _inspect_autotune(args: argparse.Namespace) -> int:
             f"{op} N={n} K={k}": next((e.runner for e in rows if e.m_bucket == bucket), None)
             for (op, n, k), rows in table.items()
         }
-        document["buckets_for"][str(m)] = {"bucket": bucket, "runners": served}  # type: ignore[index]
+        buckets_for[str(m)] = {"bucket": bucket, "runners": served}
         lines.append(f"M={m} -> bucket {bucket}: " + ", ".join(f"{s}: {r}" for s, r in served.items()))
+    document = {
+        "file": str(args.file),
+        "format": cache.format,
+        "metadata": cache.metadata,
+        "tables": tables,
+        "buckets_for": buckets_for,
+        "checks": [_jsonable(c) for c in checks],
+    }
     lines += [f"{c.status:<12} {c.name}: {c.message}" for c in checks]
     _emit(args, document, "\n".join(lines))
     return 1 if any(c.status is Status.FAIL for c in checks) else 0
