@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -165,18 +164,6 @@ class Engine:
             argv += ["--change", change]
         return self.docker(*argv, str(tarball), tag, timeout=600).stdout.strip()
 
-    def remove_image(self, ref: str) -> None:
-        self.docker("image", "rm", "--force", ref, check=False)
-
-    def history_sizes(self, ref: str) -> list[tuple[str, int]]:
-        """(layer id or '<missing>', size in bytes) per history entry, newest first."""
-        out = self.docker("image", "history", "--no-trunc", "--format", "{{.ID}}\t{{.Size}}", ref, quiet=True).stdout
-        rows = []
-        for line in out.splitlines():
-            ident, _, size = line.partition("\t")
-            rows.append((ident, _parse_size(size)))
-        return rows
-
     def created_since(self, since: float, label: str) -> list[str]:
         """Names of containers carrying `label` created since `since` (epoch seconds), from the
         daemon's event log: proof of what was, or was never, started."""
@@ -198,18 +185,3 @@ class Engine:
             quiet=True,
         )
         return result.stdout.split()
-
-    def which(self) -> str:
-        return shutil.which(self.cli.path) or self.cli.path
-
-
-def _parse_size(text: str) -> int:
-    units = {"B": 1, "kB": 1000, "KB": 1000, "MB": 1000**2, "GB": 1000**3, "TB": 1000**4}
-    text = text.strip()
-    for unit in sorted(units, key=len, reverse=True):
-        if text.endswith(unit):
-            try:
-                return int(float(text[: -len(unit)]) * units[unit])
-            except ValueError:
-                return 0
-    return int(text) if text.isdigit() else 0

@@ -244,7 +244,6 @@ def _holds(when: dict[str, Any], facts: Facts) -> bool:
 class _Pattern:
     """One regex with the literals one of which every match contains (None: no usable literal)."""
 
-    key: tuple[str, str]  # (kind, id) of the rule or signature; windows use (kind, id + ":first")
     regex: re.Pattern[bytes]
     anchors: tuple[bytes, ...] | None
 
@@ -394,7 +393,7 @@ def scan(data: Log, rules: Sequence[LogRule], signatures: Sequence[Signature]) -
     positions = _find_all(data, (a for anchors in wanted if anchors for a in anchors))
     for rule in rules:
         regex, anchors = _compile(rule.pattern)
-        pattern = _Pattern((rule.kind, rule.id), regex, anchors)
+        pattern = _Pattern(regex, anchors)
         for start, end in _candidate_lines(data, pattern, positions):
             m = regex.search(data, start, end)
             if m:
@@ -410,7 +409,7 @@ def scan(data: Log, rules: Sequence[LogRule], signatures: Sequence[Signature]) -
 
 def _scan_signature(data: Log, sig: Signature, positions: dict[bytes, list[int]]) -> Iterable[tuple[int, LogMatch]]:
     regex, anchors = _compile(sig.match or sig.first or "")
-    pattern = _Pattern(("signature", sig.id), regex, anchors)
+    pattern = _Pattern(regex, anchors)
     for start, end in _candidate_lines(data, pattern, positions):
         m = regex.search(data, start, end)
         if not m:

@@ -22,7 +22,7 @@ import httpx
 
 from pipeline import cmd
 from pipeline.engine import Engine
-from pipeline.errors import CheckFailed, InfraError
+from pipeline.errors import CheckFailed
 from pipeline.model import Arm, Cell, ServeSpec
 from verify.logscan import LogWatcher
 
@@ -267,8 +267,3 @@ class ServerContainer:
             "finish_reason": body["choices"][0].get("finish_reason"),
             "seconds": round(time.monotonic() - started, 2),
         }
-
-
-def require_docker_image(engine: Engine, image: str) -> None:
-    if engine.image(image) is None:
-        raise InfraError(f"image {image} is not in the local image store")
