@@ -84,6 +84,34 @@ def detect_cli(candidates: Sequence[str] | None = None, runner: Runner = _defaul
     raise InfraError(f"no BuildKit-capable docker CLI among {', '.join(seen)}: {_INSTALL_HINT}")
 
 
+def _detect_cli_cached() -> DockerCli:
+    """`detect_cli`, remembered per set of candidate binaries (path, size, mtime) in the tool's cache:
+    five subprocesses saved on every command, redone as soon as a docker binary changes."""
+    from pipeline.cache import cache_dir
+
+    candidates = candidate_paths()
+    stamp = []
+    for path in candidates:
+        st = os.stat(os.path.realpath(path))
+        stamp.append(f"{path}:{st.st_size}:{st.st_mtime_ns}")
+    record = cache_dir() / "docker-cli.json"
+    try:
+        saved = json.loads(record.read_text())
+        if saved.get("stamp") == stamp:
+            return DockerCli(**saved["cli"])
+    except (OSError, ValueError, TypeError, KeyError):
+        pass
+    cli = detect_cli(candidates)
+    try:
+        record.parent.mkdir(parents=True, exist_ok=True)
+        record.write_text(
+            json.dumps({"stamp": stamp, "cli": {"path": cli.path, "mode": cli.mode, "version": cli.version}})
+        )
+    except OSError:
+        pass
+    return cli
+
+
 def _is_classic(version: str) -> bool:
     try:
         return Version(version.split("+")[0].split("-")[0]).major <= _LAST_CLASSIC_MAJOR
@@ -108,7 +136,7 @@ class Engine:
     @classmethod
     def connect(cls) -> Engine:
         """Detect the CLI and make sure a daemon answers; exit code 3 with a hint when none does."""
-        engine = cls(detect_cli())
+        engine = cls(_detect_cli_cached())
         result = cmd.run(
             [engine.cli.path, "info", "--format", "{{.ServerVersion}}"], check=False, quiet=True, timeout=30
         )
