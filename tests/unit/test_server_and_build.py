@@ -20,10 +20,10 @@ def _serve(source: str, revision: str | None = None, args: tuple[str, ...] = ())
 
 def test_resolved_base_digest_is_read_from_buildkit_plain_progress() -> None:
     digest = "sha256:" + "ab" * 32
-    line = f"#4 resolve docker.io/vllm/vllm-openai:v0.28.0@{digest} 0.0s done"
+    line = f"#4 resolve registry.example/vllm/vllm-openai:v0.28.0@{digest} 0.0s done"
     match = _RESOLVED_BASE.search(line)
     assert match is not None
-    assert match.group(1) == f"docker.io/vllm/vllm-openai:v0.28.0@{digest}"
+    assert match.group(1) == f"registry.example/vllm/vllm-openai:v0.28.0@{digest}"
     assert _RESOLVED_BASE.search("#5 [2/7] RUN apt-get update") is None
 
 
