@@ -492,9 +492,7 @@ def _probe_imports(args: argparse.Namespace) -> int:
         if engine.image(tag) is None:
             raise InputError(f"{cell.id}: image {tag} is not built: run `stackproof build {cell.id}`")
         modules = tuple(args.modules.split(",")) if args.modules else cell.imports
-        report = probe_image(
-            engine, tag, python=python_of(matrix, cell), modules=modules, env=dict(cell.serve.env if cell.serve else ())
-        )
+        report = probe_image(engine, tag, python=python_of(matrix, cell), modules=modules, env=cell.serve_env())
     print(json.dumps(report.raw, indent=1, sort_keys=True))
     return 0
 

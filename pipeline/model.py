@@ -254,6 +254,12 @@ class Cell:
     def is_gpu(self) -> bool:
         return self.arch != "none"
 
+    def serve_env(self, arm: Arm | None = None) -> dict[str, str]:
+        """The environment the server gets: the serve spec's, then the arm's on top."""
+        env = dict(self.serve.env if self.serve else ())
+        env.update(arm.env if arm else ())
+        return env
+
     def arm(self, name: str) -> Arm:
         for arm in self.arms:
             if arm.name == name:

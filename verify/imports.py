@@ -44,8 +44,7 @@ FI_PYTHON, FI_CUBIN, FI_JIT = "flashinfer-python", "flashinfer-cubin", "flashinf
 def run_imports(engine: Engine, cell: Cell, image: str, *, python: str, arm: Arm | None, out_dir: Path) -> StageResult:
     """Probe the image with the env its server would get, keep the probe's JSON, judge it."""
     started = time.monotonic()
-    env = dict(cell.serve.env if cell.serve else ())
-    env.update(arm.env if arm else ())
+    env = cell.serve_env(arm)
     report = probe_image(
         engine, image, python=python, modules=cell.imports, env=env, gpus=cell.serve.gpus if cell.serve else None
     )

@@ -122,8 +122,7 @@ class ServerContainer:
 
     def start(self) -> None:
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        env = dict(self.cell.serve.env if self.cell.serve else ())
-        env.update(self.arm.env if self.arm else ())
+        env = self.cell.serve_env(self.arm)
         env.update(self.extra_env)
         labels = [f"{RUN_LABEL}={self.run_id}", f"io.stackproof.cell={self.cell.id}", SERVER_ROLE_LABEL]
         argv = ["run", "--detach", "--name", self.name, "--network", "host", "--shm-size", self.serve.shm_size]
