@@ -9,12 +9,13 @@ signatures. The container is removed on every path.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from pipeline.engine import Engine
 from pipeline.model import Arm, Cell
 from verify.kernellog import read_kernel_log
-from verify.logscan import Facts, LogWatcher, judge, load_catalog, rules_for, scan
+from verify.logscan import Facts, LogWatcher, Signature, judge, load_catalog, rules_for, scan
 from verify.result import CheckResult, StageResult, Status
 from verify.server import ServerContainer, ServerFailed
 
@@ -52,7 +53,7 @@ def run_startup(engine: Engine, cell: Cell, image: str, *, arm: Arm | None, out_
     return StageResult.of(STAGE, checks, time.monotonic() - started, server_log=str(server.log_path))
 
 
-def _kernel_check(since: float, signatures: tuple) -> CheckResult:  # type: ignore[type-arg]
+def _kernel_check(since: float, signatures: Sequence[Signature]) -> CheckResult:
     data, source = read_kernel_log(since)
     if data is None:
         return CheckResult(name="kernel-log", status=Status.SKIP, message=source)
