@@ -13,6 +13,7 @@ import dataclasses
 import difflib
 import hashlib
 import re
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from pipeline.model import (
     Expectation,
     Index,
     Install,
+    LoadSpec,
     LogRule,
     Matrix,
     ModelSource,
@@ -73,7 +75,13 @@ INHERITABLE_KEYS = tuple(k for k in CELL_KEYS if k not in ("id", "extends"))
 REQUIRED_CELL_KEYS = ("base", "platform", "arch")
 PACKAGE_KEYS = ("version", "index")
 INSTALL_KEYS = ("requirements", "lock", "python_version", "python_platform")
-SERVE_KEYS = ("model", "args", "env", "readiness_timeout", "shm_size", "gpus")
+SERVE_KEYS = ("model", "args", "env", "readiness_timeout", "shm_size", "gpus", "load")
+# serve.load keys: the LoadSpec field, with `_s` dropped from durations; `determinism` is a sub-mapping.
+LOAD_KEYS = (
+    *tuple(f.name.removesuffix("_s") for f in dataclasses.fields(LoadSpec) if not f.name.startswith("determinism_")),
+    "determinism",
+)
+DETERMINISM_KEYS = ("prompts", "repeats", "max_tokens")
 MODEL_KEYS = ("source", "revision")
 ARM_KEYS = ("description", "env", "args", "log_rules")
 EXPECT_KEYS = ("outcome", "stage", "reason", "match")
@@ -511,7 +519,65 @@ class _Checker:
             readiness_timeout_s=float(timeout),
             shm_size=self.text((*path, "shm_size"), value.get("shm_size", "1g")),
             gpus=None if value.get("gpus") is None else self.text((*path, "gpus"), value["gpus"]),
+            load=self.load_spec((*path, "load"), value.get("load")),
         )
+
+    def load_spec(self, path: Path_, value: Any) -> LoadSpec:
+        """`serve.load`: every key optional, each checked against the type of LoadSpec's default."""
+        if value is None or not self.keys(path, value, LOAD_KEYS):
+            return LoadSpec()
+        flat = {k: v for k, v in value.items() if k != "determinism"}
+        where = {k: (*path, k) for k in flat}
+        det = value.get("determinism")
+        if det is not None and self.keys((*path, "determinism"), det, DETERMINISM_KEYS):
+            flat.update({f"determinism_{k}": v for k, v in det.items()})
+            where.update({f"determinism_{k}": (*path, "determinism", k) for k in det})
+        fields = {f.name: f for f in dataclasses.fields(LoadSpec)}
+        chosen: dict[str, Any] = {}
+        for key, raw in flat.items():
+            name = key if key in fields else f"{key}_s"
+            default = fields[name].default
+            at = where[key]
+            if name == "baseline_rate":
+                chosen[name] = self.probability(at, raw)
+            elif name == "questions_file":
+                file = (self.src.file.parent / self.text(at, raw)).resolve()
+                if not file.is_file():
+                    self.problem(at, f"no such file: {file}")
+                chosen[name] = str(file)
+            elif isinstance(default, bool):
+                if not isinstance(raw, bool):
+                    self.problem(at, f"must be true or false, got {raw!r}")
+                chosen[name] = bool(raw)
+            elif isinstance(default, int) and name != "rate":
+                ok = isinstance(raw, int) and not isinstance(raw, bool) and (raw >= 0 if name == "seed" else raw > 0)
+                if not ok:
+                    self.problem(
+                        at, f"must be a {'non-negative' if name == 'seed' else 'positive'} integer, got {raw!r}"
+                    )
+                chosen[name] = raw if ok else default
+            else:  # seconds, rates, burstiness: positive numbers (warmup may be 0)
+                ok = (
+                    isinstance(raw, int | float)
+                    and not isinstance(raw, bool)
+                    and (raw >= 0 if name == "warmup_s" else raw > 0)
+                )
+                if not ok:
+                    self.problem(at, f"must be a positive number, got {raw!r}")
+                chosen[name] = float(raw) if ok else default
+        return LoadSpec(**chosen)
+
+    def probability(self, path: Path_, value: Any) -> float:
+        """`1/450` or `0.00222`: a fault probability per question."""
+        text = str(value).strip()
+        try:
+            number = float(Fraction(text))
+        except (ValueError, ZeroDivisionError):
+            number = -1.0
+        if not 0 < number < 1:
+            self.problem(path, f"{text!r} is not a probability: write a fraction (1/450) or a decimal (0.00222)")
+            return LoadSpec.baseline_rate
+        return number
 
     def tool_owned(self, path: Path_, args: tuple[str, ...]) -> None:
         for j, arg in enumerate(args):

@@ -23,6 +23,7 @@ __all__ = [
     "Expectation",
     "Index",
     "Install",
+    "LoadSpec",
     "LogRule",
     "Matrix",
     "ModelSource",
@@ -142,6 +143,36 @@ class ModelSource:
 
 
 @dataclass(frozen=True, kw_only=True)
+class LoadSpec:
+    """The `load` stage's workload and limits (`serve.load` in matrix.yaml); defaults are the short run.
+
+    Questions are 2-3 chat turns sent with history; a question is clean only when every turn is.
+    Timeouts bound every wait: one hung stream ends at `chunk_timeout_s`, a wedged engine at
+    `stall_seconds` of no progress while requests are in flight.
+    """
+
+    questions: int = 80  # the short run's bound; a soak is bounded by duration instead
+    concurrency: int = 6  # closed loop: this many questions in flight
+    rate: float | None = None  # open loop: questions started per second (gamma arrivals), capped by concurrency
+    burstiness: float = 1.0  # gamma shape: 1 = Poisson, < 1 burstier
+    max_tokens: int = 32  # per turn
+    ignore_eos: bool = True  # fixed output lengths make runs and arms comparable
+    duration_s: float = 600.0  # no new question starts after this
+    seed: int = 0  # the built-in question pool is generated from it
+    questions_file: str | None = None  # JSONL of {"id", "turns": [...]}; relative to matrix.yaml
+    ttft_timeout_s: float = 120.0
+    chunk_timeout_s: float = 30.0
+    stall_seconds: float = 60.0
+    scrape_interval_s: float = 1.0
+    warmup_s: float = 0.0  # no stall verdicts in the first seconds (compile, cudagraph capture)
+    max_errors: int = 20  # the run stops after this many failed requests
+    determinism_prompts: int = 3  # fixed token-ID prompts at temperature 0
+    determinism_repeats: int = 3  # each run this many times alone, then as many times under load
+    determinism_max_tokens: int = 16
+    baseline_rate: float = 1 / 450  # fault probability per question that a clean run is measured against
+
+
+@dataclass(frozen=True, kw_only=True)
 class ServeSpec:
     model: ModelSource
     args: tuple[str, ...]
@@ -149,6 +180,7 @@ class ServeSpec:
     readiness_timeout_s: float
     shm_size: str
     gpus: str | None  # docker --gpus value on GPU hosts; None on CPU cells
+    load: LoadSpec = field(default_factory=LoadSpec)
 
 
 @dataclass(frozen=True, kw_only=True)

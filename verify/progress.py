@@ -4,18 +4,18 @@ A wedged engine leaves /health, /v1/models and /metrics answering while its coun
 DGX Spark hang, vllm-project/vllm#61007), so progress is read from the counters the API process
 updates from engine outputs: `vllm:iteration_tokens_total` (a histogram: `_count` ~ engine steps,
 `_sum` = cumulative tokens) and `vllm:generation_tokens_total`, summed over engines.
-`classify` turns a window of scrapes and probe answers into a verdict; nothing here does I/O.
+`Tracker` applies the stall rule one scrape at a time, `classify` to a whole window, and
+`verdict_of` names what the probes saw; nothing here does I/O.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from itertools import pairwise
 
 from prometheus_client.parser import text_string_to_metric_families
 
-__all__ = ["Probe", "Progress", "StallVerdict", "classify", "parse_metrics"]
+__all__ = ["Probe", "Progress", "StallVerdict", "Tracker", "classify", "parse_metrics", "verdict_of"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,6 +68,69 @@ class Probe:
     metrics: int | None
 
 
+@dataclass(kw_only=True)
+class Tracker:
+    """The stall rule's memory over a run, one scrape at a time (mutable; still no I/O).
+
+    Progress is the last time a counter rose or any stream received a chunk. A failed scrape
+    (None) changes nothing: it is unknown, never idle. A counter going backwards or a new
+    `process_start_time_seconds` is a restart: the baseline resets to the new process.
+    """
+
+    stall_seconds: float
+    started_at: float
+    warmup_s: float = 0.0
+    last: Progress | None = None
+    last_progress_at: float = 0.0
+    restarts: int = 0
+
+    def __post_init__(self) -> None:
+        self.last_progress_at = self.started_at
+
+    def observe(self, at: float, progress: Progress | None) -> StallVerdict | None:
+        """Feed one scrape; RESTART_DETECTED when the server restarted under us, else None."""
+        if progress is None:
+            return None
+        before, self.last = self.last, progress
+        if before is None:
+            return None
+        if (
+            progress.steps < before.steps
+            or progress.generated < before.generated
+            or (before.process_start is not None and progress.process_start != before.process_start)
+        ):
+            self.restarts += 1
+            self.last_progress_at = at
+            return StallVerdict.RESTART_DETECTED
+        if progress.moved_since(before):
+            self.last_progress_at = max(self.last_progress_at, at)
+        return None
+
+    def chunk(self, at: float) -> None:
+        self.last_progress_at = max(self.last_progress_at, at)
+
+    def progress_age(self, now: float) -> float:
+        return now - self.last_progress_at
+
+    def stalled(self, now: float, in_flight: int) -> bool:
+        """Work in flight, past warm-up, and no progress for longer than stall_seconds: time to probe."""
+        if in_flight == 0 or now - self.started_at < self.warmup_s:
+            return False
+        return self.progress_age(now) > self.stall_seconds
+
+
+def verdict_of(probe: Probe) -> StallVerdict:
+    """What the probes of a stalled run say: the API alive, the engine dead, or the API unresponsive."""
+    answers = (probe.health, probe.models, probe.metrics)
+    if any(a is None for a in answers):
+        return StallVerdict.API_UNRESPONSIVE
+    if probe.health == 503 or any(a == 0 for a in answers):
+        return StallVerdict.ENGINE_DEAD
+    if all(a == 200 for a in answers):
+        return StallVerdict.ENGINE_STALL_API_ALIVE
+    return StallVerdict.UNKNOWN
+
+
 def classify(
     scrapes: list[tuple[float, Progress | None]],
     *,
@@ -77,42 +140,28 @@ def classify(
     stall_seconds: float,
     probe: Probe | None = None,
 ) -> StallVerdict:
-    """The verdict for the window ending `now`.
+    """The verdict for a window of scrapes ending `now` (the Tracker applied to a whole window).
 
-    Progress is the last time a counter rose or any stream received a chunk. With work in flight
-    and no progress for `stall_seconds`, the probe decides: all answer 200 -> the engine stalled
-    while the API lives; 503 or refused -> the engine is dead; a timeout -> the API is unresponsive.
-    A counter going backwards or a new process start time is a restart, whatever else holds.
+    With work in flight and no progress for `stall_seconds`, the probe decides: all answer 200 ->
+    the engine stalled while the API lives; 503 or refused -> the engine is dead; a timeout -> the
+    API is unresponsive. A counter going backwards or a new process start time is a restart,
+    whatever else holds.
     """
     known = [(t, p) for t, p in scrapes if p is not None]
-    for (_, before), (_, after) in pairwise(known):
-        if (
-            after.steps < before.steps
-            or after.generated < before.generated
-            or (before.process_start is not None and after.process_start != before.process_start)
-        ):
-            return StallVerdict.RESTART_DETECTED
+    tracker = Tracker(stall_seconds=stall_seconds, started_at=known[0][0] if known else now)
+    restarted = False
+    for t, progress in known:
+        restarted |= tracker.observe(t, progress) is StallVerdict.RESTART_DETECTED
+    if restarted:
+        return StallVerdict.RESTART_DETECTED
     if in_flight == 0:
         return StallVerdict.IDLE
     if not known:
         return StallVerdict.UNKNOWN
-    last_progress = known[0][0]
-    for (_, before), (t, after) in pairwise(known):
-        if after.moved_since(before):
-            last_progress = t
     if last_chunk_at is not None:
-        last_progress = max(last_progress, last_chunk_at)
-    if now - last_progress <= stall_seconds:
+        tracker.chunk(last_chunk_at)
+    if not tracker.stalled(now, in_flight):
         return StallVerdict.PROGRESSING
-    if scrapes and scrapes[-1][1] is None and probe is None:
-        return StallVerdict.UNKNOWN  # the newest scrape failed: a failed scrape is never read as a stall
     if probe is None:
-        return StallVerdict.UNKNOWN
-    answers = (probe.health, probe.models, probe.metrics)
-    if any(a is None for a in answers):
-        return StallVerdict.API_UNRESPONSIVE
-    if probe.health == 503 or any(a == 0 for a in answers):
-        return StallVerdict.ENGINE_DEAD
-    if all(a == 200 for a in answers):
-        return StallVerdict.ENGINE_STALL_API_ALIVE
-    return StallVerdict.UNKNOWN
+        return StallVerdict.UNKNOWN  # a stall is only named once the probes have answered
+    return verdict_of(probe)

@@ -15,9 +15,10 @@ from pathlib import Path
 
 from pipeline.engine import Engine
 from pipeline.errors import InputError
-from pipeline.model import STAGES, Arm, Cell
+from pipeline.model import STAGES, Arm, Cell, LoadSpec
 from verify.autotune_stage import run_autotune
 from verify.imports import run_imports
+from verify.load_stage import run_load_stage
 from verify.logscan import Facts
 from verify.probe import ProbeReport
 from verify.result import StageResult, Status, VerifyReport, evaluate
@@ -38,6 +39,7 @@ class StageContext:
     out_dir: Path
     prior: tuple[StageResult, ...]
     previous: Path | None = None  # an earlier report of the same cell, to diff autotune winners against
+    load: LoadSpec | None = None  # the cell's load spec with command-line overrides; None = the cell's
 
     def facts(self) -> Facts:
         """Facts for the log rule sets: from the imports probe when it ran, else from the cell."""
@@ -63,14 +65,23 @@ def _startup(ctx: StageContext) -> StageResult:
     return run_startup(ctx.engine, ctx.cell, ctx.image, arm=ctx.arm, out_dir=ctx.out_dir, facts=ctx.facts())
 
 
+def _load(ctx: StageContext) -> StageResult:
+    return run_load_stage(ctx.engine, ctx.cell, ctx.image, arm=ctx.arm, out_dir=ctx.out_dir, spec=ctx.load)
+
+
 def _autotune(ctx: StageContext) -> StageResult:
     return run_autotune(
         ctx.engine, ctx.cell, ctx.image, arm=ctx.arm, out_dir=ctx.out_dir, facts=ctx.facts(), previous=ctx.previous
     )
 
 
-# The stages this version implements, in dependency order; load comes later.
-STAGE_RUNNERS: dict[str, StageRunner] = {"imports": _imports, "startup": _startup, "autotune": _autotune}
+# The stages, in dependency order.
+STAGE_RUNNERS: dict[str, StageRunner] = {
+    "imports": _imports,
+    "startup": _startup,
+    "autotune": _autotune,
+    "load": _load,
+}
 AVAILABLE_STAGES: tuple[str, ...] = tuple(STAGE_RUNNERS)
 
 
@@ -100,6 +111,7 @@ def verify_image(
     arm: Arm | None,
     out_dir: Path,
     previous: Path | None = None,
+    load: LoadSpec | None = None,
 ) -> VerifyReport:
     results: list[StageResult] = []
     for stage in stages:
@@ -112,6 +124,7 @@ def verify_image(
             out_dir=out_dir,
             prior=tuple(results),
             previous=previous,
+            load=load,
         )
         result = STAGE_RUNNERS[stage](context)
         results.append(result)

@@ -1,0 +1,547 @@
+"""A load run against one running server: questions, the watchdog, determinism, and the summary.
+
+`run_load` is the whole of it: find the model, run determinism phase A alone, take a /metrics
+baseline, then run the questions (closed loop, or open loop with gamma arrivals) with the watchdog
+scraping beside them and phase B of determinism mixed in, and end with a final scrape for the
+counter deltas. It writes requests.jsonl and scrapes.jsonl as it goes and returns a `LoadOutcome`;
+turning that into checks is `judge_load`'s job. The run ends on its bounds (question count,
+duration), on a watchdog verdict, on too many errors, or on Ctrl-C, and every request in flight is
+cancelled and recorded when it does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+from pipeline.errors import CheckFailed
+from pipeline.model import LoadSpec
+from verify.determinism import Sample, judge_phase, request_sample
+from verify.loadclient import ErrorClass, RequestRecord, Timeouts, stream_chat
+from verify.progress import Progress, Tracker
+from verify.result import CheckResult, Status
+from verify.stats import fault_stats
+from verify.watchdog import Event, Watchdog, scrape
+from verify.workload import Question, arrival_gaps, builtin_pool, cycle, read_questions
+
+__all__ = ["LoadOutcome", "LoadTarget", "judge_load", "run_load", "summarise"]
+
+LOAD_SCHEMA_VERSION = 1
+# Failures that say the server, not the request, is in trouble: the watchdog probes at once.
+_SERVER_CLASSES = (ErrorClass.CONNECT, ErrorClass.HTTP_5XX, ErrorClass.ENGINE_DEAD, ErrorClass.STREAM_TRUNCATED)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoadTarget:
+    """Where the load goes and what can be learnt about the server beyond HTTP."""
+
+    base_url: str
+    label: str  # cell (and arm) for progress lines
+    batch_invariant: bool = False  # the server runs with VLLM_BATCH_INVARIANT=1
+    gpu: bool = False  # NVML snapshots in evidence
+    server_alive: Callable[[], str | None] | None = None  # None while alive, else what happened to it
+    last_log_lines: Callable[[], list[str]] = list
+
+
+@dataclass(kw_only=True)
+class Live:
+    """Counters shared by the workers, the watchdog and the progress line."""
+
+    in_flight: int = 0
+    questions_done: int = 0
+    questions_clean: int = 0
+    requests_failed: int = 0
+    output_tokens: int = 0
+    stop_reason: str | None = None
+
+
+@dataclass(kw_only=True)
+class LoadOutcome:
+    config: dict[str, Any]
+    model: str
+    records: list[RequestRecord]
+    questions: dict[str, bool | None]  # id -> clean (True), faulted (False), incomplete (None)
+    events: list[Event]
+    determinism_a: list[Sample]
+    determinism_b: list[Sample]
+    before: Progress | None
+    after: Progress | None
+    seconds: float
+    stop_reason: str
+    determinism_tokens: tuple[int, int] = (0, 0)  # (prompt, completion) tokens of phase B
+    scrapes: int = 0
+    files: dict[str, str] = field(default_factory=dict)
+
+
+def _questions(spec: LoadSpec) -> tuple[Question, ...]:
+    if spec.questions_file:
+        return read_questions(Path(spec.questions_file))
+    return builtin_pool(spec.seed, spec.questions)
+
+
+async def _model(client: httpx.AsyncClient) -> str:
+    try:
+        response = await client.get("/v1/models", timeout=10)
+        return str(response.json()["data"][0]["id"])
+    except (httpx.HTTPError, ValueError, KeyError, IndexError) as exc:
+        raise CheckFailed(f"{client.base_url}/v1/models did not name a model: {exc}") from exc
+
+
+async def _run(target: LoadTarget, spec: LoadSpec, out_dir: Path, *, soak: bool) -> LoadOutcome:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    origin = time.monotonic()
+
+    def clock() -> float:
+        return time.monotonic() - origin
+
+    pool = _questions(spec)
+    live = Live()
+    stop = asyncio.Event()
+    limits = httpx.Limits(max_connections=spec.concurrency + 4, max_keepalive_connections=spec.concurrency + 4)
+    timeouts = Timeouts(ttft=spec.ttft_timeout_s, chunk=spec.chunk_timeout_s)
+    # httpx's own read timeout is a backstop only: the per-chunk waits are bounded in stream_chat.
+    http_timeout = httpx.Timeout(max(timeouts.ttft, timeouts.chunk) + 5, connect=timeouts.connect)
+    requests_path, scrapes_path = out_dir / "requests.jsonl", out_dir / "scrapes.jsonl"
+    async with (
+        httpx.AsyncClient(base_url=target.base_url, timeout=http_timeout, limits=limits) as load_client,
+        httpx.AsyncClient(base_url=target.base_url, timeout=10) as probe_client,
+    ):
+        model = await _model(probe_client)
+        records: list[RequestRecord] = []
+        with requests_path.open("w") as requests_log, scrapes_path.open("w") as scrapes_log:
+            # Phase A of determinism: alone, before any load.
+            phase_a = []
+            for _ in range(spec.determinism_repeats):
+                for prompt in range(spec.determinism_prompts):
+                    sample, _, _ = await request_sample(
+                        load_client,
+                        model=model,
+                        prompt=prompt,
+                        phase="A",
+                        max_tokens=spec.determinism_max_tokens,
+                        timeout=spec.ttft_timeout_s,
+                    )
+                    phase_a.append(sample)
+            before, _ = await scrape(probe_client)
+            load_started = clock()
+            tracker = Tracker(stall_seconds=spec.stall_seconds, started_at=load_started, warmup_s=spec.warmup_s)
+            watchdog = Watchdog(
+                client=probe_client,
+                tracker=tracker,
+                clock=clock,
+                in_flight=lambda: live.in_flight,
+                stop=stop,
+                interval_s=spec.scrape_interval_s,
+                series=scrapes_log,
+                server_alive=target.server_alive,
+                last_log_lines=target.last_log_lines,
+                check_gpu=target.gpu,
+            )
+
+            def on_chunk() -> None:
+                tracker.chunk(clock())
+
+            questions: dict[str, bool | None] = {}
+
+            def keep(record: RequestRecord) -> None:
+                records.append(record)
+                requests_log.write(json.dumps(record.to_json()) + "\n")
+                if record.ok:
+                    live.output_tokens += record.output_tokens
+                elif record.error_class is not ErrorClass.ABORTED:
+                    live.requests_failed += 1
+                    if record.error_class in _SERVER_CLASSES:
+                        watchdog.probe_requested = True
+                    if live.requests_failed >= spec.max_errors and not stop.is_set():
+                        live.stop_reason = f"{live.requests_failed} failed requests (max_errors {spec.max_errors})"
+                        stop.set()
+
+            async def ask(question: Question) -> None:
+                questions[question.id] = None
+                messages: list[dict[str, str]] = []
+                for turn, text in enumerate(question.turns):
+                    messages.append({"role": "user", "content": text})
+                    record = RequestRecord(question_id=question.id, turn=turn)
+                    live.in_flight += 1
+                    try:
+                        await stream_chat(
+                            load_client,
+                            model=model,
+                            messages=messages,
+                            max_tokens=spec.max_tokens,
+                            ignore_eos=spec.ignore_eos,
+                            timeouts=timeouts,
+                            record=record,
+                            clock=clock,
+                            on_chunk=on_chunk,
+                        )
+                    finally:
+                        live.in_flight -= 1
+                        keep(record)
+                    if not record.ok:
+                        questions[question.id] = False
+                        live.questions_done += 1
+                        return
+                    messages.append({"role": "assistant", "content": record.text})
+                questions[question.id] = True
+                live.questions_done += 1
+                live.questions_clean += 1
+
+            deadline = load_started + spec.duration_s
+            source: Iterator[Question] = cycle(pool) if soak else iter(pool)
+
+            def next_question() -> Question | None:
+                if stop.is_set() or clock() >= deadline:
+                    return None
+                return next(source, None)
+
+            async def closed_loop_worker() -> None:
+                while (question := next_question()) is not None:
+                    await ask(question)
+
+            async def open_loop() -> None:
+                slots = asyncio.Semaphore(spec.concurrency)
+                gaps = iter(arrival_gaps(len(pool), rate=spec.rate or 1.0, burstiness=spec.burstiness, seed=spec.seed))
+                running: set[asyncio.Task[None]] = set()
+
+                async def one(question: Question) -> None:
+                    try:
+                        await ask(question)
+                    finally:
+                        slots.release()
+
+                try:
+                    for gap in gaps:
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(stop.wait(), gap)
+                        question = next_question()
+                        if question is None:
+                            break
+                        await slots.acquire()
+                        task = asyncio.create_task(one(question))
+                        running.add(task)
+                        task.add_done_callback(running.discard)
+                    await asyncio.gather(*running)
+                finally:
+                    for task in running:
+                        task.cancel()
+
+            phase_b: list[Sample] = []
+            b_tokens = [0, 0]
+
+            async def determinism_under_load() -> None:
+                # Wait until the load has filled its slots, so these requests share batches with it.
+                while live.in_flight < min(spec.concurrency, 2) and not stop.is_set():
+                    if all(task.done() for task in load_tasks):
+                        break  # the load ended first: the samples run alone, still compared
+                    await asyncio.sleep(0.05)
+                for _ in range(spec.determinism_repeats):
+                    for prompt in range(spec.determinism_prompts):
+                        if stop.is_set():
+                            return
+                        live.in_flight += 1
+                        try:
+                            sample, p_tokens, c_tokens = await request_sample(
+                                load_client,
+                                model=model,
+                                prompt=prompt,
+                                phase="B",
+                                max_tokens=spec.determinism_max_tokens,
+                                timeout=spec.ttft_timeout_s,
+                            )
+                        finally:
+                            live.in_flight -= 1
+                        tracker.chunk(clock())
+                        phase_b.append(sample)
+                        b_tokens[0] += p_tokens
+                        b_tokens[1] += c_tokens
+
+            load_tasks = (
+                [asyncio.create_task(open_loop())]
+                if spec.rate
+                else [asyncio.create_task(closed_loop_worker()) for _ in range(spec.concurrency)]
+            )
+            workers = [*load_tasks, asyncio.create_task(determinism_under_load())]
+            watch = asyncio.create_task(watchdog.run())
+            reporter = asyncio.create_task(_report_progress(target.label, live, tracker, clock, spec, stop))
+            stopper = asyncio.create_task(stop.wait())
+            try:
+                pending: set[asyncio.Task[Any]] = set(workers)
+                while pending:
+                    done, pending = await asyncio.wait(pending | {stopper}, return_when=asyncio.FIRST_COMPLETED)
+                    pending.discard(stopper)
+                    if stopper in done:
+                        break
+            finally:
+                for task in workers:
+                    task.cancel()
+                await asyncio.gather(*workers, return_exceptions=True)
+                stop.set()
+                for task in (watch, reporter, stopper):
+                    task.cancel()
+                await asyncio.gather(watch, reporter, stopper, return_exceptions=True)
+            fatal = watchdog.fatal
+            if fatal is not None:
+                live.stop_reason = f"{fatal.type}: {fatal.reason}"
+            elif live.stop_reason is None:
+                live.stop_reason = "duration reached" if clock() >= deadline else "all questions answered"
+            after = await _settled_scrape(probe_client, before, records, b_tokens[1]) if fatal is None else None
+            seconds = clock() - load_started
+    print(f"{target.label}: load ended after {seconds:.1f}s: {live.stop_reason}", file=sys.stderr)
+    return LoadOutcome(
+        config=_config(spec, soak),
+        model=model,
+        records=records,
+        questions=questions,
+        events=watchdog.events,
+        determinism_a=phase_a,
+        determinism_b=phase_b,
+        before=before,
+        after=after,
+        seconds=seconds,
+        stop_reason=live.stop_reason,
+        determinism_tokens=(b_tokens[0], b_tokens[1]),
+        scrapes=len(watchdog.scrapes),
+        files={"requests": str(requests_path), "scrapes": str(scrapes_path)},
+    )
+
+
+async def _settled_scrape(
+    client: httpx.AsyncClient, before: Progress | None, records: list[RequestRecord], extra_tokens: int
+) -> Progress | None:
+    """The final /metrics, once the counters have caught up with the last answers (a few tries)."""
+    expected = sum(r.output_tokens for r in records if r.ok) + extra_tokens
+    after: Progress | None = None
+    for _ in range(6):
+        after, _ = await scrape(client)
+        if after is None or before is None or after.generated - before.generated >= expected:
+            return after
+        await asyncio.sleep(0.5)
+    return after
+
+
+async def _report_progress(
+    label: str, live: Live, tracker: Tracker, clock: Callable[[], float], spec: LoadSpec, stop: asyncio.Event
+) -> None:
+    """A progress line every few seconds: questions done and clean, in flight, progress age, tok/s, luck."""
+    tty = sys.stderr.isatty()
+    every = 2.0 if tty else 10.0
+    last_tokens, last_at = 0, clock()
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), every)
+        now = clock()
+        rate = (live.output_tokens - last_tokens) / max(now - last_at, 1e-6)
+        last_tokens, last_at = live.output_tokens, now
+        done = live.questions_done
+        luck = f"{fault_stats(spec.baseline_rate, done, done - live.questions_clean).p_luck:.0%}" if done else "-"
+        line = (
+            f"{label}: load {now:5.0f}s  questions {done} done, {live.questions_clean} clean  "
+            f"in flight {live.in_flight}  progress {tracker.progress_age(now):4.1f}s ago  "
+            f"{rate:6.0f} tok/s  luck {luck}"
+        )
+        print(("\r" + line) if tty else line, end="" if tty else "\n", file=sys.stderr, flush=True)
+    if tty:
+        print(file=sys.stderr)
+
+
+def _config(spec: LoadSpec, soak: bool) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    return {"mode": "soak" if soak else "short", **asdict(spec)}
+
+
+def run_load(target: LoadTarget, spec: LoadSpec, out_dir: Path, *, soak: bool = False) -> LoadOutcome:
+    """Run the load against `target` (blocking); Ctrl-C cancels every request in flight."""
+    return asyncio.run(_run(target, spec, out_dir, soak=soak))
+
+
+# -- summary and verdicts -------------------------------------------------------------------------
+
+
+def _percentiles(values: list[float]) -> dict[str, float | None]:
+    if not values:
+        return {"p50": None, "p90": None, "p99": None, "max": None, "mean": None}
+    array = np.asarray(values) * 1000.0  # ms, as vllm bench serve reports
+    p50, p90, p99 = np.percentile(array, [50, 90, 99])
+    return {
+        "p50": round(float(p50), 3),
+        "p90": round(float(p90), 3),
+        "p99": round(float(p99), 3),
+        "max": round(float(array.max()), 3),
+        "mean": round(float(array.mean()), 3),
+    }
+
+
+def summarise(outcome: LoadOutcome, spec: LoadSpec) -> dict[str, Any]:
+    """The load section of the receipt (schema_version 1): counts, percentiles, deltas, events, stats."""
+    load_records = [r for r in outcome.records if r.kind == "load"]
+    ok = [r for r in load_records if r.ok]
+    errors: dict[str, int] = {}
+    for r in load_records:
+        if r.error_class is not None:
+            errors[r.error_class] = errors.get(r.error_class, 0) + 1
+    clean = sum(1 for v in outcome.questions.values() if v is True)
+    faulted = sum(1 for v in outcome.questions.values() if v is False)
+    incomplete = sum(1 for v in outcome.questions.values() if v is None)
+    seconds = max(outcome.seconds, 1e-9)
+    output_tokens = sum(r.output_tokens for r in ok)
+    deltas = None
+    if outcome.before is not None and outcome.after is not None:
+        deltas = {
+            "generation_tokens": outcome.after.generated - outcome.before.generated,
+            "engine_steps": outcome.after.steps - outcome.before.steps,
+            "iteration_tokens": outcome.after.tokens - outcome.before.tokens,
+        }
+    attempted = clean + faulted
+    stats = fault_stats(spec.baseline_rate, attempted, faulted).to_json() if attempted else None
+    return {
+        "schema_version": LOAD_SCHEMA_VERSION,
+        "config": outcome.config,
+        "model": outcome.model,
+        "seconds": round(outcome.seconds, 3),
+        "stop_reason": outcome.stop_reason,
+        "questions": {"attempted": attempted, "clean": clean, "faulted": faulted, "incomplete": incomplete},
+        "requests": {"ok": len(ok), "errors": errors},
+        "tokens": {
+            "output": output_tokens,
+            "prompt": sum(r.prompt_tokens or 0 for r in ok),
+            "determinism_under_load": {
+                "prompt": outcome.determinism_tokens[0],
+                "completion": outcome.determinism_tokens[1],
+            },
+        },
+        "throughput": {
+            "output_tok_s": round(output_tokens / seconds, 3),
+            "requests_s": round(len(ok) / seconds, 3),
+            "questions_h": round(attempted / seconds * 3600, 1),
+        },
+        "latency_ms": {
+            "ttft": _percentiles([r.ttft for r in ok if r.ttft is not None]),
+            "tpot": _percentiles([t for r in ok if (t := r.tpot) is not None]),
+            "itl": _percentiles([x for r in ok for x in r.itl]),
+            "e2el": _percentiles([r.e2el for r in ok if r.e2el is not None]),
+        },
+        "server_counter_deltas": deltas,
+        "events": [e.to_json() for e in outcome.events],
+        "stats": stats,
+        "files": outcome.files,
+    }
+
+
+def judge_load(outcome: LoadOutcome, summary: dict[str, Any], *, batch_invariant: bool) -> list[CheckResult]:
+    """Checks from one load run: watchdog, questions, token accounting, determinism, latency, statistics."""
+    checks: list[CheckResult] = []
+    fatal = next((e for e in outcome.events if e.type != "UNKNOWN"), None)
+    if fatal is not None:
+        checks.append(
+            CheckResult(
+                name="engine-progress",
+                status=Status.FAIL,
+                message=f"{fatal.type} after {fatal.at:.1f}s: {fatal.reason}; probes {fatal.api}",
+                evidence=fatal.to_json(),
+            )
+        )
+    else:
+        scrapes, stall = outcome.scrapes, outcome.config["stall_seconds"]
+        checks.append(
+            CheckResult(
+                name="engine-progress",
+                status=Status.PASS,
+                message=f"the engine progressed throughout ({scrapes} scrapes, stall rule {stall:g}s)",
+                evidence={"scrapes": scrapes, "unknown_events": [e.to_json() for e in outcome.events]},
+            )
+        )
+    q = summary["questions"]
+    errors = summary["requests"]["errors"]
+    if q["attempted"] == 0:
+        checks.append(
+            CheckResult(
+                name="questions",
+                status=Status.INCONCLUSIVE if fatal is None else Status.FAIL,
+                message=f"no question finished ({outcome.stop_reason})",
+                evidence=q,
+            )
+        )
+    else:
+        failed = [r for r in outcome.records if r.kind == "load" and r.error_class not in (None, ErrorClass.ABORTED)]
+        status = Status.FAIL if q["faulted"] else Status.PASS
+        message = f"{q['clean']} of {q['attempted']} questions clean ({summary['requests']['ok']} requests)"
+        if q["faulted"]:
+            message += f"; errors {errors}; first: {failed[0].error}" if failed else f"; errors {errors}"
+        checks.append(
+            CheckResult(
+                name="questions",
+                status=status,
+                message=message,
+                evidence={**q, "errors": errors, "first_errors": [r.to_json() for r in failed[:5]]},
+            )
+        )
+    checks.append(_token_accounting(outcome, summary, fatal is not None))
+    references = {s.prompt: s for s in outcome.determinism_a if not s.error}
+    checks.append(judge_phase("A", references, outcome.determinism_a, batch_invariant=batch_invariant))
+    if outcome.determinism_b:
+        checks.append(judge_phase("B", references, outcome.determinism_b, batch_invariant=batch_invariant))
+    latency = summary["latency_ms"]
+    checks.append(
+        CheckResult(
+            name="latency",
+            status=Status.PASS if summary["requests"]["ok"] else Status.SKIP,
+            message=(
+                f"TTFT p50 {latency['ttft']['p50']} ms p99 {latency['ttft']['p99']} ms, TPOT p50 "
+                f"{latency['tpot']['p50']} ms, {summary['throughput']['output_tok_s']:.0f} output tok/s"
+            ),
+            evidence={"latency_ms": latency, "throughput": summary["throughput"]},
+        )
+    )
+    if summary["stats"] is not None:
+        s = summary["stats"]
+        checks.append(
+            CheckResult(
+                name="fault-statistics",
+                status=Status.PASS,
+                message=(
+                    f"{s['faults']} faults in {s['questions']} questions: a clean run this long happens "
+                    f"{s['p_luck']:.0%} of the time at the baseline 1/{1 / s['baseline_rate']:.0f}; "
+                    f"{s['need_clean_95']} clean questions claim a fix at 95%"
+                ),
+                evidence=s,
+            )
+        )
+    return checks
+
+
+def _token_accounting(outcome: LoadOutcome, summary: dict[str, Any], ended_by_verdict: bool) -> CheckResult:
+    """The client's token counts must equal the server's counter deltas over the same window."""
+    deltas = summary["server_counter_deltas"]
+    client = summary["tokens"]["output"] + outcome.determinism_tokens[1]
+    evidence = {"client_output_tokens": client, "server_deltas": deltas}
+    if deltas is None:
+        why = "the run ended on a verdict" if ended_by_verdict else "a /metrics scrape failed"
+        return CheckResult(
+            name="token-accounting", status=Status.SKIP, message=f"not compared: {why}", evidence=evidence
+        )
+    aborted = any(r.error_class is not None for r in outcome.records)
+    server = deltas["generation_tokens"]
+    if server == client:
+        message = f"{client} output tokens received = vllm:generation_tokens_total delta {server:.0f}"
+        return CheckResult(name="token-accounting", status=Status.PASS, message=message, evidence=evidence)
+    message = f"client received {client} output tokens, the server counted {server:.0f}"
+    if aborted:  # a cancelled or failed request's tokens were counted by the server, not received
+        return CheckResult(
+            name="token-accounting",
+            status=Status.INCONCLUSIVE,
+            message=message + " (some requests failed or were cancelled)",
+            evidence=evidence,
+        )
+    return CheckResult(name="token-accounting", status=Status.FAIL, message=message, evidence=evidence)
