@@ -7,10 +7,12 @@ Exit codes: 0 success, 1 a check failed, 2 bad input or usage (nothing built or 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import signal
 import sys
+import time
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from types import FrameType
@@ -18,7 +20,7 @@ from typing import Any
 
 import pipeline
 from pipeline.errors import InputError, Interrupted, MatrixError, PipelineError
-from pipeline.model import Cell, Matrix
+from pipeline.model import Cell, LoadSpec, Matrix
 
 __all__ = ["main"]
 
@@ -58,6 +60,20 @@ def _parser() -> argparse.ArgumentParser:
     )
     common.add_argument("--json", action="store_true", help="print one JSON document on stdout")
 
+    # Overrides of the cell's `serve.load` (the load stage, `load` and `soak`); unset = the cell's value.
+    load_opts = argparse.ArgumentParser(add_help=False)
+    group = load_opts.add_argument_group("load (overrides serve.load)")
+    group.add_argument("--questions", type=_positive_int, default=None, help="questions in a short run")
+    group.add_argument("--questions-file", type=Path, default=None, help="JSONL of {id, turns: [2-3 strings]}")
+    group.add_argument("--concurrency", type=_positive_int, default=None, help="questions in flight (closed loop)")
+    group.add_argument("--rate", type=_positive_float, default=None, help="open loop: questions started per second")
+    group.add_argument("--burstiness", type=_positive_float, default=None, help="gamma shape of arrivals (1 = Poisson)")
+    group.add_argument("--max-tokens", type=_positive_int, default=None, help="output tokens per turn")
+    group.add_argument("--duration", type=_positive_float, default=None, help="seconds after which no question starts")
+    group.add_argument("--stall-seconds", type=_positive_float, default=None, help="no progress this long = stall")
+    group.add_argument("--chunk-timeout", type=_positive_float, default=None, help="seconds one stream may be silent")
+    group.add_argument("--baseline-rate", default=None, help="fault probability per question: 1/450 or 0.00222")
+
     parser = argparse.ArgumentParser(prog="stackproof", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"stackproof {pipeline.__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -91,7 +107,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="build even when the content tag exists")
     p.set_defaults(handler=_build)
 
-    p = commands.add_parser("run", parents=[common], help="build + verify every available stage: the main job")
+    p = commands.add_parser(
+        "run", parents=[common, load_opts], help="build + verify every available stage: the main job"
+    )
     p.add_argument("cell")
     p.add_argument("--arm", default=None)
     p.add_argument("--stages", default=None, help="comma-separated stages (default: all available)")
@@ -99,13 +117,31 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--previous", type=Path, default=None, help="an earlier report.json: diff autotune winners")
     p.set_defaults(handler=_run)
 
-    p = commands.add_parser("verify", parents=[common], help="run stages against a cell's built image")
+    p = commands.add_parser("verify", parents=[common, load_opts], help="run stages against a cell's built image")
     p.add_argument("cell")
     p.add_argument("--arm", default=None)
     p.add_argument("--stages", default=None, help="comma-separated stages (default: all available)")
     p.add_argument("--out", type=Path, default=Path("stackproof-out"))
     p.add_argument("--previous", type=Path, default=None, help="an earlier report.json: diff autotune winners")
     p.set_defaults(handler=_verify)
+
+    p = commands.add_parser(
+        "load", parents=[common, load_opts], help="load a server already running on this machine (no cell needed)"
+    )
+    p.add_argument("--url", required=True, help="the server's base URL, e.g. http://127.0.0.1:8000 (loopback only)")
+    p.add_argument("--cell", default=None, help="take the load spec from this cell's serve.load")
+    p.add_argument("--soak", action="store_true", help="cycle the questions until --duration instead of stopping")
+    p.add_argument("--out", type=Path, default=Path("stackproof-out/load"))
+    p.set_defaults(handler=_load_url)
+
+    p = commands.add_parser(
+        "soak", parents=[common, load_opts], help="alternate arms of a cell on this host for --duration seconds"
+    )
+    p.add_argument("cell")
+    p.add_argument("--arms", default="default", help="comma-separated arm names; `default` = the cell without arm")
+    p.add_argument("--slice", type=_positive_float, default=300.0, help="seconds of load per arm per round")
+    p.add_argument("--out", type=Path, default=Path("stackproof-out"))
+    p.set_defaults(handler=_soak)
 
     inspect = commands.add_parser("inspect", help="inspect a file").add_subparsers(dest="sub", required=True)
     p = inspect.add_parser("log", parents=[common], help="log rules and known failure signatures in a log file")
@@ -296,13 +332,134 @@ def _verify_or_run(args: argparse.Namespace, *, build: bool) -> int:
     job = run_cell if build else verify_cell
     if args.previous is not None and not args.previous.is_file():
         raise InputError(f"--previous {args.previous}: no such file")
+    load = _load_spec(args, cell.serve.load) if cell.serve else None
     report = job(
-        engine, matrix, cell, site, images, out_root=args.out, stages=stages, arm_name=args.arm, previous=args.previous
+        engine,
+        matrix,
+        cell,
+        site,
+        images,
+        out_root=args.out,
+        stages=stages,
+        arm_name=args.arm,
+        previous=args.previous,
+        load=load,
     )
     verdict = "PASS" if report.outcome.passed else "FAIL"
     stages_line = ", ".join(f"{s.stage} {s.status}" for s in report.stages)
     _emit(args, report.to_json(), f"{cell.id}: {verdict}: {report.outcome.summary} [{stages_line}]")
     return 0 if report.outcome.passed else 1
+
+
+def _load_spec(args: argparse.Namespace, spec: LoadSpec) -> LoadSpec:
+    """The cell's load spec with the command line's overrides on top (checked before anything runs)."""
+    from verify.stats import parse_rate
+
+    changes: dict[str, Any] = {
+        "questions": args.questions,
+        "concurrency": args.concurrency,
+        "rate": args.rate,
+        "burstiness": args.burstiness,
+        "max_tokens": args.max_tokens,
+        "duration_s": args.duration,
+        "stall_seconds": args.stall_seconds,
+        "chunk_timeout_s": args.chunk_timeout,
+    }
+    if args.questions_file is not None:
+        from verify.workload import read_questions
+
+        read_questions(args.questions_file)  # a bad file is a usage error now, not mid-run
+        changes["questions_file"] = str(args.questions_file)
+    if args.baseline_rate is not None:
+        changes["baseline_rate"] = parse_rate(args.baseline_rate)
+    return dataclasses.replace(spec, **{k: v for k, v in changes.items() if v is not None})
+
+
+def _load_url(args: argparse.Namespace) -> int:
+    """Exit 1 when a question faulted, the watchdog reached a verdict, or determinism failed."""
+    from urllib.parse import urlsplit
+
+    from verify.loadrun import LoadTarget, judge_load, run_load, summarise
+    from verify.result import Status
+
+    host = urlsplit(args.url).hostname
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        raise InputError(f"--url {args.url}: load goes to a server on this machine only (127.0.0.1)")
+    base = LoadSpec()
+    if args.cell:
+        matrix, _ = _load(args)
+        cell = matrix.cell(args.cell)
+        base = cell.serve.load if cell.serve else base
+    spec = _load_spec(args, base)
+    target = LoadTarget(base_url=args.url.rstrip("/"), label=args.url)
+    outcome = run_load(target, spec, args.out, soak=args.soak)
+    summary = summarise(outcome, spec)
+    checks = judge_load(outcome, summary, batch_invariant=False)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "load.json").write_text(json.dumps({**summary, "checks": _jsonable(checks)}, indent=2) + "\n")
+    lines = [f"{c.status:<12} {c.name}: {c.message}" for c in checks]
+    _emit(args, {**summary, "checks": _jsonable(checks)}, "\n".join(lines))
+    return 1 if any(c.status in (Status.FAIL, Status.ERROR) for c in checks) else 0
+
+
+def _soak(args: argparse.Namespace) -> int:
+    """Exit 1 when any arm saw a fault."""
+    from pipeline.engine import Engine
+    from pipeline.plan import plan_cell
+    from pipeline.site import load_site
+    from verify.soak import DEFAULT_ARM, soak
+
+    matrix, images = _load(args)
+    cell = matrix.cell(args.cell)
+    if cell.serve is None:
+        raise InputError(f"{cell.id}: the cell has no serve spec: nothing to soak")
+    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    for name in arms:
+        if name != DEFAULT_ARM:
+            cell.arm(name)
+    if len(set(arms)) != len(arms) or not arms:
+        raise InputError(f"--arms {args.arms}: name each arm once")
+    spec = _load_spec(args, cell.serve.load)
+    duration = args.duration or spec.duration_s
+    tag = plan_cell(matrix, cell, load_site(matrix), images).tag
+    engine = Engine.connect()
+    if engine.image(tag) is None:
+        raise InputError(f"{cell.id}: image {tag} is not built: run `stackproof build {cell.id}`")
+    out = args.out / cell.id / time.strftime("soak-%Y%m%dT%H%M%S")
+    document = soak(engine, cell, tag, arms=arms, spec=spec, duration_s=duration, slice_s=args.slice, out_dir=out)
+    lines = []
+    for name, arm in document["arms"].items():
+        stats = arm["stats"] or {}
+        lines.append(
+            f"{name}: {arm['questions']} questions, {arm['faults']} faulted, {arm['output_tokens']} tokens in "
+            f"{arm['seconds']:.0f}s; clean-run luck {stats.get('p_luck', float('nan')):.1%}"
+        )
+    if "comparison" in document:
+        c = document["comparison"]
+        lines.append(f"{c['a']} vs {c['b']}: conditional p={c['p_conditional']:.3g}, E-test p={c['p_etest']:.3g}")
+    lines.append(f"soak report: {out / 'soak.json'}")
+    _emit(args, document, "\n".join(lines))
+    return 1 if any(a["faults"] for a in document["arms"].values()) else 0
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+    return value
 
 
 def _inspect_log(args: argparse.Namespace) -> int:

@@ -1,8 +1,9 @@
 """The jobs that touch images: `verify` (stages against a built image) and `run` (build + verify).
 
 `run` is the main job: build the cell (or reuse its content tag), then its stages in order —
-imports (no server), startup (server, readiness, one completion, teardown) — stopping at the
-first failure. The cell's `expect` decides whether that outcome passes the pipeline.
+imports (no server), startup (server, readiness, one completion, teardown), autotune (GPU cells),
+load (a short load run on a fresh server) — stopping at the first failure. The cell's `expect`
+decides whether that outcome passes the pipeline.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 from pipeline.build import build_cell
 from pipeline.engine import Engine
 from pipeline.errors import InputError
-from pipeline.model import Cell, Matrix
+from pipeline.model import Cell, LoadSpec, Matrix
 from pipeline.plan import plan_cell, python_of
 from pipeline.site import SiteSettings
 from verify.result import VerifyReport
@@ -34,6 +35,7 @@ def run_cell(
     stages: tuple[str, ...],
     arm_name: str | None = None,
     previous: Path | None = None,
+    load: LoadSpec | None = None,
 ) -> VerifyReport:
     arm = cell.arm(arm_name) if arm_name else None
     build = build_cell(engine, matrix, cell, site, images_dir, out_dir=out_root / cell.id)
@@ -47,6 +49,7 @@ def run_cell(
         arm=arm,
         out_dir=_run_dir(out_root, cell),
         previous=previous,
+        load=load,
     )
 
 
@@ -61,6 +64,7 @@ def verify_cell(
     stages: tuple[str, ...],
     arm_name: str | None = None,
     previous: Path | None = None,
+    load: LoadSpec | None = None,
 ) -> VerifyReport:
     """Verify the cell's already-built image (its content tag); nothing is built."""
     arm = cell.arm(arm_name) if arm_name else None
@@ -79,6 +83,7 @@ def verify_cell(
         arm=arm,
         out_dir=_run_dir(out_root, cell),
         previous=previous,
+        load=load,
     )
 
 

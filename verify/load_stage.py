@@ -62,9 +62,7 @@ def run_load_stage(
     spec = spec or cell.serve.load
     stage_dir = out_dir / "load"
     checks: list[CheckResult] = []
-    server = ServerContainer(
-        engine, cell, image, out_dir=stage_dir, arm=arm, watcher=LogWatcher(load_catalog())
-    )
+    server = ServerContainer(engine, cell, image, out_dir=stage_dir, arm=arm, watcher=LogWatcher(load_catalog()))
     artifacts: dict[str, str] = {"server_log": str(server.log_path)}
     with server:
         try:

@@ -51,6 +51,7 @@ class LoadTarget:
     gpu: bool = False  # NVML snapshots in evidence
     server_alive: Callable[[], str | None] | None = None  # None while alive, else what happened to it
     last_log_lines: Callable[[], list[str]] = list
+    prior: tuple[int, int] = (0, 0)  # (questions, clean) from earlier slices of a soak, for the progress line
 
 
 @dataclass(kw_only=True)
@@ -273,7 +274,7 @@ async def _run(target: LoadTarget, spec: LoadSpec, out_dir: Path, *, soak: bool)
             )
             workers = [*load_tasks, asyncio.create_task(determinism_under_load())]
             watch = asyncio.create_task(watchdog.run())
-            reporter = asyncio.create_task(_report_progress(target.label, live, tracker, clock, spec, stop))
+            reporter = asyncio.create_task(_report_progress(target, live, tracker, clock, spec, stop))
             stopper = asyncio.create_task(stop.wait())
             try:
                 pending: set[asyncio.Task[Any]] = set(workers)
@@ -287,12 +288,16 @@ async def _run(target: LoadTarget, spec: LoadSpec, out_dir: Path, *, soak: bool)
                     task.cancel()
                 await asyncio.gather(*workers, return_exceptions=True)
                 stop.set()
-                for task in (watch, reporter, stopper):
-                    task.cancel()
+                for helper in (watch, reporter, stopper):
+                    helper.cancel()
                 await asyncio.gather(watch, reporter, stopper, return_exceptions=True)
+            if live.requests_failed and watchdog.fatal is None:
+                await watchdog.final_check()
             fatal = watchdog.fatal
             if fatal is not None:
                 live.stop_reason = f"{fatal.type}: {fatal.reason}"
+                # The questions in flight when the server failed are what a user would have seen fail.
+                questions.update({qid: False for qid, clean in questions.items() if clean is None})
             elif live.stop_reason is None:
                 live.stop_reason = "duration reached" if clock() >= deadline else "all questions answered"
             after = await _settled_scrape(probe_client, before, records, b_tokens[1]) if fatal is None else None
@@ -331,7 +336,7 @@ async def _settled_scrape(
 
 
 async def _report_progress(
-    label: str, live: Live, tracker: Tracker, clock: Callable[[], float], spec: LoadSpec, stop: asyncio.Event
+    target: LoadTarget, live: Live, tracker: Tracker, clock: Callable[[], float], spec: LoadSpec, stop: asyncio.Event
 ) -> None:
     """A progress line every few seconds: questions done and clean, in flight, progress age, tok/s, luck."""
     tty = sys.stderr.isatty()
@@ -343,10 +348,10 @@ async def _report_progress(
         now = clock()
         rate = (live.output_tokens - last_tokens) / max(now - last_at, 1e-6)
         last_tokens, last_at = live.output_tokens, now
-        done = live.questions_done
-        luck = f"{fault_stats(spec.baseline_rate, done, done - live.questions_clean).p_luck:.0%}" if done else "-"
+        done, clean = live.questions_done + target.prior[0], live.questions_clean + target.prior[1]
+        luck = f"{fault_stats(spec.baseline_rate, done, 0).p_luck:.0%}" if done and done == clean else "-"
         line = (
-            f"{label}: load {now:5.0f}s  questions {done} done, {live.questions_clean} clean  "
+            f"{target.label}: load {now:5.0f}s  questions {done} done, {clean} clean  "
             f"in flight {live.in_flight}  progress {tracker.progress_age(now):4.1f}s ago  "
             f"{rate:6.0f} tok/s  luck {luck}"
         )
@@ -390,7 +395,7 @@ def summarise(outcome: LoadOutcome, spec: LoadSpec) -> dict[str, Any]:
     errors: dict[str, int] = {}
     for r in load_records:
         if r.error_class is not None:
-            errors[r.error_class] = errors.get(r.error_class, 0) + 1
+            errors[str(r.error_class)] = errors.get(str(r.error_class), 0) + 1
     clean = sum(1 for v in outcome.questions.values() if v is True)
     faulted = sum(1 for v in outcome.questions.values() if v is False)
     incomplete = sum(1 for v in outcome.questions.values() if v is None)
@@ -400,6 +405,7 @@ def summarise(outcome: LoadOutcome, spec: LoadSpec) -> dict[str, Any]:
     if outcome.before is not None and outcome.after is not None:
         deltas = {
             "generation_tokens": outcome.after.generated - outcome.before.generated,
+            "prompt_tokens": outcome.after.prompt - outcome.before.prompt,
             "engine_steps": outcome.after.steps - outcome.before.steps,
             "iteration_tokens": outcome.after.tokens - outcome.before.tokens,
         }
@@ -506,18 +512,19 @@ def judge_load(outcome: LoadOutcome, summary: dict[str, Any], *, batch_invariant
     )
     if summary["stats"] is not None:
         s = summary["stats"]
-        checks.append(
-            CheckResult(
-                name="fault-statistics",
-                status=Status.PASS,
-                message=(
-                    f"{s['faults']} faults in {s['questions']} questions: a clean run this long happens "
-                    f"{s['p_luck']:.0%} of the time at the baseline 1/{1 / s['baseline_rate']:.0f}; "
-                    f"{s['need_clean_95']} clean questions claim a fix at 95%"
-                ),
-                evidence=s,
+        baseline = f"1/{1 / s['baseline_rate']:.0f}"
+        if s["faults"] == 0:
+            message = (
+                f"0 faults in {s['questions']} questions: a run this clean happens {s['p_luck']:.0%} of the time "
+                f"at the baseline {baseline}; {s['need_clean_95']} clean questions claim a fix at 95%"
             )
-        )
+        else:
+            low, high = s["rate_ci95"]
+            message = (
+                f"{s['faults']} faults in {s['questions']} questions: rate 95% CI [{low:.4g}, {high:.4g}] per "
+                f"question against the baseline {baseline}"
+            )
+        checks.append(CheckResult(name="fault-statistics", status=Status.PASS, message=message, evidence=s))
     return checks
 
 
@@ -525,18 +532,25 @@ def _token_accounting(outcome: LoadOutcome, summary: dict[str, Any], ended_by_ve
     """The client's token counts must equal the server's counter deltas over the same window."""
     deltas = summary["server_counter_deltas"]
     client = summary["tokens"]["output"] + outcome.determinism_tokens[1]
-    evidence = {"client_output_tokens": client, "server_deltas": deltas}
+    client_prompt = summary["tokens"]["prompt"] + outcome.determinism_tokens[0]
+    evidence = {"client_output_tokens": client, "client_prompt_tokens": client_prompt, "server_deltas": deltas}
     if deltas is None:
         why = "the run ended on a verdict" if ended_by_verdict else "a /metrics scrape failed"
         return CheckResult(
             name="token-accounting", status=Status.SKIP, message=f"not compared: {why}", evidence=evidence
         )
     aborted = any(r.error_class is not None for r in outcome.records)
-    server = deltas["generation_tokens"]
-    if server == client:
-        message = f"{client} output tokens received = vllm:generation_tokens_total delta {server:.0f}"
+    server, server_prompt = deltas["generation_tokens"], deltas["prompt_tokens"]
+    if server == client and server_prompt == client_prompt:
+        message = (
+            f"{client} output and {client_prompt} prompt tokens in the answers' usage = the deltas of "
+            "vllm:generation_tokens_total and vllm:prompt_tokens_total"
+        )
         return CheckResult(name="token-accounting", status=Status.PASS, message=message, evidence=evidence)
-    message = f"client received {client} output tokens, the server counted {server:.0f}"
+    message = (
+        f"the answers' usage says {client} output and {client_prompt} prompt tokens; the server's counters "
+        f"moved by {server:.0f} and {server_prompt:.0f}"
+    )
     if aborted:  # a cancelled or failed request's tokens were counted by the server, not received
         return CheckResult(
             name="token-accounting",

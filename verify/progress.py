@@ -25,6 +25,7 @@ class Progress:
     steps: float  # vllm:iteration_tokens_total_count, summed over engines
     tokens: float  # vllm:iteration_tokens_total_sum
     generated: float  # vllm:generation_tokens_total
+    prompt: float = 0.0  # vllm:prompt_tokens_total
     running: float  # vllm:num_requests_running (the server's view; the client's in-flight count wins)
     waiting: float
     process_start: float | None  # process_start_time_seconds: changes when the API server restarted
@@ -43,6 +44,7 @@ def parse_metrics(text: str) -> Progress:
         steps=sums.get("vllm:iteration_tokens_total_count", 0.0),
         tokens=sums.get("vllm:iteration_tokens_total_sum", 0.0),
         generated=sums.get("vllm:generation_tokens_total", 0.0),
+        prompt=sums.get("vllm:prompt_tokens_total", 0.0),
         running=sums.get("vllm:num_requests_running", 0.0),
         waiting=sums.get("vllm:num_requests_waiting", 0.0),
         process_start=sums.get("process_start_time_seconds"),

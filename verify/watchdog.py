@@ -201,6 +201,19 @@ class Watchdog:
             if verdict in (StallVerdict.ENGINE_DEAD, StallVerdict.API_UNRESPONSIVE):
                 await self.conclude(verdict, "requests failed and the probes confirm the server cannot serve", answers)
 
+    async def final_check(self) -> None:
+        """After the run ended for another reason (errors): is the server still there to blame?"""
+        if self.fatal is not None:
+            return
+        gone = await asyncio.to_thread(self.server_alive) if self.server_alive is not None else None
+        if gone is not None:
+            await self.conclude(StallVerdict.ENGINE_DEAD, f"the server container {gone}")
+            return
+        answers = await probe(self.client)
+        verdict = verdict_of(answers)
+        if verdict in (StallVerdict.ENGINE_DEAD, StallVerdict.API_UNRESPONSIVE):
+            await self.conclude(verdict, "requests failed and the probes confirm the server cannot serve", answers)
+
     async def conclude(self, verdict: StallVerdict, reason: str, answers: Probe | None = None) -> None:
         if verdict is StallVerdict.UNKNOWN and self.events and self.events[-1].type is StallVerdict.UNKNOWN:
             return  # mixed answers while stalled: recorded once, and the rule keeps watching

@@ -1,0 +1,68 @@
+"""Fault injection into a running server container: stop or kill its EngineCore process.
+
+The API server and the engine are separate processes in vLLM V1; the engine's process title is
+`VLLM::EngineCore`. Freezing it (SIGSTOP) is the "engine wedged, API alive" failure; killing it
+(SIGKILL) is the "engine dead" one. The image has no `ps` or `kill`, so both go through the image's
+own Python via `docker exec`. Used by the integration tests and `benchmarks/failfast.py`.
+"""
+
+from __future__ import annotations
+
+import signal
+
+from pipeline.engine import Engine
+from pipeline.errors import CheckFailed
+
+__all__ = ["ENGINE_CORE_TITLE", "engine_core_pids", "signal_engine_core"]
+
+ENGINE_CORE_TITLE = "VLLM::EngineCore"
+
+_FIND_AND_SIGNAL = """
+import os, sys
+title, signo = sys.argv[1], int(sys.argv[2])
+pids = []
+for entry in os.listdir("/proc"):
+    if not entry.isdigit():
+        continue
+    try:
+        with open(f"/proc/{entry}/cmdline", "rb") as f:
+            cmdline = f.read().replace(b"\\0", b" ").decode(errors="replace")
+    except OSError:
+        continue
+    if cmdline.startswith(title):
+        pids.append(int(entry))
+for pid in pids:
+    if signo:
+        os.kill(pid, signo)
+print(" ".join(map(str, pids)))
+"""
+
+
+def _run(engine: Engine, container: str, python: str, signo: int) -> list[int]:
+    result = engine.docker(
+        "exec",
+        container,
+        python,
+        "-c",
+        _FIND_AND_SIGNAL,
+        ENGINE_CORE_TITLE,
+        str(signo),
+        check=False,
+        quiet=True,
+        timeout=30,
+    )
+    if result.returncode != 0:
+        raise CheckFailed(f"cannot look for {ENGINE_CORE_TITLE} in {container}: {result.stderr.strip()[-300:]}")
+    return [int(p) for p in result.stdout.split()]
+
+
+def engine_core_pids(engine: Engine, container: str, *, python: str = "python3") -> list[int]:
+    return _run(engine, container, python, 0)
+
+
+def signal_engine_core(engine: Engine, container: str, sig: signal.Signals, *, python: str = "python3") -> list[int]:
+    """Send `sig` to every EngineCore process in the container; the pids signalled (never empty)."""
+    pids = _run(engine, container, python, int(sig))
+    if not pids:
+        raise CheckFailed(f"no {ENGINE_CORE_TITLE} process in {container}")
+    return pids

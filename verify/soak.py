@@ -1,0 +1,122 @@
+"""`stackproof soak`: arms of one cell, alternated on one host, until the duration is spent.
+
+Each round starts a fresh server per arm and gives it one slice of load (same questions, same
+seed), so slow drift of the host (heat, other tenants) falls on every arm alike. A slice that
+ends on a fault verdict counts that fault and the soak goes on with the next arm. At the end each
+arm's fault statistics, and for two arms the one-sided comparison, go to soak.json.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from pipeline.engine import Engine
+from pipeline.model import Arm, Cell, LoadSpec
+from verify.load_stage import load_target
+from verify.loadrun import run_load, summarise
+from verify.logscan import LogWatcher, load_catalog
+from verify.server import ServerContainer, ServerFailed
+from verify.stats import compare_arms, fault_stats
+
+__all__ = ["ArmTally", "soak"]
+
+DEFAULT_ARM = "default"  # the cell as declared, no arm
+
+
+@dataclass(kw_only=True)
+class ArmTally:
+    name: str
+    questions: int = 0
+    clean: int = 0
+    faults: int = 0
+    events: list[dict[str, Any]] = field(default_factory=list)
+    slices: list[dict[str, Any]] = field(default_factory=list)
+    output_tokens: int = 0
+    seconds: float = 0.0
+
+
+def soak(
+    engine: Engine,
+    cell: Cell,
+    image: str,
+    *,
+    arms: list[str],
+    spec: LoadSpec,
+    duration_s: float,
+    slice_s: float,
+    out_dir: Path,
+) -> dict[str, Any]:
+    chosen: list[Arm | None] = [None if name == DEFAULT_ARM else cell.arm(name) for name in arms]
+    tallies = {name: ArmTally(name=name) for name in arms}
+    deadline = time.monotonic() + duration_s
+    round_no = 0
+    while time.monotonic() < deadline:
+        for name, arm in zip(arms, chosen, strict=True):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            tally = tallies[name]
+            slice_dir = out_dir / f"round{round_no:03d}-{name}"
+            # Each slice continues the question stream where this arm left it: new ids, same pool.
+            slice_spec = replace(spec, duration_s=min(slice_s, left), seed=spec.seed)
+            print(
+                f"{cell.id}: soak round {round_no} arm {name}: {tally.questions} questions so far, "
+                f"{tally.faults} faulted, {left:.0f}s left",
+                file=sys.stderr,
+            )
+            _one_slice(engine, cell, image, arm, slice_spec, slice_dir, tally)
+        round_no += 1
+    document: dict[str, Any] = {"cell": cell.id, "image": image, "arms": {}, "config": {"duration_s": duration_s}}
+    for name, tally in tallies.items():
+        stats = fault_stats(spec.baseline_rate, tally.questions, tally.faults).to_json() if tally.questions else None
+        document["arms"][name] = {
+            "questions": tally.questions,
+            "clean": tally.clean,
+            "faults": tally.faults,
+            "output_tokens": tally.output_tokens,
+            "seconds": round(tally.seconds, 1),
+            "events": tally.events,
+            "slices": tally.slices,
+            "stats": stats,
+        }
+    if len(arms) == 2 and all(tallies[a].questions for a in arms):
+        a, b = (tallies[n] for n in arms)
+        document["comparison"] = {
+            "a": a.name,
+            "b": b.name,
+            **compare_arms(a.faults, a.questions, b.faults, b.questions).to_json(),
+        }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "soak.json").write_text(json.dumps(document, indent=2) + "\n")
+    return document
+
+
+def _one_slice(
+    engine: Engine, cell: Cell, image: str, arm: Arm | None, spec: LoadSpec, out_dir: Path, tally: ArmTally
+) -> None:
+    server = ServerContainer(engine, cell, image, out_dir=out_dir, arm=arm, watcher=LogWatcher(load_catalog()))
+    with server:
+        try:
+            server.wait_ready()
+        except ServerFailed as exc:
+            tally.events.append({"type": "SERVER_START_FAILED", "reason": exc.reason, "dir": str(out_dir)})
+            tally.faults += 1
+            tally.questions += 1
+            return
+        target = replace(load_target(server, cell, arm), prior=(tally.questions, tally.clean))
+        outcome = run_load(target, spec, out_dir, soak=True)
+    summary = summarise(outcome, spec)
+    (out_dir / "load.json").write_text(json.dumps(summary, indent=2) + "\n")
+    q = summary["questions"]
+    tally.questions += q["attempted"]
+    tally.clean += q["clean"]
+    tally.faults += q["faulted"]
+    tally.output_tokens += summary["tokens"]["output"]
+    tally.seconds += outcome.seconds
+    tally.events += [{**e, "dir": str(out_dir)} for e in summary["events"] if e["type"] != "UNKNOWN"]
+    tally.slices.append({"dir": str(out_dir), "questions": q, "stop_reason": outcome.stop_reason})
