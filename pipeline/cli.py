@@ -73,6 +73,9 @@ def _parser() -> argparse.ArgumentParser:
     group.add_argument("--stall-seconds", type=_positive_float, default=None, help="no progress this long = stall")
     group.add_argument("--chunk-timeout", type=_positive_float, default=None, help="seconds one stream may be silent")
     group.add_argument("--baseline-rate", default=None, help="fault probability per question: 1/450 or 0.00222")
+    group.add_argument(
+        "--determinism-repeats", type=_count, default=None, help="greedy samples per prompt and phase (0 = off)"
+    )
 
     parser = argparse.ArgumentParser(prog="stackproof", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"stackproof {pipeline.__version__}")
@@ -364,6 +367,7 @@ def _load_spec(args: argparse.Namespace, spec: LoadSpec) -> LoadSpec:
         "duration_s": args.duration,
         "stall_seconds": args.stall_seconds,
         "chunk_timeout_s": args.chunk_timeout,
+        "determinism_repeats": args.determinism_repeats,
     }
     if args.questions_file is not None:
         from verify.workload import read_questions
@@ -449,6 +453,16 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must not be negative")
     return value
 
 

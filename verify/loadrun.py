@@ -495,7 +495,10 @@ def judge_load(outcome: LoadOutcome, summary: dict[str, Any], *, batch_invariant
         )
     checks.append(_token_accounting(outcome, summary, fatal is not None))
     references = {s.prompt: s for s in outcome.determinism_a if not s.error}
-    checks.append(judge_phase("A", references, outcome.determinism_a, batch_invariant=batch_invariant))
+    if outcome.config["determinism_repeats"] == 0:
+        checks.append(CheckResult(name="determinism", status=Status.SKIP, message="switched off (0 repeats)"))
+    else:
+        checks.append(judge_phase("A", references, outcome.determinism_a, batch_invariant=batch_invariant))
     if outcome.determinism_b:
         checks.append(judge_phase("B", references, outcome.determinism_b, batch_invariant=batch_invariant))
     latency = summary["latency_ms"]

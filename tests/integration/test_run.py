@@ -6,12 +6,14 @@ interrupted by SIGINT or SIGTERM while it waits for readiness.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,7 +32,7 @@ def test_cpu_tiny_end_to_end(cpu_tiny: str, tmp_path: Path) -> None:
     assert report["image"] == cpu_tiny
     assert report["outcome"]["passed"] is True  # type: ignore[index]
     stages = {s["stage"]: s for s in report["stages"]}  # type: ignore[union-attr]
-    assert [s["stage"] for s in report["stages"]] == ["imports", "startup", "autotune"]  # type: ignore[union-attr]
+    assert [s["stage"] for s in report["stages"]] == ["imports", "startup", "autotune", "load"]  # type: ignore[union-attr]
     assert stages["imports"]["status"] == "PASS" and stages["startup"]["status"] == "PASS"
     assert stages["autotune"]["status"] == "SKIP"  # a CPU cell: FlashInfer autotuning needs a GPU
     assert "CPU cell" in stages["autotune"]["checks"][0]["message"]
@@ -51,7 +53,34 @@ def test_cpu_tiny_end_to_end(cpu_tiny: str, tmp_path: Path) -> None:
     assert checks["kernel-log"]["status"] in ("PASS", "SKIP")
     probe = Path(stages["imports"]["artifacts"]["probe"])
     assert probe.is_file() and '"vllm"' in probe.read_text()
+    _assert_short_load_passed(stages["load"])
     assert containers(CELL_LABEL) == [], "the server container must be removed after a passing run"
+
+
+def _assert_short_load_passed(load: dict[str, Any]) -> None:
+    """The short load on the real CPU server: clean questions, tokens that match the server's counters."""
+    assert load["status"] == "PASS", load
+    checks = {c["name"]: c for c in load["checks"]}
+    assert checks["engine-progress"]["status"] == "PASS"
+    assert checks["questions"]["status"] == "PASS"
+    assert checks["questions"]["evidence"]["faulted"] == 0 and checks["questions"]["evidence"]["clean"] > 0
+    accounting = checks["token-accounting"]
+    assert accounting["status"] == "PASS", accounting
+    deltas = accounting["evidence"]["server_deltas"]
+    assert deltas["generation_tokens"] == accounting["evidence"]["client_output_tokens"] > 0
+    assert deltas["prompt_tokens"] == accounting["evidence"]["client_prompt_tokens"] > 0
+    # Greedy determinism at concurrency 1 (phase A) must hold on the CPU server.
+    assert checks["determinism-alone"]["status"] == "PASS"
+    assert checks["determinism-alone"]["evidence"]["exact_match_rate"] == 1.0
+    assert checks["determinism-under-load"]["status"] in ("PASS", "WARN")
+    summary = json.loads(Path(load["artifacts"]["summary"]).read_text())
+    assert summary["questions"]["attempted"] == summary["questions"]["clean"] == 80
+    assert summary["latency_ms"]["ttft"]["p50"] > 0 and summary["latency_ms"]["tpot"]["p50"] > 0
+    requests = Path(load["artifacts"]["requests"]).read_text().splitlines()
+    assert len(requests) == summary["requests"]["ok"] >= 160  # 2-3 turns per question
+    assert all(json.loads(line)["output_tokens"] == 32 for line in requests)  # ignore_eos: fixed lengths
+    assert len(Path(load["artifacts"]["scrapes"]).read_text().splitlines()) >= 1
+    assert summary["stats"]["faults"] == 0 and 0 < summary["stats"]["p_luck"] < 1
 
 
 def test_server_that_exits_while_starting_fails_fast(cpu_tiny: str, tmp_path: Path) -> None:

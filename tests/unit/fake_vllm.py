@@ -1,0 +1,227 @@
+"""A fake OpenAI-compatible vLLM server for the load stage's fake-backed unit tests (not an integration test).
+
+A stdlib `ThreadingHTTPServer` on 127.0.0.1 (a free port), one thread per connection, HTTP/1.0
+(each response ends by closing the connection, so streams need no chunked encoding). It answers
+what `verify.loadrun.run_load` asks: GET /v1/models, /health, /metrics (Prometheus text whose
+counters move as it serves), POST /v1/chat/completions (SSE, as vLLM streams it, with a usage block)
+and POST /v1/completions (greedy tokens as `token_id:N` with top-2 logprobs). `hang=True` makes
+every chat stream stop after its first content chunk while the rest keeps answering with frozen
+counters: the wedged-engine picture of vllm-project/vllm#61007; `dead=True` answers 503 as a server
+whose EngineCore died does.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import zlib
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+MODEL = "fake/tiny-model"
+PROCESS_START = 1.7e9
+
+
+@dataclass
+class Counters:
+    generated: int = 0  # vllm:generation_tokens_total
+    prompt: int = 0  # vllm:prompt_tokens_total
+    steps: int = 0  # vllm:iteration_tokens_total_count
+    step_tokens: int = 0  # vllm:iteration_tokens_total_sum
+    running: int = 0
+
+
+@dataclass
+class FakeVllm:
+    hang: bool = False  # chat streams go silent after their first content chunk
+    chunk_delay_s: float = 0.002  # between streamed chunks
+    dead: bool = False  # the engine died: chat and completions answer 503 and /health 503, /metrics still 200
+    counters: Counters = field(default_factory=Counters)
+    chat_requests: list[dict[str, Any]] = field(default_factory=list)
+    completion_requests: list[dict[str, Any]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    release: threading.Event = field(default_factory=threading.Event)  # frees hung streams at shutdown
+
+    def __post_init__(self) -> None:
+        fake = self
+
+        class Handler(_Handler):
+            server_fake = fake
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self._server.handle_error = lambda request, client_address: None  # type: ignore[method-assign]
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def start(self) -> FakeVllm:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.release.set()
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> FakeVllm:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- what the endpoints serve --------------------------------------------------------------------
+
+    def metrics(self) -> str:
+        with self.lock:
+            c = Counters(**vars(self.counters))
+        labels = f'{{engine="0",model_name="{MODEL}"}}'
+        return (
+            "# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.\n"
+            "# TYPE process_start_time_seconds gauge\n"
+            f"process_start_time_seconds {PROCESS_START}\n"
+            "# TYPE vllm:num_requests_running gauge\n"
+            f"vllm:num_requests_running{labels} {float(c.running)}\n"
+            "# TYPE vllm:num_requests_waiting gauge\n"
+            f"vllm:num_requests_waiting{labels} 0.0\n"
+            "# TYPE vllm:prompt_tokens_total counter\n"
+            f"vllm:prompt_tokens_total{labels} {float(c.prompt)}\n"
+            "# TYPE vllm:generation_tokens_total counter\n"
+            f"vllm:generation_tokens_total{labels} {float(c.generated)}\n"
+            "# TYPE vllm:iteration_tokens_total histogram\n"
+            f'vllm:iteration_tokens_total_bucket{{engine="0",le="+Inf",model_name="{MODEL}"}} {float(c.steps)}\n'
+            f"vllm:iteration_tokens_total_count{labels} {float(c.steps)}\n"
+            f"vllm:iteration_tokens_total_sum{labels} {float(c.step_tokens)}\n"
+        )
+
+    def count(self, *, prompt: int = 0, generated: int = 0) -> None:
+        """One engine step that prefilled `prompt` and generated `generated` tokens."""
+        with self.lock:
+            self.counters.prompt += prompt
+            self.counters.generated += generated
+            self.counters.steps += 1
+            self.counters.step_tokens += prompt + generated
+
+
+def prompt_tokens(text: str) -> int:
+    return len(text.split())
+
+
+def greedy_tokens(prompt: str, n: int) -> list[str]:
+    """Deterministic 'greedy' token ids for a prompt, as `return_tokens_as_token_ids` spells them."""
+    seed = zlib.crc32(prompt.encode())
+    return [f"token_id:{(seed + 7 * i) % 32000}" for i in range(n)]
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server_fake: FakeVllm
+    protocol_version = "HTTP/1.0"
+
+    def log_message(self, format: str, *args: Any) -> None:  # quiet: no access log on stderr
+        pass
+
+    def _json(self, status: int, body: Any) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _text(self, status: int, text: str) -> None:
+        data = text.encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        fake = self.server_fake
+        if self.path == "/v1/models":
+            self._json(200, {"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+        elif self.path == "/health":
+            self._text(503 if fake.dead else 200, "")
+        elif self.path == "/metrics":
+            self._text(200, fake.metrics())
+        else:
+            self._json(404, {"error": {"message": f"no route {self.path}"}})
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = json.loads(self.rfile.read(length) or b"{}")
+        if self.server_fake.dead:
+            self._json(503, {"object": "error", "message": "EngineDeadError: EngineCore encountered an issue"})
+        elif self.path == "/v1/chat/completions":
+            self._chat(body)
+        elif self.path == "/v1/completions":
+            self._completion(body)
+        else:
+            self._json(404, {"error": {"message": f"no route {self.path}"}})
+
+    def _completion(self, body: dict[str, Any]) -> None:
+        fake = self.server_fake
+        with fake.lock:
+            fake.completion_requests.append(body)
+        n = int(body["max_tokens"])
+        tokens = greedy_tokens(body["prompt"], n)
+        p = prompt_tokens(body["prompt"])
+        fake.count(prompt=p, generated=n)
+        top = [{tok: -0.05, f"token_id:{i}": -2.5} for i, tok in enumerate(tokens)]  # a 2.45-nat gap
+        self._json(
+            200,
+            {
+                "id": "cmpl-1",
+                "object": "text_completion",
+                "model": MODEL,
+                "choices": [
+                    {
+                        "index": 0,
+                        "text": "".join(t[-2:] for t in tokens),
+                        "logprobs": {"tokens": tokens, "token_logprobs": [-0.05] * n, "top_logprobs": top},
+                        "finish_reason": "length",
+                    }
+                ],
+                "usage": {"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n},
+            },
+        )
+
+    def _chat(self, body: dict[str, Any]) -> None:
+        fake = self.server_fake
+        with fake.lock:
+            fake.chat_requests.append(body)
+            fake.counters.running += 1
+        try:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            n = int(body["max_tokens"])
+            p = sum(prompt_tokens(m["content"]) for m in body["messages"])
+            self._event({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
+            for i in range(n):
+                fake.count(prompt=p if i == 0 else 0, generated=1)
+                self._event({"choices": [{"index": 0, "delta": {"content": f"w{i} "}, "finish_reason": None}]})
+                if fake.hang:
+                    fake.release.wait(timeout=60)  # silent: the engine no longer steps
+                    return
+                fake.release.wait(timeout=fake.chunk_delay_s)
+            self._event({"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]})
+            self._event({"choices": [], "usage": {"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n}})
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.wfile.flush()
+        except OSError:
+            pass  # the client went away (a cancelled request)
+        finally:
+            with fake.lock:
+                fake.counters.running -= 1
+
+    def _event(self, payload: dict[str, Any]) -> None:
+        data = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "model": MODEL, **payload}
+        self.wfile.write(f"data: {json.dumps(data)}\n\n".encode())
+        self.wfile.flush()
