@@ -3,9 +3,12 @@
 Goal (issue: stage load): throughput and TTFT p50 within 10% of vllm bench's, and our client CPU
 seconds per request no more than its. Same server, same request count, concurrency and output
 length (`ignore_eos`); vllm bench's random prompts are sized to our measured mean prompt length.
-Both clients run as whole processes and their CPU time (user + system, start-up included) is
-read from the kernel's accounting of the finished process. Prints both sets of numbers side by
-side; asserts nothing. Needs a docker daemon; builds cpu-tiny first when its image is missing.
+Both clients run as whole processes inside the server's container (vllm bench lives there; our
+client is bind-mounted read-only, with a scipy wheel the image lacks), so both share the server's
+CPUs the same way, and their CPU time (user + system, start-up included) is read from the kernel's
+accounting of the finished process. Our client is also run from the host, as a third column: on a
+2-core box the placement alone moves the numbers. Prints all of it side by side; asserts nothing.
+Needs a docker daemon and PyPI (the scipy wheel); builds cpu-tiny first when its image is missing.
 
 Usage: python benchmarks/loadgen.py [--questions 60] [--concurrency 6] [--max-tokens 32] [--rounds 2]
 """
@@ -57,19 +60,21 @@ def main() -> int:
     cell = load_matrix(REPO / "matrix.yaml", images_dir=REPO / "images").cell("cpu-tiny")
     ours: list[dict[str, Any]] = []
     theirs: list[dict[str, Any]] = []
-    with ServerContainer(engine, cell, image, out_dir=out / "server") as server:
+    site = _container_site(out / "container-site")
+    volumes = {REPO: "/stackproof:ro", site: "/opt/stackproof-site:ro"}
+    host: list[dict[str, Any]] = []
+    with ServerContainer(engine, cell, image, out_dir=out / "server", volumes=volumes) as server:
         server.wait_ready()
-        warm = _ours(server.base_url, out / "warmup", questions=6, concurrency=args.concurrency, tokens=args.max_tokens)
+        load = _load_argv(server.base_url, questions=6, concurrency=args.concurrency, tokens=args.max_tokens)
+        warm = _ours_in(engine, server.name, load)
         print(f"warm-up: {warm['requests']} requests", file=sys.stderr)
         for round_no in range(args.rounds):
-            mine = _ours(
-                server.base_url,
-                out / f"ours-{round_no}",
-                questions=args.questions,
-                concurrency=args.concurrency,
-                tokens=args.max_tokens,
+            load = _load_argv(
+                server.base_url, questions=args.questions, concurrency=args.concurrency, tokens=args.max_tokens
             )
+            mine = _ours_in(engine, server.name, load)
             ours.append(mine)
+            host.append(_ours_host([*load, "--out", str(out / f"ours-host-{round_no}")]))
             theirs.append(
                 _vllm_bench(
                     engine,
@@ -81,43 +86,88 @@ def main() -> int:
                     input_len=round(mine["mean_prompt_tokens"]),
                 )
             )
-    _print(ours, theirs, args)
+    _print(ours, theirs, host, args)
     return 0
 
 
-def _ours(url: str, out: Path, *, questions: int, concurrency: int, tokens: int) -> dict[str, Any]:
+def _container_site(target: Path) -> Path:
+    """scipy for the image's Python 3.11 (the image has numpy, httpx, prometheus-client, jinja2, yaml)."""
+    if not (target / "scipy").is_dir():
+        import scipy
+
+        subprocess.run(
+            [
+                *(sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--only-binary", ":all:"),
+                *("--python-version", "3.11", "--platform", "manylinux_2_28_x86_64", "--target", str(target)),
+                f"scipy=={scipy.__version__}",
+            ],
+            check=True,
+        )
+    return target
+
+
+def _load_argv(url: str, *, questions: int, concurrency: int, tokens: int) -> list[str]:
+    return [
+        "load",
+        "--url",
+        url,
+        "--questions",
+        str(questions),
+        "--concurrency",
+        str(concurrency),
+        "--max-tokens",
+        str(tokens),
+        "--determinism-repeats",
+        "0",
+        "--json",
+    ]
+
+
+def _ours_in(engine: Any, container: str, load: list[str]) -> dict[str, Any]:
+    """`stackproof load` inside the server's container, from the read-only bind mount."""
+    started = time.monotonic()
+    run = engine.docker(
+        "exec",
+        "--env",
+        "PYTHONPATH=/stackproof:/opt/stackproof-site",
+        "--env",
+        "PYTHONDONTWRITEBYTECODE=1",
+        "--workdir",
+        "/stackproof",
+        container,
+        "python3",
+        "-c",
+        CPU_WRAPPER,
+        "python3",
+        "-m",
+        "pipeline",
+        *load,
+        "--out",
+        f"/tmp/ours-{time.monotonic_ns()}",
+        timeout=900,
+        check=False,
+        quiet=True,
+    )
+    wall = time.monotonic() - started
+    if run.returncode != 0:
+        raise SystemExit(f"stackproof load (in the container) failed ({run.returncode}):\n{run.stderr[-3000:]}")
+    document, _, cpu_line = run.stdout.rpartition("CPU_SECONDS")
+    return _row(json.loads(document), float(cpu_line.split()[0]), wall)
+
+
+def _ours_host(load: list[str]) -> dict[str, Any]:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pipeline",
-            "load",
-            "--url",
-            url,
-            "--questions",
-            str(questions),
-            "--concurrency",
-            str(concurrency),
-            "--max-tokens",
-            str(tokens),
-            "--determinism-repeats",
-            "0",
-            "--json",
-            "--out",
-            str(out),
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-    )
+    proc = subprocess.run([sys.executable, "-m", "pipeline", *load], cwd=REPO, capture_output=True, text=True)
     wall = time.monotonic() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         raise SystemExit(f"stackproof load failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    summary = json.loads(proc.stdout)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return _row(json.loads(proc.stdout), cpu, wall)
+
+
+def _row(summary: dict[str, Any], cpu: float, wall: float) -> dict[str, Any]:
     requests = summary["requests"]["ok"]
     return {
         "requests": requests,
@@ -187,15 +237,17 @@ def _vllm_bench(
     }
 
 
-def _print(ours: list[dict[str, Any]], theirs: list[dict[str, Any]], args: argparse.Namespace) -> None:
+def _print(
+    ours: list[dict[str, Any]], theirs: list[dict[str, Any]], host: list[dict[str, Any]], args: argparse.Namespace
+) -> None:
     def med(rows: list[dict[str, Any]], key: str) -> float:
-        return statistics.median(r[key] for r in rows)
+        return float(statistics.median(r[key] for r in rows))
 
     print(
         f"\nstackproof load vs vllm bench serve: cpu-tiny, {ours[0]['requests']} requests, concurrency "
         f"{args.concurrency}, {args.max_tokens} output tokens, median of {len(ours)} rounds\n"
     )
-    print(f"{'metric':<34}{'stackproof load':>18}{'vllm bench serve':>18}{'ratio':>9}  goal")
+    print(f"{'metric':<34}{'stackproof load':>18}{'vllm bench serve':>18}{'ratio':>9}{'ours, host':>12}  goal")
     rows = [
         ("output throughput (tok/s)", "output_tok_s", "within 10%"),
         ("request throughput (req/s)", "requests_s", "within 10%"),
@@ -207,9 +259,9 @@ def _print(ours: list[dict[str, Any]], theirs: list[dict[str, Any]], args: argpa
         ("client wall seconds", "wall_s", ""),
     ]
     for label, key, goal in rows:
-        a, b = med(ours, key), med(theirs, key)
-        print(f"{label:<34}{a:>18.3f}{b:>18.3f}{(a / b if b else float('nan')):>9.2f}  {goal}")
-    print("\nper round:", json.dumps({"ours": ours, "vllm_bench": theirs}, indent=1))
+        a, b, c = med(ours, key), med(theirs, key), med(host, key)
+        print(f"{label:<34}{a:>18.3f}{b:>18.3f}{(a / b if b else float('nan')):>9.2f}{c:>12.3f}  {goal}")
+    print("\nper round:", json.dumps({"ours": ours, "vllm_bench": theirs, "ours_host": host}, indent=1))
 
 
 if __name__ == "__main__":

@@ -526,12 +526,14 @@ class _Checker:
         """`serve.load`: every key optional, each checked against the type of LoadSpec's default."""
         if value is None or not self.keys(path, value, LOAD_KEYS):
             return LoadSpec()
-        flat = {k: v for k, v in value.items() if k != "determinism"}
+        # Unknown keys were reported by keys(); only the known ones are read.
+        flat = {k: v for k, v in value.items() if k in LOAD_KEYS and k != "determinism"}
         where = {k: (*path, k) for k in flat}
         det = value.get("determinism")
         if det is not None and self.keys((*path, "determinism"), det, DETERMINISM_KEYS):
-            flat.update({f"determinism_{k}": v for k, v in det.items()})
-            where.update({f"determinism_{k}": (*path, "determinism", k) for k in det})
+            known = {k: v for k, v in det.items() if k in DETERMINISM_KEYS}
+            flat.update({f"determinism_{k}": v for k, v in known.items()})
+            where.update({f"determinism_{k}": (*path, "determinism", k) for k in known})
         fields = {f.name: f for f in dataclasses.fields(LoadSpec)}
         chosen: dict[str, Any] = {}
         for key, raw in flat.items():

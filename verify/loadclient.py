@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -120,10 +120,11 @@ async def stream_chat(
                     else (timeouts.ttft, ErrorClass.TTFT_TIMEOUT)
                 )
                 try:
-                    line = await asyncio.wait_for(_next(lines), limit)
+                    async with asyncio.timeout(limit):  # no task per line, unlike wait_for
+                        line = await anext(lines, None)
                 except TimeoutError:
                     record.error_class = on_timeout
-                    record.error = f"no stream data for {limit:.0f}s after {record.chunks} chunks"
+                    record.error = f"no stream data for {limit:g}s after {record.chunks} chunks"
                     return record
                 if line is None:
                     break
@@ -190,13 +191,6 @@ async def stream_chat(
             f"the stream ended without {'[DONE]' if not done else 'a finish reason'} after {record.chunks} chunks"
         )
     return record
-
-
-async def _next(lines: AsyncIterator[str]) -> str | None:
-    try:
-        return await lines.__anext__()
-    except StopAsyncIteration:
-        return None
 
 
 def _http_class(status: int, text: str) -> ErrorClass:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import sys
 import time
@@ -212,7 +213,15 @@ async def _run(target: LoadTarget, spec: LoadSpec, out_dir: Path, *, soak: bool)
 
             async def open_loop() -> None:
                 slots = asyncio.Semaphore(spec.concurrency)
-                gaps = iter(arrival_gaps(len(pool), rate=spec.rate or 1.0, burstiness=spec.burstiness, seed=spec.seed))
+
+                def gaps() -> Iterator[float]:  # a soak outlasts one pass: each pass draws its own gaps
+                    for pass_no in itertools.count():
+                        yield from arrival_gaps(
+                            len(pool), rate=spec.rate or 1.0, burstiness=spec.burstiness, seed=spec.seed + pass_no
+                        )
+                        if not soak:
+                            return
+
                 running: set[asyncio.Task[None]] = set()
 
                 async def one(question: Question) -> None:
@@ -222,7 +231,7 @@ async def _run(target: LoadTarget, spec: LoadSpec, out_dir: Path, *, soak: bool)
                         slots.release()
 
                 try:
-                    for gap in gaps:
+                    for gap in gaps():
                         with contextlib.suppress(TimeoutError):
                             await asyncio.wait_for(stop.wait(), gap)
                         question = next_question()
@@ -494,7 +503,10 @@ def judge_load(outcome: LoadOutcome, summary: dict[str, Any], *, batch_invariant
             )
         )
     checks.append(_token_accounting(outcome, summary, fatal is not None))
-    references = {s.prompt: s for s in outcome.determinism_a if not s.error}
+    references: dict[int, Sample] = {}
+    for sample in outcome.determinism_a:  # each prompt's first good answer is the reference
+        if not sample.error:
+            references.setdefault(sample.prompt, sample)
     if outcome.config["determinism_repeats"] == 0:
         checks.append(CheckResult(name="determinism", status=Status.SKIP, message="switched off (0 repeats)"))
     else:

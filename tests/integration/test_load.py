@@ -21,7 +21,7 @@ import pytest
 from pipeline.engine import Engine
 from pipeline.load import load_matrix
 from pipeline.model import LoadSpec
-from tests.integration.conftest import IMAGES, MATRIX, containers
+from tests.integration.conftest import IMAGES, MATRIX, containers, stackproof, write_matrix
 from verify.faults import signal_engine_core
 from verify.load_stage import run_load_stage
 from verify.result import StageResult, Status
@@ -96,4 +96,44 @@ def test_sigkill_engine_core_is_engine_dead(engine: Engine, cpu_tiny: str, tmp_p
     questions = checks["questions"]
     assert questions.status is Status.FAIL
     assert set(questions.evidence["errors"]) & {"engine_dead", "connect", "stream_truncated", "http_5xx"}
+    assert containers("io.stackproof.cell=cpu-tiny") == []
+
+
+def test_soak_alternates_two_arms_and_compares_them(cpu_tiny: str, tmp_path: Path) -> None:
+    """Two arms of cpu-tiny (one adds --enforce-eager), one slice each, through the real CLI."""
+    matrix = write_matrix(
+        tmp_path / "matrix.yaml",
+        edit={"cpu-tiny": {"arms": {"eager": {"description": "no compile", "args": ["--enforce-eager"]}}}},
+    )
+    result = stackproof(
+        [
+            "soak",
+            "cpu-tiny",
+            "--matrix",
+            str(matrix),
+            "--images",
+            str(IMAGES),
+            "--arms",
+            "default,eager",
+            "--duration",
+            "16",
+            "--slice",
+            "8",
+            "--determinism-repeats",
+            "1",
+            "--json",
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
+    assert result.returncode == 0, result.stderr[-5000:]
+    document = result.json()
+    arms = document["arms"]
+    assert set(arms) == {"default", "eager"}  # type: ignore[arg-type]
+    for arm in arms.values():  # type: ignore[union-attr]
+        assert arm["questions"] > 0 and arm["faults"] == 0 and arm["clean"] == arm["questions"]
+        assert arm["stats"]["p_luck"] > 0 and not arm["events"]
+    comparison = document["comparison"]
+    assert comparison["a"] == "default" and comparison["p_conditional"] == 1.0  # no faults on either side
+    assert "questions" in result.stderr and "clean" in result.stderr  # the live progress line
     assert containers("io.stackproof.cell=cpu-tiny") == []

@@ -82,7 +82,17 @@ GOOD = json.dumps({"id": "ok", "turns": ["a", "b"]})
         (json.dumps({"id": 5, "turns": ["a", "b"]}), ": id: must be a non-empty string"),
         (json.dumps(["a", "b"]), ": must be an object like"),
     ],
-    ids=["bad-json", "one-turn", "four-turns", "unknown-field", "duplicate-id", "blank-turn", "turns-str", "id-int", "list"],
+    ids=[
+        "bad-json",
+        "one-turn",
+        "four-turns",
+        "unknown-field",
+        "duplicate-id",
+        "blank-turn",
+        "turns-str",
+        "id-int",
+        "list",
+    ],
 )
 def test_read_questions_errors_name_file_line_and_field(tmp_path: Path, bad_line: str, expected: str) -> None:
     path = _write(tmp_path, GOOD, "", bad_line)  # the bad line is line 3 (blank lines count)
