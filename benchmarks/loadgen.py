@@ -68,6 +68,7 @@ def main() -> int:
         load = _load_argv(server.base_url, questions=6, concurrency=args.concurrency, tokens=args.max_tokens)
         warm = _ours_in(engine, server.name, load)
         print(f"warm-up: {warm['requests']} requests", file=sys.stderr)
+        template_tokens = 0.0
         for round_no in range(args.rounds):
             load = _load_argv(
                 server.base_url, questions=args.questions, concurrency=args.concurrency, tokens=args.max_tokens
@@ -83,9 +84,11 @@ def main() -> int:
                     requests=mine["requests"],
                     concurrency=args.concurrency,
                     tokens=args.max_tokens,
-                    input_len=round(mine["mean_prompt_tokens"]),
+                    input_len=max(1, round(mine["mean_prompt_tokens"] - template_tokens)),
                 )
             )
+            # The chat template adds tokens around vllm bench's random prompt: measure and subtract them.
+            template_tokens = theirs[-1]["mean_prompt_tokens"] - theirs[-1]["input_len"]
     _print(ours, theirs, host, args)
     return 0
 
@@ -234,6 +237,7 @@ def _vllm_bench(
         "cpu_s_per_request": cpu / max(data["completed"], 1),
         "wall_s": wall,
         "mean_prompt_tokens": data["total_input_tokens"] / max(data["completed"], 1),
+        "input_len": input_len,
     }
 
 

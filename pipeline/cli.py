@@ -72,6 +72,7 @@ def _parser() -> argparse.ArgumentParser:
     group.add_argument("--duration", type=_positive_float, default=None, help="seconds after which no question starts")
     group.add_argument("--stall-seconds", type=_positive_float, default=None, help="no progress this long = stall")
     group.add_argument("--chunk-timeout", type=_positive_float, default=None, help="seconds one stream may be silent")
+    group.add_argument("--scrape-interval", type=_positive_float, default=None, help="seconds between /metrics scrapes")
     group.add_argument("--baseline-rate", default=None, help="fault probability per question: 1/450 or 0.00222")
     group.add_argument(
         "--determinism-repeats", type=_count, default=None, help="greedy samples per prompt and phase (0 = off)"
@@ -367,6 +368,7 @@ def _load_spec(args: argparse.Namespace, spec: LoadSpec) -> LoadSpec:
         "duration_s": args.duration,
         "stall_seconds": args.stall_seconds,
         "chunk_timeout_s": args.chunk_timeout,
+        "scrape_interval_s": args.scrape_interval,
         "determinism_repeats": args.determinism_repeats,
     }
     if args.questions_file is not None:
