@@ -187,6 +187,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--arch", default=None, help="judge for this arch (default: from the GPU's compute capability)")
     p.add_argument("--out", type=Path, default=Path("stackproof-out/kernel-probe"))
     p.set_defaults(handler=_probe_kernels)
+
+    from pipeline.cli_publish import add_commands as add_publish_commands
+
+    add_publish_commands(commands, common)
+    from pipeline.cli_ci import add_commands as add_ci_commands
+
+    add_ci_commands(commands, common)
     return parser
 
 

@@ -15,9 +15,11 @@ from pathlib import Path
 from pipeline.build import build_cell
 from pipeline.engine import Engine
 from pipeline.errors import InputError
-from pipeline.model import Cell, LoadSpec, Matrix
+from pipeline.host import host_fingerprint
+from pipeline.model import Arm, Cell, LoadSpec, Matrix
 from pipeline.plan import plan_cell, python_of
 from pipeline.site import SiteSettings
+from verify.receipt import build_receipt, write_all
 from verify.result import VerifyReport
 from verify.runner import verify_image
 
@@ -39,12 +41,12 @@ def run_cell(
 ) -> VerifyReport:
     arm = cell.arm(arm_name) if arm_name else None
     build = build_cell(engine, matrix, cell, site, images_dir, out_dir=out_root / cell.id)
-    return verify_image(
+    return _verify_with_receipt(
         engine,
+        matrix,
         cell,
         image=build.tag,
         image_id=build.image_id,
-        python=python_of(matrix, cell),
         stages=stages,
         arm=arm,
         out_dir=_run_dir(out_root, cell),
@@ -73,18 +75,59 @@ def verify_cell(
     if image is None:
         raise InputError(f"{cell.id}: image {tag} is not built: run `stackproof build {cell.id}` (or `stackproof run`)")
     print(f"{cell.id}: verifying {tag} ({image.id[:19]})", file=sys.stderr)
-    return verify_image(
+    return _verify_with_receipt(
         engine,
+        matrix,
         cell,
         image=tag,
         image_id=image.id,
-        python=python_of(matrix, cell),
         stages=stages,
         arm=arm,
         out_dir=_run_dir(out_root, cell),
         previous=previous,
         load=load,
     )
+
+
+def _verify_with_receipt(
+    engine: Engine,
+    matrix: Matrix,
+    cell: Cell,
+    *,
+    image: str,
+    image_id: str,
+    stages: tuple[str, ...],
+    arm: Arm | None,
+    out_dir: Path,
+    previous: Path | None,
+    load: LoadSpec | None,
+) -> VerifyReport:
+    """The stages, then the receipt (JSON, JUnit XML, Markdown) of this image on this host."""
+    started = time.time()
+    report = verify_image(
+        engine,
+        cell,
+        image=image,
+        image_id=image_id,
+        python=python_of(matrix, cell),
+        stages=stages,
+        arm=arm,
+        out_dir=out_dir,
+        previous=previous,
+        load=load,
+    )
+    info = engine.image(image)
+    receipt = build_receipt(
+        report,
+        matrix_digest=matrix.digest,
+        host=host_fingerprint(engine.cli.path),
+        started_at=started,
+        finished_at=time.time(),
+        repo_digests=info.repo_digests if info else (),
+    )
+    paths = write_all(receipt, out_dir)
+    print(f"{cell.id}: receipt {receipt['status']}: {paths['receipt']} (+ junit.xml, summary.md)", file=sys.stderr)
+    return report
 
 
 def _run_dir(out_root: Path, cell: Cell) -> Path:

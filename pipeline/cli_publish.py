@@ -1,0 +1,87 @@
+"""`stackproof publish` and `stackproof pull`: the registry half of the command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import InputError
+
+__all__ = ["add_commands"]
+
+
+def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
+    p = commands.add_parser(
+        "publish",
+        parents=[common],
+        help="push a cell's image by digest, attach its receipt, move CELL and CELL-verified only after a PASS",
+    )
+    p.add_argument("cell")
+    p.add_argument("--registry", required=True, help="HOST[:PORT][/NAMESPACE]; the repository is NAMESPACE/stackproof")
+    p.add_argument("--receipt", type=Path, default=None, help="default: the newest receipt of this image under --out")
+    p.add_argument("--image", default=None, help="publish this local image instead of the cell's content tag")
+    p.add_argument("--out", type=Path, default=Path("stackproof-out"), help="where `run`/`verify` wrote receipts")
+    p.set_defaults(handler=_publish)
+
+    p = commands.add_parser(
+        "pull", parents=[common], help="pull CELL-verified by digest after checking its receipt and host"
+    )
+    p.add_argument("cell")
+    p.add_argument("--registry", required=True, help="HOST[:PORT][/NAMESPACE]")
+    p.add_argument(
+        "--require-same-gpu", action="store_true", help="refuse when the receipt's GPUs, driver or arch differ"
+    )
+    p.set_defaults(handler=_pull)
+
+
+def _publish(args: argparse.Namespace) -> int:
+    """Exit 1 when the receipt is not PASS (the image and receipt are pushed; no tag is moved)."""
+    from pipeline.cli import _emit, _load
+    from pipeline.engine import Engine
+    from pipeline.plan import plan_cell
+    from pipeline.publish import find_receipt, publish
+    from pipeline.site import load_site
+
+    matrix, images = _load(args)
+    cell = matrix.cell(args.cell)
+    site = load_site(matrix)
+    tag = plan_cell(matrix, cell, site, images).tag
+    image = args.image or tag
+    engine = Engine.connect()
+    info = engine.image(image)
+    if info is None:
+        raise InputError(f"{cell.id}: image {image} is not built: run `stackproof run {cell.id}` first")
+    receipt = args.receipt or find_receipt(args.out, cell.id, info.id)
+    if receipt is None:
+        raise InputError(
+            f"{cell.id}: no receipt for image {info.id} under {args.out}/{cell.id}/: run `stackproof verify {cell.id}` "
+            "first (or give --receipt)"
+        )
+    result = publish(
+        engine,
+        cell_id=cell.id,
+        image=image,
+        content_tag=tag,
+        receipt_path=receipt,
+        registry=args.registry,
+        ca_bundle=str(site.ca_bundle) if site.ca_bundle else None,
+    )
+    moved = ", ".join(result.moved_tags) or "no tag moved"
+    _emit(args, result.to_json(), f"{result.reference} receipt {result.receipt_status}: {moved}")
+    return 0 if result.receipt_status == "PASS" else 1
+
+
+def _pull(args: argparse.Namespace) -> int:
+    from pipeline.cli import _emit
+    from pipeline.engine import Engine
+    from pipeline.publish import pull
+
+    engine = Engine.connect()
+    result = pull(engine, cell_id=args.cell, registry=args.registry, require_same_gpu=args.require_same_gpu)
+    text = f"{result.local_tag} = {result.reference} (verified on {result.verified_on})"
+    if result.host_differences:
+        print(f"note: you have {result.here}", file=sys.stderr)
+    _emit(args, result.to_json(), text)
+    return 0

@@ -1,0 +1,125 @@
+"""The geometry of the host a verification ran on: what a receipt may claim, and no more.
+
+GPU names, compute capabilities and the driver come from `nvidia-smi` (absent: `none`, a CPU
+host); the rest from the platform and the docker daemon. Two hosts with the same `key` run the
+same GPUs on the same driver and architecture: `stackproof pull` compares keys and fields to say
+"verified on X, you have Y".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import re
+import shutil
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from pipeline import cmd
+
+__all__ = ["HostFingerprint", "differences", "host_fingerprint"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostFingerprint:
+    arch: str  # machine architecture: x86_64, aarch64
+    kernel: str
+    os: str
+    docker: str  # daemon version, or "none"
+    gpus: tuple[dict[str, str], ...]  # {name, compute_capability, memory}; empty on a CPU host
+    driver: str  # NVIDIA driver version, or "none"
+    cuda_driver: str  # the highest CUDA version the driver supports, or "none"
+
+    @property
+    def gpu_summary(self) -> str:
+        if not self.gpus:
+            return "no GPU"
+        names = sorted({f"{g['name']} (cc {g['compute_capability']})" for g in self.gpus})
+        return f"{len(self.gpus)}x " + ", ".join(names)
+
+    @property
+    def key(self) -> str:
+        """Stable over reboots and tool versions: GPUs, driver and architecture only."""
+        basis = {
+            "arch": self.arch,
+            "gpus": sorted((g["name"], g["compute_capability"]) for g in self.gpus),
+            "driver": self.driver,
+        }
+        return hashlib.sha256(json.dumps(basis, sort_keys=True).encode()).hexdigest()[:16]
+
+    def describe(self) -> str:
+        driver = f", driver {self.driver}" if self.driver != "none" else ""
+        return f"{self.gpu_summary}{driver} on {self.arch}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "gpus": list(self.gpus), "key": self.key, "summary": self.describe()}
+
+    @classmethod
+    def parse(cls, data: dict[str, Any]) -> HostFingerprint:
+        return cls(
+            arch=str(data.get("arch", "")),
+            kernel=str(data.get("kernel", "")),
+            os=str(data.get("os", "")),
+            docker=str(data.get("docker", "none")),
+            gpus=tuple(dict(g) for g in data.get("gpus") or ()),
+            driver=str(data.get("driver", "none")),
+            cuda_driver=str(data.get("cuda_driver", "none")),
+        )
+
+
+def host_fingerprint(docker_cli: str | None = None) -> HostFingerprint:
+    gpus: tuple[dict[str, str], ...] = ()
+    driver = cuda_driver = "none"
+    if shutil.which("nvidia-smi"):
+        query = cmd.run(
+            ["nvidia-smi", "--query-gpu=name,compute_cap,memory.total,driver_version", "--format=csv,noheader"],
+            check=False,
+            quiet=True,
+            timeout=30,
+        )
+        if query.returncode == 0:
+            rows = [[f.strip() for f in line.split(",")] for line in query.stdout.splitlines() if line.strip()]
+            gpus = tuple({"name": r[0], "compute_capability": r[1], "memory": r[2]} for r in rows if len(r) >= 4)
+            driver = rows[0][3] if rows and len(rows[0]) >= 4 else "none"
+        banner = cmd.run(["nvidia-smi"], check=False, quiet=True, timeout=30)
+        if match := re.search(r"CUDA Version:\s*([\d.]+)", banner.stdout):
+            cuda_driver = match.group(1)
+    docker = "none"
+    if docker_cli:
+        version = cmd.run(
+            [docker_cli, "version", "--format", "{{.Server.Version}}"], check=False, quiet=True, timeout=30
+        )
+        docker = version.stdout.strip() or "none"
+    return HostFingerprint(
+        arch=platform.machine(),
+        kernel=platform.release(),
+        os=_os_name(),
+        docker=docker,
+        gpus=gpus,
+        driver=driver,
+        cuda_driver=cuda_driver,
+    )
+
+
+def differences(verified: HostFingerprint, here: HostFingerprint) -> list[str]:
+    """What differs between the host a receipt was made on and this one, in the terms users compare."""
+    diffs = []
+    if verified.arch != here.arch:
+        diffs.append(f"architecture {verified.arch} vs {here.arch}")
+    if verified.gpu_summary != here.gpu_summary:
+        diffs.append(f"GPUs {verified.gpu_summary} vs {here.gpu_summary}")
+    if verified.driver != here.driver:
+        diffs.append(f"driver {verified.driver} vs {here.driver}")
+    return diffs
+
+
+def _os_name() -> str:
+    try:
+        with open("/etc/os-release", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("PRETTY_NAME="):
+                    return line.split("=", 1)[1].strip().strip('"')
+    except OSError:
+        pass
+    return platform.system()

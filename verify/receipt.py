@@ -1,0 +1,227 @@
+"""Receipts: what one verification of one image on one host proved, as JSON, JUnit XML and Markdown.
+
+A receipt names the image by its id (the config digest, which every manifest of that image
+references) and the host by its fingerprint; it never claims more. Its `status` is what publish
+gates on: PASS only when every stage that ran passed (WARN counts as passed) and the cell is not
+a known-bad one kept to prove a check (`expect: fail`); INCONCLUSIVE when a stage proved nothing
+either way; FAIL otherwise — including a known-bad cell that failed as expected, which is a
+pipeline success but never a verified image.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+import pipeline
+from pipeline.host import HostFingerprint
+from verify.result import Status, VerifyReport
+
+__all__ = ["RECEIPT_SCHEMA_VERSION", "build_receipt", "receipt_status", "render_junit", "render_markdown", "write_all"]
+
+RECEIPT_SCHEMA_VERSION = 1
+RECEIPT_KIND = "stackproof.receipt"
+
+
+def receipt_status(report: VerifyReport) -> tuple[str, str]:
+    """(PASS | FAIL | INCONCLUSIVE, why)."""
+    if not report.outcome.passed:
+        return "FAIL", report.outcome.summary
+    if report.outcome.expected_failure is not None:
+        return "FAIL", f"a known-bad cell: {report.outcome.summary}"
+    unsure = [s.stage for s in report.stages if s.status is Status.INCONCLUSIVE]
+    if unsure:
+        return "INCONCLUSIVE", f"stages that proved nothing either way: {', '.join(unsure)}"
+    if not report.stages or all(s.status is Status.SKIP for s in report.stages):
+        return "INCONCLUSIVE", "no stage ran"
+    return "PASS", report.outcome.summary
+
+
+def build_receipt(
+    report: VerifyReport,
+    *,
+    matrix_digest: str,
+    host: HostFingerprint,
+    started_at: float,
+    finished_at: float,
+    repo_digests: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    status, reason = receipt_status(report)
+    stages = [
+        {
+            "stage": s.stage,
+            "status": str(s.status),
+            "seconds": s.seconds,
+            "checks": [
+                {"name": c.name, "status": str(c.status), "message": c.message, "evidence": c.evidence}
+                for c in s.checks
+            ],
+            "artifacts": s.artifacts,
+        }
+        for s in report.stages
+    ]
+    return {
+        "schema_version": RECEIPT_SCHEMA_VERSION,
+        "kind": RECEIPT_KIND,
+        "status": status,
+        "status_reason": reason,
+        "claims": "this image id, verified on this host geometry; nothing about other images or hosts",
+        "cell": report.cell,
+        "arm": report.arm,
+        "image": {"ref": report.image, "id": report.image_id, "repo_digests": list(repo_digests)},
+        "matrix_digest": matrix_digest,
+        "host": host.to_json(),
+        "tool": {"name": "stackproof", "version": pipeline.__version__},
+        "started_at": _iso(started_at),
+        "finished_at": _iso(finished_at),
+        "seconds": round(finished_at - started_at, 2),
+        "outcome": {
+            "passed": report.outcome.passed,
+            "summary": report.outcome.summary,
+            "expected_failure": report.outcome.expected_failure,
+        },
+        "stages": stages,
+        "load": _load_summary(report),
+        "autotune": _autotune_winners(report),
+    }
+
+
+def _iso(epoch: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
+
+
+def _load_summary(report: VerifyReport) -> dict[str, Any] | None:
+    stage = next((s for s in report.stages if s.stage == "load" and "summary" in s.artifacts), None)
+    if stage is None or not Path(stage.artifacts["summary"]).is_file():
+        return None
+    summary: dict[str, Any] = json.loads(Path(stage.artifacts["summary"]).read_text())
+    return summary
+
+
+def _autotune_winners(report: VerifyReport) -> list[dict[str, Any]] | None:
+    stage = next((s for s in report.stages if s.stage == "autotune"), None)
+    if stage is None:
+        return None
+    check = next((c for c in stage.checks if c.name == "autotune-cache"), None)
+    winners = check.evidence.get("winners") if check else None
+    return list(winners) if winners else None
+
+
+# -- JUnit XML -------------------------------------------------------------------------------------
+
+
+def render_junit(receipt: dict[str, Any]) -> str:
+    """One testsuite per stage, one testcase per check: FAIL/ERROR fail, SKIP skips, INCONCLUSIVE fails.
+
+    INCONCLUSIVE is reported as a failure so CI viewers do not show green for a check that proved
+    nothing; its message says so.
+    """
+    suites = ET.Element("testsuites", name=f"stackproof {receipt['cell']}")
+    total = failures = skipped = 0
+    for stage in receipt["stages"]:
+        suite = ET.SubElement(
+            suites,
+            "testsuite",
+            name=f"{receipt['cell']}{'/' + receipt['arm'] if receipt['arm'] else ''}.{stage['stage']}",
+            time=f"{stage['seconds']:.2f}",
+        )
+        counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+        for check in stage["checks"]:
+            counts["tests"] += 1
+            case = ET.SubElement(suite, "testcase", classname=f"{receipt['cell']}.{stage['stage']}", name=check["name"])
+            status = check["status"]
+            if status in ("FAIL", "INCONCLUSIVE"):
+                counts["failures"] += 1
+                failure = ET.SubElement(case, "failure", message=f"{status}: {check['message']}"[:1000], type=status)
+                failure.text = json.dumps(check["evidence"], indent=1, default=str)[:20000]
+            elif status == "ERROR":
+                counts["errors"] += 1
+                ET.SubElement(case, "error", message=check["message"][:1000], type=status)
+            elif status == "SKIP":
+                counts["skipped"] += 1
+                ET.SubElement(case, "skipped", message=check["message"][:1000])
+            else:
+                out = ET.SubElement(case, "system-out")
+                out.text = f"{status}: {check['message']}"
+        for key, value in counts.items():
+            suite.set(key, str(value))
+        total += counts["tests"]
+        failures += counts["failures"] + counts["errors"]
+        skipped += counts["skipped"]
+    suites.set("tests", str(total))
+    suites.set("failures", str(failures))
+    ET.indent(suites)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
+
+
+# -- Markdown ---------------------------------------------------------------------------------------
+
+_ICON = {"PASS": "✅", "WARN": "⚠️", "FAIL": "❌", "ERROR": "❌", "INCONCLUSIVE": "❔", "SKIP": "⏭️"}
+
+
+def render_markdown(receipt: dict[str, Any]) -> str:
+    arm = f" / arm `{receipt['arm']}`" if receipt["arm"] else ""
+    host = receipt["host"]
+    lines = [
+        f"### {_ICON.get(receipt['status'], '')} stackproof `{receipt['cell']}`{arm}: {receipt['status']}",
+        "",
+        f"{receipt['status_reason']}",
+        "",
+        f"- image `{receipt['image']['ref']}` id `{receipt['image']['id']}`",
+        f"- host: {host['summary']} (key `{host['key']}`), docker {host['docker']}",
+        f"- {receipt['seconds']:.0f}s, stackproof {receipt['tool']['version']}, "
+        f"matrix `{receipt['matrix_digest'][:19]}`",
+        "",
+        "| stage | status | seconds | checks |",
+        "|---|---|---|---|",
+    ]
+    for stage in receipt["stages"]:
+        counted: dict[str, int] = {}
+        for check in stage["checks"]:
+            counted[check["status"]] = counted.get(check["status"], 0) + 1
+        summary = ", ".join(f"{n} {s}" for s, n in sorted(counted.items()))
+        icon = _ICON.get(stage["status"], "")
+        lines.append(f"| {stage['stage']} | {icon} {stage['status']} | {stage['seconds']:.1f} | {summary} |")
+    bad = [
+        (stage["stage"], c)
+        for stage in receipt["stages"]
+        for c in stage["checks"]
+        if c["status"] in ("FAIL", "ERROR", "INCONCLUSIVE", "WARN")
+    ]
+    if bad:
+        lines += ["", "**Findings**", ""]
+        lines += [f"- {_ICON.get(c['status'], '')} `{s}` {c['name']}: {_one_line(c['message'])}" for s, c in bad[:30]]
+    load = receipt.get("load")
+    if load:
+        ttft, tpot = load["latency_ms"]["ttft"], load["latency_ms"]["tpot"]
+        q = load["questions"]
+        lines += [
+            "",
+            f"**Load**: {q['clean']}/{q['attempted']} questions clean, "
+            f"{load['throughput']['output_tok_s']:.0f} output tok/s, TTFT p50/p99 {ttft['p50']}/{ttft['p99']} ms, "
+            f"TPOT p50 {tpot['p50']} ms",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())[:300].replace("|", "\\|")
+
+
+def write_all(receipt: dict[str, Any], out_dir: Path) -> dict[str, Path]:
+    """receipt.json, junit.xml and summary.md in `out_dir`; the summary also to $GITHUB_STEP_SUMMARY."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"receipt": out_dir / "receipt.json", "junit": out_dir / "junit.xml", "summary": out_dir / "summary.md"}
+    paths["receipt"].write_text(json.dumps(receipt, indent=2, default=str) + "\n")
+    paths["junit"].write_text(render_junit(receipt))
+    markdown = render_markdown(receipt)
+    paths["summary"].write_text(markdown)
+    step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if step_summary:
+        with open(step_summary, "a", encoding="utf-8") as f:
+            f.write(markdown + "\n")
+    return paths
