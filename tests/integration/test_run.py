@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +55,29 @@ def test_cpu_tiny_end_to_end(cpu_tiny: str, tmp_path: Path) -> None:
     probe = Path(stages["imports"]["artifacts"]["probe"])
     assert probe.is_file() and '"vllm"' in probe.read_text()
     _assert_short_load_passed(stages["load"])
+    _assert_receipt(Path(stages["imports"]["artifacts"]["probe"]).parent, report)
     assert containers(CELL_LABEL) == [], "the server container must be removed after a passing run"
+
+
+def _assert_receipt(run_dir: Path, report: dict[str, Any]) -> None:
+    """receipt.json (PASS, this image id, this host), valid JUnit XML, and the Markdown summary."""
+    receipt = json.loads((run_dir / "receipt.json").read_text())
+    assert receipt["schema_version"] == 1 and receipt["kind"] == "stackproof.receipt"
+    assert receipt["status"] == "PASS", receipt["status_reason"]
+    assert receipt["image"]["id"] == report["image_id"] and receipt["cell"] == "cpu-tiny"
+    assert receipt["host"]["gpus"] == [] and receipt["host"]["driver"] == "none"  # a CPU host
+    assert receipt["host"]["docker"] != "none" and receipt["matrix_digest"]
+    assert [s["stage"] for s in receipt["stages"]] == ["imports", "startup", "autotune", "load"]
+    assert receipt["load"]["questions"]["clean"] == 80 and receipt["autotune"] is None
+    suites = ET.parse(run_dir / "junit.xml").getroot()
+    assert suites.tag == "testsuites" and int(suites.get("failures", "-1")) == 0
+    for suite in suites.iter("testsuite"):
+        assert suite.get("name") and suite.get("tests") is not None and suite.get("failures") is not None
+        assert int(suite.get("tests", "0")) == len(suite.findall("testcase"))
+    summary = (run_dir / "summary.md").read_text()
+    assert "stackproof `cpu-tiny`" in summary and "PASS" in summary and "**Load**" in summary
+    # No secret reaches a receipt: the CA bundle's path and any index URL with credentials stay out.
+    assert "BEGIN CERTIFICATE" not in json.dumps(receipt)
 
 
 def _assert_short_load_passed(load: dict[str, Any]) -> None:

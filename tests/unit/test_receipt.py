@@ -1,0 +1,133 @@
+"""Receipts: the status publish gates on, JUnit XML a CI viewer accepts, the Markdown summary.
+
+The committed example (docs/receipt-cpu-tiny.json) is a real receipt from `stackproof run cpu-tiny`.
+"""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from pipeline.errors import InputError
+from pipeline.host import HostFingerprint, differences
+from pipeline.publish import receipt_tag
+from pipeline.registry import split_registry
+from verify.receipt import build_receipt, receipt_status, render_junit, render_markdown, write_all
+from verify.result import CheckResult, Outcome, StageResult, Status, VerifyReport
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "receipt-cpu-tiny.json"
+CPU = HostFingerprint(
+    arch="x86_64", kernel="6.1", os="Debian 12", docker="20.10", gpus=(), driver="none", cuda_driver="none"
+)
+SPARK = HostFingerprint(
+    arch="aarch64",
+    kernel="6.8",
+    os="Ubuntu 24.04",
+    docker="28.0",
+    gpus=({"name": "NVIDIA GB10", "compute_capability": "12.1", "memory": "128 GiB"},),
+    driver="580.95.05",
+    cuda_driver="13.0",
+)
+
+
+def _report(*statuses: Status, passed: bool = True, expected: dict[str, object] | None = None) -> VerifyReport:
+    stages = tuple(
+        StageResult.of(
+            stage, [CheckResult(name=f"{stage}-check", status=status, message=f"{stage} said {status}")], 1.5
+        )
+        for stage, status in zip(("imports", "startup", "autotune", "load"), statuses, strict=False)
+    )
+    return VerifyReport(
+        cell="cpu-tiny",
+        arm=None,
+        image="stackproof/cpu-tiny:abc",
+        image_id="sha256:" + "1" * 64,
+        stages=stages,
+        outcome=Outcome(passed=passed, summary="summary", expected_failure=expected),
+    )
+
+
+@pytest.mark.parametrize(
+    ("statuses", "passed", "expected", "status"),
+    [
+        ((Status.PASS, Status.PASS, Status.SKIP, Status.PASS), True, None, "PASS"),
+        ((Status.PASS, Status.WARN), True, None, "PASS"),
+        ((Status.PASS, Status.FAIL), False, None, "FAIL"),
+        ((Status.PASS, Status.INCONCLUSIVE), True, None, "INCONCLUSIVE"),
+        ((Status.SKIP,), True, None, "INCONCLUSIVE"),
+        ((Status.FAIL,), True, {"stage": "imports", "matched": True}, "FAIL"),  # known-bad, failed as expected
+    ],
+)
+def test_receipt_status(
+    statuses: tuple[Status, ...], passed: bool, expected: dict[str, object] | None, status: str
+) -> None:
+    assert receipt_status(_report(*statuses, passed=passed, expected=expected))[0] == status
+
+
+def _receipt(*statuses: Status, passed: bool = True) -> dict[str, object]:
+    return build_receipt(
+        _report(*statuses, passed=passed),
+        matrix_digest="sha256:" + "2" * 64,
+        host=SPARK,
+        started_at=0.0,
+        finished_at=9.0,
+    )
+
+
+def test_junit_counts_failures_and_skips_per_suite() -> None:
+    root = ET.fromstring(
+        render_junit(_receipt(Status.PASS, Status.FAIL, Status.SKIP, Status.INCONCLUSIVE, passed=False))
+    )
+    assert root.tag == "testsuites" and root.get("tests") == "4" and root.get("failures") == "2"
+    suites = {s.get("name"): s for s in root.iter("testsuite")}
+    assert set(suites) == {"cpu-tiny.imports", "cpu-tiny.startup", "cpu-tiny.autotune", "cpu-tiny.load"}
+    for suite in suites.values():  # what CI report viewers require of every testsuite
+        assert suite.get("name") and suite.get("tests") == "1" and suite.get("failures") in ("0", "1")
+    assert suites["cpu-tiny.startup"].find("testcase/failure") is not None
+    assert suites["cpu-tiny.autotune"].find("testcase/skipped") is not None
+    inconclusive = suites["cpu-tiny.load"].find("testcase/failure")
+    assert inconclusive is not None and inconclusive.get("type") == "INCONCLUSIVE"
+    passing = ET.fromstring(render_junit(_receipt(Status.PASS, Status.PASS)))
+    assert passing.get("failures") == "0" and passing.find(".//failure") is None
+
+
+def test_markdown_names_status_host_and_findings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    receipt = _receipt(Status.PASS, Status.FAIL, passed=False)
+    text = render_markdown(receipt)
+    assert "FAIL" in text and "1x NVIDIA GB10 (cc 12.1)" in text and "startup said FAIL" in text
+    summary = tmp_path / "step-summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    paths = write_all(receipt, tmp_path / "run")
+    assert summary.read_text().startswith("### ") and json.loads(paths["receipt"].read_text())["status"] == "FAIL"
+    assert paths["junit"].is_file() and paths["summary"].read_text() == text
+
+
+def test_the_committed_example_is_a_real_passing_cpu_tiny_receipt() -> None:
+    receipt = json.loads(EXAMPLE.read_text())
+    assert receipt["schema_version"] == 1 and receipt["status"] == "PASS" and receipt["cell"] == "cpu-tiny"
+    assert receipt["host"]["gpus"] == [] and receipt["image"]["id"].startswith("sha256:")
+    load = receipt["load"]
+    checks = {c["name"]: c for s in receipt["stages"] if s["stage"] == "load" for c in s["checks"]}
+    deltas = checks["token-accounting"]["evidence"]["server_deltas"]
+    assert deltas["generation_tokens"] == checks["token-accounting"]["evidence"]["client_output_tokens"]
+    assert load["questions"]["clean"] == load["questions"]["attempted"] > 0
+    ET.fromstring(render_junit(receipt))  # renders again from the stored form
+
+
+def test_host_key_and_differences() -> None:
+    assert CPU.key != SPARK.key and CPU.describe() == "no GPU on x86_64"
+    assert differences(SPARK, SPARK) == []
+    diffs = differences(SPARK, CPU)
+    assert any(d.startswith("architecture") for d in diffs) and any(d.startswith("GPUs") for d in diffs)
+    assert HostFingerprint.parse(SPARK.to_json()) == SPARK
+
+
+def test_registry_names() -> None:
+    assert split_registry("127.0.0.1:5000") == ("127.0.0.1:5000", "")
+    assert split_registry("http://reg.example:443/team/") == ("reg.example:443", "team")
+    assert receipt_tag("sha256:" + "a" * 64) == "sha256-" + "a" * 64 + ".receipt"
+    with pytest.raises(InputError):
+        split_registry("")
