@@ -64,6 +64,21 @@ def build(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def verify(session: nox.Session) -> None:
+    """CI's job for one cell on a self-hosted runner (`nox -s verify -- CELL [stackproof run options]`).
+
+    Build + verify the cell, outputs (reports, receipts, logs) under stackproof-out/. The runner
+    must already have docker with BuildKit (and the NVIDIA container toolkit for GPU cells): this
+    session installs only the Python package, never docker (docs/ci.md).
+    """
+    if not session.posargs:
+        session.error("give the cell: nox -s verify -- CELL")
+    cell, *options = session.posargs
+    _install(session)
+    session.run("stackproof", "run", cell, "--out", "stackproof-out", *options, env=_site_env())
+
+
+@nox.session(python=PYTHON)
 def run(session: nox.Session) -> None:
     """The main job for the cells given (`nox -s run -- CELL`)."""
     _install(session)

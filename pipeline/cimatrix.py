@@ -112,7 +112,9 @@ def github_matrix(entries: Iterable[MatrixEntry]) -> dict[str, list[dict[str, An
     return {"include": [e.to_json() for e in entries]}
 
 
-def changed_cells(old: Matrix | None, new: Matrix, changed_files: Iterable[Path], images_dir: Path) -> tuple[Change, ...]:
+def changed_cells(
+    old: Matrix | None, new: Matrix, changed_files: Iterable[Path], images_dir: Path
+) -> tuple[Change, ...]:
     """The cells of `new` whose verification may come out differently than at the older commit.
 
     A cell is selected when it is new (or `old` is None: no matrix there), when its resolved
@@ -123,6 +125,7 @@ def changed_cells(old: Matrix | None, new: Matrix, changed_files: Iterable[Path]
     """
     before = {c.id: cell_definition(old, c) for c in old.cells} if old else {}
     changed = {_absolute(p) for p in changed_files}
+    root = _absolute(new.file).parent
     direct: dict[str, list[str]] = {}
     for cell in new.cells:
         reasons = direct.setdefault(cell.id, [])
@@ -130,7 +133,6 @@ def changed_cells(old: Matrix | None, new: Matrix, changed_files: Iterable[Path]
             reasons.append("new cell" if old else "no usable matrix at the older commit")
         elif before[cell.id] != cell_definition(new, cell):
             reasons.append("definition changed")
-        root = _absolute(new.file).parent
         for path in cell_inputs(cell, images_dir):
             hits = sorted(f for f in changed if f == path or path in f.parents)
             reasons += [f"{_shown(f, root)} changed" for f in hits]

@@ -194,6 +194,9 @@ def _parser() -> argparse.ArgumentParser:
     from pipeline.cli_ci import add_commands as add_ci_commands
 
     add_ci_commands(commands, common)
+    from pipeline.cli_repro import add_commands as add_repro_commands
+
+    add_repro_commands(commands, common)
     return parser
 
 

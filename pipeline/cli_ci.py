@@ -20,7 +20,9 @@ from pipeline.model import Matrix
 __all__ = ["add_commands", "changes_since"]
 
 
-def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser) -> None:
+def add_commands(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
     p = commands.add_parser(
         "ci-matrix", parents=[common], help="the GitHub Actions matrix ({include: [...]}) of the cells to verify"
     )
@@ -58,7 +60,7 @@ def _ci_matrix(args: argparse.Namespace) -> int:
     ]
     header = ("cell", "arch", "platform", "runs-on", "expect", "why" if args.changed_since is not None else "")
     widths = [max(len(r[i]) for r in (header, *rows)) for i in range(len(header))]
-    for row in (header, *rows):
+    for row in (header, *rows) if rows else ():
         print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
     since = f", changed since {args.changed_since}" if args.changed_since is not None else ""
     print(f"{len(entries)} of {len(matrix.cells)} cells selected{since}")

@@ -1,7 +1,8 @@
 """`stackproof soak`: arms of one cell, alternated on one host, until the duration is spent.
 
 Each round starts a fresh server per arm and gives it one slice of load (same questions, same
-seed), so slow drift of the host (heat, other tenants) falls on every arm alike. A slice that
+seed), so slow drift of the host (heat, other tenants) falls on every arm alike. Rounds are whole:
+a round started before the duration ran out finishes, so every arm gets the same exposure. A slice that
 ends on a fault verdict counts that fault and the soak goes on with the next arm. At the end each
 arm's fault statistics, and for two arms the one-sided comparison, go to soak.json.
 """
@@ -53,25 +54,28 @@ def soak(
 ) -> dict[str, Any]:
     chosen: list[Arm | None] = [None if name == DEFAULT_ARM else cell.arm(name) for name in arms]
     tallies = {name: ArmTally(name=name) for name in arms}
+    # Whole rounds only: every arm gets the same slice in every round, so their exposure stays
+    # equal for the comparison; a new round starts only while the duration lasts.
     deadline = time.monotonic() + duration_s
     round_no = 0
-    while time.monotonic() < deadline:
+    while round_no == 0 or time.monotonic() < deadline:
         for name, arm in zip(arms, chosen, strict=True):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
             tally = tallies[name]
             slice_dir = out_dir / f"round{round_no:03d}-{name}"
-            # Each slice continues the question stream where this arm left it: new ids, same pool.
-            slice_spec = replace(spec, duration_s=min(slice_s, left), seed=spec.seed)
+            left = max(0.0, deadline - time.monotonic())
             print(
                 f"{cell.id}: soak round {round_no} arm {name}: {tally.questions} questions so far, "
-                f"{tally.faults} faulted, {left:.0f}s left",
+                f"{tally.faults} faulted, {left:.0f}s of {duration_s:.0f}s left",
                 file=sys.stderr,
             )
-            _one_slice(engine, cell, image, arm, slice_spec, slice_dir, tally)
+            _one_slice(engine, cell, image, arm, replace(spec, duration_s=slice_s), slice_dir, tally)
         round_no += 1
-    document: dict[str, Any] = {"cell": cell.id, "image": image, "arms": {}, "config": {"duration_s": duration_s}}
+    document: dict[str, Any] = {
+        "cell": cell.id,
+        "image": image,
+        "arms": {},
+        "config": {"duration_s": duration_s, "slice_s": slice_s, "rounds": round_no},
+    }
     for name, tally in tallies.items():
         stats = fault_stats(spec.baseline_rate, tally.questions, tally.faults).to_json() if tally.questions else None
         document["arms"][name] = {

@@ -1,0 +1,276 @@
+"""`stackproof repro` and `stackproof doctor`: their subcommands, handlers, and writing matrix.yaml.
+
+`repro SOURCE` parses what a reporter pasted (pipeline/repro.py), finds the base's pins
+(pipeline/pins.py) and prints a new cell; `--write` appends it to matrix.yaml as text (comments and
+formatting kept), validates the file, and restores it unchanged when the result does not load.
+`doctor` fingerprints this host or a cell's image (verify/doctor.py) and lists the cells that match.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import InputError, MatrixError
+from pipeline.model import Matrix
+
+__all__ = ["add_commands", "write_cell"]
+
+
+def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
+    """Register `repro` and `doctor` on the CLI's subparsers (`commands`)."""
+    p = commands.add_parser(
+        "repro", parents=[common], help="a reporter's environment -> a new cell that reproduces their stack"
+    )
+    p.add_argument(
+        "source",
+        help="a file or - (stdin): `vllm collect-env` output (an issue body is fine), an environment block, "
+        "a pip freeze, or `stackproof doctor --json` output",
+    )
+    p.add_argument("--id", dest="cell_id", default=None, help="the new cell's id (default: derived from the stack)")
+    p.add_argument("--write", action="store_true", help="append the cell (and any new base/index) to the matrix")
+    p.add_argument("--arch", default=None, help="the GPU arch, when the source names no GPU (e.g. a pip freeze)")
+    p.add_argument("--platform", default=None, help="linux/amd64 or linux/arm64, when the source does not say")
+    p.add_argument("--offline", action="store_true", help="never read release pins from PyPI; built-in table only")
+    p.set_defaults(handler=_repro)
+
+    p = commands.add_parser(
+        "doctor", parents=[common], help="fingerprint this host (or a cell's image) and find the cells that match"
+    )
+    p.add_argument("--cell", default=None, help="fingerprint this cell's built image instead of the host")
+    p.add_argument("--python", default=sys.executable, help="host mode: the interpreter whose stack to fingerprint")
+    p.add_argument("--gpus", default=None, help="with --cell: docker --gpus (default: the cell's serve.gpus)")
+    p.add_argument("--input", type=Path, default=None, help="read a doctor JSON (a reporter's) instead of probing")
+    p.add_argument("--receipts", type=Path, default=None, help="a directory of verify reports (report.json) to match")
+    p.add_argument("--no-imports", action="store_true", help="list distributions only; import nothing")
+    p.add_argument("--fetch-pins", action="store_true", help="read release pins missing from the table from PyPI")
+    p.set_defaults(handler=_doctor)
+
+
+# -- repro ------------------------------------------------------------------------------------------
+
+
+def _repro(args: argparse.Namespace) -> int:
+    from pipeline.cli import _emit, _load
+    from pipeline.pins import cell_stack
+    from pipeline.repro import build_repro, image_env, parse_source, plan_repro
+
+    text, name = _read_source(args.source)
+    report = parse_source(text, name)
+    matrix, images = _load(args)
+    lookup = _release_lookup(matrix, online=not args.offline)
+    plan = plan_repro(report, matrix, arch=args.arch, platform=args.platform)
+    inherited: dict[str, str] = {}
+    if plan.extends is not None:
+        parent = matrix.cell(plan.extends)
+        pins = cell_stack(matrix, parent, lookup)
+        source = pins.source
+        inherited = image_env(matrix, parent.id)
+    elif plan.release is not None:
+        pins, source = lookup(plan.release, plan.platform)
+    else:
+        pins, source = None, "unknown: a nightly image's contents are not on PyPI; the stack is pinned as reported"
+    cell = build_repro(report, matrix, plan, pins, source, cell_id=args.cell_id, inherited_env=inherited)
+    written = None
+    if args.write:
+        written = write_cell(args.matrix, cell, images_dir=images)
+        print(f"stackproof: added cell {cell.id} to {written}", file=sys.stderr)
+    document = {**cell.to_json(), "yaml": cell.yaml(), "written": str(written) if written else None}
+    _emit(args, document, cell.yaml().rstrip("\n"))
+    return 0
+
+
+def _read_source(source: str) -> tuple[str, str]:
+    if source == "-":
+        return sys.stdin.read(), "-"
+    path = Path(source)
+    try:
+        return path.read_text(encoding="utf-8", errors="replace"), path.name
+    except OSError as exc:
+        raise InputError(f"{source}: cannot read: {exc.strerror}") from exc
+
+
+def _release_lookup(matrix: Matrix, *, online: bool) -> Any:
+    from pipeline.pins import ReleaseLookup, fetch_requires_dist
+    from pipeline.site import load_site
+
+    site = load_site(matrix)
+    index_url = "https://pypi.org/simple"
+    if any(ix.name == "pypi" for ix in matrix.indexes):
+        mirror = site.index_location(matrix, "pypi")
+        index_url = index_url if mirror.is_local else mirror.location
+    fetch = functools.partial(fetch_requires_dist, index_url=index_url, cert=site.ca_bundle, redact=site.secrets())
+    return ReleaseLookup(online=online, fetch=fetch)
+
+
+def write_cell(matrix_file: Path, cell: Any, *, images_dir: Path) -> Path:
+    """Append `cell` (a `ReproCell`) and any new index and base to `matrix_file` as text, keeping
+    every comment; then load the file. When it does not load, put the original back and raise."""
+    from pipeline.load import load_matrix
+
+    original = matrix_file.read_text(encoding="utf-8")
+    if re.search(rf"^\s*-\s+id:\s*['\"]?{re.escape(cell.id)}['\"]?\s*$", original, re.MULTILINE):
+        raise InputError(f"{matrix_file}: a cell {cell.id!r} exists already: pass another --id")
+    text = original
+    for key in ("indexes", "bases", "cells"):
+        indent = _indent_of(text, key)
+        sections = dict(cell.sections(indent))
+        if key in sections:
+            text = _insert(text, key, ("\n" if key == "cells" else "") + sections[key], matrix_file)
+    matrix_file.write_text(text, encoding="utf-8")
+    try:
+        load_matrix(matrix_file, images_dir=images_dir)
+    except MatrixError as exc:
+        matrix_file.write_text(original, encoding="utf-8")
+        raise MatrixError([*exc.problems, f"{matrix_file}: restored unchanged; cell {cell.id} was not added"]) from exc
+    return matrix_file
+
+
+def _indent_of(text: str, key: str) -> str:
+    """The indentation of the first entry under top-level `key` (two spaces when there is none)."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if re.match(rf"^{key}:\s*(#.*)?$", line)), None)
+    if start is None:
+        return "  "
+    for line in lines[start + 1 :]:
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        if not line[0].isspace() and not line.startswith("- "):
+            break
+        match = re.match(r"^(\s*)", line)
+        return match.group(1) if match else "  "
+    return "  "
+
+
+def _insert(text: str, key: str, entries: str, file: Path) -> str:
+    """`entries` at the end of top-level block `key:` (a new block before `cells:` when absent)."""
+    lines = text.splitlines(keepends=True)
+    if lines and not lines[-1].endswith("\n"):
+        lines[-1] += "\n"
+    start = next((i for i, line in enumerate(lines) if re.match(rf"^{key}:\s*(#.*)?$", line)), None)
+    if start is None:
+        if any(re.match(rf"^{key}:", line) for line in lines):
+            raise InputError(f"{file}: `{key}:` is written in flow style ({{...}}): add the new entries by hand")
+        at = next((i for i, line in enumerate(lines) if re.match(r"^cells:", line)), len(lines))
+        return "".join([*lines[:at], f"{key}:\n", entries, "\n", *lines[at:]])
+    end = next((i for i in range(start + 1, len(lines)) if re.match(r"^[^\s#]", lines[i])), len(lines))
+    if end < len(lines):  # comments and blank lines just above the next key belong to it
+        while end > start + 1 and (not lines[end - 1].strip() or lines[end - 1].startswith("#")):
+            end -= 1
+    return "".join([*lines[:end], entries, *lines[end:]])
+
+
+# -- doctor -----------------------------------------------------------------------------------------
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from pipeline.cli import _emit, _jsonable, _load
+    from verify.doctor import (
+        Fingerprint,
+        doctor_host,
+        doctor_image,
+        match_cells,
+        match_receipts,
+        matrix_key,
+    )
+    from verify.imports import check_flashinfer_trio
+
+    matrix = images = None
+    if args.cell or args.matrix.is_file():
+        matrix, images = _load(args)
+    if args.input is not None:
+        try:
+            document = json.loads(args.input.read_text())
+        except (OSError, ValueError) as exc:
+            raise InputError(f"--input {args.input}: not a doctor JSON ({exc})") from exc
+    elif args.cell:
+        from pipeline.engine import Engine
+        from pipeline.plan import plan_cell, python_of
+        from pipeline.site import load_site
+
+        assert matrix is not None and images is not None
+        cell = matrix.cell(args.cell)
+        tag = plan_cell(matrix, cell, load_site(matrix), images).tag
+        engine = Engine.connect()
+        if engine.image(tag) is None:
+            raise InputError(f"{cell.id}: image {tag} is not built: run `stackproof build {cell.id}`")
+        gpus = args.gpus or (cell.serve.gpus if cell.serve else None)
+        env = {**dict(cell.env), **cell.serve_env()}
+        document = doctor_image(
+            engine, tag, python=python_of(matrix, cell), env=env, gpus=gpus, imports=not args.no_imports
+        )
+        document["stackproof"] = {"cell": cell.id, "image": tag}
+    else:
+        document = doctor_host(args.python, imports=not args.no_imports)
+    fp = Fingerprint.parse(document, str(args.input or "doctor_probe.py"))
+    key = matrix_key(fp)
+    trio = check_flashinfer_trio(fp.probe) if fp.probe else None
+    matches = []
+    notes = list(fp.notes)
+    if matrix is not None:
+        lookup = _release_lookup(matrix, online=args.fetch_pins)
+        matches = match_cells(matrix, fp, lookup, matrix.file.read_text())
+    else:
+        notes.append(f"{args.matrix}: no matrix here; no cells matched")
+    receipts = match_receipts(args.receipts, fp, {m.cell for m in matches if m.match}) if args.receipts else []
+    derived = {
+        "matrix_key": {"key": key.key, "text": key.text, "stack": key.stack, "host": key.host},
+        "flashinfer_trio": _jsonable(trio) if trio else None,
+        "matches": [_jsonable(m) for m in matches],
+        "receipts": receipts,
+        "notes": notes,
+    }
+    _emit(args, {**document, "doctor": derived}, "\n".join(_doctor_lines(fp, key, trio, matches, receipts, notes)))
+    return 0
+
+
+def _doctor_lines(fp: Any, key: Any, trio: Any, matches: list[Any], receipts: list[Any], notes: list[str]) -> list[str]:
+    lines = [
+        f"host: {fp.os or '?'}, kernel {fp.kernel or '?'}, {fp.machine or '?'}"
+        + (", in a container" if fp.container else ""),
+    ]
+    if fp.gpus:
+        names = sorted({g.name for g in fp.gpus})
+        capability = fp.gpus[0].capability or "?"
+        lines.append(
+            f"GPU: {len(fp.gpus)} x {', '.join(names)} (capability {capability}, {fp.arch}), driver {fp.driver}, "
+            f"CUDA {fp.cuda_driver} [{fp.gpu_source}]"
+        )
+    else:
+        lines.append(f"GPU: none seen ({fp.gpu_error or 'no devices'})")
+    lines.append(f"CUDA: torch built with {fp.torch_cuda() or 'no CUDA'}; nvcc {fp.nvcc or 'not found'}")
+    wheel = next((f"{n} {v}" for n, v in sorted(fp.stack().items()) if n.startswith("nvidia-cudnn-cu")), "no wheel")
+    lines.append(
+        f"cuDNN: torch loads {fp.cudnn or 'none'} ({wheel}); host libraries {', '.join(fp.cudnn_host) or 'none'}"
+    )
+    if fp.probe:
+        shown = ("vllm", "torch", "triton", "flashinfer-python", "flashinfer-cubin", "flashinfer-jit-cache")
+        stack = ", ".join(f"{n} {fp.version(n) or '-'}" for n in shown)
+        lines.append(f"stack: python {fp.probe.python_version}, {stack}")
+        imports = ", ".join(
+            f"{o.module} {'ok' if o.ok else ('absent' if o.absent else o.quoted)}" for o in fp.probe.imports
+        )
+        lines.append(f"imports: {imports or 'not run'}")
+    if trio is not None:
+        lines.append(f"flashinfer trio: {trio.status}: {trio.message}")
+    env = ", ".join(f"{k}={v}" for k, v in fp.env if k.startswith(("VLLM_", "FLASHINFER_")))
+    lines.append(f"env: {env or 'no VLLM_/FLASHINFER_ variables'}")
+    lines.append(f"matrix key: {key.key}  ({key.text})")
+    matching = [m for m in matches if m.match]
+    lines.append("matching cells: " + (", ".join(m.cell for m in matching) if matching else "none"))
+    for m in matching:
+        lines += [f"  {m.cell}: host differs from the report's: {h}" for h in m.host]
+    nearest = [m for m in matches if not m.match][:3]
+    for m in nearest:
+        first = [*m.geometry, *m.stack]
+        more = f" (+{len(first) - 3} more)" if len(first) > 3 else ""
+        lines.append(f"  nearest {m.cell}: {'; '.join(first[:3])}{more}")
+    for r in receipts:
+        lines.append(f"receipt: {r['cell']} {r['image']} ({r['host']}) {r['path']}")
+    lines += [f"note: {n}" for n in notes]
+    return lines

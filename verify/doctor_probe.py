@@ -1,0 +1,314 @@
+"""stackproof's host fingerprint: GPUs, driver, CUDA, cuDNN and the Python stack. Stdlib only.
+
+Runs anywhere a bug reporter can run Python, with nothing installed:
+
+    python3 doctor_probe.py [--modules torch?,flashinfer?,vllm?] [--no-imports] [--gpu-source auto|nvidia-smi|nvml]
+
+It needs `inimage_probe.py` beside it (both live in stackproof's `verify/`): that probe collects the
+installed distributions, import outcomes, what torch sees and the relevant env vars, and this
+script adds what is not in a Python environment: the GPUs and their compute capability (nvidia-smi,
+else NVML through ctypes), the driver and the CUDA version it supports, `nvcc`, the host's cuDNN
+libraries, the OS and kernel, whether this is a container, and more env vars. Values of env vars
+whose names (or values) look secret are redacted.
+
+Prints one JSON document (doctor_schema 1) on stdout and exits 0 even when a part could not be
+collected: that part then carries an `error`. `stackproof doctor` runs this on the host or in a
+`--network none` container of a cell's image; `stackproof repro` turns its output into a cell.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import datetime
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+DOCTOR_SCHEMA = 1
+HERE = Path(__file__).resolve().parent
+INIMAGE_PROBE = HERE / "inimage_probe.py"
+DEFAULT_MODULES = "torch?,flashinfer?,vllm?"
+# Beyond the in-image probe's FLASHINFER_/VLLM_/CUDA_/NCCL_/TORCH_: what else shapes a GPU stack.
+EXTRA_ENV_PREFIXES = ("CUDNN_", "NVIDIA_", "PYTORCH_", "TRITON_", "HF_", "OMP_")
+EXTRA_ENV_NAMES = ("LD_LIBRARY_PATH", "LD_PRELOAD")
+SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_?KEY|CREDENTIAL|AUTH", re.IGNORECASE)
+SECRET_VALUE = re.compile(r"\bhf_[A-Za-z0-9]{20,}|\bgh[pousr]_[A-Za-z0-9]{20,}|\bsk-[A-Za-z0-9_-]{20,}")
+UTC = datetime.timezone.utc  # noqa: UP017 (datetime.UTC is 3.11+; reporters may run Python 3.10)
+SMI_FIELDS = ("index", "name", "compute_cap", "driver_version", "memory.total", "pci.bus_id")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description="stackproof host fingerprint (stdlib only)")
+    parser.add_argument("--modules", default=DEFAULT_MODULES, help="modules the probe imports (`?` = if installed)")
+    parser.add_argument("--no-imports", action="store_true", help="list distributions only; import nothing")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds allowed for each import")
+    parser.add_argument("--gpu-source", choices=("auto", "nvidia-smi", "nvml"), default="auto")
+    args = parser.parse_args()
+    document = collect(modules="" if args.no_imports else args.modules, timeout=args.timeout, gpu=args.gpu_source)
+    json.dump(document, sys.stdout, indent=1, sort_keys=True)
+    sys.stdout.write("\n")
+    return 0
+
+
+def collect(*, modules: str, timeout: float, gpu: str) -> dict[str, Any]:
+    probe, probe_error = run_inimage_probe(modules, timeout)
+    return {
+        "doctor_schema": DOCTOR_SCHEMA,
+        "generated_at": datetime.datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "host": host_facts(),
+        "gpu": gpu_facts(gpu),
+        "nvcc": nvcc_facts(),
+        "cudnn_host": cudnn_host_facts(),
+        "env_extra": extra_environment(),
+        "probe": probe,
+        "probe_error": probe_error,
+    }
+
+
+# -- the Python stack: the in-image probe, run as it is run everywhere else ----------------------
+
+
+def run_inimage_probe(modules: str, timeout: float) -> tuple[dict[str, Any] | None, str | None]:
+    if not INIMAGE_PROBE.is_file():
+        return None, f"{INIMAGE_PROBE} is missing: put inimage_probe.py (stackproof verify/) beside this script"
+    argv = [sys.executable, str(INIMAGE_PROBE), "--modules", modules, "--timeout", str(timeout)]
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout * 3 + 60)
+    except subprocess.TimeoutExpired:
+        return None, f"the in-image probe did not finish in {timeout * 3 + 60:.0f}s"
+    try:
+        return dict(json.loads(proc.stdout)), None
+    except ValueError:
+        tail = " | ".join((proc.stdout + proc.stderr).strip().splitlines()[-8:])
+        return None, f"the in-image probe printed no JSON (exit code {proc.returncode}): {tail}"
+
+
+# -- the machine ------------------------------------------------------------------------------------
+
+
+def host_facts() -> dict[str, Any]:
+    libc, libc_version = platform.libc_ver()
+    return {
+        "os": _os_release(),
+        "kernel": platform.release(),
+        "machine": platform.machine(),
+        "libc": f"{libc} {libc_version}".strip() or None,
+        "container": _container(),
+    }
+
+
+def _os_release() -> str | None:
+    for path in ("/etc/os-release", "/usr/lib/os-release"):
+        try:
+            text = Path(path).read_text()
+        except OSError:
+            continue
+        match = re.search(r'^PRETTY_NAME="?([^"\n]*)"?', text, re.MULTILINE)
+        if match:
+            return match.group(1)
+    return None
+
+
+def _container() -> dict[str, Any]:
+    """Whether this runs in a container, and what says so (the kernel is then the host's)."""
+    for marker in ("/.dockerenv", "/run/.containerenv"):
+        if os.path.exists(marker):
+            return {"detected": True, "evidence": marker}
+    try:
+        cgroup = Path("/proc/1/cgroup").read_text()
+    except OSError:
+        cgroup = ""
+    match = re.search(r"docker|containerd|kubepods|libpod|lxc", cgroup)
+    if match:
+        return {"detected": True, "evidence": f"/proc/1/cgroup mentions {match.group(0)}"}
+    return {"detected": False, "evidence": None}
+
+
+# -- GPUs: nvidia-smi first, NVML through ctypes when it is missing ------------------------------
+
+
+def gpu_facts(source: str) -> dict[str, Any]:
+    errors = []
+    if source in ("auto", "nvidia-smi"):
+        facts = _from_nvidia_smi()
+        if "error" not in facts or source == "nvidia-smi":
+            return facts
+        errors.append(facts["error"])
+    facts = _from_nvml()
+    if "error" in facts and errors:
+        facts["error"] = "; ".join([*errors, facts["error"]])
+    return facts
+
+
+def _from_nvidia_smi() -> dict[str, Any]:
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return {"source": "nvidia-smi", "error": "nvidia-smi: not found on PATH", "devices": []}
+    fields = list(SMI_FIELDS)
+    out, err = _run([smi, f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"])
+    if out is None and "compute_cap" in (err or ""):  # drivers before 510 do not know the field
+        fields.remove("compute_cap")
+        out, err = _run([smi, f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"])
+    if out is None:
+        return {"source": "nvidia-smi", "error": f"nvidia-smi failed: {err}", "devices": []}
+    devices: list[dict[str, Any]] = []
+    driver = None
+    for line in out.strip().splitlines():
+        row = dict(zip(fields, (cell.strip() for cell in line.split(",")), strict=False))
+        driver = row.get("driver_version") or driver
+        devices.append(
+            {
+                "index": int(row["index"]) if row.get("index", "").isdigit() else len(devices),
+                "name": row.get("name", ""),
+                "capability": row.get("compute_cap") or None,
+                "memory_mib": int(row["memory.total"]) if row.get("memory.total", "").isdigit() else None,
+                "pci_bus_id": row.get("pci.bus_id") or None,
+            }
+        )
+    header, _ = _run([smi])
+    match = re.search(r"CUDA Version:\s*([\d.]+)", header or "")
+    return {
+        "source": "nvidia-smi",
+        "driver": driver,
+        "cuda_driver": match.group(1) if match else None,
+        "devices": devices,
+    }
+
+
+class _Memory(ctypes.Structure):
+    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+
+
+def _from_nvml() -> dict[str, Any]:
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError as exc:
+        return {"source": "nvml", "error": f"libnvidia-ml.so.1: {exc}", "devices": []}
+    if nvml.nvmlInit_v2() != 0:
+        return {"source": "nvml", "error": "nvmlInit_v2 failed (no driver or no device)", "devices": []}
+    try:
+        text = ctypes.create_string_buffer(96)
+        driver = text.value.decode() if nvml.nvmlSystemGetDriverVersion(text, 96) == 0 else None
+        cuda = ctypes.c_int()
+        cuda_driver = None
+        if nvml.nvmlSystemGetCudaDriverVersion_v2(ctypes.byref(cuda)) == 0:
+            cuda_driver = f"{cuda.value // 1000}.{cuda.value % 1000 // 10}"
+        count = ctypes.c_uint()
+        nvml.nvmlDeviceGetCount_v2(ctypes.byref(count))
+        devices = []
+        for index in range(count.value):
+            handle = ctypes.c_void_p()
+            if nvml.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(handle)) != 0:
+                continue
+            name = ctypes.create_string_buffer(96)
+            nvml.nvmlDeviceGetName(handle, name, 96)
+            major, minor = ctypes.c_int(), ctypes.c_int()
+            ok = nvml.nvmlDeviceGetCudaComputeCapability(handle, ctypes.byref(major), ctypes.byref(minor)) == 0
+            memory = _Memory()
+            has_memory = nvml.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(memory)) == 0
+            devices.append(
+                {
+                    "index": index,
+                    "name": name.value.decode(errors="replace"),
+                    "capability": f"{major.value}.{minor.value}" if ok else None,
+                    "memory_mib": memory.total // (1024 * 1024) if has_memory else None,
+                    "pci_bus_id": None,
+                }
+            )
+        return {"source": "nvml", "driver": driver, "cuda_driver": cuda_driver, "devices": devices}
+    finally:
+        nvml.nvmlShutdown()
+
+
+# -- CUDA toolkit and the host's cuDNN --------------------------------------------------------------
+
+
+def nvcc_facts() -> dict[str, Any]:
+    """`nvcc --version`: what vLLM's collect-env reports as "CUDA runtime version" (a toolkit on
+    PATH, not necessarily what torch loads)."""
+    nvcc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if os.path.exists("/usr/local/cuda/bin/nvcc") else None)
+    if nvcc is None:
+        return {"path": None, "version": None}
+    out, err = _run([nvcc, "--version"])
+    match = re.search(r"release .+ V(\S+)", out or "")
+    return {"path": nvcc, "version": match.group(1) if match else None, "error": None if out else err}
+
+
+def cudnn_host_facts() -> dict[str, Any]:
+    """cuDNN libraries the dynamic loader knows (`ldconfig -p`), with the version each file is.
+
+    These are the system's libraries; a pip-installed torch loads nvidia-cudnn-cu* from
+    site-packages instead, which the probe's distributions and torch's cuDNN version show.
+    """
+    ldconfig = shutil.which("ldconfig") or ("/sbin/ldconfig" if os.path.exists("/sbin/ldconfig") else None)
+    libraries: list[str] = []
+    if ldconfig is not None:
+        out, _ = _run([ldconfig, "-p"])
+        for line in (out or "").splitlines():
+            match = re.search(r"=>\s*(\S*libcudnn\.so\S*)", line)
+            if match and match.group(1) not in libraries:
+                libraries.append(match.group(1))
+    versions = sorted({v for v in (_cudnn_file_version(p) for p in libraries) if v})
+    header = _cudnn_header_version()
+    return {"libraries": libraries, "versions": versions, "header_version": header}
+
+
+def _cudnn_file_version(path: str) -> str | None:
+    match = re.search(r"libcudnn\.so\.(\d+\.\d+\.\d+)", os.path.realpath(path))
+    return match.group(1) if match else None
+
+
+def _cudnn_header_version() -> str | None:
+    for path in (
+        "/usr/include/cudnn_version.h",
+        "/usr/include/x86_64-linux-gnu/cudnn_version_v9.h",
+        "/usr/include/aarch64-linux-gnu/cudnn_version_v9.h",
+        "/usr/local/cuda/include/cudnn_version.h",
+    ):
+        try:
+            text = Path(path).read_text()
+        except OSError:
+            continue
+        parts = [re.search(rf"#define CUDNN_{k}\s+(\d+)", text) for k in ("MAJOR", "MINOR", "PATCHLEVEL")]
+        if all(parts):
+            return ".".join(m.group(1) for m in parts if m)
+    return None
+
+
+# -- env --------------------------------------------------------------------------------------------
+
+
+def extra_environment() -> dict[str, str]:
+    return {
+        name: redact(name, value)
+        for name, value in sorted(os.environ.items())
+        if name.startswith(EXTRA_ENV_PREFIXES) or name in EXTRA_ENV_NAMES
+    }
+
+
+def redact(name: str, value: str) -> str:
+    if SECRET_NAME.search(name):
+        return "***"
+    return SECRET_VALUE.sub("***", value)
+
+
+def _run(argv: list[str]) -> tuple[str | None, str | None]:
+    """stdout, or None and why."""
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"{type(exc).__name__}: {exc}"
+    if proc.returncode != 0:
+        return None, (proc.stderr or proc.stdout).strip()[-500:] or f"exit code {proc.returncode}"
+    return proc.stdout, None
+
+
+if __name__ == "__main__":
+    sys.exit(main())
