@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from types import FrameType
@@ -458,34 +459,24 @@ def _soak(args: argparse.Namespace) -> int:
     return 1 if any(a["faults"] for a in document["arms"].values()) else 0
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
-    return value
+def _number(kind: type[int] | type[float], *, zero_ok: bool = False) -> Callable[[str], Any]:
+    """An argparse type: an int or float that must be positive (or, with zero_ok, not negative)."""
+
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+        if value < 0 or (value == 0 and not zero_ok):
+            raise argparse.ArgumentTypeError(f"{text!r} {'must not be negative' if zero_ok else 'must be positive'}")
+        return value
+
+    return parse
 
 
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must not be negative")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
-    return value
+_positive_int = _number(int)
+_count = _number(int, zero_ok=True)
+_positive_float = _number(float)
 
 
 def _inspect_log(args: argparse.Namespace) -> int:

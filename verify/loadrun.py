@@ -121,19 +121,20 @@ async def _run(target: LoadTarget, spec: LoadSpec, out_dir: Path, *, soak: bool)
         model = await _model(probe_client)
         records: list[RequestRecord] = []
         with requests_path.open("w") as requests_log, scrapes_path.open("w") as scrapes_log:
-            # Phase A of determinism: alone, before any load.
-            phase_a = []
-            for _ in range(spec.determinism_repeats):
-                for prompt in range(spec.determinism_prompts):
-                    sample, _, _ = await request_sample(
-                        load_client,
-                        model=model,
-                        prompt=prompt,
-                        phase="A",
-                        max_tokens=spec.determinism_max_tokens,
-                        timeout=spec.ttft_timeout_s,
-                    )
-                    phase_a.append(sample)
+            # Greedy determinism: every prompt, `determinism_repeats` times, per phase.
+            prompts = [p for _ in range(spec.determinism_repeats) for p in range(spec.determinism_prompts)]
+
+            async def greedy(prompt: int, phase: str) -> tuple[Sample, int, int]:
+                return await request_sample(
+                    load_client,
+                    model=model,
+                    prompt=prompt,
+                    phase=phase,
+                    max_tokens=spec.determinism_max_tokens,
+                    timeout=spec.ttft_timeout_s,
+                )
+
+            phase_a = [(await greedy(prompt, "A"))[0] for prompt in prompts]  # alone, before any load
             before, _ = await scrape(probe_client)
             load_started = clock()
             tracker = Tracker(stall_seconds=spec.stall_seconds, started_at=load_started, warmup_s=spec.warmup_s)
@@ -255,26 +256,18 @@ async def _run(target: LoadTarget, spec: LoadSpec, out_dir: Path, *, soak: bool)
                     if all(task.done() for task in load_tasks):
                         break  # the load ended first: the samples run alone, still compared
                     await asyncio.sleep(0.05)
-                for _ in range(spec.determinism_repeats):
-                    for prompt in range(spec.determinism_prompts):
-                        if stop.is_set():
-                            return
-                        live.in_flight += 1
-                        try:
-                            sample, p_tokens, c_tokens = await request_sample(
-                                load_client,
-                                model=model,
-                                prompt=prompt,
-                                phase="B",
-                                max_tokens=spec.determinism_max_tokens,
-                                timeout=spec.ttft_timeout_s,
-                            )
-                        finally:
-                            live.in_flight -= 1
-                        tracker.chunk(clock())
-                        phase_b.append(sample)
-                        b_tokens[0] += p_tokens
-                        b_tokens[1] += c_tokens
+                for prompt in prompts:
+                    if stop.is_set():
+                        return
+                    live.in_flight += 1
+                    try:
+                        sample, p_tokens, c_tokens = await greedy(prompt, "B")
+                    finally:
+                        live.in_flight -= 1
+                    tracker.chunk(clock())
+                    phase_b.append(sample)
+                    b_tokens[0] += p_tokens
+                    b_tokens[1] += c_tokens
 
             load_tasks = (
                 [asyncio.create_task(open_loop())]
