@@ -131,3 +131,16 @@ def test_registry_names() -> None:
     assert receipt_tag("sha256:" + "a" * 64) == "sha256-" + "a" * 64 + ".receipt"
     with pytest.raises(InputError):
         split_registry("")
+
+
+def test_real_h200_fingerprint_and_nvml_snapshot() -> None:
+    """Recorded on the H200 by pipeline.host.host_fingerprint and verify.watchdog.gpu_snapshot (idle, then a matmul)."""
+    data = json.loads(
+        (Path(__file__).resolve().parents[1] / "fixtures" / "gpu" / "h200-host-and-nvml.json").read_text()
+    )
+    h200 = HostFingerprint.parse(data["host"])
+    assert h200.describe() == "1x NVIDIA H200 (cc 9.0), driver 580.159.04 on x86_64"
+    assert h200.key == data["host"]["key"]  # the key is stable across the JSON round trip
+    assert differences(h200, CPU) == ["GPUs 1x NVIDIA H200 (cc 9.0) vs no GPU", "driver 580.159.04 vs none"]
+    idle, busy = data["gpu_idle"]["devices"][0], data["gpu_busy"]["devices"][0]
+    assert idle["util_percent"] < busy["util_percent"] == 100 and busy["power_w"] > 5 * idle["power_w"]
