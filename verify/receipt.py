@@ -2,10 +2,11 @@
 
 A receipt names the image by its id (the config digest, which every manifest of that image
 references) and the host by its fingerprint; it never claims more. Its `status` is what publish
-gates on: PASS only when every stage that ran passed (WARN counts as passed) and the cell is not
-a known-bad one kept to prove a check (`expect: fail`); INCONCLUSIVE when a stage proved nothing
-either way; FAIL otherwise — including a known-bad cell that failed as expected, which is a
-pipeline success but never a verified image.
+gates on: PASS only when every stage ran and passed (WARN counts as passed; SKIP with its reason,
+e.g. autotune on a CPU cell) and the cell is not a known-bad one kept to prove a check (`expect:
+fail`); INCONCLUSIVE when a stage proved nothing either way or only some stages ran; FAIL
+otherwise — including a known-bad cell that failed as expected, which is a pipeline success but
+never a verified image.
 """
 
 from __future__ import annotations
@@ -19,12 +20,15 @@ from typing import Any
 
 import pipeline
 from pipeline.host import HostFingerprint
+from pipeline.model import STAGES
+from verify.probe import ProbeReport
 from verify.result import Status, VerifyReport
 
 __all__ = ["RECEIPT_SCHEMA_VERSION", "build_receipt", "receipt_status", "render_junit", "render_markdown", "write_all"]
 
 RECEIPT_SCHEMA_VERSION = 1
 RECEIPT_KIND = "stackproof.receipt"
+RUNTIME_DISTS = ("vllm", "torch", "flashinfer-python", "flashinfer-cubin", "flashinfer-jit-cache", "nvidia-cudnn-cu13")
 
 
 def receipt_status(report: VerifyReport) -> tuple[str, str]:
@@ -36,8 +40,11 @@ def receipt_status(report: VerifyReport) -> tuple[str, str]:
     unsure = [s.stage for s in report.stages if s.status is Status.INCONCLUSIVE]
     if unsure:
         return "INCONCLUSIVE", f"stages that proved nothing either way: {', '.join(unsure)}"
-    if not report.stages or all(s.status is Status.SKIP for s in report.stages):
-        return "INCONCLUSIVE", "no stage ran"
+    missing = [stage for stage in STAGES if stage not in {s.stage for s in report.stages}]
+    if missing:  # a partial verification (--stages) proves only part of what "verified" means
+        return "INCONCLUSIVE", f"not every stage ran (missing: {', '.join(missing)})"
+    if all(s.status is Status.SKIP for s in report.stages):
+        return "INCONCLUSIVE", "every stage was skipped"
     return "PASS", report.outcome.summary
 
 
@@ -85,6 +92,7 @@ def build_receipt(
             "expected_failure": report.outcome.expected_failure,
         },
         "stages": stages,
+        "runtime": _runtime(report),
         "load": _load_summary(report),
         "autotune": _autotune_winners(report),
     }
@@ -92,6 +100,24 @@ def build_receipt(
 
 def _iso(epoch: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
+
+
+def _runtime(report: VerifyReport) -> dict[str, Any] | None:
+    """What the image's own stack saw on this host (the imports probe): torch, CUDA, cuDNN, GPUs."""
+    stage = next((s for s in report.stages if s.stage == "imports" and "probe" in s.artifacts), None)
+    if stage is None or not Path(stage.artifacts["probe"]).is_file():
+        return None
+    probe = ProbeReport.parse(json.loads(Path(stage.artifacts["probe"]).read_text()))
+    versions = {name: d.version for name in RUNTIME_DISTS if (d := probe.dist(name)) is not None}
+    torch = probe.torch
+    return {
+        "python": probe.python_version,
+        "torch": torch.version if torch else None,
+        "cuda": torch.cuda if torch else None,
+        "cudnn": torch.cudnn if torch else None,
+        "gpus_seen_by_torch": list(torch.gpus) if torch else [],
+        "distributions": versions,
+    }
 
 
 def _load_summary(report: VerifyReport) -> dict[str, Any] | None:

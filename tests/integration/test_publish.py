@@ -20,6 +20,7 @@ import pytest
 
 from pipeline.engine import Engine
 from pipeline.host import HostFingerprint, host_fingerprint
+from pipeline.model import STAGES
 from pipeline.publish import receipt_tag
 from pipeline.registry import RegistryClient
 from tests.integration.conftest import REPO, docker, stackproof
@@ -36,13 +37,16 @@ def _receipt(engine: Engine, image: str, out: Path, *, passed: bool, host: HostF
     info = engine.image(image)
     assert info is not None
     status = Status.PASS if passed else Status.FAIL
-    check = CheckResult(name="readiness", status=status, message="ready" if passed else "the container exited")
+    stages = tuple(
+        StageResult.of(stage, [CheckResult(name=stage, status=status, message=f"{stage}: {status}")], 1.0)
+        for stage in STAGES
+    )
     report = VerifyReport(
         cell=CELL,
         arm=None,
         image=image,
         image_id=info.id,
-        stages=(StageResult.of("startup", [check], 1.0),),
+        stages=stages,
         outcome=Outcome(passed=passed, summary="all stages passed" if passed else "startup FAIL"),
     )
     receipt = build_receipt(

@@ -54,7 +54,9 @@ def _report(*statuses: Status, passed: bool = True, expected: dict[str, object] 
     ("statuses", "passed", "expected", "status"),
     [
         ((Status.PASS, Status.PASS, Status.SKIP, Status.PASS), True, None, "PASS"),
-        ((Status.PASS, Status.WARN), True, None, "PASS"),
+        ((Status.PASS, Status.WARN, Status.SKIP, Status.PASS), True, None, "PASS"),
+        ((Status.PASS, Status.PASS), True, None, "INCONCLUSIVE"),  # --stages imports,startup: partial
+        ((Status.SKIP, Status.SKIP, Status.SKIP, Status.SKIP), True, None, "INCONCLUSIVE"),
         ((Status.PASS, Status.FAIL), False, None, "FAIL"),
         ((Status.PASS, Status.INCONCLUSIVE), True, None, "INCONCLUSIVE"),
         ((Status.SKIP,), True, None, "INCONCLUSIVE"),
