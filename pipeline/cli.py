@@ -14,14 +14,16 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 import pipeline
+from pipeline.cliutil import emit as _emit
+from pipeline.cliutil import jsonable as _jsonable
+from pipeline.cliutil import load as _load
 from pipeline.errors import InputError, Interrupted, MatrixError, PipelineError
-from pipeline.model import Cell, LoadSpec, Matrix
+from pipeline.model import Cell, LoadSpec
 
 __all__ = ["main"]
 
@@ -202,20 +204,6 @@ def _parser() -> argparse.ArgumentParser:
 
 
 # -- handlers --------------------------------------------------------------------------------------
-
-
-def _load(args: argparse.Namespace) -> tuple[Matrix, Path]:
-    from pipeline.load import load_matrix
-
-    images = args.images or args.matrix.parent / "images"
-    return load_matrix(args.matrix, images_dir=images), images
-
-
-def _emit(args: argparse.Namespace, document: Any, text: str) -> None:
-    if args.json:
-        print(json.dumps(_jsonable(document), indent=2))
-    else:
-        print(text)
 
 
 def _matrix_validate(args: argparse.Namespace) -> int:
@@ -669,15 +657,3 @@ def _probe_imports(args: argparse.Namespace) -> int:
         report = probe_image(engine, tag, python=python_of(matrix, cell), modules=modules, env=cell.serve_env())
     print(json.dumps(report.raw, indent=1, sort_keys=True))
     return 0
-
-
-def _jsonable(value: Any) -> Any:
-    if is_dataclass(value) and not isinstance(value, type):
-        return _jsonable(asdict(value))
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, Path):
-        return str(value)
-    return value

@@ -38,7 +38,8 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
 
 def _publish(args: argparse.Namespace) -> int:
     """Exit 1 when the receipt is not PASS (the image and receipt are pushed; no tag is moved)."""
-    from pipeline.cli import _emit, _load
+    from pipeline.cliutil import emit as _emit
+    from pipeline.cliutil import load as _load
     from pipeline.engine import Engine
     from pipeline.plan import plan_cell
     from pipeline.publish import find_receipt, publish
@@ -74,7 +75,7 @@ def _publish(args: argparse.Namespace) -> int:
 
 
 def _pull(args: argparse.Namespace) -> int:
-    from pipeline.cli import _emit
+    from pipeline.cliutil import emit as _emit
     from pipeline.engine import Engine
     from pipeline.publish import pull
 

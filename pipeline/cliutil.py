@@ -1,0 +1,45 @@
+"""What every command handler shares: load the matrix named by the common options, print a result.
+
+Kept apart from `pipeline.cli` so that command groups in their own modules (publish, ci-matrix,
+repro) use it without importing the parser that imports them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict, is_dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline.model import Matrix
+
+__all__ = ["emit", "jsonable", "load"]
+
+
+def load(args: argparse.Namespace) -> tuple[Matrix, Path]:
+    """The matrix from `--matrix` (validated) and the images directory (`--images`, else beside it)."""
+    from pipeline.load import load_matrix
+
+    images = args.images or args.matrix.parent / "images"
+    return load_matrix(args.matrix, images_dir=images), images
+
+
+def emit(args: argparse.Namespace, document: Any, text: str) -> None:
+    """One JSON document on stdout with `--json`, else the human text."""
+    if args.json:
+        print(json.dumps(jsonable(document), indent=2))
+    else:
+        print(text)
+
+
+def jsonable(value: Any) -> Any:
+    if is_dataclass(value) and not isinstance(value, type):
+        return jsonable(asdict(value))
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value
