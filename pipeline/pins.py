@@ -42,6 +42,7 @@ __all__ = [
     "FI_CUBIN",
     "FI_JIT",
     "FI_PYTHON",
+    "Lookup",
     "Pins",
     "ReleaseLookup",
     "cell_stack",

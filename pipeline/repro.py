@@ -92,7 +92,7 @@ GPU_ARCHES: tuple[tuple[re.Pattern[str], str, str | None], ...] = tuple(
         (r"\bG?B300\b", "sm103", None),
         (r"\bG?B[12]00\b", "sm100", None),
         (r"\bG?H[12]00\b|\bH800\b|\bH20\b", "sm90", None),
-        (r"\bL40S?\b|\bL4\b|RTX 6000 Ada|RTX 40[6-9]0", "sm89", None),
+        (r"\bL40S?\b|\bL4\b|RTX [2-6]000 Ada|RTX 40[6-9]0", "sm89", None),
         (r"\bA10G?\b|\bA40\b|RTX A[4-6]000|RTX 30[6-9]0", "sm86", None),
         (r"\bA100\b|\bA800\b|\bA30\b", "sm80", None),
     )
@@ -1285,7 +1285,7 @@ def build_repro(
     host = _host(report, findings)
     arch = plan.arch
     runner = runner_labels(arch, plan.platform) if arch else None
-    vllm = report.vllm.value if report.vllm else "none"
+    vllm = report.vllm.value if report.vllm else (plan.release or "none")
     fi = report.package(FI_PYTHON)
     gpu = report.gpus[0].name if report.gpus else (arch or "inherited arch")
     description = f"repro of {report.source}: {gpu}, vLLM {vllm}" + (f", FlashInfer {fi.value}" if fi else "")

