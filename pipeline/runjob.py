@@ -20,7 +20,7 @@ from pipeline.model import Arm, Cell, LoadSpec, Matrix
 from pipeline.plan import plan_cell, python_of
 from pipeline.site import SiteSettings
 from verify.receipt import build_receipt, write_all
-from verify.result import VerifyReport
+from verify.result import CheckResult, VerifyReport
 from verify.runner import verify_image
 
 __all__ = ["run_cell", "verify_cell"]
@@ -104,6 +104,7 @@ def _verify_with_receipt(
 ) -> VerifyReport:
     """The stages, then the receipt (JSON, JUnit XML, Markdown) of this image on this host."""
     started = time.time()
+    host_check = _host_expectations(matrix, cell)
     report = verify_image(
         engine,
         cell,
@@ -115,6 +116,7 @@ def _verify_with_receipt(
         out_dir=out_dir,
         previous=previous,
         load=load,
+        extra_checks={stages[0]: [host_check]} if host_check and stages else None,
     )
     info = engine.image(image)
     receipt = build_receipt(
@@ -128,6 +130,19 @@ def _verify_with_receipt(
     paths = write_all(receipt, out_dir)
     print(f"{cell.id}: receipt {receipt['status']}: {paths['receipt']} (+ junit.xml, summary.md)", file=sys.stderr)
     return report
+
+
+def _host_expectations(matrix: Matrix, cell: Cell) -> CheckResult | None:
+    """A cell made by `stackproof repro` records the reporter's host facts (driver, kernel, GPU, host
+    cuDNN) in a `# stackproof-host:` comment: not image content, so checked against this host (WARN
+    on a difference) and reported with the first stage that runs."""
+    from verify.doctor import Fingerprint, check_host_expectations, doctor_host, host_expectations
+
+    expected = host_expectations(matrix.file.read_text(), cell)
+    if not expected:
+        return None
+    here = Fingerprint.parse(doctor_host(sys.executable, imports=False), source="this host")
+    return check_host_expectations(expected, here)
 
 
 def _run_dir(out_root: Path, cell: Cell) -> Path:

@@ -21,7 +21,7 @@ from verify.imports import run_imports
 from verify.load_stage import run_load_stage
 from verify.logscan import Facts
 from verify.probe import ProbeReport
-from verify.result import StageResult, Status, VerifyReport, evaluate
+from verify.result import CheckResult, StageResult, Status, VerifyReport, evaluate
 from verify.startup import run_startup
 
 __all__ = ["AVAILABLE_STAGES", "parse_stages", "verify_image"]
@@ -112,7 +112,10 @@ def verify_image(
     out_dir: Path,
     previous: Path | None = None,
     load: LoadSpec | None = None,
+    extra_checks: dict[str, list[CheckResult]] | None = None,
 ) -> VerifyReport:
+    """Run `stages` in order; `extra_checks` are judged with the stage they are keyed by (e.g. host
+    expectations with imports), so they count toward its status."""
     results: list[StageResult] = []
     for stage in stages:
         context = StageContext(
@@ -127,6 +130,8 @@ def verify_image(
             load=load,
         )
         result = STAGE_RUNNERS[stage](context)
+        if extra_checks and extra_checks.get(stage):
+            result = StageResult.of(stage, [*result.checks, *extra_checks[stage]], result.seconds, **result.artifacts)
         results.append(result)
         _print_stage(cell, result)
         if result.status in (Status.FAIL, Status.ERROR):
