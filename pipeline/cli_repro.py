@@ -1,6 +1,6 @@
 """`stackproof repro` and `stackproof doctor`: their subcommands, handlers, and writing matrix.yaml.
 
-`repro SOURCE` parses what a reporter pasted (pipeline/repro.py), finds the base's pins
+`repro SOURCE` parses what a reporter pasted (pipeline/repro/), finds the base's pins
 (pipeline/pins.py) and prints a new cell; `--write` appends it to matrix.yaml as text (comments and
 formatting kept), validates the file, and restores it unchanged when the result does not load.
 `doctor` fingerprints this host or a cell's image (verify/doctor.py) and lists the cells that match.
