@@ -169,10 +169,11 @@ def registry(tmp_path: Path) -> Iterator[str]:
             proc.kill()
             proc.wait()
         log.close()
-        # Local aliases docker keeps for images pulled from this registry.
-        for ref in docker("images", "--format", "{{.Repository}}:{{.Tag}}", check=False).split():
-            if ref.startswith(address):
-                docker("rmi", ref, check=False)
+        # What docker keeps of images pulled from this registry: pulls by digest leave `REPO@sha256:...`.
+        listed = docker("images", "--digests", "--format", "{{.Repository}} {{.Tag}} {{.Digest}}", check=False)
+        for repository, tag, digest in (line.split() for line in listed.splitlines() if line.count(" ") == 2):
+            if repository.startswith(address):
+                docker("rmi", f"{repository}@{digest}" if tag == "<none>" else f"{repository}:{tag}", check=False)
 
 
 @pytest.fixture(scope="session")
