@@ -2,7 +2,7 @@
 
 `run` is the main job: build the cell (or reuse its content tag), then its stages in order —
 imports (no server), startup (server, readiness, one completion, teardown), autotune (GPU cells),
-load (a short load run on a fresh server) — stopping at the first failure. The cell's `expect`
+load (a short load run on startup's server, kept running) — stopping at the first failure. The cell's `expect`
 decides whether that outcome passes the pipeline.
 """
 

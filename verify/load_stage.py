@@ -1,8 +1,8 @@
-"""Stage `load`: a short load run on a fresh server: questions, stall watchdog, determinism, statistics.
+"""Stage `load`: a short load run: questions, stall watchdog, determinism, statistics.
 
-The server is started like `startup` starts it (the same container, log and fatal-signature
-watcher), the load runs against it with the container's state watched beside the /metrics
-scrapes, and it is removed on every path. What the run measured goes to `load.json` (the receipt's
+The server is the startup stage's, kept running for it, or (when autotune started a server in
+between, or load runs alone) a fresh one started the same way. The load runs against it with the
+container's state watched beside the /metrics scrapes, and it is removed on every path. What the run measured goes to `load.json` (the receipt's
 load section), `requests.jsonl` and `scrapes.jsonl` in the stage's directory.
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from typing import Any
 from pipeline.engine import Engine
 from pipeline.model import Arm, Cell, LoadSpec
 from verify.loadrun import LoadTarget, judge_load, run_load, summarise
-from verify.logscan import LogWatcher, load_catalog
+from verify.logscan import LogWatcher, judge, load_catalog, scan
 from verify.result import CheckResult, StageResult, Status
 from verify.server import ServerContainer, ServerFailed
 
@@ -53,41 +54,66 @@ def run_load_stage(
     arm: Arm | None,
     out_dir: Path,
     spec: LoadSpec | None = None,
-    on_ready: Any = None,  # called with the server once it is ready: fault-injection tests use it
+    shared: ServerContainer | None = None,
+    on_ready: Callable[[ServerContainer], None] | None = None,  # fault-injection tests use it
 ) -> StageResult:
+    """Load `shared` (the startup stage's server, still running) when given, else a fresh server.
+
+    Either way the server is removed at the end and its whole log is scanned for failure
+    signatures: a fault under load often shows only in the log (an illegal memory access, a
+    watchdog timeout) while the API still answers.
+    """
     started = time.monotonic()
     if cell.serve is None:
         check = CheckResult(name="load", status=Status.SKIP, message="the cell has no serve spec")
         return StageResult.of(STAGE, [check], 0.0)
     spec = spec or cell.serve.load
     stage_dir = out_dir / "load"
+    stage_dir.mkdir(parents=True, exist_ok=True)
     checks: list[CheckResult] = []
-    server = ServerContainer(engine, cell, image, out_dir=stage_dir, arm=arm, watcher=LogWatcher(load_catalog()))
+    signatures = load_catalog()
+    server = shared or ServerContainer(engine, cell, image, out_dir=stage_dir, arm=arm, watcher=LogWatcher(signatures))
     artifacts: dict[str, str] = {"server_log": str(server.log_path)}
-    with server:
-        try:
-            ready = server.wait_ready()
-        except ServerFailed as exc:
-            evidence = {"last_log_lines": exc.last_lines}
-            checks.append(CheckResult(name="readiness", status=Status.FAIL, message=exc.reason, evidence=evidence))
-            return StageResult.of(STAGE, checks, time.monotonic() - started, **artifacts)
-        checks.append(
-            CheckResult(
-                name="readiness",
-                status=Status.PASS,
-                message=f"ready after {ready.seconds:.0f}s",
-                evidence={"seconds": ready.seconds},
+    outcome = None
+    try:
+        if shared is not None:
+            checks.append(
+                CheckResult(
+                    name="readiness",
+                    status=Status.PASS,
+                    message=f"the startup stage's server, kept running ({server.name})",
+                    evidence={"reused": True, "url": server.base_url},
+                )
             )
-        )
+        else:
+            server.start()
+            ready = server.wait_ready()
+            checks.append(
+                CheckResult(
+                    name="readiness",
+                    status=Status.PASS,
+                    message=f"ready after {ready.seconds:.0f}s",
+                    evidence={"seconds": ready.seconds, "reused": False},
+                )
+            )
         if on_ready is not None:
             on_ready(server)
         target = load_target(server, cell, arm)
         outcome = run_load(target, spec, stage_dir)
-    summary = summarise(outcome, spec)
-    summary_path = stage_dir / "load.json"
-    summary_path.write_text(json.dumps(summary, indent=2) + "\n")
-    checks += judge_load(outcome, summary, batch_invariant=target.batch_invariant)
-    artifacts.update(outcome.files, summary=str(summary_path))
+    except ServerFailed as exc:
+        evidence = {"last_log_lines": exc.last_lines}
+        checks.append(CheckResult(name="readiness", status=Status.FAIL, message=exc.reason, evidence=evidence))
+    finally:
+        server.remove()
+    if outcome is not None:
+        summary = summarise(outcome, spec)
+        summary_path = stage_dir / "load.json"
+        summary_path.write_text(json.dumps(summary, indent=2) + "\n")
+        checks += judge_load(outcome, summary, batch_invariant=target.batch_invariant)
+        artifacts.update(outcome.files, summary=str(summary_path))
+    log = server.log_path.read_bytes() if server.log_path.exists() else b""
+    server_signatures = [s for s in signatures if s.source == "server"]
+    checks += [c for c in judge(scan(log, (), server_signatures), ()) if c.name == "signatures"]
     return StageResult.of(STAGE, checks, time.monotonic() - started, **artifacts)
 
 

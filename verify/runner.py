@@ -22,6 +22,7 @@ from verify.load_stage import run_load_stage
 from verify.logscan import Facts
 from verify.probe import ProbeReport
 from verify.result import CheckResult, StageResult, Status, VerifyReport, evaluate
+from verify.server import SharedServer
 from verify.startup import run_startup
 
 __all__ = ["AVAILABLE_STAGES", "parse_stages", "verify_image"]
@@ -40,6 +41,7 @@ class StageContext:
     prior: tuple[StageResult, ...]
     previous: Path | None = None  # an earlier report of the same cell, to diff autotune winners against
     load: LoadSpec | None = None  # the cell's load spec with command-line overrides; None = the cell's
+    share: SharedServer | None = None  # startup keeps its server here for load, when no stage between starts one
 
     def facts(self) -> Facts:
         """Facts for the log rule sets: from the imports probe when it ran, else from the cell."""
@@ -62,11 +64,16 @@ def _imports(ctx: StageContext) -> StageResult:
 
 
 def _startup(ctx: StageContext) -> StageResult:
-    return run_startup(ctx.engine, ctx.cell, ctx.image, arm=ctx.arm, out_dir=ctx.out_dir, facts=ctx.facts())
+    return run_startup(
+        ctx.engine, ctx.cell, ctx.image, arm=ctx.arm, out_dir=ctx.out_dir, facts=ctx.facts(), share=ctx.share
+    )
 
 
 def _load(ctx: StageContext) -> StageResult:
-    return run_load_stage(ctx.engine, ctx.cell, ctx.image, arm=ctx.arm, out_dir=ctx.out_dir, spec=ctx.load)
+    shared = ctx.share.take() if ctx.share else None
+    return run_load_stage(
+        ctx.engine, ctx.cell, ctx.image, arm=ctx.arm, out_dir=ctx.out_dir, spec=ctx.load, shared=shared
+    )
 
 
 def _autotune(ctx: StageContext) -> StageResult:
@@ -116,29 +123,39 @@ def verify_image(
 ) -> VerifyReport:
     """Run `stages` in order; `extra_checks` are judged with the stage they are keyed by (e.g. host
     expectations with imports), so they count toward its status."""
+    # One server for startup and load, unless autotune starts its own in between (on a GPU two
+    # servers would fight for its memory). The run owns it: removed here whatever happens.
+    sharing = "startup" in stages and "load" in stages and ("autotune" not in stages or not cell.is_gpu)
+    share = SharedServer() if sharing else None
     results: list[StageResult] = []
-    for stage in stages:
-        context = StageContext(
-            engine=engine,
-            cell=cell,
-            image=image,
-            python=python,
-            arm=arm,
-            out_dir=out_dir,
-            prior=tuple(results),
-            previous=previous,
-            load=load,
-        )
-        result = STAGE_RUNNERS[stage](context)
-        if extra_checks and extra_checks.get(stage):
-            result = StageResult.of(stage, [*result.checks, *extra_checks[stage]], result.seconds, **result.artifacts)
-        results.append(result)
-        _print_stage(cell, result)
-        if result.status in (Status.FAIL, Status.ERROR):
-            skipped = stages[stages.index(stage) + 1 :]
-            if skipped:
-                print(f"{cell.id}: {stage} {result.status}: not running {', '.join(skipped)}", file=sys.stderr)
-            break
+    try:
+        for stage in stages:
+            context = StageContext(
+                engine=engine,
+                cell=cell,
+                image=image,
+                python=python,
+                arm=arm,
+                out_dir=out_dir,
+                prior=tuple(results),
+                previous=previous,
+                load=load,
+                share=share,
+            )
+            result = STAGE_RUNNERS[stage](context)
+            if extra_checks and extra_checks.get(stage):
+                checks = [*result.checks, *extra_checks[stage]]
+                result = StageResult.of(stage, checks, result.seconds, **result.artifacts)
+            results.append(result)
+            _print_stage(cell, result)
+            if result.status in (Status.FAIL, Status.ERROR):
+                skipped = stages[stages.index(stage) + 1 :]
+                if skipped:
+                    print(f"{cell.id}: {stage} {result.status}: not running {', '.join(skipped)}", file=sys.stderr)
+                break
+    finally:
+        if share is not None:
+            share.close()
     report = VerifyReport(
         cell=cell.id,
         arm=arm.name if arm else None,

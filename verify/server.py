@@ -26,7 +26,7 @@ from pipeline.errors import CheckFailed
 from pipeline.model import Arm, Cell, ServeSpec
 from verify.logscan import LogWatcher
 
-__all__ = ["Readiness", "ServerContainer", "free_port", "serve_argv"]
+__all__ = ["Readiness", "ServerContainer", "SharedServer", "free_port", "serve_argv"]
 
 HOST = "127.0.0.1"  # servers bind loopback only; traffic never leaves this machine
 RUN_LABEL = "io.stackproof.run"
@@ -266,3 +266,30 @@ class ServerContainer:
             "finish_reason": body["choices"][0].get("finish_reason"),
             "seconds": round(time.monotonic() - started, 2),
         }
+
+
+class SharedServer:
+    """A ready server one stage hands to a later one (startup to load), so it starts once.
+
+    The verify run owns it: whatever happens between the stages, `close()` in its `finally`
+    removes the container.
+    """
+
+    def __init__(self) -> None:
+        self.server: ServerContainer | None = None
+
+    def keep(self, server: ServerContainer) -> None:
+        self.server = server
+
+    def take(self) -> ServerContainer | None:
+        """The kept server if its container still runs; a dead one is removed and not handed on."""
+        server, self.server = self.server, None
+        if server is not None and server.state()[0] != "running":
+            server.remove()
+            return None
+        return server
+
+    def close(self) -> None:
+        server, self.server = self.server, None
+        if server is not None:
+            server.remove()

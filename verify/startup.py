@@ -17,14 +17,25 @@ from pipeline.model import Arm, Cell
 from verify.kernellog import read_kernel_log
 from verify.logscan import Facts, LogWatcher, Signature, judge, load_catalog, rules_for, scan
 from verify.result import CheckResult, StageResult, Status
-from verify.server import ServerContainer, ServerFailed
+from verify.server import ServerContainer, ServerFailed, SharedServer
 
 __all__ = ["run_startup"]
 
 STAGE = "startup"
 
 
-def run_startup(engine: Engine, cell: Cell, image: str, *, arm: Arm | None, out_dir: Path, facts: Facts) -> StageResult:
+def run_startup(
+    engine: Engine,
+    cell: Cell,
+    image: str,
+    *,
+    arm: Arm | None,
+    out_dir: Path,
+    facts: Facts,
+    share: SharedServer | None = None,
+) -> StageResult:
+    """With `share`, a server that passed is kept running for the load stage instead of removed;
+    the log is then judged as it stands (the load stage judges the rest)."""
     started = time.monotonic()
     if cell.serve is None:
         check = CheckResult(name="serve", status=Status.SKIP, message="the cell has no serve spec")
@@ -33,19 +44,27 @@ def run_startup(engine: Engine, cell: Cell, image: str, *, arm: Arm | None, out_
     checks: list[CheckResult] = []
     since = time.time()
     watcher = LogWatcher(signatures)
-    with ServerContainer(engine, cell, image, out_dir=out_dir, arm=arm, watcher=watcher) as server:
-        try:
-            ready = server.wait_ready()
-            message = f"/health answered 200 after {ready.seconds:.0f}s"
-            evidence: dict[str, object] = {"seconds": ready.seconds, "url": ready.url}
-            checks.append(CheckResult(name="readiness", status=Status.PASS, message=message, evidence=evidence))
-            completion = server.complete()
-            message = f"{completion['completion_tokens']} tokens answered"
-            checks.append(CheckResult(name="completion", status=Status.PASS, message=message, evidence=completion))
-        except ServerFailed as exc:
-            name = "completion" if checks else "readiness"
-            evidence = {"last_log_lines": exc.last_lines}
-            checks.append(CheckResult(name=name, status=Status.FAIL, message=exc.reason, evidence=evidence))
+    server = ServerContainer(engine, cell, image, out_dir=out_dir, arm=arm, watcher=watcher)
+    kept = False
+    try:
+        server.start()
+        ready = server.wait_ready()
+        message = f"/health answered 200 after {ready.seconds:.0f}s"
+        evidence: dict[str, object] = {"seconds": ready.seconds, "url": ready.url}
+        checks.append(CheckResult(name="readiness", status=Status.PASS, message=message, evidence=evidence))
+        completion = server.complete()
+        message = f"{completion['completion_tokens']} tokens answered"
+        checks.append(CheckResult(name="completion", status=Status.PASS, message=message, evidence=completion))
+        if share is not None:
+            share.keep(server)
+            kept = True
+    except ServerFailed as exc:
+        name = "completion" if checks else "readiness"
+        evidence = {"last_log_lines": exc.last_lines}
+        checks.append(CheckResult(name=name, status=Status.FAIL, message=exc.reason, evidence=evidence))
+    finally:
+        if not kept:
+            server.remove()
     log = server.log_path.read_bytes() if server.log_path.exists() else b""
     rules = rules_for(cell, arm, facts)
     checks += judge(scan(log, rules, [s for s in signatures if s.source == "server"]), rules)

@@ -26,9 +26,11 @@ pytestmark = pytest.mark.integration
 CELL_LABEL = "io.stackproof.cell=cpu-tiny"
 
 
-def test_cpu_tiny_end_to_end(cpu_tiny: str, tmp_path: Path) -> None:
+def test_cpu_tiny_end_to_end(engine: Engine, cpu_tiny: str, tmp_path: Path) -> None:
+    since = time.time() - 1
     result = stackproof(["run", "cpu-tiny", "--json", "--out", str(tmp_path)])
     assert result.returncode == 0, result.stderr[-5000:]
+    assert len(engine.created_since(since, "io.stackproof.role=server")) == 1, "startup and load share one server"
     report = result.json()
     assert report["image"] == cpu_tiny
     assert report["outcome"]["passed"] is True  # type: ignore[index]
@@ -84,6 +86,9 @@ def _assert_short_load_passed(load: dict[str, Any]) -> None:
     """The short load on the real CPU server: clean questions, tokens that match the server's counters."""
     assert load["status"] == "PASS", load
     checks = {c["name"]: c for c in load["checks"]}
+    # The startup stage's server, kept running for the load (a CPU cell: no autotune server between).
+    assert checks["readiness"]["evidence"]["reused"] is True
+    assert checks["signatures"]["status"] == "PASS"  # the whole log, after the load, shows no failure
     assert checks["engine-progress"]["status"] == "PASS"
     assert checks["questions"]["status"] == "PASS"
     assert checks["questions"]["evidence"]["faulted"] == 0 and checks["questions"]["evidence"]["clean"] > 0
