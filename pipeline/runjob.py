@@ -1,9 +1,9 @@
 """The jobs that touch images: `verify` (stages against a built image) and `run` (build + verify).
 
 `run` is the main job: build the cell (or reuse its content tag), then its stages in order —
-imports (no server), startup (server, readiness, one completion, teardown), autotune (GPU cells),
-load (a short load run on startup's server, kept running) — stopping at the first failure. The cell's `expect`
-decides whether that outcome passes the pipeline.
+imports (no server), startup (server, readiness, one completion), autotune (GPU cells), load (a
+short load run on startup's server, kept running) — stopping at the first failure. The cell's
+`expect` decides whether that outcome passes the pipeline.
 """
 
 from __future__ import annotations
