@@ -2,8 +2,9 @@
 
 The server is the startup stage's, kept running for it, or (when autotune started a server in
 between, or load runs alone) a fresh one started the same way. The load runs against it with the
-container's state watched beside the /metrics scrapes, and it is removed on every path. What the run measured goes to `load.json` (the receipt's
-load section), `requests.jsonl` and `scrapes.jsonl` in the stage's directory.
+container's state watched beside the /metrics scrapes, and it is removed on every path. What the
+run measured goes to `load.json` (the receipt's load section), `requests.jsonl` and
+`scrapes.jsonl` in the stage's directory.
 """
 
 from __future__ import annotations
