@@ -12,9 +12,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from pipeline.engine import Engine
 from pipeline.model import Arm, Cell, LoadSpec
@@ -116,8 +114,3 @@ def run_load_stage(
     server_signatures = [s for s in signatures if s.source == "server"]
     checks += [c for c in judge(scan(log, (), server_signatures), ()) if c.name == "signatures"]
     return StageResult.of(STAGE, checks, time.monotonic() - started, **artifacts)
-
-
-def with_overrides(spec: LoadSpec, **changes: Any) -> LoadSpec:
-    """The cell's load spec with command-line overrides (None = keep the cell's value)."""
-    return replace(spec, **{k: v for k, v in changes.items() if v is not None})

@@ -18,7 +18,7 @@ import json
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -363,8 +363,6 @@ async def _report_progress(
 
 
 def _config(spec: LoadSpec, soak: bool) -> dict[str, Any]:
-    from dataclasses import asdict
-
     return {"mode": "soak" if soak else "short", **asdict(spec)}
 
 

@@ -161,10 +161,8 @@ class Watchdog:
         while not self.stop.is_set():
             await self.step()
             ticks += 1
-            if self.server_alive is not None and ticks % 3 == 0 and not self.stop.is_set():
-                gone = await asyncio.to_thread(self.server_alive)
-                if gone is not None:
-                    await self.conclude(StallVerdict.ENGINE_DEAD, f"the server container {gone}")
+            if ticks % 3 == 0 and not self.stop.is_set():
+                await self.check_container()
             tick += self.interval_s
             delay = tick - self.clock()
             if delay < 0:  # a slow probe: skip the missed ticks rather than bunch them
@@ -196,19 +194,22 @@ class Watchdog:
                 answers,
             )
         elif requested:
-            answers = await probe(self.client)
-            verdict = verdict_of(answers)
-            if verdict in (StallVerdict.ENGINE_DEAD, StallVerdict.API_UNRESPONSIVE):
-                await self.conclude(verdict, "requests failed and the probes confirm the server cannot serve", answers)
+            await self.confirm_dead()
 
     async def final_check(self) -> None:
         """After the run ended for another reason (errors): is the server still there to blame?"""
-        if self.fatal is not None:
-            return
+        if self.fatal is None and not await self.check_container():
+            await self.confirm_dead()
+
+    async def check_container(self) -> bool:
+        """ENGINE_DEAD when the server's container is gone; True when it concluded so."""
         gone = await asyncio.to_thread(self.server_alive) if self.server_alive is not None else None
         if gone is not None:
             await self.conclude(StallVerdict.ENGINE_DEAD, f"the server container {gone}")
-            return
+        return gone is not None
+
+    async def confirm_dead(self) -> None:
+        """Requests failed the way a dead server fails them: conclude only when the probes agree."""
         answers = await probe(self.client)
         verdict = verdict_of(answers)
         if verdict in (StallVerdict.ENGINE_DEAD, StallVerdict.API_UNRESPONSIVE):

@@ -59,27 +59,14 @@ def _receipt(engine: Engine, image: str, out: Path, *, passed: bool, host: HostF
     return write_all(receipt, out)["receipt"]
 
 
-def _publish(image: str, receipt: Path, registry: str, **env: str) -> subprocess.CompletedProcess[str]:
+def _publish_argv(image: str, receipt: Path, registry: str) -> list[str]:
+    publish = ["publish", CELL, "--registry", registry, "--image", image, "--receipt", str(receipt)]
+    return [sys.executable, "-m", "pipeline", *publish]
+
+
+def _publish(image: str, receipt: Path, registry: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pipeline",
-            "publish",
-            CELL,
-            "--registry",
-            registry,
-            "--image",
-            image,
-            "--receipt",
-            str(receipt),
-            "--json",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, **env},
+        [*_publish_argv(image, receipt, registry), "--json"], cwd=REPO, capture_output=True, text=True, timeout=600
     )
 
 
@@ -137,19 +124,7 @@ def test_a_publish_killed_between_push_and_tag_leaves_no_verified_tag(
     image, _ = tiny_images
     receipt = _receipt(engine, image, tmp_path, passed=True)
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "pipeline",
-            "publish",
-            CELL,
-            "--registry",
-            registry,
-            "--image",
-            image,
-            "--receipt",
-            str(receipt),
-        ],
+        _publish_argv(image, receipt, registry),
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
