@@ -348,7 +348,7 @@ def _verify_or_run(args: argparse.Namespace, *, build: bool) -> int:
         previous=args.previous,
         load=load,
     )
-    verdict = "PASS" if report.outcome.passed else "FAIL"
+    verdict = "NOT_REPRODUCED" if report.outcome.not_reproduced else "PASS" if report.outcome.passed else "FAIL"
     stages_line = ", ".join(f"{s.stage} {s.status}" for s in report.stages)
     _emit(args, report.to_json(), f"{cell.id}: {verdict}: {report.outcome.summary} [{stages_line}]")
     return 0 if report.outcome.passed else 1
@@ -469,7 +469,7 @@ _positive_float = _number(float)
 
 def _inspect_log(args: argparse.Namespace) -> int:
     """Exit 1 when a failure signature or a forbid rule matches; expect rules are reported only."""
-    from verify.logscan import Facts, judge, load_catalog, open_log, rules_for, scan
+    from verify.logscan import Facts, catalog_for, judge, open_log, rules_for, scan
     from verify.result import Status
 
     cell = arm = None
@@ -481,7 +481,7 @@ def _inspect_log(args: argparse.Namespace) -> int:
     rules = rules_for(cell, arm, facts)
     try:
         with open_log(args.file) as data:
-            matches = scan(data, rules, load_catalog())
+            matches = scan(data, rules, catalog_for(facts))
             size = len(data)
     except OSError as exc:
         raise InputError(f"{args.file}: cannot read: {exc.strerror}") from exc
@@ -507,6 +507,7 @@ def _inspect_log(args: argparse.Namespace) -> int:
 def _inspect_autotune(args: argparse.Namespace) -> int:
     """Exit 1 when a policy is violated."""
     from verify.autotune import judge_cache, load_policies, map_to_hybrid_bucket, read_cache, winners
+    from verify.autotune_stage import winners_table
     from verify.result import Status
 
     cache = read_cache(args.file)
@@ -521,19 +522,16 @@ def _inspect_autotune(args: argparse.Namespace) -> int:
     table = winners(cache)
     lines = [f"{args.file}: FlashInfer autotune cache, {len(cache.entries)} entries, format {cache.format}"]
     lines += [f"  {k}: {v}" for k, v in cache.metadata.items()]
-    tables: list[dict[str, object]] = []
+    tables = winners_table(cache)
     buckets_for: dict[str, object] = {}
     for (op, n, k), rows in table.items():
-        lines.append(f"{op} N={n} K={k}:")
-        lines += [f"  M<={e.m_bucket:<6} {e.runner:<24} tactic {json.dumps(e.tactic)}" for e in rows]
-        tables.append(
-            {
-                "op": op,
-                "n": n,
-                "k": k,
-                "rows": [{"m_bucket": e.m_bucket, "runner": e.runner, "tactic": e.tactic} for e in rows],
-            }
-        )
+        lines.append(f"{op} N={n} K={k}:" if n >= 0 else f"{op} (profiles not read as a GEMM's):")
+        lines += [
+            f"  M<={e.m_bucket:<6} {e.runner:<24} tactic {json.dumps(e.tactic)}"
+            if e.profile is None
+            else f"  {e.profile[:120]}: {e.runner} tactic {json.dumps(e.tactic)}"
+            for e in rows
+        ]
     for m in args.m:
         bucket = map_to_hybrid_bucket(m)
         served = {

@@ -84,7 +84,8 @@ LOAD_KEYS = (
 DETERMINISM_KEYS = ("prompts", "repeats", "max_tokens")
 MODEL_KEYS = ("source", "revision")
 ARM_KEYS = ("description", "env", "args", "log_rules")
-EXPECT_KEYS = ("outcome", "stage", "reason", "match")
+EXPECT_KEYS = ("outcome", "stage", "reason", "match", "may_not_reproduce")
+EXPECT_REQUIRED = ("outcome", "stage", "reason", "match")
 DEFAULT_IMPORTS = ("torch?", "flashinfer?", "vllm?")
 INDEX_KEYS = ("url",)
 REGISTRY_BASE_KEYS = ("image", "digest", "python")
@@ -401,7 +402,7 @@ class _Checker:
         serve = self.serve((*p, "serve"), data["serve"]) if data.get("serve") is not None else None
         expect = None
         if data.get("expect") is not None and self.keys(
-            (*p, "expect"), data["expect"], EXPECT_KEYS, required=EXPECT_KEYS
+            (*p, "expect"), data["expect"], EXPECT_KEYS, required=EXPECT_REQUIRED
         ):
             e = data["expect"]
             self.choice((*p, "expect", "outcome"), e.get("outcome"), ("fail",), "expected outcome")
@@ -409,6 +410,11 @@ class _Checker:
                 stage=self.choice((*p, "expect", "stage"), e.get("stage"), STAGES, "stage"),
                 reason=self.text((*p, "expect", "reason"), e.get("reason")),
                 match=self.regex((*p, "expect", "match"), e.get("match")),
+                may_not_reproduce=(
+                    self.text((*p, "expect", "may_not_reproduce"), e["may_not_reproduce"])
+                    if e.get("may_not_reproduce") is not None
+                    else None
+                ),
             )
         recipes = self.texts((*p, "recipes"), data.get("recipes"))
         for j, recipe in enumerate(recipes):

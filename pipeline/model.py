@@ -250,12 +250,15 @@ class Expectation:
     """A known-bad stack kept in the matrix: it must fail at `stage`, for `reason`.
 
     `match` is a regex that the failure's evidence must contain: failing for another reason is a
-    pipeline failure too.
+    pipeline failure too. `may_not_reproduce` says why the failure depends on the host (a timing
+    outcome, e.g. which runner the autotuner finds fastest on this card): when the stage then
+    passes, the outcome is NOT_REPRODUCED, neither a pipeline failure nor a pass of the fix.
     """
 
     stage: str
     reason: str
     match: str
+    may_not_reproduce: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -42,6 +42,7 @@ __all__ = [
     "FI_CUBIN",
     "FI_JIT",
     "FI_PYTHON",
+    "IMAGE_DOCKERFILE_OVERRIDES",
     "Lookup",
     "Pins",
     "ReleaseLookup",
@@ -91,6 +92,15 @@ BUILTIN_RELEASES: dict[str, dict[str, str]] = {
     },
 }
 BUILTIN_SOURCE = "built-in table (vllm {v} and torch {t} METADATA, read from PyPI 2026-11-30)"
+
+# What a release image's Dockerfile installs over its wheels' metadata. v0.28.0 (release commit
+# 2cf0a691, docker/Dockerfile, runtime stage): `ARG NCCL_VERSION=2.30.7`, then
+# `echo "nvidia-nccl-cu${CUDA_MAJOR}==${NCCL_VERSION}" > /etc/uv-overrides.txt` with
+# `ENV UV_OVERRIDE=/etc/uv-overrides.txt` before the requirements install, so the image has NCCL
+# 2.30.7 although torch 2.13.0 requires ==2.29.7: a conflict the untouched image itself carries.
+IMAGE_DOCKERFILE_OVERRIDES: dict[str, dict[str, str]] = {
+    "0.28.0": {"nvidia-nccl-cu13": "2.30.7"},
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -214,6 +224,11 @@ def release_pins(
         source = f"PyPI (vllm {version} and torch {pins.get('torch', '?')} METADATA, fetched now)"
     extra = lockstep(pins)
     pins.update(extra)
+    dockerfile = IMAGE_DOCKERFILE_OVERRIDES.get(version, {})
+    pins.update(dockerfile)
+    if dockerfile:
+        moved = ", ".join(f"{name} {v}" for name, v in sorted(dockerfile.items()))
+        source += f"; {moved} as the image's Dockerfile installs it (UV_OVERRIDE)"
     assumed = tuple((name, LOCKSTEP) for name in sorted(extra))
     return Pins(pins=_pins(pins), complete=False, source=source, assumed=assumed), source
 

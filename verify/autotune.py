@@ -130,16 +130,17 @@ def _literal(node: ast.AST) -> Any:
 class Entry:
     op: str
     runner: str
-    m_bucket: int  # M of A's profile (dim 1 of a (1, M, K) tensor), -1 when not a GEMM profile
+    m_bucket: int  # M of A's profile, -1 for an op whose profiles are not read as a GEMM's
     n: int
     k: int
     tactic: Any
     extras: tuple[Any, ...]
     key: str
+    profile: str | None = None  # the raw profile, for an op not read as a GEMM: entries stay apart
 
     @property
     def shape(self) -> str:
-        return f"N={self.n},K={self.k}"
+        return f"N={self.n},K={self.k}" if self.profile is None else f"profile {self.profile}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -176,7 +177,8 @@ def read_cache(file: Path) -> AutotuneCache:
             raise InputError(f"{file}: entry {key[:80]!r}: {exc}") from exc
         if not (isinstance(value, list) and len(value) == 2):
             raise InputError(f"{file}: entry {key[:80]!r}: value is not [runner, tactic]")
-        m_bucket, n, k = _gemm_dims(profile)
+        dims = _gemm_dims(str(op), profile)
+        m_bucket, n, k = dims or (-1, -1, -1)
         entries.append(
             Entry(
                 op=str(op),
@@ -187,6 +189,7 @@ def read_cache(file: Path) -> AutotuneCache:
                 tactic=value[1],
                 extras=tuple(extras) if isinstance(extras, tuple) else (),
                 key=key,
+                profile=None if dims else repr(profile),
             )
         )
         if value[0] != runner:
@@ -201,21 +204,37 @@ def read_cache(file: Path) -> AutotuneCache:
     )
 
 
-def _gemm_dims(profile: Any) -> tuple[int, int, int]:
-    """(M bucket, N, K) from A=(1, M, K), B=(1, K, N); (-1, -1, -1) for other profiles."""
+# Ops whose A operand is 2-D and FP4-packed, two values a byte: A=(M, K/2), B=(K/2, N). FlashInfer
+# 0.6.18.post1 gemm/gemm_base.py mm_fp4 (L7172-7230): `b` is `b_fp4.T` and the output is
+# (a.shape[0], b.shape[1]); its autotuned op is "fp4_gemm".
+_PACKED_FP4_OPS = ("fp4_gemm",)
+
+
+def _gemm_dims(op: str, profile: Any) -> tuple[int, int, int] | None:
+    """(M bucket, N, K) of a GEMM profile, or None for a profile this reader does not understand.
+
+    bmm-style ops profile A=(1, M, K), B=(1, K, N); FP4 GEMMs profile 2-D packed operands.
+    """
     try:
         a, b = profile[0], profile[1]
-        return int(a[1]), int(b[2]), int(a[2])
+        if len(a) == 3 and len(b) == 3:
+            return int(a[1]), int(b[2]), int(a[2])
+        if op in _PACKED_FP4_OPS and len(a) == 2 and len(b) == 2:
+            return int(a[0]), int(b[1]), 2 * int(a[1])
     except (TypeError, IndexError, ValueError):
-        return -1, -1, -1
+        pass
+    return None
 
 
 def winners(cache_: AutotuneCache) -> dict[tuple[str, int, int], list[Entry]]:
-    """(op, N, K) -> entries sorted by M bucket: which runner (and tactic) serves each bucket."""
+    """(op, N, K) -> entries sorted by M bucket: which runner (and tactic) serves each bucket.
+
+    Entries of an op not read as a GEMM share (op, -1, -1) and are told apart by their raw profile.
+    """
     table: dict[tuple[str, int, int], list[Entry]] = {}
     for entry in cache_.entries:
         table.setdefault((entry.op, entry.n, entry.k), []).append(entry)
-    return {key: sorted(rows, key=lambda e: e.m_bucket) for key, rows in sorted(table.items())}
+    return {key: sorted(rows, key=lambda e: (e.m_bucket, e.profile or "")) for key, rows in sorted(table.items())}
 
 
 # -- policies ------------------------------------------------------------------------------------

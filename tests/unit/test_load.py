@@ -138,7 +138,8 @@ def test_spark_cell_inherits_from_fixed_cell_through_the_chain(real_matrix: Matr
     assert spark.runner == ("self-hosted", "linux", "arm64", "gpu", "sm121")
     assert spark.serve is not None and fixed.serve is not None
     assert spark.serve.model.location == "nvidia/Qwen3.6-35B-A3B-NVFP4"
-    assert spark.serve.args == ("--max-num-batched-tokens", "8192")  # a list replaces, never appends
+    # a list replaces, never appends
+    assert spark.serve.args == ("--max-num-batched-tokens", "8192", "--gpu-memory-utilization", "0.85")
     assert spark.serve.gpus == "all"  # the rest of the serve mapping merged from the ancestors
     assert spark.serve.readiness_timeout_s == 900.0
 
@@ -149,8 +150,13 @@ def test_spark_cell_arms_null_removes_and_env_replaces(real_matrix: Matrix) -> N
     with pytest.raises(InputError, match=r"no arm 'skip-fp8-tuning' \(known: default, cutlass-kernel, eager"):
         spark.arm("skip-fp8-tuning")
     cutlass = spark.arm("cutlass-kernel")
-    assert cutlass.env == (("VLLM_DISABLED_KERNELS", "FlashInferCuteDslNvFp4LinearKernel"),)
-    assert "CuTe-DSL NVFP4" in cutlass.description
+    # env: null drops the FP8 arm's variable; CuTe-DSL NVFP4 is SM10x-only, so vLLM's own switch is used
+    assert cutlass.env == ()
+    assert cutlass.args == ("--linear-backend", "cutlass")
+    assert [(r.kind, r.pattern) for r in cutlass.log_rules] == [
+        ("expect", "Using CutlassNvFp4LinearKernel for NVFP4 GEMM"),
+        ("forbid", r"Using FlashInfer\w*NvFp4LinearKernel for NVFP4 GEMM"),
+    ]
     fp8 = fixed.arm("cutlass-kernel")
     assert fp8.env == (("VLLM_DISABLED_KERNELS", "FlashInferFP8ScaledMMLinearKernel"),)
     assert spark.arm("eager") == fixed.arm("eager")

@@ -57,6 +57,10 @@ SAMPLES = {
     "flashinfer-autotune-cache-other-environment": f"""\
 {CORE} WARNING 11-30 10:00:00 [autotuner.py:2750] [Autotuner]: Cache file /cache/autotune_configs.json was created in a different environment (cudnn_version: saved=92000 vs current=92301). Ignoring cached configs.
 """,
+    # FlashInfer 0.6.18.post1 autotuner.py L2564-2570, formatted as `_format_meta_mismatches` does.
+    "flashinfer-autotune-not-saved-other-environment": f"""\
+{CORE} WARNING 11-30 10:00:00 [autotuner.py:2571] [Autotuner]: Not saving configs to /cache/autotune_configs.json: the file was created in a different environment (cudnn_version: saved=92000 vs current=92301). Use a different cache path for the current environment, or delete the file to re-prime it.
+""",
     "flashinfer-autotune-no-tuned-config": AUTOTUNE_LOG.read_text().splitlines()[19] + "\n",
     "flashinfer-cudnn-fp8-tactic-failed": f"""\
 {CORE} WARNING 11-30 10:00:00 [gemm_base.py:4055] cuDNN fp8 GEMM tactic failed; falling back to default tactic=-1. (cudnnGraphNotSupportedError)

@@ -115,6 +115,15 @@ def test_release_pins_mark_the_lockstep_companions_as_assumed() -> None:
     assert {name for name, _ in pins.assumed} == {"flashinfer-cubin", "flashinfer-jit-cache"}
 
 
+def test_release_pins_take_the_nccl_the_image_dockerfile_installs() -> None:
+    # torch 2.13.0 pins nvidia-nccl-cu13==2.29.7; v0.28.0's Dockerfile forces 2.30.7 (UV_OVERRIDE).
+    pins, source = release_pins("0.28.0", "linux/amd64", online=False)
+    assert pins is not None
+    assert pins.get("nvidia-nccl-cu13") == "2.30.7"
+    assert BUILTIN_RELEASES["0.28.0"]["nvidia-nccl-cu13"] == "2.29.7"  # the metadata, unchanged
+    assert "nvidia-nccl-cu13 2.30.7 as the image's Dockerfile installs it" in source
+
+
 def test_release_pins_fetch_from_pypi_only_when_missing_and_allowed() -> None:
     metadata = json.loads(PYPI.read_text())
     calls = []
