@@ -125,6 +125,7 @@ class ImageInfo:
     repo_digests: tuple[str, ...]
     labels: dict[str, str]
     size: int
+    env: tuple[tuple[str, str], ...] = ()  # the image config's ENV, as the container starts with it
 
 
 class Engine:
@@ -160,7 +161,23 @@ class Engine:
             repo_digests=tuple(data.get("RepoDigests") or ()),
             labels=dict((data.get("Config") or {}).get("Labels") or {}),
             size=int(data.get("Size", 0)),
+            env=tuple(
+                (name, value)
+                for name, _, value in (item.partition("=") for item in (data.get("Config") or {}).get("Env") or ())
+            ),
         )
+
+    def copy_out(self, container: str, path: str, dest: Path, *, timeout: float = 300) -> bool:
+        """Copy `path` out of a container (running or stopped) to the new host path `dest`.
+
+        Files a container writes belong to its user (root, with FlashInfer's 0600 modes): read
+        through docker, they land owned by whoever runs this, so an ordinary runner user can read
+        and delete them. False when the container has no such path."""
+        result = self.docker("cp", f"{container}:{path}", str(dest), check=False, quiet=True, timeout=timeout)
+        missing = ("No such container:path", "Could not find the file")  # docker 20.10, docker 26
+        if result.returncode != 0 and not any(text in result.stderr for text in missing):
+            raise InfraError(f"docker cp {container}:{path} failed: {result.stderr.strip()[-500:]}")
+        return result.returncode == 0
 
     def build(
         self,

@@ -105,6 +105,7 @@ def _verify_with_receipt(
     """The stages, then the receipt (JSON, JUnit XML, Markdown) of this image on this host."""
     started = time.time()
     host_check = _host_expectations(matrix, cell)
+    before = engine.image(image)
     report = verify_image(
         engine,
         cell,
@@ -117,8 +118,9 @@ def _verify_with_receipt(
         previous=previous,
         load=load,
         extra_checks={stages[0]: [host_check]} if host_check and stages else None,
+        image_env=before.env if before else (),
     )
-    info = engine.image(image)
+    info = before
     receipt = build_receipt(
         report,
         matrix_digest=matrix.digest,

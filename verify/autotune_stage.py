@@ -1,11 +1,17 @@
-"""Stage `autotune`: start the server with a fresh, empty autotune cache and judge what FlashInfer wrote.
+"""Stage `autotune`: a server that started with a fresh, empty autotune cache; judge what FlashInfer wrote.
 
-An empty host directory is mounted at VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR; VLLM_DISABLED_KERNELS and
-VLLM_FLASHINFER_AUTOTUNE_SKIP_OPS are removed unless the arm sets them (what was in force is
-recorded). After readiness the file vLLM names in `Using FlashInfer autotune cache file:` (or any
-`autotune_configs.json` under the directory) is read, the per-arch policies applied, the winners
-table kept, and compared with a previous report of the same cell when one is given. No file, or
-no entries, is INCONCLUSIVE with the reason: it proves nothing either way.
+The cache directory is an anonymous volume at VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR inside the server
+container, and the file is read out with `docker cp` while the container still exists: FlashInfer
+writes it as the image's user (root) with mode 0600 (`tempfile.mkstemp` then `os.replace`), which an
+ordinary runner user could neither read nor delete through a bind mount.
+
+The server is the startup stage's when the plan says it carried the fresh cache (the usual case,
+see `verify.serverplan`), else one of its own with VLLM_DISABLED_KERNELS and
+VLLM_FLASHINFER_AUTOTUNE_SKIP_OPS removed unless the arm sets them (what was in force is recorded).
+The file vLLM names in `Using FlashInfer autotune cache file:` (or any `autotune_configs.json` under
+the directory) is judged: the per-arch policies, the winners table, and a comparison with a previous
+report of the same cell when one is given. No file, or no entries, is INCONCLUSIVE with the reason:
+it proves nothing either way.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import json
 import re
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,14 +30,18 @@ from verify.autotune import AutotuneCache, Entry, judge_cache, load_policies, re
 from verify.logscan import Facts, LogWatcher, catalog_for
 from verify.result import CheckResult, StageResult, Status
 from verify.server import ServerContainer, ServerFailed
+from verify.serverplan import CACHE_MOUNT, CONTROLLED_ENV, TUNING_ENV
 
-__all__ = ["CACHE_MOUNT", "diff_winners", "run_autotune", "winners_table"]
+__all__ = ["CACHE_MOUNT", "diff_winners", "fresh_cache_server_options", "run_autotune", "winners_table"]
 
 STAGE = "autotune"
-CACHE_MOUNT = "/stackproof/autotune-cache"
-CONTROLLED_ENV = ("VLLM_DISABLED_KERNELS", "VLLM_FLASHINFER_AUTOTUNE_SKIP_OPS")
 _CACHE_LINE = re.compile(r"Using FlashInfer autotune cache file: (?P<path>\S+)")
 _DISABLED = "Skipping FlashInfer autotune because it is disabled."
+
+
+def fresh_cache_server_options() -> dict[str, Any]:
+    """ServerContainer options for a server that tunes into an empty, container-owned cache."""
+    return {"extra_env": {TUNING_ENV: CACHE_MOUNT}, "scratch": (CACHE_MOUNT,)}
 
 
 def run_autotune(
@@ -42,7 +53,11 @@ def run_autotune(
     out_dir: Path,
     facts: Facts,
     previous: Path | None = None,
+    shared: ServerContainer | None = None,
+    on_start: Callable[[ServerContainer], None] | None = None,
 ) -> StageResult:
+    """Judge the cache of `shared` (the startup server, started with a fresh cache) when given,
+    else start a server of its own for it."""
     started = time.monotonic()
     if not cell.is_gpu:
         reason = "CPU cell: FlashInfer autotuning runs only on CUDA GPUs (compute capability >= 9.0)"
@@ -52,43 +67,45 @@ def run_autotune(
         return StageResult.of(STAGE, [check], 0.0)
     cache_dir = out_dir / "autotune-cache"
     if cache_dir.exists():
-        shutil.rmtree(cache_dir)
-    cache_dir.mkdir(parents=True)
+        shutil.rmtree(cache_dir)  # copied out by docker cp: this user's own files
     arm_env = dict(arm.env) if arm else {}
-    in_force = {name: arm_env.get(name) for name in CONTROLLED_ENV}  # None: removed for this run
+    in_force = {name: arm_env.get(name) for name in CONTROLLED_ENV}  # None: not set for this run
     checks: list[CheckResult] = []
-    server = ServerContainer(
-        engine,
-        cell,
-        image,
-        out_dir=out_dir / "autotune-server",
-        arm=arm,
-        watcher=LogWatcher(catalog_for(facts)),
-        extra_env={"VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR": CACHE_MOUNT},
-        volumes={cache_dir.resolve(): CACHE_MOUNT},
-        unset_env=tuple(n for n in CONTROLLED_ENV if n not in arm_env),
-    )
-    with server:
-        try:
-            ready = server.wait_ready()
-            checks.append(
-                CheckResult(
-                    name="readiness",
-                    status=Status.PASS,
-                    evidence={"seconds": ready.seconds},
-                    message=f"ready after {ready.seconds:.0f}s with a fresh autotune cache",
-                )
+    if shared is not None:
+        server = shared
+        checks.append(
+            CheckResult(
+                name="readiness",
+                status=Status.PASS,
+                message=f"the startup stage's server, started with a fresh autotune cache ({server.name})",
+                evidence={"reused": True},
             )
-        except ServerFailed as exc:
+        )
+        server.copy_out(CACHE_MOUNT, cache_dir)
+    else:
+        server = ServerContainer(
+            engine,
+            cell,
+            image,
+            out_dir=out_dir / "autotune-server",
+            arm=arm,
+            watcher=LogWatcher(catalog_for(facts)),
+            unset_env=tuple(n for n in CONTROLLED_ENV if n not in arm_env),
+            on_start=on_start,
+            **fresh_cache_server_options(),
+        )
+        with server:
+            try:
+                ready = server.wait_ready()
+            except ServerFailed as exc:
+                evidence = {"last_log_lines": exc.last_lines}
+                checks.append(CheckResult(name="readiness", status=Status.FAIL, message=exc.reason, evidence=evidence))
+                return StageResult.of(STAGE, checks, time.monotonic() - started)
+            message = f"ready after {ready.seconds:.0f}s with a fresh autotune cache"
             checks.append(
-                CheckResult(
-                    name="readiness",
-                    status=Status.FAIL,
-                    message=exc.reason,
-                    evidence={"last_log_lines": exc.last_lines},
-                )
+                CheckResult(name="readiness", status=Status.PASS, message=message, evidence={"seconds": ready.seconds})
             )
-            return StageResult.of(STAGE, checks, time.monotonic() - started)
+            server.copy_out(CACHE_MOUNT, cache_dir)
     log = server.log_path.read_text(errors="replace") if server.log_path.exists() else ""
     checks += judge_fresh_cache(cell, log, cache_dir, out_dir, facts=facts, env=in_force, previous=previous)
     return StageResult.of(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from pipeline.engine import Engine
 from pipeline.errors import CheckFailed
 from verify.autotune import judge_cache, load_policies, read_cache
 from verify.autotune_stage import winners_table
+from verify.probe import PROBE_ROLE_LABEL
 from verify.result import CheckResult, Status
 
 __all__ = ["KERNEL_PROBE_FILE", "KernelProbeResult", "arch_of", "judge_probe", "probe_kernels"]
@@ -72,37 +74,7 @@ def probe_kernels(
     started = time.monotonic()
     args = ["--max-num-batched-tokens", str(max_tokens)]
     if engine is not None and image is not None:
-        mounts = [
-            "--volume",
-            f"{KERNEL_PROBE_FILE}:/stackproof/kernel_probe.py:ro",
-            "--volume",
-            f"{config.resolve()}:/stackproof/config.json:ro",
-            "--volume",
-            f"{out_dir.resolve()}:/stackproof/out",
-        ]
-        engine.docker(
-            "run",
-            "--rm",
-            "--network",
-            "none",
-            "--gpus",
-            gpus or "all",
-            "--label",
-            "io.stackproof.role=probe",
-            *mounts,
-            "--entrypoint",
-            python,
-            image,
-            "/stackproof/kernel_probe.py",
-            "--config",
-            "/stackproof/config.json",
-            "--cache",
-            "/stackproof/out/autotune.json",
-            "--report",
-            "/stackproof/out/kernel-probe.json",
-            *args,
-            timeout=3600,
-        )
+        _probe_in_container(engine, image, config, out_dir, python=python, gpus=gpus, args=args)
     else:
         cmd.run(
             [
@@ -121,6 +93,26 @@ def probe_kernels(
     if not report.is_file() or not cache.is_file():
         raise CheckFailed(f"the kernel probe wrote no {'report' if not report.is_file() else 'cache'} in {out_dir}")
     return judge_probe(json.loads(report.read_text()), cache, arch=arch, seconds=time.monotonic() - started)
+
+
+def _probe_in_container(
+    engine: Engine, image: str, config: Path, out_dir: Path, *, python: str, gpus: str | None, args: list[str]
+) -> None:
+    """The probe in a named GPU container whose outputs stay inside it (an anonymous volume) and are
+    read out with `docker cp`: the image runs as root and FlashInfer writes its cache 0600, which an
+    ordinary runner user could not read through a bind mount. Removed on every path, Ctrl-C too."""
+    name = f"stackproof-kernels-{uuid.uuid4().hex[:12]}"
+    argv = ["run", "--name", name, "--network", "none", "--gpus", gpus or "all", "--label", PROBE_ROLE_LABEL]
+    argv += ["--volume", f"{KERNEL_PROBE_FILE}:/stackproof/kernel_probe.py:ro"]
+    argv += ["--volume", f"{config.resolve()}:/stackproof/config.json:ro", "--volume", "/stackproof/out"]
+    argv += ["--entrypoint", python, image, "/stackproof/kernel_probe.py", "--config", "/stackproof/config.json"]
+    argv += ["--cache", "/stackproof/out/autotune.json", "--report", "/stackproof/out/kernel-probe.json", *args]
+    try:
+        engine.docker(*argv, timeout=3600)
+        for file in ("autotune.json", "kernel-probe.json"):
+            engine.copy_out(name, f"/stackproof/out/{file}", out_dir / file)
+    finally:
+        engine.docker("rm", "--force", "--volumes", name, check=False, quiet=True)
 
 
 def judge_probe(report: dict[str, Any], cache_file: Path, *, arch: str | None, seconds: float) -> KernelProbeResult:

@@ -17,7 +17,7 @@ from pathlib import Path
 from pipeline.engine import Engine
 from pipeline.model import Arm, Cell, LoadSpec
 from verify.loadrun import LoadTarget, judge_load, run_load, summarise
-from verify.logscan import LogWatcher, judge, load_catalog, scan
+from verify.logscan import Facts, LogWatcher, catalog_for, judge, scan
 from verify.result import CheckResult, StageResult, Status
 from verify.server import ServerContainer, ServerFailed
 
@@ -55,6 +55,8 @@ def run_load_stage(
     spec: LoadSpec | None = None,
     shared: ServerContainer | None = None,
     on_ready: Callable[[ServerContainer], None] | None = None,  # fault-injection tests use it
+    facts: Facts | None = None,
+    on_start: Callable[[ServerContainer], None] | None = None,
 ) -> StageResult:
     """Load `shared` (the startup stage's server, still running) when given, else a fresh server.
 
@@ -70,8 +72,10 @@ def run_load_stage(
     stage_dir = out_dir / "load"
     stage_dir.mkdir(parents=True, exist_ok=True)
     checks: list[CheckResult] = []
-    signatures = load_catalog()
-    server = shared or ServerContainer(engine, cell, image, out_dir=stage_dir, arm=arm, watcher=LogWatcher(signatures))
+    signatures = catalog_for(facts)
+    server = shared or ServerContainer(
+        engine, cell, image, out_dir=stage_dir, arm=arm, watcher=LogWatcher(signatures), on_start=on_start
+    )
     artifacts: dict[str, str] = {"server_log": str(server.log_path)}
     outcome = None
     try:

@@ -93,11 +93,14 @@ def build_receipt(
             "passed": report.outcome.passed,
             "summary": report.outcome.summary,
             "expected_failure": report.outcome.expected_failure,
+            "not_reproduced": report.outcome.not_reproduced,
         },
         "stages": stages,
         "runtime": _runtime(report),
         "load": _load_summary(report),
         "autotune": _autotune_winners(report),
+        "server_starts": report.servers.get("started"),
+        "servers": report.servers,
     }
 
 

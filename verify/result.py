@@ -86,6 +86,7 @@ class VerifyReport:
     image_id: str
     stages: tuple[StageResult, ...]
     outcome: Outcome
+    servers: dict[str, Any] = field(default_factory=dict)  # servers started (count, names) and the plan
     schema_version: int = REPORT_SCHEMA_VERSION
 
     def to_json(self) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from verify.logscan import Facts
 from verify.probe import ProbeReport
 from verify.result import CheckResult, StageResult, Status, VerifyReport, evaluate
 from verify.server import SharedServer
+from verify.serverplan import ServerPlan, plan_servers
 from verify.startup import run_startup
 
 __all__ = ["AVAILABLE_STAGES", "parse_stages", "verify_image"]
@@ -41,7 +42,8 @@ class StageContext:
     prior: tuple[StageResult, ...]
     previous: Path | None = None  # an earlier report of the same cell, to diff autotune winners against
     load: LoadSpec | None = None  # the cell's load spec with command-line overrides; None = the cell's
-    share: SharedServer | None = None  # startup keeps its server here for load, when no stage between starts one
+    share: SharedServer  # startup keeps its server here for later stages; counts every server started
+    plan: ServerPlan  # which stages start servers (verify.serverplan)
 
     def facts(self) -> Facts:
         """Facts for the log rule sets: from the imports probe when it ran, else from the cell."""
@@ -69,20 +71,44 @@ def _imports(ctx: StageContext) -> StageResult:
 
 def _startup(ctx: StageContext) -> StageResult:
     return run_startup(
-        ctx.engine, ctx.cell, ctx.image, arm=ctx.arm, out_dir=ctx.out_dir, facts=ctx.facts(), share=ctx.share
+        ctx.engine,
+        ctx.cell,
+        ctx.image,
+        arm=ctx.arm,
+        out_dir=ctx.out_dir,
+        facts=ctx.facts(),
+        share=ctx.share,
+        keep=ctx.plan.keep_startup,
+        tune=ctx.plan.startup_tunes,
     )
 
 
 def _load(ctx: StageContext) -> StageResult:
-    shared = ctx.share.take() if ctx.share else None
+    shared = None if ctx.plan.load_fresh else ctx.share.take()
     return run_load_stage(
-        ctx.engine, ctx.cell, ctx.image, arm=ctx.arm, out_dir=ctx.out_dir, spec=ctx.load, shared=shared
+        ctx.engine,
+        ctx.cell,
+        ctx.image,
+        arm=ctx.arm,
+        out_dir=ctx.out_dir,
+        spec=ctx.load,
+        shared=shared,
+        facts=ctx.facts(),
+        on_start=ctx.share.note_start,
     )
 
 
 def _autotune(ctx: StageContext) -> StageResult:
     return run_autotune(
-        ctx.engine, ctx.cell, ctx.image, arm=ctx.arm, out_dir=ctx.out_dir, facts=ctx.facts(), previous=ctx.previous
+        ctx.engine,
+        ctx.cell,
+        ctx.image,
+        arm=ctx.arm,
+        out_dir=ctx.out_dir,
+        facts=ctx.facts(),
+        previous=ctx.previous,
+        shared=ctx.share.peek() if ctx.plan.startup_tunes else None,
+        on_start=ctx.share.note_start,
     )
 
 
@@ -124,13 +150,14 @@ def verify_image(
     previous: Path | None = None,
     load: LoadSpec | None = None,
     extra_checks: dict[str, list[CheckResult]] | None = None,
+    image_env: tuple[tuple[str, str], ...] = (),
 ) -> VerifyReport:
     """Run `stages` in order; `extra_checks` are judged with the stage they are keyed by (e.g. host
-    expectations with imports), so they count toward its status."""
-    # One server for startup and load, unless autotune starts its own in between (on a GPU two
-    # servers would fight for its memory). The run owns it: removed here whatever happens.
-    sharing = "startup" in stages and "load" in stages and ("autotune" not in stages or not cell.is_gpu)
-    share = SharedServer() if sharing else None
+    expectations with imports), so they count toward its status. `image_env` is the image's ENV,
+    which decides whether the startup server can also serve autotune (verify.serverplan)."""
+    plan = plan_servers(cell, arm, stages, dict(image_env))
+    print(f"{cell.id}: {plan.starts} server start(s) planned: {plan.reason}", file=sys.stderr)
+    share = SharedServer()  # the run owns the kept server: removed here whatever happens
     results: list[StageResult] = []
     try:
         for stage in stages:
@@ -145,6 +172,7 @@ def verify_image(
                 previous=previous,
                 load=load,
                 share=share,
+                plan=plan,
             )
             result = STAGE_RUNNERS[stage](context)
             if extra_checks and extra_checks.get(stage):
@@ -158,8 +186,7 @@ def verify_image(
                     print(f"{cell.id}: {stage} {result.status}: not running {', '.join(skipped)}", file=sys.stderr)
                 break
     finally:
-        if share is not None:
-            share.close()
+        share.close()
     report = VerifyReport(
         cell=cell.id,
         arm=arm.name if arm else None,
@@ -167,6 +194,7 @@ def verify_image(
         image_id=image_id,
         stages=tuple(results),
         outcome=evaluate(cell.expect, results),
+        servers={"started": len(share.started), "containers": list(share.started), **plan.to_json()},
     )
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "report.json").write_text(json.dumps(report.to_json(), indent=2, default=str) + "\n")

@@ -14,6 +14,7 @@ import threading
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -84,6 +85,8 @@ class ServerContainer:
         watcher: LogWatcher | None = None,
         volumes: dict[Path, str] | None = None,
         unset_env: tuple[str, ...] = (),
+        scratch: tuple[str, ...] = (),
+        on_start: Callable[[ServerContainer], None] | None = None,
     ) -> None:
         if cell.serve is None:
             raise CheckFailed(f"cell {cell.id!r} has no serve spec")
@@ -102,6 +105,10 @@ class ServerContainer:
         self.watcher = watcher
         self.volumes = volumes or {}  # host path -> container path
         self.unset_env = unset_env  # image ENV names to remove for this run (`env -u`)
+        # Container paths backed by anonymous volumes: written by the server (as root), read out with
+        # `docker cp`, removed with the container. Nothing the container writes lands on the host.
+        self.scratch = scratch
+        self.on_start = on_start  # told of every start, e.g. to count server starts per run
         self._follower: threading.Thread | None = None
         self._started = False
 
@@ -133,15 +140,23 @@ class ServerContainer:
             argv += ["--env", f"{key}={value}"]
         for host, container in sorted(self.volumes.items()):
             argv += ["--volume", f"{host}:{container}"]
+        for container in self.scratch:
+            argv += ["--volume", container]
         command = serve_argv(self.serve, self.arm, self.port)
         if self.unset_env:  # docker run cannot remove an image's ENV; `env -u` can
             command = ["env", *(arg for name in self.unset_env for arg in ("-u", name)), *command]
         argv += ["--entrypoint", command[0], self.image, *command[1:]]
         self._started = True  # from here on, remove() must run even if `docker run` is interrupted
+        if self.on_start is not None:
+            self.on_start(self)
         self.engine.docker(*argv, timeout=120)
         print(f"{self.cell.id}: server container {self.name} on {self.base_url}, log: {self.log_path}", file=sys.stderr)
         self._follower = threading.Thread(target=self._follow_logs, name=f"logs-{self.name}", daemon=True)
         self._follower.start()
+
+    def copy_out(self, path: str, dest: Path) -> bool:
+        """Copy a path the server wrote out of its container (see `Engine.copy_out`)."""
+        return self.engine.copy_out(self.name, path, dest)
 
     def remove(self) -> None:
         """Remove the container by name; safe to call twice, and when it never started."""
@@ -269,24 +284,32 @@ class ServerContainer:
 
 
 class SharedServer:
-    """A ready server one stage hands to a later one (startup to load), so it starts once.
+    """A ready server one stage hands to later ones (startup to autotune and load), so it starts once.
 
     The verify run owns it: whatever happens between the stages, `close()` in its `finally`
-    removes the container.
+    removes the container. It also counts every server the run started (`note_start`).
     """
 
     def __init__(self) -> None:
         self.server: ServerContainer | None = None
+        self.started: list[str] = []
+
+    def note_start(self, server: ServerContainer) -> None:
+        self.started.append(server.name)
 
     def keep(self, server: ServerContainer) -> None:
         self.server = server
 
+    def peek(self) -> ServerContainer | None:
+        """The kept server, left kept, if its container still runs."""
+        if self.server is not None and self.server.state()[0] != "running":
+            self.close()
+        return self.server
+
     def take(self) -> ServerContainer | None:
         """The kept server if its container still runs; a dead one is removed and not handed on."""
-        server, self.server = self.server, None
-        if server is not None and server.state()[0] != "running":
-            server.remove()
-            return None
+        server = self.peek()
+        self.server = None
         return server
 
     def close(self) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from pipeline.engine import Engine
 from pipeline.model import Arm, Cell
+from verify.autotune_stage import fresh_cache_server_options
 from verify.kernellog import read_kernel_log
 from verify.logscan import Facts, LogWatcher, Signature, catalog_for, judge, rules_for, scan
 from verify.result import CheckResult, StageResult, Status
@@ -33,9 +34,12 @@ def run_startup(
     out_dir: Path,
     facts: Facts,
     share: SharedServer | None = None,
+    keep: bool = False,
+    tune: bool = False,
 ) -> StageResult:
-    """With `share`, a server that passed is kept running for the load stage instead of removed;
-    the log is then judged as it stands (the load stage judges the rest)."""
+    """With `keep`, a server that passed is kept running in `share` for later stages (autotune,
+    load) instead of removed; the log is then judged as it stands (the load stage judges the rest).
+    With `tune`, the server starts with a fresh autotune cache for the autotune stage to judge."""
     started = time.monotonic()
     if cell.serve is None:
         check = CheckResult(name="serve", status=Status.SKIP, message="the cell has no serve spec")
@@ -44,7 +48,16 @@ def run_startup(
     checks: list[CheckResult] = []
     since = time.time()
     watcher = LogWatcher(signatures)
-    server = ServerContainer(engine, cell, image, out_dir=out_dir, arm=arm, watcher=watcher)
+    server = ServerContainer(
+        engine,
+        cell,
+        image,
+        out_dir=out_dir,
+        arm=arm,
+        watcher=watcher,
+        on_start=share.note_start if share else None,
+        **(fresh_cache_server_options() if tune else {}),
+    )
     kept = False
     try:
         server.start()
@@ -55,7 +68,7 @@ def run_startup(
         completion = server.complete()
         message = f"{completion['completion_tokens']} tokens answered"
         checks.append(CheckResult(name="completion", status=Status.PASS, message=message, evidence=completion))
-        if share is not None:
+        if keep and share is not None:
             share.keep(server)
             kept = True
     except ServerFailed as exc:

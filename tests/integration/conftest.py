@@ -6,13 +6,17 @@ the code under test, and every test asserts that none of its containers is left.
 
 from __future__ import annotations
 
+import grp
 import json
 import os
+import pwd
 import shutil
 import socket
 import subprocess
 import sys
+import sysconfig
 import tarfile
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -43,16 +47,29 @@ class Completed:
         return json.loads(self.stdout)  # type: ignore[no-any-return]
 
 
-def stackproof(args: Sequence[str], *, env: dict[str, str] | None = None, timeout: float = 1800) -> Completed:
-    """Run the real CLI in a subprocess, as a user would; stderr is echoed for the test log."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "pipeline", *args],
-        cwd=REPO,
-        env={**os.environ, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+# GitHub's self-hosted runner runs jobs as an ordinary user in the docker group; .ci/setup makes one.
+RUNNER_USER = os.environ.get("STACKPROOF_TEST_RUNNER_USER", "stackproof-runner")
+RUNNER_PYTHON = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"
+
+
+def stackproof(
+    args: Sequence[str], *, env: dict[str, str] | None = None, timeout: float = 1800, user: str | None = None
+) -> Completed:
+    """Run the real CLI in a subprocess, as a user would; stderr is echoed for the test log.
+
+    With `user` (root only), it runs as that user through `runuser`, with this environment but
+    that user's HOME (so its own cache directory), as a CI runner would."""
+    argv = [sys.executable, "-m", "pipeline", *args]
+    full_env = {**os.environ, **(env or {})}
+    if user is not None:
+        home = pwd.getpwnam(user).pw_dir
+        full_env |= {"HOME": home, "USER": user, "LOGNAME": user}
+        full_env.pop("XDG_CACHE_HOME", None)
+        # This interpreter may live under root's home (pyenv), out of the user's reach: run the
+        # system python3 of the same minor version on this environment's packages instead.
+        full_env["PYTHONPATH"] = os.pathsep.join([str(REPO), sysconfig.get_paths()["purelib"]])
+        argv = ["runuser", "-u", user, "--", RUNNER_PYTHON, "-m", "pipeline", *args]
+    proc = subprocess.run(argv, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout)
     sys.stderr.write(proc.stderr[-20000:])
     return Completed(proc.returncode, proc.stdout, proc.stderr)
 
@@ -95,6 +112,33 @@ def engine(pytestconfig: pytest.Config) -> Iterator[Engine]:
     yield _ENGINE
     for tag in sorted(stackproof_images() - before):
         docker("image", "rm", "--force", tag, check=False)
+
+
+@pytest.fixture(scope="session")
+def runner_user() -> str | None:
+    """The ordinary user (in the docker group) tests run the tool as: None when this process is
+    already not root. As root outside CI without that user, the test is skipped; in CI it fails."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        entry = pwd.getpwnam(RUNNER_USER)
+    except KeyError:
+        message = f"no user {RUNNER_USER!r} to run as (.ci/setup creates it; STACKPROOF_TEST_RUNNER_USER names another)"
+        if in_ci():
+            pytest.fail(message)
+        pytest.skip(message)
+    if grp.getgrnam("docker").gr_gid not in os.getgrouplist(RUNNER_USER, entry.pw_gid):
+        pytest.fail(f"user {RUNNER_USER!r} is not in the docker group")
+    return RUNNER_USER
+
+
+def runner_dir(user: str | None, prefix: str) -> Path:
+    """A fresh directory the runner user owns (pytest's tmp_path is private to root)."""
+    path = Path(tempfile.mkdtemp(prefix=f"stackproof-{prefix}-"))
+    if user is not None:
+        entry = pwd.getpwnam(user)
+        os.chown(path, entry.pw_uid, entry.pw_gid)
+    return path
 
 
 @pytest.fixture(scope="session")

@@ -8,30 +8,44 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
+import shutil
 import signal
 import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ET
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from pipeline.engine import Engine
-from tests.integration.conftest import REPO, containers, stackproof, write_matrix
+from tests.integration.conftest import REPO, containers, runner_dir, stackproof, write_matrix
 
 pytestmark = pytest.mark.integration
 
 CELL_LABEL = "io.stackproof.cell=cpu-tiny"
 
 
-def test_cpu_tiny_end_to_end(engine: Engine, cpu_tiny: str, tmp_path: Path) -> None:
+@pytest.fixture
+def runner_out(runner_user: str | None) -> Iterator[Path]:
+    out = runner_dir(runner_user, "e2e")
+    yield out
+    shutil.rmtree(out, ignore_errors=True)
+
+
+def test_cpu_tiny_end_to_end(engine: Engine, cpu_tiny: str, runner_user: str | None, runner_out: Path) -> None:
+    """As an ordinary user in the docker group (a self-hosted runner's user), never as root."""
     since = time.time() - 1
-    result = stackproof(["run", "cpu-tiny", "--json", "--out", str(tmp_path)])
+    result = stackproof(["run", "cpu-tiny", "--json", "--out", str(runner_out)], user=runner_user)
     assert result.returncode == 0, result.stderr[-5000:]
     assert len(engine.created_since(since, "io.stackproof.role=server")) == 1, "startup and load share one server"
     report = result.json()
+    assert report["servers"]["started"] == 1 and report["servers"]["planned_starts"] == 1  # type: ignore[index]
+    owner = runner_user or pwd.getpwuid(os.geteuid()).pw_name
+    assert all(path.owner() == owner for path in runner_out.rglob("*")), "every output belongs to the runner"
     assert report["image"] == cpu_tiny
     assert report["outcome"]["passed"] is True  # type: ignore[index]
     stages = {s["stage"]: s for s in report["stages"]}  # type: ignore[union-attr]
@@ -71,6 +85,7 @@ def _assert_receipt(run_dir: Path, report: dict[str, Any]) -> None:
     assert receipt["host"]["docker"] != "none" and receipt["matrix_digest"]
     assert [s["stage"] for s in receipt["stages"]] == ["imports", "startup", "autotune", "load"]
     assert receipt["load"]["questions"]["clean"] == 80 and receipt["autotune"] is None
+    assert receipt["server_starts"] == 1
     suites = ET.parse(run_dir / "junit.xml").getroot()
     assert suites.tag == "testsuites" and int(suites.get("failures", "-1")) == 0
     for suite in suites.iter("testsuite"):
