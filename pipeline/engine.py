@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -166,6 +167,11 @@ class Engine:
                 for name, _, value in (item.partition("=") for item in (data.get("Config") or {}).get("Env") or ())
             ),
         )
+
+    def pull(self, ref: str, *, timeout: float = 3600) -> None:
+        """Pull an image, its progress streamed to stderr."""
+        argv = [self.cli.path, "pull", ref]
+        cmd.stream(argv, on_line=lambda line: print(f"[pull] {line}", file=sys.stderr, flush=True), timeout=timeout)
 
     def copy_out(self, container: str, path: str, dest: Path, *, timeout: float = 300) -> bool:
         """Copy `path` out of a container (running or stopped) to the new host path `dest`.

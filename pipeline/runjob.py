@@ -47,6 +47,7 @@ def run_cell(
         cell,
         image=build.tag,
         image_id=build.image_id,
+        base_ref=build.base_ref,
         stages=stages,
         arm=arm,
         out_dir=_run_dir(out_root, cell),
@@ -70,7 +71,8 @@ def verify_cell(
 ) -> VerifyReport:
     """Verify the cell's already-built image (its content tag); nothing is built."""
     arm = cell.arm(arm_name) if arm_name else None
-    tag = plan_cell(matrix, cell, site, images_dir).tag
+    plan = plan_cell(matrix, cell, site, images_dir)
+    tag = plan.tag
     image = engine.image(tag)
     if image is None:
         raise InputError(f"{cell.id}: image {tag} is not built: run `stackproof build {cell.id}` (or `stackproof run`)")
@@ -81,6 +83,7 @@ def verify_cell(
         cell,
         image=tag,
         image_id=image.id,
+        base_ref=plan.base_ref,
         stages=stages,
         arm=arm,
         out_dir=_run_dir(out_root, cell),
@@ -96,6 +99,7 @@ def _verify_with_receipt(
     *,
     image: str,
     image_id: str,
+    base_ref: str,
     stages: tuple[str, ...],
     arm: Arm | None,
     out_dir: Path,
@@ -119,6 +123,7 @@ def _verify_with_receipt(
         load=load,
         extra_checks={stages[0]: [host_check]} if host_check and stages else None,
         image_env=before.env if before else (),
+        base_ref=base_ref,
     )
     info = before
     receipt = build_receipt(

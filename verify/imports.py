@@ -3,20 +3,31 @@
 Every check is a pure function of the probe's report and the cell, returning a `CheckResult`.
 `run_imports` is the edge: it runs the probe in a container of the image (no server, no GPU
 needed) and applies the checks.
+
+A base image may ship conflicts of its own: vLLM v0.28.0's Dockerfile forces NCCL 2.30.7 where
+torch 2.13.0 requires ==2.29.7. The cell cannot be blamed for those, so the untouched base is
+probed too (once per base image id, cached) and only the conflicts the cell's own layers add are
+judged; inherited ones are a WARN that names the base.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from packaging.markers import InvalidMarker, default_environment
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from pipeline.cache import cache_dir
+from pipeline.cmd import CommandFailed
 from pipeline.engine import Engine
+from pipeline.errors import CheckFailed, InfraError
 from pipeline.model import Arm, Cell
 from verify.probe import ProbeReport, probe_image
 from verify.result import CheckResult, StageResult, Status
@@ -29,6 +40,8 @@ __all__ = [
     "check_overrides",
     "check_requirements",
     "judge",
+    "probe_base",
+    "requirement_findings",
     "run_imports",
 ]
 
@@ -41,8 +54,32 @@ BYPASS_ENV = {
 FI_PYTHON, FI_CUBIN, FI_JIT = "flashinfer-python", "flashinfer-cubin", "flashinfer-jit-cache"
 
 
-def run_imports(engine: Engine, cell: Cell, image: str, *, python: str, arm: Arm | None, out_dir: Path) -> StageResult:
-    """Probe the image with the env its server would get, keep the probe's JSON, judge it."""
+Finding = tuple[str, str, str | None]  # (requiring package, requirement text, installed version or None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class BaseProbe:
+    """What the untouched base image carries: its name for messages, and its conflicts."""
+
+    name: str  # e.g. "vllm-openai-0.28.0 (vllm/vllm-openai:v0.28.0)"
+    image_id: str
+    findings: tuple[Finding, ...]
+
+
+def run_imports(
+    engine: Engine,
+    cell: Cell,
+    image: str,
+    *,
+    python: str,
+    arm: Arm | None,
+    out_dir: Path,
+    base_ref: str | None = None,
+) -> StageResult:
+    """Probe the image with the env its server would get, keep the probe's JSON, judge it.
+
+    With `base_ref`, the untouched base is probed as well (cached by its image id), so that the
+    requirements check judges only what the cell's layers changed."""
     started = time.monotonic()
     env = cell.serve_env(arm)
     report = probe_image(
@@ -51,17 +88,47 @@ def run_imports(engine: Engine, cell: Cell, image: str, *, python: str, arm: Arm
     out_dir.mkdir(parents=True, exist_ok=True)
     probe_file = out_dir / "imports-probe.json"
     probe_file.write_text(json.dumps(report.raw, indent=1, sort_keys=True) + "\n")
-    return StageResult.of(STAGE, judge(cell, report), time.monotonic() - started, probe=str(probe_file))
+    base, base_note = probe_base(engine, cell, base_ref, python=python) if base_ref else (None, None)
+    checks = judge(cell, report, base)
+    if base_note:
+        checks.append(CheckResult(name="base-probe", status=Status.WARN, message=base_note))
+    return StageResult.of(STAGE, checks, time.monotonic() - started, probe=str(probe_file))
 
 
-def judge(cell: Cell, report: ProbeReport) -> list[CheckResult]:
+def probe_base(engine: Engine, cell: Cell, base_ref: str, *, python: str) -> tuple[BaseProbe | None, str | None]:
+    """The base's conflicts, from a probe of the untouched base image cached by its image id.
+
+    A registry base that is not local is pulled once (progress on stderr). When the base cannot be
+    had, (None, why): the requirements check then judges every conflict as the cell's own."""
+    name = f"{cell.base.name} ({base_ref})"
+    info = engine.image(base_ref)
+    if info is None:
+        print(f"imports: pulling base {base_ref} to probe it untouched (once per base digest)", file=sys.stderr)
+        try:
+            engine.pull(base_ref)
+        except (CommandFailed, InfraError) as exc:
+            return None, f"base {name} could not be pulled to probe it ({exc}); its conflicts count as the cell's"
+        info = engine.image(base_ref)
+        if info is None:
+            return None, f"base {name} is not available after a pull; its conflicts count as the cell's"
+    cached = cache_dir() / "base-probes" / f"{info.id.replace(':', '-')}.json"
+    try:
+        report = ProbeReport.parse(json.loads(cached.read_text()))
+    except (OSError, ValueError, KeyError, CheckFailed):
+        report = probe_image(engine, base_ref, python=python, modules=(), env={})
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        cached.write_text(json.dumps(report.raw, sort_keys=True) + "\n")
+    return BaseProbe(name=name, image_id=info.id, findings=tuple(requirement_findings(report))), None
+
+
+def judge(cell: Cell, report: ProbeReport, base: BaseProbe | None = None) -> list[CheckResult]:
     """All checks of the stage, in the order a reader wants them."""
     return [
         check_imports(report),
         check_overrides(cell, report),
         check_flashinfer_trio(report),
         check_bypass_env(report),
-        check_requirements(cell, report),
+        check_requirements(cell, report, base),
     ]
 
 
@@ -158,16 +225,11 @@ def check_bypass_env(report: ProbeReport) -> CheckResult:
     return CheckResult(name="bypass-env", status=Status.PASS, message="no FlashInfer check bypass in the env")
 
 
-def check_requirements(cell: Cell, report: ProbeReport) -> CheckResult:
-    """Installed `Requires-Dist` against installed versions (extras and non-matching markers skipped).
-
-    A conflict on a package the cell overrides is an intentional override of a release pin and is
-    recorded; a conflict or absence the cell accepts is recorded with its reason; anything else FAILs.
-    """
+def requirement_findings(report: ProbeReport) -> list[Finding]:
+    """Every installed `Requires-Dist` the installed versions do not meet (extras and
+    non-matching markers skipped): (requiring package, requirement, installed version or None)."""
     environment = _marker_environment(report)
-    overridden = {o.name for o in cell.overrides}
-    accepted = dict(cell.accepted_conflicts)
-    intentional, accepted_seen, problems = [], [], []
+    findings: list[Finding] = []
     for dist in report.distributions:
         for text in dist.requires:
             try:
@@ -176,32 +238,60 @@ def check_requirements(cell: Cell, report: ProbeReport) -> CheckResult:
                     continue
             except (InvalidRequirement, InvalidMarker):
                 continue  # a malformed record is the package's problem, not the stack's
-            name = str(canonicalize_name(requirement.name))
-            installed = report.dist(name)
+            installed = report.dist(str(canonicalize_name(requirement.name)))
             if installed is None:
-                finding = {"package": dist.name, "requires": text, "installed": None}
+                findings.append((dist.name, text, None))
             elif not _satisfies(requirement, installed.version):
-                finding = {"package": dist.name, "requires": text, "installed": installed.version}
-            else:
-                continue
-            if name in overridden and installed is not None:
-                intentional.append({**finding, "note": "intentional override of a release pin"})
-            elif name in accepted:
-                accepted_seen.append({**finding, "accepted_because": accepted[name]})
-            else:
-                problems.append(finding)
-    evidence = {"intentional_overrides": intentional, "accepted": accepted_seen, "conflicts": problems}
+                findings.append((dist.name, text, installed.version))
+    return findings
+
+
+def check_requirements(cell: Cell, report: ProbeReport, base: BaseProbe | None = None) -> CheckResult:
+    """Installed `Requires-Dist` against installed versions.
+
+    A conflict on a package the cell overrides is an intentional override of a release pin and is
+    recorded; a conflict or absence the cell accepts is recorded with its reason; one the untouched
+    base already has is inherited (WARN, naming the base); anything else FAILs.
+    """
+    overridden = {o.name for o in cell.overrides}
+    accepted = dict(cell.accepted_conflicts)
+    inherited_from = set(base.findings) if base else set()
+    intentional, accepted_seen, inherited, problems = [], [], [], []
+    for package, text, version in requirement_findings(report):
+        finding: dict[str, Any] = {"package": package, "requires": text, "installed": version}
+        name = str(canonicalize_name(Requirement(text).name))
+        if name in overridden and version is not None:
+            intentional.append({**finding, "note": "intentional override of a release pin"})
+        elif name in accepted:
+            accepted_seen.append({**finding, "accepted_because": accepted[name]})
+        elif (package, text, version) in inherited_from:
+            inherited.append({**finding, "inherited_from": base.name if base else ""})
+        else:
+            problems.append(finding)
+    evidence = {
+        "intentional_overrides": intentional,
+        "accepted": accepted_seen,
+        "inherited": inherited,
+        "conflicts": problems,
+        "base": {"name": base.name, "image_id": base.image_id} if base else None,
+    }
     if problems:
         first = problems[0]
         what = "missing" if first["installed"] is None else f"installed {first['installed']}"
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        origin = " (added by this cell's layers)" if base else ""
         return CheckResult(
             name="requirements",
             status=Status.FAIL,
-            message=f"{first['package']} requires {first['requires']}, {what}{more}",
+            message=f"{first['package']} requires {first['requires']}, {what}{more}{origin}",
             evidence=evidence,
         )
     notes = []
+    if inherited and base is not None:
+        notes.append(
+            f"{len(inherited)} conflict(s) inherited from base {base.name}, not added by this cell: "
+            + "; ".join(f"{f['package']} requires {f['requires']}, {_installed(f)}" for f in inherited[:3])
+        )
     if intentional:
         notes.append(
             "intentional override(s): "
@@ -211,10 +301,14 @@ def check_requirements(cell: Cell, report: ProbeReport) -> CheckResult:
         notes.append(f"{len(accepted_seen)} accepted conflict(s)")
     return CheckResult(
         name="requirements",
-        status=Status.PASS,
+        status=Status.WARN if inherited else Status.PASS,
         message="; ".join(notes) or "every declared requirement is satisfied",
         evidence=evidence,
     )
+
+
+def _installed(finding: dict[str, Any]) -> str:
+    return "missing" if finding["installed"] is None else f"installed {finding['installed']}"
 
 
 def _marker_environment(report: ProbeReport) -> dict[str, str]:

@@ -44,6 +44,7 @@ class StageContext:
     load: LoadSpec | None = None  # the cell's load spec with command-line overrides; None = the cell's
     share: SharedServer  # startup keeps its server here for later stages; counts every server started
     plan: ServerPlan  # which stages start servers (verify.serverplan)
+    base_ref: str | None = None  # the untouched base image, probed by imports for the conflicts it brings
 
     def facts(self) -> Facts:
         """Facts for the log rule sets: from the imports probe when it ran, else from the cell."""
@@ -66,7 +67,9 @@ StageRunner = Callable[[StageContext], StageResult]
 
 
 def _imports(ctx: StageContext) -> StageResult:
-    return run_imports(ctx.engine, ctx.cell, ctx.image, python=ctx.python, arm=ctx.arm, out_dir=ctx.out_dir)
+    return run_imports(
+        ctx.engine, ctx.cell, ctx.image, python=ctx.python, arm=ctx.arm, out_dir=ctx.out_dir, base_ref=ctx.base_ref
+    )
 
 
 def _startup(ctx: StageContext) -> StageResult:
@@ -151,6 +154,7 @@ def verify_image(
     load: LoadSpec | None = None,
     extra_checks: dict[str, list[CheckResult]] | None = None,
     image_env: tuple[tuple[str, str], ...] = (),
+    base_ref: str | None = None,
 ) -> VerifyReport:
     """Run `stages` in order; `extra_checks` are judged with the stage they are keyed by (e.g. host
     expectations with imports), so they count toward its status. `image_env` is the image's ENV,
@@ -173,6 +177,7 @@ def verify_image(
                 load=load,
                 share=share,
                 plan=plan,
+                base_ref=base_ref,
             )
             result = STAGE_RUNNERS[stage](context)
             if extra_checks and extra_checks.get(stage):

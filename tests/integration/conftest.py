@@ -151,10 +151,14 @@ def cpu_tiny(engine: Engine, tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def write_matrix(
-    path: Path, edit: dict[str, dict[str, object]] | None = None, extra_cells: list[dict[str, object]] | None = None
+    path: Path,
+    edit: dict[str, dict[str, object]] | None = None,
+    extra_cells: list[dict[str, object]] | None = None,
+    extra_bases: dict[str, dict[str, object]] | None = None,
 ) -> Path:
     """A copy of the real matrix at `path`: lock paths made absolute, cells edited or added."""
     data = yaml.safe_load(MATRIX.read_text())
+    data["bases"].update(extra_bases or {})
     for cell in data["cells"]:
         install = cell.get("install")
         if install:

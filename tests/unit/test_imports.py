@@ -12,12 +12,14 @@ import pytest
 from pipeline.model import Cell, Expectation, Requirement
 from verify import inimage_probe
 from verify.imports import (
+    BaseProbe,
     check_bypass_env,
     check_flashinfer_trio,
     check_imports,
     check_overrides,
     check_requirements,
     judge,
+    requirement_findings,
 )
 from verify.probe import ProbeReport
 from verify.result import CheckResult, StageResult, Status, evaluate, worst
@@ -362,3 +364,48 @@ def test_worst_status_wins_and_skips_do_not_count() -> None:
     assert worst([Status.PASS, Status.SKIP]) is Status.PASS
     assert worst([Status.PASS, Status.INCONCLUSIVE, Status.FAIL, Status.ERROR]) is Status.FAIL
     assert worst([Status.SKIP]) is Status.SKIP
+
+
+# -- conflicts the base brings ------------------------------------------------------------------------
+
+
+def _nccl_image(h200: dict[str, Any], nccl: str) -> dict[str, Any]:
+    """The v0.28.0 situation: torch pins nvidia-nccl-cu13==2.29.7, the image carries another."""
+    doc = _set_dist(h200, "flashinfer-python", None)
+    doc = _set_dist(doc, "demo-torch", "2.13.0", requires=['nvidia-nccl-cu13==2.29.7; platform_system == "Linux"'])
+    return _set_dist(doc, "nvidia-nccl-cu13", nccl)
+
+
+def _base(doc: dict[str, Any]) -> BaseProbe:
+    report = ProbeReport.parse(doc)
+    return BaseProbe(
+        name="vllm-openai-0.28.0 (vllm/vllm-openai:v0.28.0)",
+        image_id="sha256:b",
+        findings=tuple(requirement_findings(report)),
+    )
+
+
+def test_a_conflict_the_untouched_base_has_is_a_warning_naming_the_base(real_matrix, h200) -> None:
+    cell = _cell(real_matrix, "sm120-vllm-0.28.0-fi-0.6.18.post1-cu130", overrides=(), accepted_conflicts=())
+    image = _nccl_image(h200, "2.30.7")
+    result = check_requirements(cell, ProbeReport.parse(image), _base(image))
+    assert result.status is Status.WARN, result.message
+    assert "inherited from base vllm-openai-0.28.0" in result.message and "nvidia-nccl-cu13==2.29.7" in result.message
+    assert {(f["package"], f["installed"]) for f in result.evidence["inherited"]} >= {("demo-torch", "2.30.7")}
+    assert result.evidence["conflicts"] == []
+
+
+def test_without_the_base_probe_the_same_conflict_fails(real_matrix, h200) -> None:
+    cell = _cell(real_matrix, "sm120-vllm-0.28.0-fi-0.6.18.post1-cu130", overrides=(), accepted_conflicts=())
+    result = check_requirements(cell, ProbeReport.parse(_nccl_image(h200, "2.30.7")))
+    assert result.status is Status.FAIL and "installed 2.30.7" in result.message
+    assert ("demo-torch", "2.30.7") in {(f["package"], f["installed"]) for f in result.evidence["conflicts"]}
+
+
+def test_a_conflict_the_cells_layers_change_is_the_cells_own(real_matrix, h200) -> None:
+    cell = _cell(real_matrix, "sm120-vllm-0.28.0-fi-0.6.18.post1-cu130", overrides=(), accepted_conflicts=())
+    base = _base(_nccl_image(h200, "2.30.7"))
+    # The cell moved NCCL again: a conflict with another installed version is new, not inherited.
+    result = check_requirements(cell, ProbeReport.parse(_nccl_image(h200, "2.31.0")), base)
+    assert result.status is Status.FAIL and "added by this cell's layers" in result.message
+    assert result.evidence["inherited"] == []
