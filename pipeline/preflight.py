@@ -24,6 +24,7 @@ import os
 import platform
 import re
 import shutil
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -46,11 +47,13 @@ __all__ = [
     "PreflightFailed",
     "Requirement",
     "capability_of_arch",
+    "connect",
     "default_model_store",
     "enforce",
     "gather_facts",
     "judge_preflight",
     "parse_require_cuda",
+    "preflight_job",
     "preflight_lines",
 ]
 
@@ -66,6 +69,54 @@ _TOOLKIT_FIX = (
     "install the NVIDIA Container Toolkit and run `nvidia-ctk runtime configure --runtime=docker` "
     "then restart dockerd (or generate a CDI spec: `nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml`)"
 )
+
+
+# -- the entry for commands that use docker next ----------------------------------------------------
+
+
+def preflight_job(
+    matrix: Matrix,
+    cell: Cell,
+    *,
+    tag: str | None,
+    model_bytes: int | None = None,
+    model_store: Path | None = None,
+) -> Engine:
+    """Preflight before `build`, `run`, `verify` or `pull` of a GPU cell; returns the connected engine.
+
+    Docker is asked only after the host facts are in, so a host without docker still hears about its
+    GPU; docker not being available is then one more FAIL among the others. `tag` is the cell's
+    content tag: when it is built already the image needs no more disk. `model_bytes` is the size of
+    the model the job will download (None: not known, a WARN)."""
+    engine, why = connect()
+    image_bytes = None
+    if engine is not None and tag is not None and engine.image(tag) is not None:
+        image_bytes = 0
+    facts = gather_facts(
+        matrix,
+        cell,
+        engine=engine,
+        docker_error=why,
+        image_bytes=image_bytes,
+        model_bytes=model_bytes,
+        model_store=model_store,
+    )
+    items = judge_preflight(cell, facts, docker_required=True)
+    for line in preflight_lines(items):
+        print(line, file=sys.stderr)
+    enforce(cell, items)
+    assert engine is not None  # docker not available is a FAIL above
+    return engine
+
+
+def connect() -> tuple[Engine | None, str | None]:
+    """The engine, or None and why docker is not available (its first line: what to install or start)."""
+    from pipeline.engine import Engine
+
+    try:
+        return Engine.connect(), None
+    except InfraError as exc:
+        return None, str(exc).strip().splitlines()[0]
 
 
 # -- facts ------------------------------------------------------------------------------------------
@@ -346,11 +397,11 @@ def parse_require_cuda(text: str) -> tuple[Requirement, ...]:
     constraint is kept with operator "?" so the judge can say it could not read it."""
     alternatives = []
     for chunk in text.split():
-        constraints = []
+        constraints: list[tuple[str, str, str]] = []
         for part in chunk.split(","):
             match = _CONSTRAINT.match(part.strip())
-            constraints.append(match.groups() if match else (part.strip(), "?", ""))
-        alternatives.append(Requirement(text=chunk, constraints=tuple(constraints)))  # type: ignore[arg-type]
+            constraints.append((match[1], match[2], match[3]) if match else (part.strip(), "?", ""))
+        alternatives.append(Requirement(text=chunk, constraints=tuple(constraints)))
     return tuple(alternatives)
 
 
