@@ -231,7 +231,7 @@ def gather_facts(
     require, require_source, platforms, platforms_source = _image_facts(matrix, cell, engine)
     disks = [_images_disk(info, docker_error, image_bytes)]
     if cell.serve is not None and cell.serve.model.kind == "hf":
-        disks.append(_measure("models", model_store or default_model_store(), model_bytes, "the model's files"))
+        disks.append(_measure("models", model_store or default_model_store(), model_bytes, "the model"))
     return PreflightFacts(
         machine=platform.machine(),
         gpus=gpus,
@@ -664,7 +664,7 @@ def _disks(facts: PreflightFacts, docker_required: bool) -> list[CheckResult]:
                 _item(
                     name,
                     Status.WARN,
-                    f"unknown: how many bytes {d.detail} needs; {_gib(d.free)} free at {d.path}",
+                    f"unknown: the size of {d.detail}; {_gib(d.free)} free at {d.path}",
                     **evidence,
                 )
             )
