@@ -26,7 +26,7 @@ import re
 import shutil
 import sys
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -66,8 +66,8 @@ MACHINES = {"x86_64": "linux/amd64", "amd64": "linux/amd64", "aarch64": "linux/a
 GIB = 1024**3
 
 _TOOLKIT_FIX = (
-    "install the NVIDIA Container Toolkit and run `nvidia-ctk runtime configure --runtime=docker` "
-    "then restart dockerd (or generate a CDI spec: `nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml`)"
+    "install the NVIDIA Container Toolkit and run `nvidia-ctk runtime configure --runtime=docker`, then restart "
+    "dockerd; or write a CDI spec with `nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml`"
 )
 
 
@@ -139,7 +139,10 @@ class DiskFact:
     needed: int | None
     device: int | None = None  # st_dev of the filesystem: two purposes on one filesystem add up
     error: str | None = None
-    detail: str = ""  # what `needed` is made of, for the message
+
+    @property
+    def what(self) -> str:
+        return "the model" if self.purpose == "models" else "the image"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -184,9 +187,12 @@ class PreflightFacts:
             require_cuda_source=str(data.get("require_cuda_source", "")),
             base_platforms=opt_tuple(data.get("base_platforms")),
             base_platforms_source=str(data.get("base_platforms_source", "")),
-            disks=tuple(DiskFact(**d) for d in data.get("disks") or ()),
+            disks=tuple(DiskFact(**{k: v for k, v in d.items() if k in _DISK_FIELDS}) for d in data.get("disks") or ()),
             notes=tuple(data.get("notes") or ()),
         )
+
+
+_DISK_FIELDS = {f.name for f in fields(DiskFact)}
 
 
 def default_model_store() -> Path:
@@ -231,7 +237,7 @@ def gather_facts(
     require, require_source, platforms, platforms_source = _image_facts(matrix, cell, engine)
     disks = [_images_disk(info, docker_error, image_bytes)]
     if cell.serve is not None and cell.serve.model.kind == "hf":
-        disks.append(_measure("models", model_store or default_model_store(), model_bytes, "the model"))
+        disks.append(_measure("models", model_store or default_model_store(), model_bytes))
     return PreflightFacts(
         machine=platform.machine(),
         gpus=gpus,
@@ -353,10 +359,10 @@ def _images_disk(info: dict[str, Any] | None, docker_error: str | None, needed: 
     root = info.get("DockerRootDir")
     if not root:
         return DiskFact(purpose="images", path=None, free=None, needed=needed, error="docker info has no DockerRootDir")
-    return _measure("images", Path(root), needed, "the image")
+    return _measure("images", Path(root), needed)
 
 
-def _measure(purpose: str, path: Path, needed: int | None, detail: str) -> DiskFact:
+def _measure(purpose: str, path: Path, needed: int | None) -> DiskFact:
     """Free bytes on the filesystem that holds `path` (its nearest existing parent: the store may
     not exist yet)."""
     probe = path
@@ -373,7 +379,6 @@ def _measure(purpose: str, path: Path, needed: int | None, detail: str) -> DiskF
         free=st.f_bavail * st.f_frsize,
         needed=needed,
         device=device,
-        detail=detail,
     )
 
 
@@ -618,8 +623,8 @@ def _runtime(facts: PreflightFacts, docker_required: bool) -> CheckResult:
         return _item(
             "nvidia-runtime",
             status,
-            f"docker not available: {facts.docker_error or 'docker info has no runtimes'}; then make sure docker "
-            f"knows the NVIDIA runtime ({_TOOLKIT_FIX})",
+            f"docker not available: {facts.docker_error or 'docker info has no runtimes'}; once it is, docker "
+            f"must know the NVIDIA runtime: {_TOOLKIT_FIX}",
             **evidence,
         )
     if "nvidia" in facts.runtimes:
@@ -664,7 +669,7 @@ def _disks(facts: PreflightFacts, docker_required: bool) -> list[CheckResult]:
                 _item(
                     name,
                     Status.WARN,
-                    f"unknown: the size of {d.detail}; {_gib(d.free)} free at {d.path}",
+                    f"unknown: the size of {d.what}; {_gib(d.free)} free at {d.path}",
                     **evidence,
                 )
             )
@@ -676,7 +681,7 @@ def _disks(facts: PreflightFacts, docker_required: bool) -> list[CheckResult]:
                 _item(
                     name,
                     Status.FAIL,
-                    f"{_gib(d.free)} free at {d.path}; {d.detail} needs {_gib(d.needed)}{shared}: free "
+                    f"{_gib(d.free)} free at {d.path}; {d.what} needs {_gib(d.needed)}{shared}: free "
                     f"{_gib(total - d.free)} there, or move it ({_move_hint(d.purpose)})",
                     **evidence,
                 )
