@@ -105,7 +105,8 @@ def preflight_job(
     for line in preflight_lines(items):
         print(line, file=sys.stderr)
     enforce(cell, items)
-    assert engine is not None  # docker not available is a FAIL above
+    if engine is None:  # only for a cell without items (a CPU cell): say what docker lacks
+        raise InfraError(why or "docker not available")
     return engine
 
 
@@ -246,7 +247,7 @@ def gather_facts(
         cuda_driver=None if host.cuda_driver == "none" else host.cuda_driver,
         docker_error=docker_error,
         runtimes=runtimes,
-        nvidia_hook=shutil.which(NVIDIA_HOOK),
+        nvidia_hook=shutil.which(NVIDIA_HOOK),  # our PATH, standing in for the daemon's (same host)
         cdi_specs=_cdi_specs(cdi_dirs),
         require_cuda=require,
         require_cuda_source=require_source,
@@ -282,7 +283,7 @@ def _image_facts(
     platforms_source = ""
     if isinstance(cell.base, CellBase):
         parent_cell = matrix.cell(cell.base.cell)
-        platforms, platforms_source = (parent_cell.platform,), f"cell {parent_cell.id} is built for it"
+        platforms, platforms_source = (parent_cell.platform,), f"the base is cell {parent_cell.id}'s image"
     require: str | None = None
     require_source = ""
     for c in chain:  # the nearest cell's env decides, as image env does in a Dockerfile chain

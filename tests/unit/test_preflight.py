@@ -484,3 +484,22 @@ def test_cli_a_cpu_cell_has_no_preflight(
 def test_cli_bad_input_is_exit_2_before_any_host_check(h200_host: None, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["run", FIXED, *real_args(), "--arm", "nosuch"]) == 2
     assert "preflight" not in capsys.readouterr().err
+
+
+def test_a_cell_on_another_cells_image_has_that_cells_platform(tmp_path: Path) -> None:
+    text = (
+        (FIXTURES / "sm90-matrix.yaml")
+        .read_text()
+        .replace("bases:\n", "bases:\n  sm90-image: {cell: sm90-vllm-0.28.0}\n")
+    )
+    text += (
+        "  - id: sm90-arm\n    base: sm90-image\n    platform: linux/arm64\n    arch: sm90\n"
+        "    runner: [self-hosted, linux, arm64, gpu, sm90]\n"
+    )
+    (tmp_path / "m.yaml").write_text(text)
+    matrix = load_matrix(tmp_path / "m.yaml", images_dir=REPO / "images")
+    require, _, platforms, psource = preflight._image_facts(matrix, matrix.cell("sm90-arm"), None)
+    assert platforms == ("linux/amd64",) and psource == "the base is cell sm90-vllm-0.28.0's image"
+    assert require == "cuda>=13.0"  # from the root registry base, through the parent cell
+    facts = dataclasses.replace(h200(), machine="aarch64", base_platforms=platforms, base_platforms_source=psource)
+    assert item(judge_preflight(matrix.cell("sm90-arm"), facts), "base-platform").status is Status.FAIL
