@@ -16,14 +16,19 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pipeline
+from pipeline.cliutil import NO_PREFLIGHT_HELP
 from pipeline.cliutil import emit as _emit
 from pipeline.cliutil import jsonable as _jsonable
 from pipeline.cliutil import load as _load
 from pipeline.errors import InputError, Interrupted, MatrixError, PipelineError
-from pipeline.model import Cell, LoadSpec
+from pipeline.model import Cell, LoadSpec, Matrix
+
+if TYPE_CHECKING:
+    from pipeline.engine import Engine
+    from pipeline.site import SiteSettings
 
 __all__ = ["main"]
 
@@ -112,6 +117,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=Path("stackproof-out"))
     p.add_argument("--no-cache", action="store_true", help="rebuild every step")
     p.add_argument("--force", action="store_true", help="build even when the content tag exists")
+    p.add_argument("--no-preflight", action="store_true", help=NO_PREFLIGHT_HELP)
     p.set_defaults(handler=_build)
 
     p = commands.add_parser(
@@ -122,6 +128,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--stages", default=None, help="comma-separated stages (default: all available)")
     p.add_argument("--out", type=Path, default=Path("stackproof-out"))
     p.add_argument("--previous", type=Path, default=None, help="an earlier report.json: diff autotune winners")
+    p.add_argument("--no-preflight", action="store_true", help=NO_PREFLIGHT_HELP)
     p.set_defaults(handler=_run)
 
     p = commands.add_parser("verify", parents=[common, load_opts], help="run stages against a cell's built image")
@@ -130,6 +137,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--stages", default=None, help="comma-separated stages (default: all available)")
     p.add_argument("--out", type=Path, default=Path("stackproof-out"))
     p.add_argument("--previous", type=Path, default=None, help="an earlier report.json: diff autotune winners")
+    p.add_argument("--no-preflight", action="store_true", help=NO_PREFLIGHT_HELP)
     p.set_defaults(handler=_verify)
 
     p = commands.add_parser(
@@ -297,18 +305,30 @@ def _lock(args: argparse.Namespace) -> int:
 
 def _build(args: argparse.Namespace) -> int:
     from pipeline.build import build_cell
-    from pipeline.engine import Engine
     from pipeline.site import load_site
 
     matrix, images = _load(args)
     cell = matrix.cell(args.cell)
     site = load_site(matrix)
-    engine = Engine.connect()
+    engine = _engine(args, matrix, cell, images, site)
     result = build_cell(
         engine, matrix, cell, site, images, out_dir=args.out / cell.id, no_cache=args.no_cache, force=args.force
     )
     _emit(args, result.to_json(), f"{result.tag} {result.image_id}" + (" (existing)" if result.skipped else ""))
     return 0
+
+
+def _engine(args: argparse.Namespace, matrix: Matrix, cell: Cell, images: Path, site: SiteSettings) -> Engine:
+    """The docker engine for a job that builds or runs `cell`: for a GPU cell, only after its
+    preflight passed (exit 3 listing every failing item otherwise), unless `--no-preflight`."""
+    from pipeline.engine import Engine
+
+    if not cell.is_gpu or args.no_preflight:
+        return Engine.connect()
+    from pipeline.plan import plan_cell
+    from pipeline.preflight import preflight_job
+
+    return preflight_job(matrix, cell, tag=plan_cell(matrix, cell, site, images).tag)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -320,7 +340,6 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _verify_or_run(args: argparse.Namespace, *, build: bool) -> int:
-    from pipeline.engine import Engine
     from pipeline.runjob import run_cell, verify_cell
     from pipeline.site import load_site
     from verify.runner import parse_stages
@@ -331,11 +350,11 @@ def _verify_or_run(args: argparse.Namespace, *, build: bool) -> int:
         cell.arm(args.arm)  # a bad arm name is a usage error before anything is built or run
     stages = parse_stages(args.stages)
     site = load_site(matrix)
-    engine = Engine.connect()
     job = run_cell if build else verify_cell
     if args.previous is not None and not args.previous.is_file():
         raise InputError(f"--previous {args.previous}: no such file")
     load = _load_spec(args, cell.serve.load) if cell.serve else None
+    engine = _engine(args, matrix, cell, images, site)  # bad input is exit 2 before any host check
     report = job(
         engine,
         matrix,

@@ -7,7 +7,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import InputError
+from pipeline.cliutil import NO_PREFLIGHT_HELP
+from pipeline.errors import InputError, MatrixError
+from pipeline.model import Cell, Matrix
 
 __all__ = ["add_commands"]
 
@@ -33,6 +35,7 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--require-same-gpu", action="store_true", help="refuse when the receipt's GPUs, driver or arch differ"
     )
+    p.add_argument("--no-preflight", action="store_true", help=NO_PREFLIGHT_HELP)
     p.set_defaults(handler=_pull)
 
 
@@ -79,10 +82,36 @@ def _pull(args: argparse.Namespace) -> int:
     from pipeline.engine import Engine
     from pipeline.publish import pull
 
-    engine = Engine.connect()
+    found = None if args.no_preflight else _cell_of(args)
+    if found is not None and found[1].is_gpu:
+        from pipeline.preflight import preflight_job
+
+        engine = preflight_job(*found, tag=None)  # the image's size is known only from the registry
+    else:
+        engine = Engine.connect()
     result = pull(engine, cell_id=args.cell, registry=args.registry, require_same_gpu=args.require_same_gpu)
     text = f"{result.local_tag} = {result.reference} (verified on {result.verified_on})"
     if result.host_differences:
         print(f"note: you have {result.here}", file=sys.stderr)
     _emit(args, result.to_json(), text)
     return 0
+
+
+def _cell_of(args: argparse.Namespace) -> tuple[Matrix, Cell] | None:
+    """The cell a pull names, when the local matrix declares it: `pull` works without a matrix too,
+    and then has no cell to preflight (said on stderr, never silently)."""
+    from pipeline.cliutil import load as _load
+
+    if not args.matrix.is_file():
+        print(f"note: {args.matrix}: no matrix here; no preflight of {args.cell}", file=sys.stderr)
+        return None
+    try:
+        matrix, _ = _load(args)
+    except MatrixError:
+        print(f"note: {args.matrix} does not load (`stackproof matrix validate`); no preflight", file=sys.stderr)
+        return None
+    cell = next((c for c in matrix.cells if c.id == args.cell), None)
+    if cell is None:
+        print(f"note: {args.matrix} declares no cell {args.cell!r}; no preflight", file=sys.stderr)
+        return None
+    return matrix, cell

@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.cliutil import emit, jsonable, load
-from pipeline.errors import InputError, MatrixError
+from pipeline.cliutil import NO_PREFLIGHT_HELP, emit, jsonable, load
+from pipeline.errors import InfraError, InputError, MatrixError
 from pipeline.model import Matrix
 
 if TYPE_CHECKING:  # kept out of the CLI's start-up: only these commands need them
@@ -66,6 +66,7 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--registry", default=None, help="HOST[:PORT][/NAMESPACE]: the verified receipts published there")
     p.add_argument("--no-imports", action="store_true", help="list distributions only; import nothing")
     p.add_argument("--fetch-pins", action="store_true", help="read release pins missing from the table from PyPI")
+    p.add_argument("--no-preflight", action="store_true", help="with --cell: " + NO_PREFLIGHT_HELP)
     p.set_defaults(handler=_doctor)
 
 
@@ -216,34 +217,57 @@ def _doctor(args: argparse.Namespace) -> int:
     matrix = images = None
     if args.cell or args.matrix.is_file():
         matrix, images = load(args)
+    preflight: list[Any] = []
+    facts = None
+    early_notes: list[str] = []
     if args.input is not None:
         try:
             document = json.loads(args.input.read_text())
         except (OSError, ValueError) as exc:
             raise InputError(f"--input {args.input}: not a doctor JSON ({exc})") from exc
     elif args.cell:
-        from pipeline.engine import Engine
         from pipeline.plan import plan_cell, python_of
+        from pipeline.preflight import PreflightFailed, connect, gather_facts, judge_preflight
 
         assert matrix is not None and images is not None
         cell = matrix.cell(args.cell)
         tag = plan_cell(matrix, cell, load_site(matrix), images).tag
-        engine = Engine.connect()
-        if engine.image(tag) is None:
+        # Host checks first: a host without docker still hears whether it can run this cell at all.
+        engine, docker_error = connect()
+        built = engine is not None and engine.image(tag) is not None
+        if cell.is_gpu and not args.no_preflight:
+            facts = gather_facts(
+                matrix, cell, engine=engine, docker_error=docker_error, image_bytes=0 if built else None
+            )
+            preflight = judge_preflight(cell, facts, docker_required=False)
+        failed = [i for i in preflight if i.status == "FAIL"]
+        if engine is None and not cell.is_gpu:
+            raise InfraError(docker_error or "docker not available")
+        if engine is None:
+            # No image to fingerprint: this host's facts, which the preflight verdicts are about.
+            document = doctor_host(args.python, imports=not args.no_imports)
+            early_notes.append(f"docker not available ({docker_error}): fingerprinted this host, not {tag}")
+        elif not built:
+            if failed:
+                from pipeline.preflight import preflight_lines
+
+                print("\n".join(preflight_lines(preflight)), file=sys.stderr)
+                raise PreflightFailed(cell.id, preflight)
             raise InputError(f"{cell.id}: image {tag} is not built: run `stackproof build {cell.id}`")
-        gpus = args.gpus or (cell.serve.gpus if cell.serve else None)
-        env = {**dict(cell.env), **cell.serve_env()}
-        document = doctor_image(
-            engine, tag, python=python_of(matrix, cell), env=env, gpus=gpus, imports=not args.no_imports
-        )
-        document["stackproof"] = {"cell": cell.id, "image": tag}
+        else:
+            gpus = args.gpus or (cell.serve.gpus if cell.serve else None)
+            env = {**dict(cell.env), **cell.serve_env()}
+            document = doctor_image(
+                engine, tag, python=python_of(matrix, cell), env=env, gpus=gpus, imports=not args.no_imports
+            )
+            document["stackproof"] = {"cell": cell.id, "image": tag}
     else:
         document = doctor_host(args.python, imports=not args.no_imports)
     fp = Fingerprint.parse(document, str(args.input or "doctor_probe.py"))
     key = matrix_key(fp)
     trio = check_flashinfer_trio(fp.probe) if fp.probe else None
     matches = []
-    notes = list(fp.notes)
+    notes = [*fp.notes, *early_notes]
     if matrix is not None:
         lookup = _release_lookup(matrix, online=args.fetch_pins)
         matches = match_cells(matrix, fp, lookup, matrix.file.read_text())
@@ -264,7 +288,23 @@ def _doctor(args: argparse.Namespace) -> int:
         "receipts": receipts,
         "notes": notes,
     }
-    emit(args, {**document, "doctor": derived}, "\n".join(_doctor_lines(fp, key, trio, matches, receipts, notes)))
+    if args.cell:
+        derived["preflight"] = {
+            "cell": args.cell,
+            "passed": not any(i.status == "FAIL" for i in preflight),
+            "items": [jsonable(i) for i in preflight],
+            "facts": facts.to_json() if facts is not None else None,
+        }
+    lines = _doctor_lines(fp, key, trio, matches, receipts, notes)
+    if preflight:
+        from pipeline.preflight import preflight_lines
+
+        lines = [*preflight_lines(preflight), *lines]
+    emit(args, {**document, "doctor": derived}, "\n".join(lines))
+    if any(i.status == "FAIL" for i in preflight):
+        from pipeline.preflight import PreflightFailed
+
+        raise PreflightFailed(args.cell, preflight)  # after the report: every verdict is printed first
     return 0
 
 

@@ -14,7 +14,9 @@ from typing import Any
 
 from pipeline.model import Matrix
 
-__all__ = ["emit", "jsonable", "load"]
+__all__ = ["NO_PREFLIGHT_HELP", "emit", "jsonable", "load"]
+
+NO_PREFLIGHT_HELP = "GPU cells: skip the host checks (GPU, compute capability, driver CUDA, NVIDIA runtime, disk)"
 
 
 def load(args: argparse.Namespace) -> tuple[Matrix, Path]:

@@ -88,7 +88,7 @@ EXPECT_KEYS = ("outcome", "stage", "reason", "match", "may_not_reproduce")
 EXPECT_REQUIRED = ("outcome", "stage", "reason", "match")
 DEFAULT_IMPORTS = ("torch?", "flashinfer?", "vllm?")
 INDEX_KEYS = ("url",)
-REGISTRY_BASE_KEYS = ("image", "digest", "python")
+REGISTRY_BASE_KEYS = ("image", "digest", "python", "require_cuda", "platforms")
 BOOTSTRAP_KEYS = ("suite", "variant", "include", "venv")
 TOOL_OWNED_ARGS = ("--host", "--port")  # the tool binds the server to 127.0.0.1 on a port it picks
 
@@ -315,7 +315,25 @@ class _Checker:
                 if spec.get("digest") is not None:
                     digest = self.text((*path, "digest"), spec["digest"], pattern=_DIGEST, what="sha256 digest")
                 python = self.text((*path, "python"), spec.get("python", "python3"))
-                result.append(RegistryBase(name=str(name), image=image, digest=digest, python=python))
+                require_cuda = None
+                if spec.get("require_cuda") is not None:
+                    require_cuda = self.text((*path, "require_cuda"), spec["require_cuda"])
+                platforms = self.texts((*path, "platforms"), spec.get("platforms"))
+                for i, item in enumerate(platforms):
+                    if item not in PLATFORMS:
+                        self.problem(
+                            (*path, "platforms", i), f"unknown platform {item!r}{_did_you_mean(item, PLATFORMS)}"
+                        )
+                result.append(
+                    RegistryBase(
+                        name=str(name),
+                        image=image,
+                        digest=digest,
+                        python=python,
+                        require_cuda=require_cuda,
+                        platforms=platforms,
+                    )
+                )
         return tuple(result)
 
     # -- cells ------------------------------------------------------------------------------------

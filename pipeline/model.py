@@ -73,6 +73,10 @@ class RegistryBase:
     image: str  # repository:tag
     digest: str | None  # sha256:...; None is allowed but flagged, and the build records what it got
     python: str
+    # What the image is known to be without pulling it (preflight, pipeline/preflight.py): its
+    # NVIDIA_REQUIRE_CUDA and the platforms its tag has. None / () = not declared.
+    require_cuda: str | None = None
+    platforms: tuple[str, ...] = ()
 
     @property
     def reference(self) -> str:
