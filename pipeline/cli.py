@@ -122,6 +122,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--stages", default=None, help="comma-separated stages (default: all available)")
     p.add_argument("--out", type=Path, default=Path("stackproof-out"))
     p.add_argument("--previous", type=Path, default=None, help="an earlier report.json: diff autotune winners")
+    p.add_argument("--no-fetch", action="store_true", help="never ask the hub: an hf: model must be in the store")
     p.set_defaults(handler=_run)
 
     p = commands.add_parser("verify", parents=[common, load_opts], help="run stages against a cell's built image")
@@ -130,6 +131,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--stages", default=None, help="comma-separated stages (default: all available)")
     p.add_argument("--out", type=Path, default=Path("stackproof-out"))
     p.add_argument("--previous", type=Path, default=None, help="an earlier report.json: diff autotune winners")
+    p.add_argument("--no-fetch", action="store_true", help="never ask the hub: an hf: model must be in the store")
     p.set_defaults(handler=_verify)
 
     p = commands.add_parser(
@@ -200,6 +202,9 @@ def _parser() -> argparse.ArgumentParser:
     from pipeline.cli_repro import add_commands as add_repro_commands
 
     add_repro_commands(commands, common)
+    from pipeline.cli_model import add_commands as add_model_commands
+
+    add_model_commands(commands, common)
     return parser
 
 
@@ -347,6 +352,7 @@ def _verify_or_run(args: argparse.Namespace, *, build: bool) -> int:
         arm_name=args.arm,
         previous=args.previous,
         load=load,
+        fetch_model=not args.no_fetch,
     )
     verdict = "PASS" if report.outcome.passed else "FAIL"
     stages_line = ", ".join(f"{s.stage} {s.status}" for s in report.stages)
@@ -430,6 +436,9 @@ def _soak(args: argparse.Namespace) -> int:
     engine = Engine.connect()
     if engine.image(tag) is None:
         raise InputError(f"{cell.id}: image {tag} is not built: run `stackproof build {cell.id}`")
+    from pipeline.modelstore import ensure_model
+
+    ensure_model(cell.serve.model, where=f"{matrix.file}:{cell.line}: cells[{cell.id}].serve.model")
     out = args.out / cell.id / time.strftime("soak-%Y%m%dT%H%M%S")
     document = soak(engine, cell, tag, arms=arms, spec=spec, duration_s=duration, slice_s=args.slice, out_dir=out)
     lines = []

@@ -24,6 +24,7 @@ from pipeline import cmd
 from pipeline.engine import Engine
 from pipeline.errors import CheckFailed
 from pipeline.model import Arm, Cell, ServeSpec
+from pipeline.modelstore import model_mounts
 from verify.logscan import LogWatcher
 
 __all__ = ["Readiness", "ServerContainer", "SharedServer", "free_port", "serve_argv"]
@@ -133,6 +134,7 @@ class ServerContainer:
             argv += ["--env", f"{key}={value}"]
         for host, container in sorted(self.volumes.items()):
             argv += ["--volume", f"{host}:{container}"]
+        argv += model_mounts(self.serve).docker_args()  # hf: models: the store read-only, offline, HF_TOKEN by name
         command = serve_argv(self.serve, self.arm, self.port)
         if self.unset_env:  # docker run cannot remove an image's ENV; `env -u` can
             command = ["env", *(arg for name in self.unset_env for arg in ("-u", name)), *command]
