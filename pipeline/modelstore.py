@@ -177,13 +177,14 @@ def fetch(model: ModelSource, *, store: Path | None = None, where: str = "") -> 
     store.mkdir(parents=True, exist_ok=True)
     if not os.environ.get("HF_HUB_DOWNLOAD_TIMEOUT"):
         constants.HF_HUB_DOWNLOAD_TIMEOUT = STALL_TIMEOUT_S
+    # The library reads HF_ENDPOINT once, at import; read it at the call so the message and the request agree.
     endpoint = os.environ.get(ENDPOINT_ENV) or constants.ENDPOINT
     name = f"{model.location}@{model.revision}"
     prefix = f"{where}: " if where else ""
     before = _blob_bytes(store, model)
     started = time.monotonic()
     try:
-        path = snapshot_download(model.location, revision=model.revision, cache_dir=store)
+        path = snapshot_download(model.location, revision=model.revision, cache_dir=store, endpoint=endpoint)
     except RevisionNotFoundError as exc:
         raise InputError(
             f"{prefix}revision {model.revision} of {model.location} does not exist at the hub ({endpoint}): "

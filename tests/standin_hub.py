@@ -135,6 +135,9 @@ def _handler(hub: StandInHub) -> type[BaseHTTPRequestHandler]:
             for key, value in headers.items():
                 self.send_header(key, value)
             self.send_header("Content-Length", str(len(payload)))
+            # One request per connection: once the block ends, the stand-in hub is really gone.
+            self.send_header("Connection", "close")
+            self.close_connection = True
             self.end_headers()
             if body:
                 self.wfile.write(payload)

@@ -124,7 +124,9 @@ def test_fetch_then_serve_offline_from_the_store(
     result = _cli(["verify", VARIANT, "--stages", "imports,startup", "--json", "--out", str(out)], variant_matrix, env)
     watcher.join(timeout=30)
     assert result.returncode == 0, result.stderr[-5000:]
-    assert len(hub.requests) == requests_before, f"the server or the tool asked the hub: {hub.requests[requests_before:]}"
+    assert len(hub.requests) == requests_before, (
+        f"the server or the tool asked the hub: {hub.requests[requests_before:]}"
+    )
     assert len(engine.created_since(since, "io.stackproof.role=server")) == 1
     startup = {s["stage"]: s for s in result.json()["stages"]}["startup"]
     checks = {c["name"]: c for c in startup["checks"]}
@@ -175,9 +177,7 @@ def test_wrong_revision_fails_before_any_server_starts(
     assert not (tmp_path / "out").exists()
 
 
-def test_missing_model_without_a_reachable_hub_is_exit_3(
-    engine: Engine, variant_matrix: Path, tmp_path: Path
-) -> None:
+def test_missing_model_without_a_reachable_hub_is_exit_3(engine: Engine, variant_matrix: Path, tmp_path: Path) -> None:
     """--no-fetch never asks; a dead endpoint (a closed port on 127.0.0.1) is named with HF_ENDPOINT."""
     closed = _closed_port()
     env = {"HF_ENDPOINT": f"http://127.0.0.1:{closed}", "STACKPROOF_MODEL_STORE": str(tmp_path / "s")}
