@@ -175,8 +175,8 @@ def fetch(model: ModelSource, *, store: Path | None = None, where: str = "") -> 
         raise InputError(f"{where or model.source}: only an hf: model with a revision can be fetched")
     store = store or store_dir()
     store.mkdir(parents=True, exist_ok=True)
-    if not os.environ.get("HF_HUB_DOWNLOAD_TIMEOUT"):
-        constants.HF_HUB_DOWNLOAD_TIMEOUT = STALL_TIMEOUT_S
+    # Like HF_ENDPOINT, the library reads its stall timeout once at import; set it for this call.
+    constants.HF_HUB_DOWNLOAD_TIMEOUT = int(os.environ.get("HF_HUB_DOWNLOAD_TIMEOUT") or STALL_TIMEOUT_S)
     # The library reads HF_ENDPOINT once, at import; read it at the call so the message and the request agree.
     endpoint = os.environ.get(ENDPOINT_ENV) or constants.ENDPOINT
     name = f"{model.location}@{model.revision}"
@@ -203,9 +203,10 @@ def fetch(model: ModelSource, *, store: Path | None = None, where: str = "") -> 
     except HfHubHTTPError as exc:
         raise InfraError(f"{prefix}the hub ({endpoint}) answered an error while fetching {name}: {exc}") from exc
     except (LocalEntryNotFoundError, httpx2.TransportError, OSError) as exc:
+        cause = exc.__cause__ or exc  # the library wraps the connection error it gave up on
         raise InfraError(
             f"{prefix}cannot fetch {name}: the hub at {endpoint} is unreachable or stalled "
-            f"({type(exc).__name__}); check the network or set {ENDPOINT_ENV} to a reachable mirror. "
+            f"({type(cause).__name__}: {cause}); check the network or set {ENDPOINT_ENV} to a reachable mirror. "
             "A partial download is kept and resumed by the next fetch."
         ) from exc
     seconds = time.monotonic() - started

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -34,6 +35,8 @@ class StandInHub:
     requests: list[tuple[str, str]] = field(default_factory=list)  # (method, path)
     file_bytes_sent: int = 0
     token_seen: list[str] = field(default_factory=list)  # Authorization headers, to prove the token reached it
+    stall_once: str | None = None  # this file's first download sends half, then goes silent for stall_seconds
+    stall_seconds: float = 3.0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -120,10 +123,29 @@ def _handler(hub: StandInHub) -> type[BaseHTTPRequestHandler]:
                 status = 206
                 headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
             payload = data[start:]
+            if body and hub.stall_once == name and start == 0:
+                hub.stall_once = None
+                return self._stall(payload, headers)
             if body:
                 with hub.lock:
                     hub.file_bytes_sent += len(payload)
             self._send(status, payload, headers, body=body)
+
+        def _stall(self, payload: bytes, headers: dict[str, str]) -> None:
+            """Announce the whole file, send half, then nothing: a stalled download the client must time out."""
+            half = payload[: len(payload) // 2]
+            with hub.lock:
+                hub.file_bytes_sent += len(half)
+            self.send_response(200)
+            for key, value in headers.items():
+                self.send_header(key, value)
+            self.send_header("Content-Length", str(len(payload)))
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(half)
+            self.wfile.flush()
+            time.sleep(hub.stall_seconds)
+            self.close_connection = True
 
         def _error(self, status: int, code: str, message: str) -> None:
             payload = json.dumps({"error": message}).encode()

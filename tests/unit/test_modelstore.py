@@ -218,6 +218,23 @@ def test_a_cut_snapshot_is_incomplete_and_the_next_fetch_gets_only_what_is_missi
     assert modelstore.snapshot_in_store(model, store) == snapshot
 
 
+def test_a_stalled_download_times_out_and_resumes_where_it_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The library keeps what it received in whole chunks (10 MiB) and asks for the rest with a Range."""
+    size = 24 << 20
+    with stand_in_hub("stackproof-test/big", {"model.safetensors": os.urandom(size)}) as hub:
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        monkeypatch.setenv("HF_HUB_DOWNLOAD_TIMEOUT", "1")
+        hub.stall_once = "model.safetensors"
+        result = modelstore.fetch(_model(hub), store=tmp_path)
+    assert result.bytes_downloaded == size
+    gets = [p for m, p in hub.requests if m == "GET" and p.endswith("model.safetensors")]
+    assert len(gets) == 2, "one stalled download, one resumed"
+    assert size < hub.file_bytes_sent < size + size // 2, "the resumed download did not start over"
+    assert modelstore.snapshot_in_store(_model(hub), tmp_path) == result.snapshot
+
+
 def test_unknown_revision_or_repository_is_bad_input(hub: StandInHub, tmp_path: Path) -> None:
     with pytest.raises(InputError, match=f"revision {COMMIT} of stackproof-test/tiny does not exist at the hub"):
         modelstore.fetch(_model(hub, COMMIT), store=tmp_path, where="m.yaml:3: cells[c].serve.model")
