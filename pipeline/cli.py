@@ -129,6 +129,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=Path("stackproof-out"))
     p.add_argument("--previous", type=Path, default=None, help="an earlier report.json: diff autotune winners")
     p.add_argument("--no-preflight", action="store_true", help=NO_PREFLIGHT_HELP)
+    p.add_argument("--no-fetch", action="store_true", help="never ask the hub: an hf: model must be in the store")
     p.set_defaults(handler=_run)
 
     p = commands.add_parser("verify", parents=[common, load_opts], help="run stages against a cell's built image")
@@ -138,6 +139,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=Path("stackproof-out"))
     p.add_argument("--previous", type=Path, default=None, help="an earlier report.json: diff autotune winners")
     p.add_argument("--no-preflight", action="store_true", help=NO_PREFLIGHT_HELP)
+    p.add_argument("--no-fetch", action="store_true", help="never ask the hub: an hf: model must be in the store")
     p.set_defaults(handler=_verify)
 
     p = commands.add_parser(
@@ -208,6 +210,9 @@ def _parser() -> argparse.ArgumentParser:
     from pipeline.cli_repro import add_commands as add_repro_commands
 
     add_repro_commands(commands, common)
+    from pipeline.cli_model import add_commands as add_model_commands
+
+    add_model_commands(commands, common)
     return parser
 
 
@@ -325,10 +330,15 @@ def _engine(args: argparse.Namespace, matrix: Matrix, cell: Cell, images: Path, 
 
     if not cell.is_gpu or args.no_preflight:
         return Engine.connect()
+    from pipeline.modelstore import snapshot_in_store, store_dir
     from pipeline.plan import plan_cell
     from pipeline.preflight import preflight_job
 
-    return preflight_job(matrix, cell, tag=plan_cell(matrix, cell, site, images).tag)
+    # A model already in the store needs no disk; one still to fetch is of a size the hub knows
+    # and this host does not (a WARN), never guessed.
+    model = cell.serve.model if cell.serve else None
+    model_bytes = 0 if model is None or model.kind != "hf" or snapshot_in_store(model, store_dir()) else None
+    return preflight_job(matrix, cell, tag=plan_cell(matrix, cell, site, images).tag, model_bytes=model_bytes)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -366,6 +376,7 @@ def _verify_or_run(args: argparse.Namespace, *, build: bool) -> int:
         arm_name=args.arm,
         previous=args.previous,
         load=load,
+        fetch_model=not args.no_fetch,
     )
     verdict = "NOT_REPRODUCED" if report.outcome.not_reproduced else "PASS" if report.outcome.passed else "FAIL"
     stages_line = ", ".join(f"{s.stage} {s.status}" for s in report.stages)
@@ -449,6 +460,9 @@ def _soak(args: argparse.Namespace) -> int:
     engine = Engine.connect()
     if engine.image(tag) is None:
         raise InputError(f"{cell.id}: image {tag} is not built: run `stackproof build {cell.id}`")
+    from pipeline.modelstore import ensure_model
+
+    ensure_model(cell.serve.model, where=f"{matrix.file}:{cell.line}: cells[{cell.id}].serve.model")
     out = args.out / cell.id / time.strftime("soak-%Y%m%dT%H%M%S")
     document = soak(engine, cell, tag, arms=arms, spec=spec, duration_s=duration, slice_s=args.slice, out_dir=out)
     lines = []

@@ -98,6 +98,7 @@ _PACKAGE = re.compile(r"^([A-Z0-9]|[A-Z0-9][A-Z0-9._-]*[A-Z0-9])$", re.IGNORECAS
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 _IMAGE = re.compile(r"^[a-z0-9][a-z0-9._/:-]*:[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
 _MODEL = re.compile(r"^(hf:[\w.-]+/[\w.-]+|path:/\S+)$")
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
 
 def load_matrix(file: Path, *, images_dir: Path | None = None) -> Matrix:
@@ -526,10 +527,7 @@ class _Checker:
                 pattern=_MODEL,
                 what="model source (hf:org/name or path:/dir/in/image)",
             )
-            revision = model.get("revision")
-            source = ModelSource(
-                source=text, revision=None if revision is None else self.text((*path, "model", "revision"), revision)
-            )
+            source = ModelSource(source=text, revision=self.revision((*path, "model"), text, model.get("revision")))
         args = self.texts((*path, "args"), value.get("args"))
         self.tool_owned(path, args)
         timeout = value.get("readiness_timeout", 600)
@@ -545,6 +543,24 @@ class _Checker:
             gpus=None if value.get("gpus") is None else self.text((*path, "gpus"), value["gpus"]),
             load=self.load_spec((*path, "load"), value.get("load")),
         )
+
+    def revision(self, path: Path_, source: str, value: Any) -> str | None:
+        """An `hf:` model names the commit it is served at: a branch or tag moves under the store and the
+        receipt, a commit does not. A `path:` model is in the image, so a revision would mean nothing."""
+        where = (*path, "revision")
+        if source.startswith("path:"):
+            if value is not None:
+                self.problem(where, "a path: model is part of the image and takes no revision")
+            return None
+        if not source.startswith("hf:"):
+            return None  # the source itself was reported
+        if value is None:
+            self.problem(where, f"missing: {source} needs the 40-hex commit hash it is served at")
+            return None
+        text = self.text(where, value)
+        if text and not _COMMIT.match(text):
+            self.problem(where, f"{text!r} is not a commit hash (40 hex digits); a branch or tag can move")
+        return text
 
     def load_spec(self, path: Path_, value: Any) -> LoadSpec:
         """`serve.load`: every key optional, each checked against the type of LoadSpec's default."""

@@ -197,12 +197,10 @@ _DISK_FIELDS = {f.name for f in fields(DiskFact)}
 
 
 def default_model_store() -> Path:
-    """`STACKPROOF_MODEL_STORE`, else `<cache dir>/models`: the model store's own rule, repeated here
-    only so preflight knows which filesystem to measure."""
-    from pipeline.cache import cache_dir
+    """Where the model store lives (`pipeline.modelstore.store_dir`): the filesystem to measure."""
+    from pipeline.modelstore import store_dir
 
-    explicit = os.environ.get("STACKPROOF_MODEL_STORE")
-    return Path(explicit) if explicit else cache_dir() / "models"
+    return store_dir()
 
 
 def gather_facts(

@@ -17,6 +17,7 @@ from pipeline.engine import Engine
 from pipeline.errors import InputError
 from pipeline.host import host_fingerprint
 from pipeline.model import Arm, Cell, LoadSpec, Matrix
+from pipeline.modelstore import ensure_model
 from pipeline.plan import plan_cell, python_of
 from pipeline.site import SiteSettings
 from verify.receipt import build_receipt, write_all
@@ -24,6 +25,8 @@ from verify.result import CheckResult, VerifyReport
 from verify.runner import verify_image
 
 __all__ = ["run_cell", "verify_cell"]
+
+SERVER_STAGES = {"startup", "autotune", "load"}  # the stages that start a server container
 
 
 def run_cell(
@@ -38,8 +41,10 @@ def run_cell(
     arm_name: str | None = None,
     previous: Path | None = None,
     load: LoadSpec | None = None,
+    fetch_model: bool = True,
 ) -> VerifyReport:
     arm = cell.arm(arm_name) if arm_name else None
+    _ensure_model(matrix, cell, stages, fetch_model)  # a wrong revision ends the run before a long build
     build = build_cell(engine, matrix, cell, site, images_dir, out_dir=out_root / cell.id)
     return _verify_with_receipt(
         engine,
@@ -68,6 +73,7 @@ def verify_cell(
     arm_name: str | None = None,
     previous: Path | None = None,
     load: LoadSpec | None = None,
+    fetch_model: bool = True,
 ) -> VerifyReport:
     """Verify the cell's already-built image (its content tag); nothing is built."""
     arm = cell.arm(arm_name) if arm_name else None
@@ -76,6 +82,7 @@ def verify_cell(
     image = engine.image(tag)
     if image is None:
         raise InputError(f"{cell.id}: image {tag} is not built: run `stackproof build {cell.id}` (or `stackproof run`)")
+    _ensure_model(matrix, cell, stages, fetch_model)
     print(f"{cell.id}: verifying {tag} ({image.id[:19]})", file=sys.stderr)
     return _verify_with_receipt(
         engine,
@@ -137,6 +144,15 @@ def _verify_with_receipt(
     paths = write_all(receipt, out_dir)
     print(f"{cell.id}: receipt {receipt['status']}: {paths['receipt']} (+ junit.xml, summary.md)", file=sys.stderr)
     return report
+
+
+def _ensure_model(matrix: Matrix, cell: Cell, stages: tuple[str, ...], fetch_model: bool) -> None:
+    """Stages that start a server need the cell's `hf:` model in the host store first, so a server's
+    readiness timeout covers its start only and a wrong revision fails before any server starts."""
+    if cell.serve is None or not set(stages) & SERVER_STAGES:
+        return
+    where = f"{matrix.file}:{cell.line}: cells[{cell.id}].serve.model"
+    ensure_model(cell.serve.model, where=where, allow_fetch=fetch_model)
 
 
 def _host_expectations(matrix: Matrix, cell: Cell) -> CheckResult | None:

@@ -25,6 +25,7 @@ from pipeline import cmd
 from pipeline.engine import Engine
 from pipeline.errors import CheckFailed
 from pipeline.model import Arm, Cell, ServeSpec
+from pipeline.modelstore import model_mounts
 from verify.logscan import LogWatcher
 
 __all__ = ["Readiness", "ServerContainer", "SharedServer", "free_port", "serve_argv"]
@@ -142,6 +143,7 @@ class ServerContainer:
             argv += ["--volume", f"{host}:{container}"]
         for container in self.scratch:
             argv += ["--volume", container]
+        argv += model_mounts(self.serve).docker_args()  # hf: models: the store read-only, offline, HF_TOKEN by name
         command = serve_argv(self.serve, self.arm, self.port)
         if self.unset_env:  # docker run cannot remove an image's ENV; `env -u` can
             command = ["env", *(arg for name in self.unset_env for arg in ("-u", name)), *command]

@@ -37,6 +37,7 @@ class PinLine:
 @dataclass(frozen=True, kw_only=True)
 class ServeLines:
     model: str | None  # None: inherited
+    revision: str | None = None
     args: tuple[str, ...] | None  # None: inherited
     gpus: str | None
 
@@ -119,7 +120,8 @@ class ReproCell:
         if self.serve:
             out.append(f"{k}serve:\n")
             if self.serve.model:
-                out.append(f"{k}  model: {{source: {_q(self.serve.model)}}}\n")
+                revision = f", revision: {_q(self.serve.revision)}" if self.serve.revision else ""
+                out.append(f"{k}  model: {{source: {_q(self.serve.model)}{revision}}}\n")
             if self.serve.gpus:
                 out.append(f"{k}  gpus: {self.serve.gpus}\n")
             if self.serve.args is not None:
@@ -146,7 +148,7 @@ def build_repro(
     indexes: dict[str, str] = {}
     overrides, uninstall = _stack(report, base_pins, matrix, indexes, findings)
     env = _env(report, inherited_env or {}, findings)
-    serve = _serve(report, plan, findings)
+    serve = _serve(report, plan, matrix, findings)
     host = _host(report, findings)
     arch = plan.arch
     runner = runner_labels(arch, plan.platform) if arch else None
@@ -346,7 +348,7 @@ def _env(report: Report, inherited: dict[str, str], findings: list[Finding]) -> 
     return env
 
 
-def _serve(report: Report, plan: ReproPlan, findings: list[Finding]) -> ServeLines | None:
+def _serve(report: Report, plan: ReproPlan, matrix: Matrix, findings: list[Finding]) -> ServeLines | None:
     gpus = "all" if plan.arch and plan.arch != "none" else None
     if report.model is None:
         if plan.extends:
@@ -390,15 +392,34 @@ def _serve(report: Report, plan: ReproPlan, findings: list[Finding]) -> ServeLin
     for setting, meaning in silent.items():
         if report.setting(setting) is None:
             findings.append(Finding(topic=setting, kind=Kind.SILENT, message=f"not stated: {meaning}"))
+    # An hf: model needs a commit revision. Reports never state one; a cell that already serves the
+    # same model gives the commit this matrix trusts, else the cell cannot serve it yet.
+    source = f"hf:{model.value}"
+    pinned = next(
+        (c for c in matrix.cells if c.serve and c.serve.model.source == source and c.serve.model.revision), None
+    )
+    if pinned is None or pinned.serve is None:
+        findings.append(
+            Finding(
+                topic="model revision",
+                kind=Kind.AMBIGUOUS,
+                line=model.line,
+                message=f"not stated, and no cell pins {model.value}: no serve spec"
+                + (f" (serve stays {plan.extends}'s)" if plan.extends else "")
+                + "; add serve.model {source, revision: <40-hex commit>} and args",
+            )
+        )
+        return None
+    revision = pinned.serve.model.revision
     findings.append(
         Finding(
             topic="model revision",
             kind=Kind.SILENT,
             line=model.line,
-            message=f"not stated: {model.value} follows its main branch; pin serve.model.revision",
+            message=f"not stated: {revision} taken from cell {pinned.id}, which serves {model.value}",
         )
     )
-    return ServeLines(model=f"hf:{model.value}", args=tuple(args), gpus=gpus)
+    return ServeLines(model=source, revision=revision, args=tuple(args), gpus=gpus)
 
 
 def _host(report: Report, findings: list[Finding]) -> dict[str, Any]:

@@ -11,6 +11,7 @@ itself re-derived here from the metadata PyPI served (pypi-metadata-vllm-0.28.0.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
@@ -491,3 +492,28 @@ def test_cli_repro_json_and_write(
     assert load_matrix(matrix, images_dir=images_dir).cell("from-env-block").arch == "sm120"
     assert main(["repro", str(FREEZE), "--matrix", str(matrix), "--images", str(images_dir), "--offline"]) == 2
     assert "give --arch" in capsys.readouterr().err
+
+
+# -- the model's revision ------------------------------------------------------------------------------
+
+
+def test_model_revision_comes_from_a_cell_that_pins_the_same_model(real_matrix: Matrix) -> None:
+    cell = repro(RTX5000, real_matrix)
+    pinned = real_matrix.cell("sm120-vllm-0.28.0-release").serve
+    assert cell.serve is not None and pinned is not None
+    assert cell.serve.revision == pinned.model.revision and len(cell.serve.revision or "") == 40
+    assert one(findings(cell, Kind.SILENT), r"model revision: silent: not stated: [0-9a-f]{40} taken from cell sm120-")
+
+
+def test_model_no_cell_pins_gets_no_serve_spec_and_says_why(real_matrix: Matrix) -> None:
+    """Without a commit the cell would not validate: no serve spec, and the finding says what to add."""
+    unpinned = dataclasses.replace(
+        real_matrix,
+        cells=tuple(
+            dataclasses.replace(c, serve=None) if c.serve and c.serve.model.kind == "hf" else c
+            for c in real_matrix.cells
+        ),
+    )
+    cell = repro(RTX5000, unpinned)
+    assert cell.serve is None
+    assert one(findings(cell, Kind.AMBIGUOUS), r"model revision: ambiguous: not stated, and no cell pins .*: no serve")

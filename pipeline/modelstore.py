@@ -1,0 +1,250 @@
+"""The host model store: `hf:` models at their pinned commit, fetched once, served offline.
+
+Without it every server start (startup, autotune, each arm) downloaded the model inside its
+container, 15-23 GB for the GPU cells, inside the readiness timeout. Now `stackproof model fetch
+CELL` (or `run`/`verify`, before anything starts) fills a store on the host once, and every server
+container gets that store mounted read-only with the hub switched off, so `readiness_timeout`
+covers only the start.
+
+The store is the hub's own cache layout (`models--ORG--NAME/{blobs,snapshots,refs}`), written and
+read by huggingface_hub itself (`snapshot_download`), never parsed here: whatever vLLM inside the
+image does to find `ORG/NAME` at `--revision` in `HF_HUB_CACHE` offline finds it. The store is
+`$STACKPROOF_MODEL_STORE`, else `models/` in the tool's cache directory.
+
+A token reaches the hub as the library reads it (`HF_TOKEN` in the environment) and reaches a
+container only as `--env HF_TOKEN`: the name, with docker taking the value from its own
+environment, so the value is in no argv, echo, log or report of ours.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.cache import cache_dir
+from pipeline.errors import InfraError, InputError
+from pipeline.model import ModelSource, ServeSpec
+
+__all__ = [
+    "CONTAINER_STORE",
+    "STORE_ENV",
+    "TOKEN_ENV",
+    "FetchResult",
+    "ModelMounts",
+    "ensure_model",
+    "fetch",
+    "model_mounts",
+    "snapshot_in_store",
+    "store_dir",
+]
+
+STORE_ENV = "STACKPROOF_MODEL_STORE"
+TOKEN_ENV = "HF_TOKEN"
+ENDPOINT_ENV = "HF_ENDPOINT"  # huggingface_hub's own setting: a mirror or an internal hub
+CONTAINER_STORE = "/stackproof/models"  # fixed, so a server's argv does not depend on the host's paths
+# Seconds without a byte before a download is given up (the library retries a few times, resuming).
+# The library's own HF_HUB_DOWNLOAD_TIMEOUT, when set, wins.
+STALL_TIMEOUT_S = 60
+
+
+@dataclass(frozen=True, kw_only=True)
+class FetchResult:
+    """One `hf:` model at one commit in the store; `bytes_downloaded` is what this call added."""
+
+    repo_id: str
+    revision: str
+    store: Path
+    snapshot: Path
+    files: int
+    bytes_in_store: int  # the repo's blobs, all revisions
+    bytes_downloaded: int
+    seconds: float
+    already_present: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelMounts:
+    """What a server container needs to serve its `hf:` model from the store, offline."""
+
+    volumes: tuple[tuple[Path, str], ...] = ()  # (host, container), always read-only
+    env: tuple[tuple[str, str], ...] = ()
+    env_names: tuple[str, ...] = ()  # passed by name only: docker copies the value from its own environment
+
+    def docker_args(self) -> list[str]:
+        """`docker run` arguments; they come after the cell's `--env`s so the store's settings win."""
+        args: list[str] = []
+        for host, container in self.volumes:
+            args += ["--volume", f"{host}:{container}:ro"]
+        for key, value in self.env:
+            args += ["--env", f"{key}={value}"]
+        for name in self.env_names:
+            args += ["--env", name]
+        return args
+
+
+def store_dir(environ: Mapping[str, str] | None = None) -> Path:
+    environ = os.environ if environ is None else environ
+    explicit = environ.get(STORE_ENV)
+    return Path(explicit) if explicit else cache_dir() / "models"
+
+
+def model_mounts(
+    serve: ServeSpec, *, store: Path | None = None, environ: Mapping[str, str] | None = None
+) -> ModelMounts:
+    """The store read-only at CONTAINER_STORE, the hub off, and HF_TOKEN by name when this host has one.
+
+    Only HF_HUB_CACHE points into the read-only mount: HF_HOME (the modules cache, xet's cache, a
+    token file) stays the image's writable default, so nothing inside needs to write to the store.
+    `path:` models are in the image and get nothing.
+    """
+    if serve.model.kind != "hf":
+        return ModelMounts()
+    environ = os.environ if environ is None else environ
+    host = (store or store_dir(environ)).resolve()
+    return ModelMounts(
+        volumes=((host, CONTAINER_STORE),),
+        env=(("HF_HUB_CACHE", CONTAINER_STORE), ("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1")),
+        env_names=(TOKEN_ENV,) if environ.get(TOKEN_ENV) else (),
+    )
+
+
+def ensure_model(
+    model: ModelSource, *, where: str, store: Path | None = None, allow_fetch: bool = True
+) -> FetchResult | None:
+    """Make sure the store holds `model` at its revision before any server starts; None for `path:` models.
+
+    `where` locates the cell (`FILE:LINE: cells[ID].serve.model`) in the messages. With
+    `allow_fetch=False` a missing model is an infrastructure problem (exit 3), and the hub is never asked.
+    """
+    if model.kind != "hf":
+        return None
+    store = store or store_dir()
+    present = snapshot_in_store(model, store)
+    if present is not None:
+        result = _result(model, store, present, downloaded=0, seconds=0.0, already=True)
+        print(f"model {model.location}@{model.revision}: in the store ({present})", file=sys.stderr)
+        return result
+    if not allow_fetch:
+        raise InfraError(
+            f"{where}: {model.location}@{model.revision} is not in the model store {store} and fetching is off: "
+            f"run `stackproof model fetch` for this cell where the hub is reachable ({ENDPOINT_ENV}), "
+            f"or point {STORE_ENV} at a store that has it"
+        )
+    print(f"model {model.location}@{model.revision}: not in the store {store}; fetching it first", file=sys.stderr)
+    return fetch(model, store=store, where=where)
+
+
+def snapshot_in_store(model: ModelSource, store: Path) -> Path | None:
+    """The complete snapshot of `model` at its revision in `store`, or None (missing or cut short).
+
+    huggingface_hub decides, from its own cached file listing of that commit, never the network.
+    """
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    if not store.is_dir():
+        return None
+    try:
+        path = snapshot_download(model.location, revision=model.revision, cache_dir=store, local_files_only=True)
+    except LocalEntryNotFoundError:  # also IncompleteSnapshotError, its subclass
+        return None
+    return Path(path)
+
+
+def fetch(model: ModelSource, *, store: Path | None = None, where: str = "") -> FetchResult:
+    """Download `model` at its revision into `store` (resuming a cut download), progress on stderr.
+
+    Exit 2 when the hub says the revision or the repository does not exist; exit 3 when the hub
+    cannot be reached, stalls, refuses the token, or answers with an error.
+    """
+    import httpx2
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    if model.kind != "hf" or not model.revision:
+        raise InputError(f"{where or model.source}: only an hf: model with a revision can be fetched")
+    store = store or store_dir()
+    store.mkdir(parents=True, exist_ok=True)
+    # Like HF_ENDPOINT, the library reads its stall timeout once at import; set it for this call.
+    constants.HF_HUB_DOWNLOAD_TIMEOUT = int(os.environ.get("HF_HUB_DOWNLOAD_TIMEOUT") or STALL_TIMEOUT_S)
+    # The library reads HF_ENDPOINT once, at import; read it at the call so the message and the request agree.
+    endpoint = os.environ.get(ENDPOINT_ENV) or constants.ENDPOINT
+    name = f"{model.location}@{model.revision}"
+    prefix = f"{where}: " if where else ""
+    before = _blob_bytes(store, model)
+    started = time.monotonic()
+    try:
+        path = snapshot_download(model.location, revision=model.revision, cache_dir=store, endpoint=endpoint)
+    except RevisionNotFoundError as exc:
+        raise InputError(
+            f"{prefix}revision {model.revision} of {model.location} does not exist at the hub ({endpoint}): "
+            "pin a commit the repository has (its commit history lists them)"
+        ) from exc
+    except GatedRepoError as exc:
+        raise InfraError(
+            f"{prefix}{model.location} is gated: accept its terms on the hub and set {TOKEN_ENV} to a token "
+            f"with access ({exc.response.status_code} from {endpoint})"
+        ) from exc
+    except RepositoryNotFoundError as exc:
+        raise InputError(
+            f"{prefix}the hub ({endpoint}) has no repository {model.location} "
+            f"(a private one also needs {TOKEN_ENV} set to a token with access)"
+        ) from exc
+    except HfHubHTTPError as exc:
+        raise InfraError(f"{prefix}the hub ({endpoint}) answered an error while fetching {name}: {exc}") from exc
+    except (LocalEntryNotFoundError, httpx2.TransportError, OSError) as exc:
+        cause = exc.__cause__ or exc  # the library wraps the connection error it gave up on
+        raise InfraError(
+            f"{prefix}cannot fetch {name}: the hub at {endpoint} is unreachable or stalled "
+            f"({type(cause).__name__}: {cause}); check the network or set {ENDPOINT_ENV} to a reachable mirror. "
+            "A partial download is kept and resumed by the next fetch."
+        ) from exc
+    seconds = time.monotonic() - started
+    result = _result(model, store, Path(path), downloaded=_blob_bytes(store, model) - before, seconds=seconds)
+    print(
+        f"model {name}: {result.bytes_downloaded:,} bytes downloaded in {seconds:.1f}s; "
+        f"{result.files} files, {result.bytes_in_store:,} bytes in {result.snapshot}",
+        file=sys.stderr,
+    )
+    return result
+
+
+def _repo_dir(store: Path, model: ModelSource) -> Path:
+    # The one fact of the layout used here, for a byte count only; huggingface_hub names it the same way.
+    return store / ("models--" + model.location.replace("/", "--"))
+
+
+def _blob_bytes(store: Path, model: ModelSource) -> int:
+    """Bytes under the repo's blobs/, partial downloads (`*.incomplete`) included: the difference
+    before and after a fetch is what the fetch downloaded, resumed parts counted once."""
+    blobs = _repo_dir(store, model) / "blobs"
+    if not blobs.is_dir():
+        return 0
+    return sum(p.stat().st_size for p in blobs.iterdir() if p.is_file())
+
+
+def _result(
+    model: ModelSource, store: Path, snapshot: Path, *, downloaded: int, seconds: float, already: bool = False
+) -> FetchResult:
+    files = [p for p in snapshot.rglob("*") if p.is_file()]
+    return FetchResult(
+        repo_id=model.location,
+        revision=model.revision or "",
+        store=store,
+        snapshot=snapshot,
+        files=len(files),
+        bytes_in_store=_blob_bytes(store, model),
+        bytes_downloaded=downloaded,
+        seconds=round(seconds, 2),
+        already_present=already,
+    )
