@@ -270,18 +270,26 @@ class RegistryClient:
     def _request(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
         headers = dict(kwargs.pop("headers", None) or {})
         response = self._send(method, url, headers, **kwargs)
-        if response.status_code != 401:
-            return response
-        challenge = parse_challenge(response.headers.get("WWW-Authenticate", ""))
-        if challenge is None:
-            raise InfraError(f"registry {self.host}: {method} {url} answered 401 with no challenge it can answer")
-        if challenge.scheme == "basic":
-            if self.credentials is None or self.credentials.identity_token:
-                raise InfraError(f"registry {self.host} wants credentials (Basic): {_LOGIN_HINT}")
-            self._basic = True
-        else:
-            self._last_token = self._token(challenge)
-        response = self._send(method, url, headers, **kwargs)
+        # A 401 is answered at most twice: with a cached token of the challenged scope (when it is
+        # not the one just refused), then with a fresh one (the cached one may have expired too).
+        for fresh in (False, True):
+            if response.status_code != 401:
+                return response
+            challenge = parse_challenge(response.headers.get("WWW-Authenticate", ""))
+            if challenge is None:
+                raise InfraError(f"registry {self.host}: {method} {url} answered 401 with no challenge it can answer")
+            if challenge.scheme == "basic":
+                if self.credentials is None or self.credentials.identity_token:
+                    raise InfraError(f"registry {self.host} wants credentials (Basic): {_LOGIN_HINT}")
+                if self._basic:
+                    break  # these credentials were sent and refused
+                self._basic = True
+            else:
+                refused = self._last_token
+                self._last_token = self._token(challenge, refused=refused, fresh=fresh)
+            response = self._send(method, url, headers, **kwargs)
+            if self._basic:
+                break
         if response.status_code == 401:
             who = f"the credentials from {self.credentials.source}" if self.credentials else "anonymous access"
             raise InfraError(
@@ -300,13 +308,13 @@ class RegistryClient:
         except httpx.HTTPError as exc:
             raise InfraError(f"registry {self.host} unreachable ({type(exc).__name__}); is it running?") from exc
 
-    def _token(self, challenge: Challenge) -> str:
-        """A token for the challenge's scope: the cached one while it lasts, else a fresh one."""
+    def _token(self, challenge: Challenge, *, refused: str | None, fresh: bool) -> str:
+        """A token for the challenge's scope: a cached one while it lasts (not `refused`), else a fresh one."""
         realm, service, scope = challenge.get("realm"), challenge.get("service"), challenge.get("scope") or ""
         if not realm:
             raise InfraError(f"registry {self.host}: a Bearer challenge without a realm")
         cached = self._tokens.get(scope)
-        if cached is not None and cached[1] > time.monotonic() and cached[0] != self._last_token:
+        if not fresh and cached is not None and cached[1] > time.monotonic() and cached[0] != refused:
             return cached[0]  # a token of this scope that was not the one just refused
         params = {"service": service} if service else {}
         if scope:
