@@ -132,24 +132,33 @@ class TokenIssuer:
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
+                """docker's classic pusher: GET with Basic credentials (or none)."""
                 query = parse_qs(urlparse(self.path).query)
-                user = None
                 header = self.headers.get("Authorization", "")
+                name = password = None
                 if header.startswith("Basic "):
                     name, _, password = base64.b64decode(header[6:]).decode().partition(":")
-                    if issuer.users.get(name) != password:
-                        issuer.requests.append({"user": name, "refused": True, "scope": query.get("scope", [])})
-                        self.send_response(401)
-                        self.end_headers()
-                        return
-                    user = name
-                scopes = query.get("scope", [])
-                issuer.requests.append({"user": user, "refused": False, "scope": scopes})
-                body = {
-                    "token": issuer.token(user, scopes),
-                    "issued_at": datetime.datetime.now(datetime.UTC).isoformat(),
-                }
-                body["expires_in"] = issuer.claimed_lifetime or int(issuer.lifetime)
+                self.answer(name, password, query.get("scope", []), "token")
+
+            def do_POST(self) -> None:
+                """The OAuth2 form containerd's resolver (Docker 26's containerd store) posts first."""
+                length = int(self.headers.get("Content-Length", "0"))
+                form = parse_qs(self.rfile.read(length).decode())
+                scopes = [s for scope in form.get("scope", []) for s in scope.split(" ") if s]
+                if form.get("grant_type") != ["password"]:
+                    self.send_response(400)
+                    self.end_headers()
+                    return
+                self.answer(form.get("username", [""])[0], form.get("password", [""])[0], scopes, "access_token")
+
+            def answer(self, name: str | None, password: str | None, scopes: list[str], key: str) -> None:
+                if name is not None and issuer.users.get(name) != password:
+                    issuer.requests.append({"user": name, "refused": True, "scope": scopes})
+                    self.send_response(401)
+                    self.end_headers()
+                    return
+                issuer.requests.append({"user": name, "refused": False, "scope": scopes})
+                body = {key: issuer.token(name, scopes), "expires_in": issuer.claimed_lifetime or int(issuer.lifetime)}
                 data = json.dumps(body).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
