@@ -245,12 +245,13 @@ class RegistryClient:
         credentials: Credentials | None = None,
         ca_bundle: str | None = None,
         timeout: float = 60,
+        transport: httpx.BaseTransport | None = None,  # tests: an httpx.MockTransport
     ) -> None:
         self.host = host
         loopback = host.split(":")[0] in _LOOPBACK or host.startswith("[::1]")
         self.base = f"{'http' if loopback else 'https'}://{host}"
         self.credentials = credentials
-        self.client = httpx.Client(base_url=self.base, timeout=timeout, verify=ca_bundle or True)
+        self.client = httpx.Client(base_url=self.base, timeout=timeout, verify=ca_bundle or True, transport=transport)
         self._tokens: dict[str, tuple[str, float]] = {}  # scope -> (token, expires at, monotonic)
         self._last_token: str | None = None
         self._basic = False  # the registry asked for Basic auth

@@ -9,7 +9,7 @@ a canary: no output of any command may contain it.
 Small imported images stand in for a cell's image: they are tagged as the content tag of a small
 test cell (`pub-tiny`, a copy of the real matrix plus that cell), which is what publish accepts;
 the receipts are made by the real receipt code from verify reports of those images, with the
-report.json a run writes beside them. The cpu-tiny end-to-end test makes a real receipt from a real run.
+report.json a run writes beside them.
 """
 
 from __future__ import annotations
