@@ -195,11 +195,21 @@ class Bench:
                 self.daemon.docker("rmi", "--force", ref, check=False)
 
     def assert_no_secret(self) -> None:
-        if self.registry.password:
-            leaked = [i for i, text in enumerate(self.outputs) if self.registry.password in text]
-            assert not leaked, "the registry password appeared in a command's output"
-            logs = self.daemon.docker("images", "--format", "{{.Repository}}:{{.Tag}}", check=False)
-            assert self.registry.password not in logs
+        """The password is in no command's output, nothing the registry stores (receipts included),
+        and no file this test wrote; docker's private login copies are gone."""
+        password = self.registry.password
+        if not password:
+            return
+        leaked = [i for i, text in enumerate(self.outputs) if password in text]
+        assert not leaked, "the registry password appeared in a command's output"
+        for root in (self.registry.log.parent / "storage", *(Path(v.matrix).parent for v in self.versions)):
+            for path in root.rglob("*"):
+                if path.is_file() and not path.is_symlink():
+                    assert password.encode() not in path.read_bytes(), f"the registry password is in {path}"
+        assert password not in self.registry.log.read_text()
+        import tempfile
+
+        assert not list(Path(tempfile.gettempdir()).glob("stackproof-docker-config-*")), "a login copy was left"
 
 
 @pytest.fixture
@@ -499,6 +509,35 @@ def test_pull_resolves_an_image_index_to_this_platform(bench: Bench) -> None:
     assert pulled.json()["digest"] == result["manifest_digest"]
     other = bench.pull("--platform", "linux/s390x")
     assert other.returncode == 1 and "has no linux/s390x image" in other.stderr
+
+
+def test_a_buildx_image_with_attestations_on_the_containerd_store(bench: Bench) -> None:
+    """buildx on Docker 26 loads an image index (the image + a provenance attestation) into the
+    containerd store, whose `.Id` is then the index digest: publish pushes the index, binds the receipt
+    to the linux/amd64 manifest in it, and pull takes that manifest."""
+    if bench.daemon.store != "containerd":
+        pytest.skip("an image index in the local store needs the containerd image store")
+    version = bench.version("buildx")
+    context = _mkdir(bench.tmp / "buildx")
+    (context / "hello.txt").write_text("built by buildx\n")
+    (context / "Dockerfile").write_text("FROM scratch\nCOPY hello.txt /hello.txt\n")
+    bench.daemon.docker("rmi", version.tag)
+    bench.daemon.docker(
+        "buildx", "build", "--load", "--platform", "linux/amd64", "--provenance=mode=min", "--tag", version.tag,
+        str(context), env=bench.env(),
+    )  # fmt: skip
+    version.image_id = str(bench.daemon.image_id(version.tag))
+    published = bench.publish(version, bench.receipt(version))
+    assert published.returncode == 0, published.stderr[-3000:]
+    result = published.json()
+    assert result["digest"] == version.image_id != result["manifest_digest"]  # an index, resolved
+    with bench.client() as client:
+        top = client.manifest(REPO_NAME, result["digest"])
+        assert top is not None and top.is_index
+    bench.daemon.docker("rmi", version.tag)
+    pulled = bench.pull("--json")
+    assert pulled.returncode == 0, pulled.stderr[-3000:]
+    assert pulled.json()["digest"] == result["manifest_digest"] == bench.pulled_id()
 
 
 def test_pull_still_reads_a_receipt_tag_of_stackproof_0_1(bench: Bench) -> None:
