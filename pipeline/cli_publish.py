@@ -90,6 +90,7 @@ def _publish(args: argparse.Namespace) -> int:
     from pipeline.publish import find_receipt, publish
     from pipeline.site import load_site
 
+    credentials = _credentials(args, args.registry)  # bad input (exit 2) before any docker or registry
     matrix, images = _load(args)
     cell = matrix.cell(args.cell)
     site = load_site(matrix)
@@ -114,7 +115,7 @@ def _publish(args: argparse.Namespace) -> int:
         registry=args.registry,
         matrix_digest=matrix.digest,
         platform=cell.platform,
-        credentials=_credentials(args, args.registry),
+        credentials=credentials,
         sign_key=args.sign_key,
         ca_bundle=str(site.ca_bundle) if site.ca_bundle else None,
     )
@@ -128,6 +129,9 @@ def _pull(args: argparse.Namespace) -> int:
     from pipeline.engine import Engine
     from pipeline.publish import pull
 
+    credentials = _credentials(args, args.registry)
+    if args.require_signature and args.key is None:
+        raise InputError("--require-signature needs --key PUBLIC.pem (the publisher's ECDSA P-256 public key)")
     found = _cell_of(args)
     if found is not None and found[1].is_gpu and not args.no_preflight:
         from pipeline.preflight import preflight_job
@@ -141,7 +145,7 @@ def _pull(args: argparse.Namespace) -> int:
         registry=args.registry,
         platform=args.platform or (found[1].platform if found is not None else None),
         require_same_gpu=args.require_same_gpu,
-        credentials=_credentials(args, args.registry),
+        credentials=credentials,
         require_signature=args.require_signature,
         key=args.key,
     )

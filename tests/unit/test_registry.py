@@ -297,3 +297,47 @@ def test_signing_keys_must_be_p256(tmp_path: Path) -> None:
         attest.load_private_key(path)
     with pytest.raises(InputError, match="cannot read"):
         attest.load_public_key(tmp_path / "missing.pub")
+
+
+def test_an_identity_token_is_exchanged_by_oauth2_post() -> None:
+    """docker's `identitytoken` (or a helper's `<token>` user) is a refresh token: POSTed, never sent as Basic."""
+    posted: list[dict[str, list[str]]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/token":
+            from urllib.parse import parse_qs
+
+            assert request.method == "POST" and "Authorization" not in request.headers
+            posted.append(parse_qs(request.content.decode()))
+            return httpx.Response(200, json={"access_token": "at", "expires_in": 60})
+        if request.headers.get("Authorization") == "Bearer at":
+            return httpx.Response(200, json={})
+        challenge = 'Bearer realm="http://127.0.0.1:9/token",service="svc",scope="repository:stackproof:pull"'
+        return httpx.Response(401, headers={"WWW-Authenticate": challenge})
+
+    creds = Credentials(username="<token>", secret=CANARY, source="docker-credential-x", identity_token=True)
+    with RegistryClient(HOST, credentials=creds, transport=httpx.MockTransport(handler)) as client:
+        assert client._request("GET", "/v2/stackproof/manifests/a").status_code == 200
+    assert posted[0]["grant_type"] == ["refresh_token"] and posted[0]["refresh_token"] == [CANARY]
+    assert posted[0]["scope"] == ["repository:stackproof:pull"] and posted[0]["service"] == ["svc"]
+
+
+def test_cli_password_stdin_and_signature_flags_are_bad_input(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import io
+
+    from pipeline.cli import main
+
+    monkeypatch.delenv("STACKPROOF_REGISTRY_USER", raising=False)
+    pull = ["pull", "cpu-tiny", "--registry", "127.0.0.1:1", "--no-preflight"]
+    monkeypatch.setattr("sys.stdin", io.StringIO(CANARY))
+    assert main([*pull, "--password-stdin"]) == 2
+    assert "set STACKPROOF_REGISTRY_USER" in capsys.readouterr().err
+    monkeypatch.setenv("STACKPROOF_REGISTRY_USER", "u")
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+    assert main([*pull, "--password-stdin"]) == 2
+    assert "stdin was empty" in capsys.readouterr().err
+    assert main([*pull, "--require-signature"]) == 2
+    err = capsys.readouterr().err
+    assert "--key" in err and CANARY not in err
