@@ -23,8 +23,18 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("cell")
     p.add_argument("--registry", required=True, help="HOST[:PORT][/NAMESPACE]; the repository is NAMESPACE/stackproof")
     p.add_argument("--receipt", type=Path, default=None, help="default: the newest receipt of this image under --out")
-    p.add_argument("--image", default=None, help="publish this local image instead of the cell's content tag")
+    p.add_argument(
+        "--image", default=None, help="the local image to publish: only accepted when it is the cell's content tag"
+    )
     p.add_argument("--out", type=Path, default=Path("stackproof-out"), help="where `run`/`verify` wrote receipts")
+    p.add_argument(
+        "--sign-key",
+        type=Path,
+        default=None,
+        help="sign the receipt (in-toto statement, DSSE) with this ECDSA P-256 PEM key; an encrypted key "
+        "takes its password from STACKPROOF_SIGN_KEY_PASSWORD",
+    )
+    _add_login(p)
     p.set_defaults(handler=_publish)
 
     p = commands.add_parser(
@@ -35,8 +45,40 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--require-same-gpu", action="store_true", help="refuse when the receipt's GPUs, driver or arch differ"
     )
+    p.add_argument("--require-signature", action="store_true", help="refuse a receipt that is not signed by --key")
+    p.add_argument("--key", type=Path, default=None, help="the publisher's ECDSA P-256 public key (PEM)")
+    p.add_argument(
+        "--platform", default=None, help="os/arch of the image to pull (default: the cell's, else the daemon's)"
+    )
     p.add_argument("--no-preflight", action="store_true", help=NO_PREFLIGHT_HELP)
+    _add_login(p)
     p.set_defaults(handler=_pull)
+
+
+def _add_login(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--password-stdin",
+        action="store_true",
+        help="read the registry password (or token) from stdin, for the user in STACKPROOF_REGISTRY_USER; "
+        "without it, docker's own login (config.json auths, credsStore, credHelpers) is used",
+    )
+
+
+def _credentials(args: argparse.Namespace, registry: str) -> Any:
+    """The registry credentials for this command: never from argv, never printed."""
+    import os
+
+    from pipeline.registry import find_credentials, split_registry
+
+    password = None
+    if args.password_stdin:
+        if sys.stdin.isatty():
+            raise InputError("--password-stdin: pipe the password in (printf '%s' \"$PASSWORD\" | stackproof ...)")
+        password = sys.stdin.read().rstrip("\r\n")
+        if not password:
+            raise InputError("--password-stdin: stdin was empty")
+    host, _ = split_registry(registry)
+    return find_credentials(host, env=dict(os.environ), password=password)
 
 
 def _publish(args: argparse.Namespace) -> int:
@@ -48,6 +90,7 @@ def _publish(args: argparse.Namespace) -> int:
     from pipeline.publish import find_receipt, publish
     from pipeline.site import load_site
 
+    credentials = _credentials(args, args.registry)  # bad input (exit 2) before any docker or registry
     matrix, images = _load(args)
     cell = matrix.cell(args.cell)
     site = load_site(matrix)
@@ -70,6 +113,10 @@ def _publish(args: argparse.Namespace) -> int:
         content_tag=tag,
         receipt_path=receipt,
         registry=args.registry,
+        matrix_digest=matrix.digest,
+        platform=cell.platform,
+        credentials=credentials,
+        sign_key=args.sign_key,
         ca_bundle=str(site.ca_bundle) if site.ca_bundle else None,
     )
     moved = ", ".join(result.moved_tags) or "no tag moved"
@@ -82,15 +129,27 @@ def _pull(args: argparse.Namespace) -> int:
     from pipeline.engine import Engine
     from pipeline.publish import pull
 
-    found = None if args.no_preflight else _cell_of(args)
-    if found is not None and found[1].is_gpu:
+    credentials = _credentials(args, args.registry)
+    if args.require_signature and args.key is None:
+        raise InputError("--require-signature needs --key PUBLIC.pem (the publisher's ECDSA P-256 public key)")
+    found = _cell_of(args)
+    if found is not None and found[1].is_gpu and not args.no_preflight:
         from pipeline.preflight import preflight_job
 
         engine = preflight_job(*found, tag=None)  # the image's size is known only from the registry
     else:
         engine = Engine.connect()
-    result = pull(engine, cell_id=args.cell, registry=args.registry, require_same_gpu=args.require_same_gpu)
-    text = f"{result.local_tag} = {result.reference} (verified on {result.verified_on})"
+    result = pull(
+        engine,
+        cell_id=args.cell,
+        registry=args.registry,
+        platform=args.platform or (found[1].platform if found is not None else None),
+        require_same_gpu=args.require_same_gpu,
+        credentials=credentials,
+        require_signature=args.require_signature,
+        key=args.key,
+    )
+    text = f"{result.local_tag} = {result.reference} (verified on {result.verified_on}; receipt {result.signature})"
     if result.host_differences:
         print(f"note: you have {result.here}", file=sys.stderr)
     _emit(args, result.to_json(), text)

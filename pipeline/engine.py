@@ -7,21 +7,35 @@ machines have Debian's docker 20.10, whose built-in BuildKit is reached with DOC
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import json
 import os
+import re
 import sys
+import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from packaging.version import InvalidVersion, Version
 
 from pipeline import cmd
-from pipeline.errors import InfraError
+from pipeline.errors import CheckFailed, InfraError
 
-__all__ = ["DockerCli", "Engine", "ImageInfo", "detect_cli"]
+if TYPE_CHECKING:
+    from pipeline.registry import Credentials
+
+__all__ = ["CLASSIC_STORE", "CONTAINERD_STORE", "DockerCli", "Engine", "ImageInfo", "detect_cli"]
+
+# What `docker inspect .Id` is depends on the daemon's image store: the config digest on the classic
+# (graphdriver) store, the manifest (or index) digest on the containerd image store, which current
+# Docker releases use by default.
+CLASSIC_STORE = "classic"
+CONTAINERD_STORE = "containerd"
+_PUSHED_DIGEST = re.compile(r"digest: (sha256:[0-9a-f]{64})")
 
 Runner = Callable[[Sequence[str], dict[str, str]], "cmd.CommandResult"]
 
@@ -168,10 +182,51 @@ class Engine:
             ),
         )
 
-    def pull(self, ref: str, *, timeout: float = 3600) -> None:
-        """Pull an image, its progress streamed to stderr."""
+    def pull(self, ref: str, *, timeout: float = 3600, login: Credentials | None = None) -> None:
+        """Pull an image, its progress streamed to stderr (`login`: see `push`)."""
         argv = [self.cli.path, "pull", ref]
-        cmd.stream(argv, on_line=lambda line: print(f"[pull] {line}", file=sys.stderr, flush=True), timeout=timeout)
+        with _docker_config(ref, login) as env:
+            cmd.stream(
+                argv,
+                env=env,
+                on_line=lambda line: print(f"[pull] {line}", file=sys.stderr, flush=True),
+                timeout=timeout,
+            )
+
+    def push(self, ref: str, *, timeout: float = 3600, login: Credentials | None = None) -> str:
+        """Push a registry-qualified tag; the manifest (or index) digest the registry stored.
+
+        `login`: credentials that are not in docker's own config (STACKPROOF_REGISTRY_USER): they reach
+        the CLI through a private, temporary DOCKER_CONFIG (mode 0600), never through argv."""
+        lines: list[str] = []
+
+        def on_line(line: str) -> None:
+            lines.append(line)
+            print(f"[push] {line}", file=sys.stderr, flush=True)
+
+        with _docker_config(ref, login) as env:
+            cmd.stream([self.cli.path, "push", ref], env=env, on_line=on_line, timeout=timeout)
+        match = next((m for line in reversed(lines) if (m := _PUSHED_DIGEST.search(line))), None)
+        if match is None:
+            raise CheckFailed(f"docker push {ref}: no digest in its output")
+        return match.group(1)
+
+    def tag(self, source: str, target: str) -> None:
+        self.docker("tag", source, target, quiet=True)
+
+    def remove_image(self, ref: str) -> None:
+        """Remove a tag (or digest reference); nothing when it is not there."""
+        self.docker("rmi", ref, check=False, quiet=True)
+
+    def image_store(self) -> str:
+        """CONTAINERD_STORE when the daemon keeps images in containerd (`.Id` = manifest digest), else CLASSIC_STORE."""
+        result = self.docker("info", "--format", "{{json .DriverStatus}}", check=False, quiet=True, timeout=30)
+        return CONTAINERD_STORE if "io.containerd.snapshotter" in result.stdout else CLASSIC_STORE
+
+    def platform(self) -> str:
+        """The daemon's platform as OCI writes it (`linux/amd64`)."""
+        result = self.docker("version", "--format", "{{.Server.Os}}/{{.Server.Arch}}", quiet=True, timeout=30)
+        return result.stdout.strip() or "linux/amd64"
 
     def copy_out(self, container: str, path: str, dest: Path, *, timeout: float = 300) -> bool:
         """Copy `path` out of a container (running or stopped) to the new host path `dest`.
@@ -236,3 +291,20 @@ class Engine:
             quiet=True,
         )
         return result.stdout.split()
+
+
+@contextlib.contextmanager
+def _docker_config(ref: str, login: Credentials | None) -> Iterator[dict[str, str] | None]:
+    """The environment for a docker CLI call that must log in as `login` to `ref`'s registry."""
+    if login is None:
+        yield None
+        return
+    host = ref.split("/", 1)[0]
+    with tempfile.TemporaryDirectory(prefix="stackproof-docker-config-") as directory:
+        path = Path(directory) / "config.json"
+        auth = base64.b64encode(f"{login.username}:{login.secret}".encode()).decode()
+        entry = {"identitytoken": login.secret} if login.identity_token else {"auth": auth}
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump({"auths": {host: entry}}, f)
+        yield {"DOCKER_CONFIG": directory}

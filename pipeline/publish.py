@@ -2,36 +2,63 @@
 
 Layout in the registry, repository `HOST[:PORT][/NAMESPACE]/stackproof`:
 - `CELL-<content tag>`: the image, pushed always (immutable: the content tag names its inputs);
-- `sha256-<hex>.receipt`: the receipt of image manifest `sha256:<hex>`, an OCI artifact whose
-  `subject` is that manifest (for registries with the referrers API) and whose tag follows the
-  referrers tag-schema convention (for those without, e.g. distribution 2.8);
-- `CELL` and `CELL-verified`: moved to the manifest digest only after a PASS receipt for that
-  image is attached. They are moved by a manifest PUT of the exact digest, last of all, so an
-  interrupted publish leaves the previous verified image where it was.
+- the receipts of image manifest `sha256:<hex>`: OCI artifact manifests (artifactType
+  `application/vnd.stackproof.receipt.v1+json`) whose `subject` is that manifest, so a registry
+  with the OCI 1.1 referrers API lists them; for registries without it (e.g. distribution 2.8) the
+  spec's tag schema `sha256-<hex>` holds an image index of them, updated on each publish, so the
+  receipts of several hosts live side by side. A signed receipt carries a second layer: the DSSE
+  envelope of an in-toto statement about the manifest digest (pipeline.attest);
+- `CELL` and `CELL-verified`: moved to the pushed digest only after a PASS receipt for that image
+  is attached, by a manifest PUT of the exact digest, last of all, so an interrupted publish leaves
+  the previous verified image where it was.
 
-Pull resolves `CELL-verified`, reads the receipt attached to that digest, refuses a missing,
-non-PASS or mismatched one, compares the receipt's host with this one, pulls by digest and tags
-the image locally as `stackproof/CELL:verified`.
+The identity of an image is its registry manifest digest (its config digest kept as a second
+fact): an image index resolves to the cell's platform. Which local digest a receipt names
+depends on the verifying daemon's image store (`image.id_is`: `config` on the classic store,
+`manifest` on the containerd store); both are checked against the registry's manifest.
+
+Pull resolves `CELL-verified` (and an index to this platform), finds the receipts that refer to the
+manifest (referrers API, then the tag schema, then the `.receipt` tags of earlier versions), takes
+the PASS one of this host's GPUs when there is one, refuses a missing, non-PASS, mismatched or
+(with `--require-signature`) unsigned one, pulls by digest and tags `stackproof/CELL:verified`.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline import cmd
-from pipeline.engine import Engine
-from pipeline.errors import CheckFailed, InputError
+from pipeline import attest
+from pipeline.engine import CONTAINERD_STORE, Engine
+from pipeline.errors import CheckFailed, InfraError, InputError
 from pipeline.host import HostFingerprint, differences, host_fingerprint
-from pipeline.registry import OCI_MANIFEST, RegistryClient, split_registry
+from pipeline.registry import (
+    OCI_INDEX,
+    OCI_MANIFEST,
+    Credentials,
+    Manifest,
+    RegistryClient,
+    platform_manifest,
+    sha256_digest,
+    split_registry,
+)
+from verify.receipt import receipt_problems
 
-__all__ = ["PublishResult", "PullResult", "find_receipt", "publish", "pull", "receipt_tag"]
+__all__ = [
+    "PublishResult",
+    "PullResult",
+    "find_receipt",
+    "legacy_receipt_tag",
+    "publish",
+    "publishable_problems",
+    "pull",
+    "referrers_tag",
+]
 
 REPOSITORY = "stackproof"
 RECEIPT_MEDIA_TYPE = "application/vnd.stackproof.receipt.v1+json"
@@ -41,10 +68,15 @@ EMPTY_CONFIG = ("application/vnd.oci.empty.v1+json", b"{}")
 HANG_ENV = "STACKPROOF_TEST_HANG_AT"
 
 
-def receipt_tag(digest: str) -> str:
-    """The referrers tag-schema name for the receipt of `sha256:<hex>`."""
+def referrers_tag(digest: str) -> str:
+    """The OCI referrers tag schema's name for the referrers of `sha256:<hex>`: `sha256-<hex>`."""
     algorithm, _, hex_digest = digest.partition(":")
-    return f"{algorithm}-{hex_digest}.receipt"
+    return f"{algorithm}-{hex_digest}"
+
+
+def legacy_receipt_tag(digest: str) -> str:
+    """Where stackproof 0.1 put the (single) receipt of `sha256:<hex>`; still read by pull."""
+    return referrers_tag(digest) + ".receipt"
 
 
 def _repo(registry: str) -> tuple[str, str]:
@@ -64,22 +96,76 @@ def find_receipt(out_root: Path, cell_id: str, image_id: str) -> Path | None:
     return None
 
 
+# -- publish -----------------------------------------------------------------------------------------
+
+
 @dataclass(frozen=True, kw_only=True)
 class PublishResult:
-    reference: str  # REPO@sha256:...
-    digest: str
+    reference: str  # REPO@sha256:... as pushed (a manifest, or an index)
+    digest: str  # the pushed digest: what CELL and CELL-verified point at
+    manifest_digest: str  # the platform manifest the receipt binds
+    config_digest: str
     receipt_status: str
-    receipt_tag: str
+    receipt_digest: str  # the receipt artifact manifest
+    referrers: str  # "api" (the registry indexes `subject`) or "tag-schema sha256-<hex>"
+    signed: bool
     moved_tags: tuple[str, ...]
 
     def to_json(self) -> dict[str, Any]:
         return {
             "reference": self.reference,
             "digest": self.digest,
+            "manifest_digest": self.manifest_digest,
+            "config_digest": self.config_digest,
             "receipt_status": self.receipt_status,
-            "receipt_tag": self.receipt_tag,
+            "receipt_digest": self.receipt_digest,
+            "referrers": self.referrers,
+            "signed": self.signed,
             "moved_tags": list(self.moved_tags),
         }
+
+
+def publishable_problems(
+    receipt: dict[str, Any],
+    report: dict[str, Any] | None,
+    *,
+    cell_id: str,
+    image_id: str,
+    content_tag: str,
+    matrix_digest: str,
+) -> list[str]:
+    """Why this receipt may not be published as the cell's image (pure). Empty: it may.
+
+    A receipt must be one this tool wrote for this cell's own content-tagged image under this
+    matrix: its image id and ref, cell and matrix digest must be those, its status must follow
+    from its own stages, and the run's report.json beside it must give those same stages."""
+    problems: list[str] = []
+    image = receipt.get("image") or {}
+    if receipt.get("cell") != cell_id:
+        problems.append(f"it is for cell {receipt.get('cell')!r}, not {cell_id!r}")
+    if image.get("id") != image_id:
+        problems.append(f"it is for image {image.get('id')}, not {content_tag} ({image_id})")
+    if image.get("ref") != content_tag:
+        problems.append(f"it verified {image.get('ref')!r}, not the cell's content tag {content_tag}")
+    if receipt.get("matrix_digest") != matrix_digest:
+        problems.append(
+            f"it was made under matrix {receipt.get('matrix_digest')}, not this matrix.yaml ({matrix_digest})"
+        )
+    if (receipt.get("tool") or {}).get("name") != "stackproof":
+        problems.append("it was not written by stackproof")
+    if image.get("id_is", "config") not in ("config", "manifest"):
+        problems.append(f"image.id_is {image.get('id_is')!r} is neither config nor manifest")
+    problems += receipt_problems(receipt)
+    if report is None:
+        problems.append("no report.json beside it: it is not the output of a `stackproof run`/`verify`")
+    else:
+        ran = [(s.get("stage"), s.get("status")) for s in report.get("stages") or []]
+        said = [(s.get("stage"), s.get("status")) for s in receipt.get("stages") or []]
+        if ran != said:
+            problems.append(f"its stages {said} are not those of the run's report.json {ran}")
+        if report.get("image_id") != image.get("id") or report.get("cell") != receipt.get("cell"):
+            problems.append("the run's report.json is for another image or cell")
+    return problems
 
 
 def publish(
@@ -90,34 +176,63 @@ def publish(
     content_tag: str,
     receipt_path: Path,
     registry: str,
+    matrix_digest: str,
+    platform: str,
+    credentials: Credentials | None = None,
+    sign_key: Path | None = None,
     ca_bundle: str | None = None,
 ) -> PublishResult:
+    own = engine.image(content_tag)
     info = engine.image(image)
     if info is None:
         raise InputError(f"{cell_id}: image {image} is not here: build or verify it first")
-    receipt = _read_receipt(receipt_path)
-    if receipt.get("image", {}).get("id") != info.id:
+    if own is None or own.id != info.id:
         raise InputError(
-            f"{receipt_path}: the receipt is for image {receipt.get('image', {}).get('id')}, not {image} ({info.id})"
+            f"{cell_id}: {image} is not the cell's own image {content_tag}: publish only publishes the image "
+            "built from this cell (`stackproof build`), never another one under its name"
         )
-    if receipt.get("cell") != cell_id:
-        raise InputError(f"{receipt_path}: the receipt is for cell {receipt.get('cell')!r}, not {cell_id!r}")
+    receipt = _read_json(receipt_path, "the receipt")
+    if receipt.get("kind") != "stackproof.receipt" or receipt.get("schema_version") != 1:
+        raise InputError(f"{receipt_path}: not a stackproof receipt of schema_version 1")
+    report_path = receipt_path.parent / "report.json"
+    report = _read_json(report_path, "the run's report") if report_path.is_file() else None
+    problems = publishable_problems(
+        receipt, report, cell_id=cell_id, image_id=info.id, content_tag=content_tag, matrix_digest=matrix_digest
+    )
+    if problems:
+        raise InputError(f"{receipt_path}: refusing to publish it: " + "; ".join(problems))
+    key = attest.load_private_key(sign_key, password=os.environ.get(attest.PASSWORD_ENV)) if sign_key else None
+    store = engine.image_store()
     host, repo = _repo(registry)
-    with RegistryClient(host, ca_bundle=ca_bundle) as client:
+    with RegistryClient(host, credentials=credentials, ca_bundle=ca_bundle) as client:
         client.check()
         candidate = f"{host}/{repo}:{cell_id}-{content_tag.rsplit(':', 1)[-1]}"
-        digest = _push(engine, image, candidate)
-        manifest = client.manifest(repo, digest)
-        if manifest is None or manifest.config_digest != info.id:
-            raise CheckFailed(f"{candidate}: the registry's manifest {digest} is not image {info.id}")
-        tag = _attach_receipt(client, repo, manifest.digest, manifest.media_type, len(manifest.body), receipt)
-        print(f"{cell_id}: receipt ({receipt['status']}) attached to {repo}@{digest} as :{tag}", file=sys.stderr)
+        engine.tag(image, candidate)
+        try:
+            pushed = engine.push(candidate, login=_docker_login(credentials))
+        finally:
+            engine.remove_image(candidate)
+        top, manifest = _resolve(client, repo, pushed, platform, where=candidate)
+        config = str(manifest.config_digest)
+        local = pushed if store == CONTAINERD_STORE else config
+        if info.id != local:
+            raise CheckFailed(
+                f"{candidate}: the registry's image ({pushed}, config {config}) is not the local image {info.id}"
+            )
+        envelope = (
+            attest.sign_receipt(key, name=f"{host}/{repo}", digest=manifest.digest, receipt=receipt) if key else None
+        )
+        artifact, how = _attach_receipt(client, repo, manifest, receipt, envelope)
+        print(
+            f"{cell_id}: receipt ({receipt['status']}) of {repo}@{manifest.digest} is {artifact} ({how})",
+            file=sys.stderr,
+        )
         moved: tuple[str, ...] = ()
         if receipt["status"] == "PASS":
             _checkpoint("before-tag")
             for human in (f"{cell_id}-verified", cell_id):
-                client.put_manifest(repo, human, manifest.body, manifest.media_type)
-                print(f"{cell_id}: moved {host}/{repo}:{human} -> {digest}", file=sys.stderr)
+                client.put_manifest(repo, human, top.body, top.media_type)
+                print(f"{cell_id}: moved {host}/{repo}:{human} -> {pushed}", file=sys.stderr)
             moved = (f"{cell_id}-verified", cell_id)
         else:
             print(
@@ -126,76 +241,118 @@ def publish(
                 file=sys.stderr,
             )
     return PublishResult(
-        reference=f"{host}/{repo}@{digest}",
-        digest=digest,
+        reference=f"{host}/{repo}@{pushed}",
+        digest=pushed,
+        manifest_digest=manifest.digest,
+        config_digest=config,
         receipt_status=str(receipt["status"]),
-        receipt_tag=tag,
+        receipt_digest=artifact,
+        referrers=how,
+        signed=envelope is not None,
         moved_tags=moved,
     )
 
 
-def _read_receipt(path: Path) -> dict[str, Any]:
+def _read_json(path: Path, what: str) -> dict[str, Any]:
     try:
-        receipt: dict[str, Any] = json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except OSError as exc:
-        raise InputError(f"{path}: cannot read the receipt: {exc.strerror}") from exc
+        raise InputError(f"{path}: cannot read {what}: {exc.strerror}") from exc
     except ValueError as exc:
-        raise InputError(f"{path}: not a receipt (not JSON: {exc})") from exc
-    if receipt.get("kind") != "stackproof.receipt" or receipt.get("schema_version") != 1:
-        raise InputError(f"{path}: not a stackproof receipt of schema_version 1")
-    return receipt
+        raise InputError(f"{path}: {what} is not JSON ({exc})") from exc
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: {what} is not a JSON object")
+    return data
 
 
-def _push(engine: Engine, image: str, reference: str) -> str:
-    """Push `image` as `reference`; return the manifest digest the registry stored. The local alias is removed."""
-    engine.docker("tag", image, reference, quiet=True)
-    lines: list[str] = []
-    try:
+def _docker_login(credentials: Credentials | None) -> Credentials | None:
+    """Credentials docker does not already have from its own config: handed to its CLI privately."""
+    if credentials is None or credentials.source.startswith("docker") or "auths" in credentials.source:
+        return None
+    return credentials
 
-        def on_line(line: str) -> None:
-            lines.append(line)
-            print(f"[push] {line}", file=sys.stderr, flush=True)
 
-        cmd.stream([engine.cli.path, "push", reference], on_line=on_line, timeout=3600)
-    finally:
-        engine.docker("rmi", reference, check=False, quiet=True)
-    match = next((m for line in reversed(lines) if (m := re.search(r"digest: (sha256:[0-9a-f]{64})", line))), None)
-    if match is None:
-        raise CheckFailed(f"docker push {reference}: no digest in its output")
-    return match.group(1)
+def _resolve(
+    client: RegistryClient, repo: str, reference: str, platform: str, *, where: str
+) -> tuple[Manifest, Manifest]:
+    """(what `reference` names, the image manifest for `platform`): the same for a single-platform image."""
+    top = client.manifest(repo, reference)
+    if top is None:
+        raise CheckFailed(f"{where}: {client.host}/{repo} has no manifest {reference}")
+    if not top.is_index:
+        return top, top
+    descriptor = platform_manifest(top.json, platform)
+    if descriptor is None:
+        platforms = sorted(
+            f"{(d.get('platform') or {}).get('os')}/{(d.get('platform') or {}).get('architecture')}"
+            for d in top.json.get("manifests") or []
+        )
+        raise CheckFailed(f"{where}: the image index {top.digest} has no {platform} image (it has {platforms})")
+    manifest = client.manifest(repo, descriptor["digest"])
+    if manifest is None or manifest.is_index:
+        raise CheckFailed(f"{where}: the index's {platform} entry {descriptor['digest']} is not an image manifest")
+    return top, manifest
 
 
 def _attach_receipt(
-    client: RegistryClient, repo: str, digest: str, media_type: str, size: int, receipt: dict[str, Any]
-) -> str:
+    client: RegistryClient, repo: str, subject: Manifest, receipt: dict[str, Any], envelope: bytes | None
+) -> tuple[str, str]:
+    """Push the receipt artifact by digest; list it under the subject (referrers API or tag schema)."""
     body = json.dumps(receipt, indent=2, default=str).encode()
     config_type, config = EMPTY_CONFIG
-    config_digest = client.put_blob(repo, config)
-    layer_digest = client.put_blob(repo, body)
+    layers = [
+        {
+            "mediaType": RECEIPT_MEDIA_TYPE,
+            "digest": client.put_blob(repo, body),
+            "size": len(body),
+            "annotations": {"org.opencontainers.image.title": "receipt.json"},
+        }
+    ]
+    if envelope is not None:
+        layers.append(
+            {
+                "mediaType": attest.ENVELOPE_MEDIA_TYPE,
+                "digest": client.put_blob(repo, envelope),
+                "size": len(envelope),
+                "annotations": {"org.opencontainers.image.title": "receipt.intoto.dsse.json"},
+            }
+        )
+    annotations = {
+        "io.stackproof.status": str(receipt["status"]),
+        "io.stackproof.cell": str(receipt["cell"]),
+        "io.stackproof.host-key": str((receipt.get("host") or {}).get("key", "")),
+        "io.stackproof.host": str((receipt.get("host") or {}).get("summary", "")),
+        "io.stackproof.config-digest": str(subject.config_digest),
+        "io.stackproof.signed": "true" if envelope is not None else "false",
+        "org.opencontainers.image.created": str(receipt.get("finished_at", "")),
+    }
     artifact = {
         "schemaVersion": 2,
         "mediaType": OCI_MANIFEST,
         "artifactType": RECEIPT_MEDIA_TYPE,
-        "config": {"mediaType": config_type, "digest": config_digest, "size": len(config)},
-        "layers": [
-            {
-                "mediaType": RECEIPT_MEDIA_TYPE,
-                "digest": layer_digest,
-                "size": len(body),
-                "annotations": {"org.opencontainers.image.title": "receipt.json"},
-            }
-        ],
-        "subject": {"mediaType": media_type, "digest": digest, "size": size},
-        "annotations": {
-            "io.stackproof.status": str(receipt["status"]),
-            "io.stackproof.cell": str(receipt["cell"]),
-            "io.stackproof.host-key": str(receipt.get("host", {}).get("key", "")),
-            "org.opencontainers.image.created": str(receipt.get("finished_at", "")),
-        },
+        "config": {"mediaType": config_type, "digest": client.put_blob(repo, config), "size": len(config)},
+        "layers": layers,
+        "subject": {"mediaType": subject.media_type, "digest": subject.digest, "size": len(subject.body)},
+        "annotations": annotations,
     }
-    tag = receipt_tag(digest)
-    client.put_manifest(repo, tag, json.dumps(artifact, indent=2).encode(), OCI_MANIFEST)
-    return tag
+    artifact_body = json.dumps(artifact, indent=2).encode()
+    digest = sha256_digest(artifact_body)
+    response = client.put_manifest(repo, digest, artifact_body, OCI_MANIFEST)
+    if response.headers.get("OCI-Subject") == subject.digest:
+        return digest, "api"  # the registry indexes `subject` itself (OCI 1.1)
+    descriptor = {
+        "mediaType": OCI_MANIFEST,
+        "digest": digest,
+        "size": len(artifact_body),
+        "artifactType": RECEIPT_MEDIA_TYPE,
+        "annotations": annotations,
+    }
+    tag = referrers_tag(subject.digest)
+    existing = client.manifest(repo, tag, accept=(OCI_INDEX,))
+    listed = [d for d in (existing.json.get("manifests") or []) if d.get("digest") != digest] if existing else []
+    index = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": [*listed, descriptor]}
+    client.put_manifest(repo, tag, json.dumps(index, indent=2).encode(), OCI_INDEX)
+    return digest, f"tag-schema {tag} ({len(listed) + 1} receipt(s))"
 
 
 def _checkpoint(name: str) -> None:
@@ -211,7 +368,11 @@ def _checkpoint(name: str) -> None:
 @dataclass(frozen=True, kw_only=True)
 class PullResult:
     reference: str
-    digest: str
+    digest: str  # the platform manifest pulled
+    config_digest: str
+    receipt_digest: str
+    receipts_found: int
+    signature: str  # "verified (...)", "unsigned", "signed, not checked (no --key)"
     local_tag: str
     verified_on: str
     here: str
@@ -221,6 +382,10 @@ class PullResult:
         return {
             "reference": self.reference,
             "digest": self.digest,
+            "config_digest": self.config_digest,
+            "receipt_digest": self.receipt_digest,
+            "receipts_found": self.receipts_found,
+            "signature": self.signature,
             "local_tag": self.local_tag,
             "verified_on": self.verified_on,
             "here": self.here,
@@ -228,34 +393,142 @@ class PullResult:
         }
 
 
-def fetch_verified(client: RegistryClient, repo: str, cell_id: str) -> tuple[str, str, dict[str, Any]]:
-    """(manifest digest, image config digest, receipt) behind CELL-verified, or CheckFailed saying why not."""
+@dataclass(frozen=True, kw_only=True)
+class Candidate:
+    """One receipt found for a manifest digest, read and judged."""
+
+    artifact: str
+    receipt: dict[str, Any]
+    envelope: bytes | None
+    subject: str | None
+    problem: str | None  # why it cannot be trusted, or None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Chosen:
+    tag_digest: str  # what CELL-verified points at
+    manifest: Manifest  # the platform manifest
+    candidate: Candidate
+    found: int
+    signature: str
+
+
+def fetch_verified(
+    client: RegistryClient,
+    repo: str,
+    cell_id: str,
+    *,
+    platform: str,
+    here_key: str | None,
+    public_key: Any = None,
+    require_signature: bool = False,
+) -> Chosen:
+    """The receipt-checked manifest behind CELL-verified, or CheckFailed saying why not."""
     where = f"{client.host}/{repo}"
-    manifest = client.manifest(repo, f"{cell_id}-verified")
-    if manifest is None:
+    top = client.manifest(repo, f"{cell_id}-verified")
+    if top is None:
         raise CheckFailed(f"{where}:{cell_id}-verified does not exist: no verified image of {cell_id} was published")
-    artifact = client.manifest(repo, receipt_tag(manifest.digest))
-    if artifact is None:
+    top, manifest = _resolve(client, repo, top.digest, platform, where=f"{where}:{cell_id}-verified")
+    found = [
+        _judge(client, repo, artifact, manifest, cell_id, public_key, require_signature, top.digest)
+        for artifact in _receipt_artifacts(client, repo, manifest.digest)
+    ]
+    if not found:
         raise CheckFailed(f"{where}:{cell_id}-verified -> {manifest.digest} has no receipt attached: refusing it")
-    layers = [layer for layer in artifact.json.get("layers", []) if layer.get("mediaType") == RECEIPT_MEDIA_TYPE]
-    if not layers:
-        raise CheckFailed(f"{where}:{receipt_tag(manifest.digest)} holds no receipt layer: refusing it")
-    receipt: dict[str, Any] = json.loads(client.get_blob(repo, layers[0]["digest"]))
+    good = [c for c in found if c.problem is None]
+    if not good:
+        raise CheckFailed(
+            f"{where}:{cell_id}-verified -> {manifest.digest}: no receipt can be trusted: "
+            + "; ".join(f"{c.artifact[:19]}: {c.problem}" for c in found)
+        )
+    # This host's GPUs first, then the newest.
+    good.sort(
+        key=lambda c: (str((c.receipt.get("host") or {}).get("key")) == here_key, str(c.receipt.get("finished_at")))
+    )
+    chosen = good[-1]
+    if chosen.envelope is None:
+        signature = "unsigned"
+    elif public_key is None:
+        signature = "signed, not checked (no --key)"
+    else:
+        signature = f"verified ({attest.key_id(public_key)})"
+    return Chosen(tag_digest=top.digest, manifest=manifest, candidate=chosen, found=len(found), signature=signature)
+
+
+def _receipt_artifacts(client: RegistryClient, repo: str, digest: str) -> list[str]:
+    """Digests of the receipt artifacts of `digest`: referrers API, else the tag schema; plus the old tag."""
+    listed = client.referrers(repo, digest)
+    if listed is None:
+        index = client.manifest(repo, referrers_tag(digest), accept=(OCI_INDEX,))
+        listed = list(index.json.get("manifests") or []) if index is not None and index.is_index else []
+    artifacts = [str(d["digest"]) for d in listed if d.get("artifactType") == RECEIPT_MEDIA_TYPE and d.get("digest")]
+    legacy = client.manifest(repo, legacy_receipt_tag(digest), accept=(OCI_MANIFEST,))
+    if legacy is not None and legacy.digest not in artifacts:
+        artifacts.append(legacy.digest)
+    return artifacts
+
+
+def _judge(
+    client: RegistryClient,
+    repo: str,
+    artifact_digest: str,
+    manifest: Manifest,
+    cell_id: str,
+    public_key: Any,
+    require_signature: bool,
+    index_digest: str,
+) -> Candidate:
+    artifact = client.manifest(repo, artifact_digest, accept=(OCI_MANIFEST,))
+    if artifact is None:
+        return Candidate(artifact=artifact_digest, receipt={}, envelope=None, subject=None, problem="listed but gone")
+    layers = artifact.json.get("layers") or []
+    receipt_layer = next((la for la in layers if la.get("mediaType") == RECEIPT_MEDIA_TYPE), None)
+    envelope_layer = next((la for la in layers if la.get("mediaType") == attest.ENVELOPE_MEDIA_TYPE), None)
     subject = (artifact.json.get("subject") or {}).get("digest")
+    if receipt_layer is None:
+        return Candidate(
+            artifact=artifact.digest, receipt={}, envelope=None, subject=subject, problem="no receipt layer"
+        )
+    try:
+        receipt = json.loads(client.get_blob(repo, receipt_layer["digest"]))
+        envelope = client.get_blob(repo, envelope_layer["digest"]) if envelope_layer else None
+    except (ValueError, InfraError) as exc:
+        return Candidate(artifact=artifact.digest, receipt={}, envelope=None, subject=subject, problem=str(exc))
+    problem = _receipt_problem(receipt, manifest, subject, cell_id, index_digest)
+    if problem is None and require_signature:
+        if envelope is None:
+            problem = "it is not signed (--require-signature)"
+        else:
+            verdict = attest.verify_envelope(envelope, public_key, digest=manifest.digest)
+            if not verdict.ok:
+                problem = f"signature: {verdict.reason}"
+            elif verdict.receipt != receipt:
+                problem = "signature: the receipt is not the one that was signed (tampered)"
+    return Candidate(artifact=artifact.digest, receipt=receipt, envelope=envelope, subject=subject, problem=problem)
+
+
+def _receipt_problem(
+    receipt: Any, manifest: Manifest, subject: str | None, cell_id: str, index_digest: str
+) -> str | None:
+    """Why this receipt does not vouch for `manifest` (pure), or None."""
+    if not isinstance(receipt, dict) or receipt.get("kind") != "stackproof.receipt":
+        return "not a stackproof receipt"
     if subject != manifest.digest:
-        raise CheckFailed(f"the receipt at {receipt_tag(manifest.digest)} names {subject}, not {manifest.digest}")
-    if receipt.get("image", {}).get("id") != manifest.config_digest:
-        raise CheckFailed(
-            f"the receipt is for image {receipt.get('image', {}).get('id')}, but {cell_id}-verified is image "
-            f"{manifest.config_digest}: refusing it"
-        )
+        return f"its subject names {subject}, not {manifest.digest}"
+    image = receipt.get("image") or {}
+    binds = image.get("id_is", "config")  # receipts of stackproof 0.1 bind the config digest
+    expected = manifest.config_digest if binds == "config" else manifest.digest
+    # On the containerd store a multi-platform image's local id is its index: the tag's digest.
+    if image.get("id") != expected and not (binds == "manifest" and image.get("id") == index_digest):
+        return f"it is for image {image.get('id')} ({binds} digest), but this image's is {expected}"
     if receipt.get("cell") != cell_id:
-        raise CheckFailed(f"the receipt is for cell {receipt.get('cell')!r}, not {cell_id!r}")
+        return f"it is for cell {receipt.get('cell')!r}, not {cell_id!r}"
     if receipt.get("status") != "PASS":
-        raise CheckFailed(
-            f"the receipt of {manifest.digest} is {receipt.get('status')} ({receipt.get('status_reason')}): refusing it"
-        )
-    return manifest.digest, str(manifest.config_digest), receipt
+        return f"it is {receipt.get('status')} ({receipt.get('status_reason')})"
+    inconsistent = receipt_problems(receipt)
+    if inconsistent:
+        return "it does not hold together: " + "; ".join(inconsistent)
+    return None
 
 
 def pull(
@@ -263,33 +536,63 @@ def pull(
     *,
     cell_id: str,
     registry: str,
+    platform: str | None = None,
     require_same_gpu: bool = False,
+    credentials: Credentials | None = None,
+    require_signature: bool = False,
+    key: Path | None = None,
     ca_bundle: str | None = None,
     here: HostFingerprint | None = None,
 ) -> PullResult:
-    host, repo = _repo(registry)
-    with RegistryClient(host, ca_bundle=ca_bundle) as client:
-        client.check()
-        digest, image_id, receipt = fetch_verified(client, repo, cell_id)
-    verified = HostFingerprint.parse(receipt.get("host") or {})
+    if require_signature and key is None:
+        raise InputError("--require-signature needs --key PUBLIC.pem (the publisher's ECDSA P-256 public key)")
+    public_key = attest.load_public_key(key) if key is not None else None
     here = here or host_fingerprint(engine.cli.path)
+    platform = platform or engine.platform()
+    host, repo = _repo(registry)
+    with RegistryClient(host, credentials=credentials, ca_bundle=ca_bundle) as client:
+        client.check()
+        chosen = fetch_verified(
+            client,
+            repo,
+            cell_id,
+            platform=platform,
+            here_key=here.key,
+            public_key=public_key,
+            require_signature=require_signature,
+        )
+    receipt = chosen.candidate.receipt
+    verified = HostFingerprint.parse(receipt.get("host") or {})
     diffs = tuple(differences(verified, here))
     if diffs:
         message = f"{cell_id}: verified on {verified.describe()}, you have {here.describe()} ({'; '.join(diffs)})"
         if require_same_gpu:
-            raise CheckFailed(message + ": refusing (--require-same-gpu); nothing was pulled")
+            raise CheckFailed(
+                message + f" ({chosen.found} receipt(s), none from this host's GPUs): refusing (--require-same-gpu); "
+                "nothing was pulled"
+            )
         print(f"warning: {message}", file=sys.stderr)
+    if chosen.signature == "unsigned":
+        print(f"note: {cell_id}: the receipt is unsigned: it is only as trustworthy as the registry", file=sys.stderr)
+    digest = chosen.manifest.digest
+    config = str(chosen.manifest.config_digest)
     reference = f"{host}/{repo}@{digest}"
-    cmd.stream([engine.cli.path, "pull", reference], on_line=lambda line: print(f"[pull] {line}", file=sys.stderr))
+    engine.pull(reference, login=_docker_login(credentials))
     local = f"stackproof/{cell_id}:verified"
-    engine.docker("tag", reference, local, quiet=True)
+    engine.tag(reference, local)
     info = engine.image(local)
-    if info is None or info.id != image_id:
-        raise CheckFailed(f"pulled {reference} but its image id is {info.id if info else None}, not {image_id}")
+    expected = digest if engine.image_store() == CONTAINERD_STORE else config
+    if info is None or info.id != expected:
+        engine.remove_image(local)
+        raise CheckFailed(f"pulled {reference} but its image id is {info.id if info else None}, not {expected}")
     print(f"{cell_id}: pulled {reference} (verified on {verified.describe()}) as {local}", file=sys.stderr)
     return PullResult(
         reference=reference,
         digest=digest,
+        config_digest=config,
+        receipt_digest=chosen.candidate.artifact,
+        receipts_found=chosen.found,
+        signature=chosen.signature,
         local_tag=local,
         verified_on=verified.describe(),
         here=here.describe(),

@@ -140,6 +140,7 @@ def _verify_with_receipt(
         started_at=started,
         finished_at=time.time(),
         repo_digests=info.repo_digests if info else (),
+        image_store=engine.image_store(),
     )
     paths = write_all(receipt, out_dir)
     print(f"{cell.id}: receipt {receipt['status']}: {paths['receipt']} (+ junit.xml, summary.md)", file=sys.stderr)

@@ -419,14 +419,22 @@ def match_registry(fetch: Callable[[str], dict[str, Any]], fp: Fingerprint, cell
 
 def registry_fetcher(registry: str, *, ca_bundle: str | None) -> tuple[Callable[[str], dict[str, Any]], Any]:
     """`fetch(cell)` against `registry` (HOST[:PORT][/NAMESPACE]), and the client to close."""
+    import os
+
     from pipeline.publish import REPOSITORY, fetch_verified
-    from pipeline.registry import RegistryClient, split_registry
+    from pipeline.registry import RegistryClient, find_credentials, split_registry
 
     host, namespace = split_registry(registry)
     repo = f"{namespace}/{REPOSITORY}" if namespace else REPOSITORY
-    client = RegistryClient(host, ca_bundle=ca_bundle)
+    client = RegistryClient(host, credentials=find_credentials(host, env=dict(os.environ)), ca_bundle=ca_bundle)
     client.check()
-    return (lambda cell: fetch_verified(client, repo, cell)[2]), client
+
+    def fetch(cell: str) -> dict[str, Any]:
+        # doctor reads the receipt of the amd64/arm64 image of the host it describes
+        platform = "linux/arm64" if os.uname().machine in ("aarch64", "arm64") else "linux/amd64"
+        return fetch_verified(client, repo, cell, platform=platform, here_key=None).candidate.receipt
+
+    return fetch, client
 
 
 def _receipt_row(receipt: dict[str, Any], fp: Fingerprint, where: str) -> dict[str, Any]:

@@ -23,9 +23,17 @@ import pipeline
 from pipeline.host import HostFingerprint
 from pipeline.model import STAGES
 from verify.probe import ProbeReport
-from verify.result import Status, VerifyReport
+from verify.result import Status, VerifyReport, worst
 
-__all__ = ["RECEIPT_SCHEMA_VERSION", "build_receipt", "receipt_status", "render_junit", "render_markdown", "write_all"]
+__all__ = [
+    "RECEIPT_SCHEMA_VERSION",
+    "build_receipt",
+    "receipt_problems",
+    "receipt_status",
+    "render_junit",
+    "render_markdown",
+    "write_all",
+]
 
 RECEIPT_SCHEMA_VERSION = 1
 RECEIPT_KIND = "stackproof.receipt"
@@ -51,6 +59,42 @@ def receipt_status(report: VerifyReport) -> tuple[str, str]:
     return "PASS", report.outcome.summary
 
 
+def receipt_problems(receipt: dict[str, Any]) -> list[str]:
+    """Why a receipt read back from a file does not hold together, judged from its own stages.
+
+    A receipt is data anyone can edit: its `status` is believed only when the stages it carries
+    give that same status by the rules above (every stage the status of its worst check, the stages
+    of a PASS exactly STAGES in order, none FAIL/ERROR/INCONCLUSIVE, the outcome passed, no
+    expected failure). Empty: consistent."""
+    problems: list[str] = []
+    stages = receipt.get("stages")
+    if not isinstance(stages, list) or not all(isinstance(s, dict) for s in stages):
+        return ["it has no list of stages"]
+    for stage in stages:
+        try:
+            checks = [Status(c["status"]) for c in stage.get("checks") or []]
+            claimed = Status(stage["status"])
+        except (KeyError, ValueError, TypeError):
+            problems.append(f"stage {stage.get('stage')!r} has an unknown status")
+            continue
+        if checks and worst(checks) is not claimed and not (claimed is Status.PASS and worst(checks) is Status.WARN):
+            problems.append(f"stage {stage.get('stage')} says {claimed} but its checks say {worst(checks)}")
+    if receipt.get("status") != "PASS":
+        return problems
+    names = [s.get("stage") for s in stages]
+    if names != list(STAGES):
+        problems.append(f"a PASS receipt must carry the stages {', '.join(STAGES)} in order, not {names}")
+    bad = [f"{s.get('stage')} {s.get('status')}" for s in stages if s.get("status") not in ("PASS", "WARN", "SKIP")]
+    if bad:
+        problems.append(f"PASS, but stages {', '.join(bad)}")
+    if all(s.get("status") == "SKIP" for s in stages):
+        problems.append("PASS, but every stage was skipped")
+    outcome = receipt.get("outcome") or {}
+    if outcome.get("passed") is not True or outcome.get("expected_failure") or outcome.get("not_reproduced"):
+        problems.append("PASS, but its outcome is not a plain pass")
+    return problems
+
+
 def build_receipt(
     report: VerifyReport,
     *,
@@ -59,6 +103,7 @@ def build_receipt(
     started_at: float,
     finished_at: float,
     repo_digests: tuple[str, ...] = (),
+    image_store: str = "classic",
 ) -> dict[str, Any]:
     status, reason = receipt_status(report)
     stages = [
@@ -82,7 +127,14 @@ def build_receipt(
         "claims": "this image id, verified on this host geometry; nothing about other images or hosts",
         "cell": report.cell,
         "arm": report.arm,
-        "image": {"ref": report.image, "id": report.image_id, "repo_digests": list(repo_digests)},
+        "image": {
+            "ref": report.image,
+            "id": report.image_id,
+            # which digest `id` is: the config digest on docker's classic image store, the manifest (or
+            # index) digest on the containerd image store. Receipts without this key bind the config.
+            "id_is": "manifest" if image_store == "containerd" else "config",
+            "repo_digests": list(repo_digests),
+        },
         "matrix_digest": matrix_digest,
         "host": host.to_json(),
         "tool": {"name": "stackproof", "version": pipeline.__version__},

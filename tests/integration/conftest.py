@@ -240,3 +240,81 @@ def tiny_images(engine: Engine, tmp_path_factory: pytest.TempPathFactory) -> Ite
     yield tags[0], tags[1]
     for tag in tags:
         docker("rmi", "--force", tag, check=False)
+
+
+# -- both Dockers ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Daemon:
+    """One docker daemon the publish/pull tier runs against: Debian 12's 20.10 (classic image store)
+    on the default socket, or Debian 13's 26 with the containerd image store on its own."""
+
+    name: str
+    cli: str
+    env: dict[str, str]  # what a process needs to reach this daemon with this CLI
+    store: str  # "classic" or "containerd"
+    plugins: str | None = None  # the CLI plugin directory (buildx) a DOCKER_CONFIG must name
+
+    def docker(self, *args: str, check: bool = True, env: dict[str, str] | None = None) -> str:
+        full = {**os.environ, **self.env, **(env or {})}
+        proc = subprocess.run([self.cli, *args], capture_output=True, text=True, timeout=300, env=full)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"docker ({self.name}) {' '.join(args)} failed: {proc.stderr}")
+        return proc.stdout
+
+    def image_id(self, ref: str) -> str | None:
+        out = self.docker("image", "inspect", "--format", "{{.Id}}", ref, check=False).strip()
+        return out or None
+
+    def stackproof(
+        self, args: Sequence[str], *, env: dict[str, str] | None = None, input_text: str | None = None
+    ) -> Completed:
+        argv = [sys.executable, "-m", "pipeline", *args]
+        full = {**os.environ, **self.env, **(env or {})}
+        proc = subprocess.run(
+            argv, cwd=REPO, env=full, capture_output=True, text=True, timeout=900, input=input_text or ""
+        )
+        sys.stderr.write(proc.stderr[-20000:])
+        return Completed(proc.returncode, proc.stdout, proc.stderr)
+
+
+@pytest.fixture(scope="session")
+def docker26(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    """dockerd 26 (containerd image store) from .ci/setup's prefix, started once and stopped by its pid."""
+    from tests.integration.registries import DOCKER26_PREFIX, Docker26
+
+    if not (DOCKER26_PREFIX / "usr" / "sbin" / "dockerd").exists():
+        message = f"no Docker 26 under {DOCKER26_PREFIX} (.ci/setup installs it; STACKPROOF_DOCKER26 names another)"
+        if in_ci():
+            pytest.fail(message)
+        pytest.skip(message)
+    # A short path: the daemon's unix socket lives in it (108 bytes at most).
+    state = Path(tempfile.mkdtemp(prefix="sp-d26-"))
+    daemon = Docker26(state=state)
+    started = time.monotonic()
+    daemon.start()
+    print(f"dockerd 26 started in {time.monotonic() - started:.1f}s", file=sys.stderr)
+    try:
+        yield Daemon(name="docker-26", cli=daemon.cli, env=daemon.env(), store="containerd", plugins=daemon.plugins)
+    finally:
+        daemon.stop()
+        shutil.rmtree(state, ignore_errors=True)
+
+
+@pytest.fixture(scope="session", params=["docker-20.10", "docker-26"])
+def daemon(request: pytest.FixtureRequest, engine: Engine) -> Daemon:
+    if request.param == "docker-26":
+        found: Daemon = request.getfixturevalue("docker26")
+        return found
+    return Daemon(name="docker-20.10", cli=engine.cli.path, env={}, store=engine.image_store())
+
+
+@pytest.fixture
+def docker_config(tmp_path: Path, daemon: Daemon) -> Path:
+    """A fresh DOCKER_CONFIG directory for one test (no login of this machine's leaks in)."""
+    path = tmp_path / "docker-config"
+    path.mkdir()
+    config: dict[str, object] = {"cliPluginsExtraDirs": [daemon.plugins]} if daemon.plugins else {}
+    (path / "config.json").write_text(json.dumps(config))
+    return path

@@ -13,7 +13,7 @@ import pytest
 
 from pipeline.errors import InputError
 from pipeline.host import HostFingerprint, differences
-from pipeline.publish import receipt_tag
+from pipeline.publish import legacy_receipt_tag, referrers_tag
 from pipeline.registry import split_registry
 from verify.receipt import build_receipt, receipt_status, render_junit, render_markdown, write_all
 from verify.result import CheckResult, Outcome, StageResult, Status, VerifyReport
@@ -130,7 +130,8 @@ def test_host_key_and_differences() -> None:
 def test_registry_names() -> None:
     assert split_registry("127.0.0.1:5000") == ("127.0.0.1:5000", "")
     assert split_registry("http://reg.example:443/team/") == ("reg.example:443", "team")
-    assert receipt_tag("sha256:" + "a" * 64) == "sha256-" + "a" * 64 + ".receipt"
+    assert referrers_tag("sha256:" + "a" * 64) == "sha256-" + "a" * 64  # the OCI referrers tag schema
+    assert legacy_receipt_tag("sha256:" + "a" * 64) == "sha256-" + "a" * 64 + ".receipt"  # stackproof 0.1
     with pytest.raises(InputError):
         split_registry("")
 
