@@ -18,6 +18,8 @@ environment, so the value is in no argv, echo, log or report of ours.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import os
 import sys
 import time
@@ -155,13 +157,21 @@ def snapshot_in_store(model: ModelSource, store: Path) -> Path | None:
     return Path(path)
 
 
+def _transport_errors() -> tuple[type[Exception], ...]:
+    """The HTTP client's connection errors: huggingface_hub 2.x talks through httpx2, 1.x through httpx."""
+    errors: list[type[Exception]] = []
+    for module in ("httpx2", "httpx"):
+        with contextlib.suppress(ImportError, AttributeError):
+            errors.append(importlib.import_module(module).TransportError)
+    return tuple(errors)
+
+
 def fetch(model: ModelSource, *, store: Path | None = None, where: str = "") -> FetchResult:
     """Download `model` at its revision into `store` (resuming a cut download), progress on stderr.
 
     Exit 2 when the hub says the revision or the repository does not exist; exit 3 when the hub
     cannot be reached, stalls, refuses the token, or answers with an error.
     """
-    import httpx2
     from huggingface_hub import constants, snapshot_download
     from huggingface_hub.errors import (
         GatedRepoError,
@@ -182,6 +192,7 @@ def fetch(model: ModelSource, *, store: Path | None = None, where: str = "") -> 
     name = f"{model.location}@{model.revision}"
     prefix = f"{where}: " if where else ""
     before = _blob_bytes(store, model)
+    unreachable: tuple[type[Exception], ...] = (LocalEntryNotFoundError, OSError, *_transport_errors())
     started = time.monotonic()
     try:
         path = snapshot_download(model.location, revision=model.revision, cache_dir=store, endpoint=endpoint)
@@ -202,7 +213,7 @@ def fetch(model: ModelSource, *, store: Path | None = None, where: str = "") -> 
         ) from exc
     except HfHubHTTPError as exc:
         raise InfraError(f"{prefix}the hub ({endpoint}) answered an error while fetching {name}: {exc}") from exc
-    except (LocalEntryNotFoundError, httpx2.TransportError, OSError) as exc:
+    except unreachable as exc:
         cause = exc.__cause__ or exc  # the library wraps the connection error it gave up on
         raise InfraError(
             f"{prefix}cannot fetch {name}: the hub at {endpoint} is unreachable or stalled "
