@@ -50,7 +50,7 @@ __all__ = [
     "load_or_build",
 ]
 
-INDEX_VERSION = 3
+INDEX_VERSION = 4
 LOG_METHODS = frozenset(
     {
         "debug",
@@ -79,6 +79,7 @@ _CXX_LITERAL = re.compile(r'"((?:\\.|[^"\\\n])*)"')
 _PERCENT = re.compile(r"%(?:\((?P<key>[^)]*)\))?[-#0 +]*(?:\d+|\*)?(?:\.(?:\d+|\*))?[hlL]?(?P<conv>[diouxXeEfFgGcrsa%])")
 _BRACE = re.compile(r"\{\{|\}\}|\{[^{}]*\}")
 _CAMEL = re.compile(r"^_?[A-Z]")
+_MESSAGE_NAME = re.compile(r"msg|message|err|warn|reason|text", re.IGNORECASE)
 
 
 # -- data ------------------------------------------------------------------------------------------
@@ -100,7 +101,7 @@ Segment = str | Hole
 class Message:
     file: str
     line: int
-    kind: str  # log | warn | print | raise | cxx
+    kind: str  # log | warn | print | raise | str (__str__/__repr__) | assigned (a message variable) | cxx
     segments: tuple[Segment, ...]
 
     @property
@@ -246,7 +247,7 @@ def _wanted(path: str) -> bool:
 
 
 def _workers(members: int) -> int:
-    return max(1, min(os.cpu_count() or 1, 8, members // 400))
+    return max(1, min(os.cpu_count() or 1, 16, members // 150))
 
 
 @dataclass
@@ -366,6 +367,23 @@ class _PythonIndexer(ast.NodeVisitor):
     def visit_Subscript(self, node: ast.Subscript) -> None:
         if _is_environ(node.value) and isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str):
             self.facts.env.setdefault(node.slice.value, (self.facts.file, node.lineno))
+        self.generic_visit(node)
+
+    def visit_Return(self, node: ast.Return) -> None:
+        # str()/repr() of an object logged with %s (vLLM logs its whole config this way)
+        fn = self.function[-1] if self.function else None
+        if node.value is not None and isinstance(fn, ast.FunctionDef) and fn.name in ("__str__", "__repr__"):
+            self._message(node.value, (), node.lineno, "str")
+        self.generic_visit(node)
+
+    def visit_Assign(self, node: ast.Assign) -> None:
+        # A message built first and logged or raised later (`message = f"..."; logger.warning(message)`).
+        value = node.value
+        named = any(isinstance(t, ast.Name) and _MESSAGE_NAME.search(t.id) for t in node.targets)
+        if isinstance(value, ast.JoinedStr) and any(isinstance(v, ast.FormattedValue) for v in value.values):
+            self._message(value, (), node.lineno, "assigned")
+        elif named and not (isinstance(value, ast.Constant) and not isinstance(value.value, str)):
+            self._message(value, (), node.lineno, "assigned")
         self.generic_visit(node)
 
     def visit_Raise(self, node: ast.Raise) -> None:
