@@ -300,6 +300,9 @@ def _signature_findings(
     patterns = [p for p in (sig.match, sig.first, sig.then) if p]
     subject = f"signature {sig.id}: " + " ... ".join(patterns)
     where = "signatures.yaml"
+    if not facts.serve:
+        message = "the cell serves nothing: signatures are scanned in server logs only"
+        return [Finding(kind="signature", subject=subject, where=where, status=Status.NOT_APPLICABLE, message=message)]
     if not sig.applies(facts):
         spec = ", ".join(f"{k} {v}" for k, v in sig.applies_to)
         return [Finding(kind="signature", subject=subject, where=where, status=Status.NOT_APPLICABLE, message=f"applies_to {spec}")]

@@ -288,13 +288,19 @@ def _align(message: Message, sample: str, holes: list[Hole], options: list[list[
                 fill[pending] = sample[pos:at]
             pos, pending = at + len(segment), None
             continue
-        end = next((p for p in range(pos, len(sample)) if segment.startswith(sample[p:])), len(sample))
+        end = next((p for p in range(pos, len(sample)) if segment.startswith(sample[p:])), None)
         if pending is not None:
-            fill[pending] = sample[pos:end]
+            fill[pending] = sample[pos:] if end is None else sample[pos:end]
+            # A hole with no literal after it in the sample could be anything: let it absorb one
+            # word at most, or every "Selected {n} items" would match any rule starting "Selected".
+            if end is None and re.search(r"\s", fill[pending]):
+                return None
         pending = None
         break
     if started and pending is not None:
         fill[pending] = sample[pos:]
+        if re.search(r"\s", fill[pending]):
+            return None
     if not started:
         return None
     for j, hole in enumerate(holes):

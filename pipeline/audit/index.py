@@ -50,7 +50,7 @@ __all__ = [
     "load_or_build",
 ]
 
-INDEX_VERSION = 4
+INDEX_VERSION = 5
 LOG_METHODS = frozenset(
     {
         "debug",
@@ -241,9 +241,11 @@ def index_wheel(wheel: Path, *, name: str, version: str, sha256: str) -> Package
 
 
 def _wanted(path: str) -> bool:
-    if path.endswith(".py"):
-        return True
-    return path.endswith(CXX_SUFFIXES) and not any(v in f"/{path}" for v in VENDORED)
+    # Vendored trees (FlashInfer ships cccl's and cutlass's sources, tests and examples included)
+    # print nothing in a server: leaving them out keeps their example texts from matching rules.
+    if any(v in f"/{path}" for v in VENDORED):
+        return False
+    return path.endswith((".py", *CXX_SUFFIXES))
 
 
 def _workers(members: int) -> int:
