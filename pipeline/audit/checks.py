@@ -93,7 +93,11 @@ def check_pattern(pattern: str, indexes: Sequence[PackageIndex]) -> Evidence | N
         for message in _candidates(index, plan.words):
             if _can_match(regex, message, plan, index, indexes):
                 return Evidence(
-                    package=index.name, version=index.version, file=message.file, line=message.line, text=message.render()
+                    package=index.name,
+                    version=index.version,
+                    file=message.file,
+                    line=message.line,
+                    text=message.render(),
                 )
     return None
 
@@ -193,7 +197,7 @@ def _in_sample(av: list[tuple[Any, Any]]) -> str:
 
 def _set_regex(av: list[tuple[Any, Any]]) -> str:
     # Rebuild the class from its parsed form only to test candidate characters against it.
-    parts = []
+    parts: list[str] = []
     for op, value in av:
         if op is sre_c.NEGATE:
             parts.insert(0, "^")
@@ -451,7 +455,9 @@ def capability_findings(
                 }[call]
                 if holds:
                     continue
-                evidence = Evidence(package=index.name, version=index.version, file=info.file if info else "", line=line)
+                evidence = Evidence(
+                    package=index.name, version=index.version, file=info.file if info else "", line=line
+                )
                 out.append(
                     Finding(
                         kind="capability",

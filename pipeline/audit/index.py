@@ -76,7 +76,9 @@ _CXX_STATEMENT = re.compile(
     r"|AT_ERROR|throw)\b"
 )
 _CXX_LITERAL = re.compile(r'"((?:\\.|[^"\\\n])*)"')
-_PERCENT = re.compile(r"%(?:\((?P<key>[^)]*)\))?[-#0 +]*(?:\d+|\*)?(?:\.(?:\d+|\*))?[hlL]?(?P<conv>[diouxXeEfFgGcrsa%])")
+_PERCENT = re.compile(
+    r"%(?:\((?P<key>[^)]*)\))?[-#0 +]*(?:\d+|\*)?(?:\.(?:\d+|\*))?[hlL]?(?P<conv>[diouxXeEfFgGcrsa%])"
+)
 _BRACE = re.compile(r"\{\{|\}\}|\{[^{}]*\}")
 _CAMEL = re.compile(r"^_?[A-Z]")
 _MESSAGE_NAME = re.compile(r"msg|message|err|warn|reason|text", re.IGNORECASE)
@@ -346,7 +348,7 @@ class _PythonIndexer(ast.NodeVisitor):
         self.generic_visit(node)
         self.function.pop()
 
-    visit_AsyncFunctionDef = visit_FunctionDef  # type: ignore[assignment]
+    visit_AsyncFunctionDef = visit_FunctionDef
 
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
         bases = tuple(b for b in (_last_name(x) for x in node.bases) if b)
@@ -382,9 +384,9 @@ class _PythonIndexer(ast.NodeVisitor):
         # A message built first and logged or raised later (`message = f"..."; logger.warning(message)`).
         value = node.value
         named = any(isinstance(t, ast.Name) and _MESSAGE_NAME.search(t.id) for t in node.targets)
-        if isinstance(value, ast.JoinedStr) and any(isinstance(v, ast.FormattedValue) for v in value.values):
-            self._message(value, (), node.lineno, "assigned")
-        elif named and not (isinstance(value, ast.Constant) and not isinstance(value.value, str)):
+        formatted = isinstance(value, ast.JoinedStr) and any(isinstance(v, ast.FormattedValue) for v in value.values)
+        textual = not (isinstance(value, ast.Constant) and not isinstance(value.value, str))
+        if formatted or (named and textual):
             self._message(value, (), node.lineno, "assigned")
         self.generic_visit(node)
 
@@ -398,7 +400,7 @@ class _PythonIndexer(ast.NodeVisitor):
         func = node.func
         first = node.args[0] if node.args else None
         if isinstance(func, ast.Attribute):
-            if func.attr in ("get", "pop", "setdefault") and _is_environ(func.value) or func.attr == "getenv":
+            if (func.attr in ("get", "pop", "setdefault") and _is_environ(func.value)) or func.attr == "getenv":
                 if isinstance(first, ast.Constant) and isinstance(first.value, str):
                     self.facts.env.setdefault(first.value, (self.facts.file, node.lineno))
             elif func.attr in LOG_METHODS and first is not None:
@@ -447,11 +449,15 @@ class _PythonIndexer(ast.NodeVisitor):
             return out
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
             return self._segments(node.left, ()) + self._segments(node.right, ())
-        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod) and isinstance(node.left, ast.Constant):
-            if isinstance(node.left.value, str):
-                right = node.right
-                values = tuple(right.elts) if isinstance(right, ast.Tuple) else (right,)
-                return self._percent(node.left.value, values)
+        if (
+            isinstance(node, ast.BinOp)
+            and isinstance(node.op, ast.Mod)
+            and isinstance(node.left, ast.Constant)
+            and isinstance(node.left.value, str)
+        ):
+            right = node.right
+            values = tuple(right.elts) if isinstance(right, ast.Tuple) else (right,)
+            return self._percent(node.left.value, values)
         if (
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Attribute)

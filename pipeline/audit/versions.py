@@ -81,7 +81,11 @@ def _stack(matrix: Matrix, cell: Cell, lookup: Lookup, seen: tuple[str, ...]) ->
             lock = read_lock(cell)
             for p in lock.packages:
                 pins[p.name] = PackagePin(
-                    name=p.name, version=p.version, index=p.index, source=f"lock {cell.install.lock.name}", hashes=p.hashes
+                    name=p.name,
+                    version=p.version,
+                    index=p.index,
+                    source=f"lock {cell.install.lock.name}",
+                    hashes=p.hashes,
                 )
         except InputError:
             for r in cell.install.requirements:
@@ -104,7 +108,7 @@ def _release(base: RegistryBase, platform: str, matrix: Matrix, lookup: Lookup) 
     release = release_of_image(base.image)
     if release is None:
         return {}
-    found, source = lookup(release, platform)
+    found, _ = lookup(release, platform)
     versions = found.as_dict() if found is not None else {"vllm": release}
     names = {i.name for i in matrix.indexes}
     out: dict[str, PackagePin] = {}

@@ -24,7 +24,7 @@ from pipeline.audit.checks import (
 from pipeline.audit.index import PackageIndex, index_wheel, load_or_build
 from pipeline.audit.wheels import Target, Unavailable, fetch_wheel
 
-VLLM_INIT = '''
+VLLM_INIT = """
 import logging
 import os
 logger = logging.getLogger(__name__)
@@ -68,19 +68,19 @@ def skip(ops):
     logger.info("Skipping FlashInfer autotuning for ops %s", ops)
     if os.getenv("VLLM_TEST_SOMETHING"):
         print("done", n)
-'''
-VLLM_ENVS = '''
+"""
+VLLM_ENVS = """
 import os
 environment_variables = {
     "VLLM_DISABLED_KERNELS": lambda: os.environ["VLLM_DISABLED_KERNELS"].split(","),
     "VLLM_FLASHINFER_AUTOTUNE_SKIP_OPS": lambda: os.getenv("VLLM_FLASHINFER_AUTOTUNE_SKIP_OPS"),
 }
-'''
-CONFIG = '''
+"""
+CONFIG = """
 class VllmConfig:
     def __str__(self):
         return f"model={self.model!r}, device_config={self.device_config.device}, seed={self.seed}"
-'''
+"""
 TOPK_CU = """
 void run() {
   TVM_FFI_ICHECK(status == cudaSuccess) << "TopKRaggedTransform failed with error code "
@@ -158,9 +158,14 @@ def test_str_of_a_config_and_cxx_check_macros_are_printable_text(vllm: PackageIn
 
 
 def test_a_hole_absorbs_several_words_only_between_literals(tmp_path: Path) -> None:
-    source = 'def f(path, m):\n    msg = f"[A]: Cache file {path} was created in a different environment ({m}). Ignoring."\n'
+    source = (
+        'def f(path, m):\n    msg = f"[A]: Cache file {path} was created in a different environment ({m}). Ignoring."\n'
+    )
     index = index_wheel(fake_wheel(tmp_path, {"fi/a.py": source}), name="fi", version="1", sha256="1" * 64)
-    pattern = r"Cache file (?P<path>\S+) was created in a different environment \((?P<k>[^:]+): saved=(?P<s>.*?) vs current=(?P<c>[^)]*)\)"
+    pattern = (
+        r"Cache file (?P<path>\S+) was created in a different environment "
+        r"\((?P<k>[^:]+): saved=(?P<s>.*?) vs current=(?P<c>[^)]*)\)"
+    )
     assert check_pattern(pattern, [index]) is not None
     assert check_pattern(r"Cache file \S+ was moved", [index]) is None
 
@@ -235,5 +240,7 @@ def test_a_wheel_the_index_lacks_is_unavailable_not_a_crash(tmp_path: Path) -> N
     empty.mkdir()
     target = Target(platform="manylinux_2_28_x86_64", python="3.12")
     with pytest.raises(Unavailable) as caught:
-        fetch_wheel("flashinfer-jit-cache", "0.6.18.post1+cu130", index_url="x", target=target, root=tmp_path, find_links=empty)
+        fetch_wheel(
+            "flashinfer-jit-cache", "0.6.18.post1+cu130", index_url="x", target=target, root=tmp_path, find_links=empty
+        )
     assert not caught.value.network and "No matching distribution" in str(caught.value)
