@@ -256,9 +256,9 @@ def _can_match(
         if aligned is not None:
             fills.append(aligned)
     for fill in fills:
-        text, literal = _render(message, fill)
+        text, literals = _render(message, fill)
         for m in regex.finditer(text):
-            if any(literal[i] for i in range(m.start(), m.end())):
+            if _covers_literal(m.start(), m.end(), literals):
                 return True
     return False
 
@@ -315,17 +315,28 @@ def _align(message: Message, sample: str, holes: list[Hole], options: list[list[
     return fill
 
 
-def _render(message: Message, fill: list[str]) -> tuple[str, list[bool]]:
-    parts, mask, i = [], [], 0
+def _render(message: Message, fill: list[str]) -> tuple[str, list[tuple[int, str]]]:
+    """The filled text and where each literal piece sits in it."""
+    parts, literals, at, i = [], [], 0, 0
     for segment in message.segments:
         if isinstance(segment, str):
             parts.append(segment)
-            mask += [c.isalnum() for c in segment]
+            literals.append((at, segment))
+            at += len(segment)
         else:
             parts.append(fill[i])
-            mask += [False] * len(fill[i])
+            at += len(fill[i])
             i += 1
-    return "".join(parts), mask
+    return "".join(parts), literals
+
+
+def _covers_literal(start: int, end: int, literals: list[tuple[int, str]]) -> bool:
+    """Does [start, end) hold a letter or digit of the message's own text (not only fillers)?"""
+    for at, text in literals:
+        lo, hi = max(start, at), min(end, at + len(text))
+        if lo < hi and any(c.isalnum() for c in text[lo - at : hi - at]):
+            return True
+    return False
 
 
 def _fillers(hole: Hole, plan: _Plan, indexes: Sequence[PackageIndex]) -> list[str]:

@@ -87,6 +87,9 @@ def fetch_wheel(
         known = _known(root / name / version, request)
         if known is not None:
             return known
+        missing = _missing(root / name / version, request)
+        if missing is not None:  # the index said "no such file" within the day: do not ask again
+            raise Unavailable(missing, network=False)
     with tempfile.TemporaryDirectory(prefix="stackproof-wheel-", dir=_tmp_parent(root)) as scratch:
         spec = f"{name}=={version}" if version else name
         argv = [sys.executable, "-m", "pip", "download", "--isolated", "--no-deps", "--only-binary", ":all:"]
@@ -105,8 +108,11 @@ def fetch_wheel(
             cmd.stream(argv, on_line=on_line, timeout=DOWNLOAD_TIMEOUT)
         except cmd.CommandFailed as exc:
             text = "\n".join(lines) or exc.output_tail
-            reason = _last_error(text)
-            raise Unavailable(f"{spec} from {index_url}: {reason}", network=bool(_NETWORK.search(text))) from None
+            reason = f"{spec} from {index_url}: {_last_error(text)}"
+            network = bool(_NETWORK.search(text))
+            if not network and version is not None:
+                _remember_missing(root / name / version, request, reason)
+            raise Unavailable(reason, network=network) from None
         files = sorted(Path(scratch).glob("*.whl"))
         if not files:
             raise Unavailable(f"{spec} from {index_url}: pip saved no wheel", network=False)
@@ -122,7 +128,7 @@ def fetch_wheel(
         return wheel
 
 
-LATEST_TTL = 86400  # seconds an unpinned package's "newest" answer is reused
+LATEST_TTL = 86400  # seconds an unpinned package's "newest" (or an index's "no such file") is reused
 
 
 def _latest(directory: Path, request: str) -> str | None:
@@ -140,6 +146,27 @@ def _remember_latest(directory: Path, request: str, version: str) -> None:
     except (OSError, ValueError):
         known = {}
     known[request] = {"version": version, "at": time.time()}
+    tmp = manifest.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(known, indent=1, sort_keys=True))
+    tmp.replace(manifest)
+
+
+def _missing(directory: Path, request: str) -> str | None:
+    try:
+        entry = json.loads((directory / "missing.json").read_text())[request]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return str(entry["reason"]) if time.time() - float(entry["at"]) < LATEST_TTL else None
+
+
+def _remember_missing(directory: Path, request: str, reason: str) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    manifest = directory / "missing.json"
+    try:
+        known = json.loads(manifest.read_text())
+    except (OSError, ValueError):
+        known = {}
+    known[request] = {"reason": reason, "at": time.time()}
     tmp = manifest.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(known, indent=1, sort_keys=True))
     tmp.replace(manifest)

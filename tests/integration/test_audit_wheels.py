@@ -77,3 +77,21 @@ def test_three_planted_mistakes_exit_1_naming_each(wheel_cache: Path, tmp_path: 
     assert "VLLM_FLASHINFER_AUTOTUNE_SKIP_OP" in subjects
     assert "FlashInferFP8ScaledMMLinearKernell" in subjects
     assert len(errors) == 3, errors
+
+
+def test_the_sm121_arms_old_disable_is_a_capability_warn(wheel_cache: Path, tmp_path: Path) -> None:
+    """The arm as it first was: disabling FlashInfer's CuTe-DSL NVFP4 kernel, which is SM10x-only."""
+    text = (REPO / "matrix.yaml").read_text()
+    good = "        env: null\n        args: [--linear-backend, cutlass]\n"
+    assert good in text
+    text = text.replace(good, "        env: {VLLM_DISABLED_KERNELS: FlashInferCuteDslNvFp4LinearKernel}\n")
+    planted = tmp_path / "matrix.yaml"
+    planted.write_text(text)
+    (tmp_path / "locks").symlink_to(REPO / "locks")
+    (tmp_path / "images").symlink_to(REPO / "images")
+    code, report = audit(planted, wheel_cache, "sm121-vllm-0.28.0-fi-0.6.18.post1-cu130")
+    assert code == 0  # a WARN, not an ERROR: the class exists and the variable is read
+    warns = [f for c in report["cells"] for f in c["findings"] if f["status"] == "WARN"]
+    assert [w["subject"] for w in warns] == ["FlashInferCuteDslNvFp4LinearKernel"]
+    assert "is_device_capability_family(100)" in warns[0]["message"]
+    assert warns[0]["evidence"][0]["file"] == "vllm/model_executor/kernels/linear/nvfp4/flashinfer.py"
