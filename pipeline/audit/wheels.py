@@ -2,7 +2,9 @@
 
 Layout: `<cache dir>/wheels/<name>/<version>/<wheel file>`, with `wheels.json` there mapping each
 request (index, platform, Python) to the file and the sha256 computed after the download. A
-request seen before is answered from the directory without starting pip. pip runs `--isolated`:
+request seen before is answered from the directory without starting pip, and so is a request for
+another platform when the wheel is pure Python (`none-any`). For a day, "the newest version" of an
+unpinned package and an index's "no such file" are remembered too (`latest.json`, `missing.json`). pip runs `--isolated`:
 the host's pip configuration (extra indexes, find-links, constraints) must not change which file
 an index gives; the site's CA bundle is passed explicitly.
 
@@ -132,9 +134,14 @@ LATEST_TTL = 86400  # seconds an unpinned package's "newest" (or an index's "no 
 
 
 def _latest(directory: Path, request: str) -> str | None:
+    """The newest version seen within the day: for this target, else for another target of the
+    same index (`_known` then reuses its wheel only if it is pure-Python, else pip fetches this
+    target's wheel of that version)."""
     try:
-        entry = json.loads((directory / "latest.json").read_text())[request]
-    except (OSError, ValueError, KeyError, TypeError):
+        known = json.loads((directory / "latest.json").read_text())
+        index = request.split("|")[0]
+        entry = known.get(request) or next(e for r, e in sorted(known.items()) if r.split("|")[0] == index)
+    except (OSError, ValueError, KeyError, TypeError, StopIteration, AttributeError):
         return None
     return str(entry["version"]) if time.time() - float(entry["at"]) < LATEST_TTL else None
 
@@ -178,9 +185,15 @@ def _tmp_parent(root: Path) -> Path:
 
 
 def _known(directory: Path, request: str) -> Wheel | None:
+    """The wheel fetched before for this request, or a pure-Python one (`none-any`) from the same
+    index for another platform: FlashInfer's and uvicorn's wheels are one file for every target."""
     try:
-        entry = json.loads((directory / "wheels.json").read_text())[request]
-    except (OSError, ValueError, KeyError, TypeError):
+        known = json.loads((directory / "wheels.json").read_text())
+        index = request.split("|")[0]
+        entry = known.get(request) or next(
+            e for r, e in sorted(known.items()) if r.split("|")[0] == index and e["file"].endswith("-none-any.whl")
+        )
+    except (OSError, ValueError, KeyError, TypeError, StopIteration, AttributeError):
         return None
     path = directory / entry["file"]
     if not path.is_file() or path.stat().st_size != entry["size"]:

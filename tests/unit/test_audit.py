@@ -244,3 +244,23 @@ def test_a_wheel_the_index_lacks_is_unavailable_not_a_crash(tmp_path: Path) -> N
             "flashinfer-jit-cache", "0.6.18.post1+cu130", index_url="x", target=target, root=tmp_path, find_links=empty
         )
     assert not caught.value.network and "No matching distribution" in str(caught.value)
+
+
+def test_a_pure_python_wheel_serves_every_target_from_one_download(tmp_path: Path) -> None:
+    source = tmp_path / "links"
+    source.mkdir()
+    info = "uvicorn-0.54.0.dist-info"
+    files = {
+        "uvicorn/on.py": 'logger.info("Application startup complete.")',
+        f"{info}/METADATA": "Metadata-Version: 2.1\nName: uvicorn\nVersion: 0.54.0\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        f"{info}/RECORD": "",
+    }
+    fake_wheel(source, files, "uvicorn-0.54.0-py3-none-any.whl")
+    root = tmp_path / "cache"
+    x86 = Target(platform="manylinux_2_28_x86_64", python="3.11")
+    arm = Target(platform="manylinux_2_28_aarch64", python="3.12")
+    first = fetch_wheel("uvicorn", None, index_url="local", target=x86, root=root, find_links=source)
+    again = fetch_wheel("uvicorn", None, index_url="local", target=arm, root=root, find_links=source)
+    assert first.downloaded and first.version == "0.54.0"
+    assert not again.downloaded and again.path == first.path
