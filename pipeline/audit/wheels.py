@@ -5,8 +5,8 @@ request (index, platform, Python) to the file and the sha256 computed after the 
 request seen before is answered from the directory without starting pip, and so is a request for
 another platform when the wheel is pure Python (`none-any`). For a day, "the newest version" of an
 unpinned package and an index's "no such file" are remembered too (`latest.json`, `missing.json`).
-pip runs `--isolated`: the host's pip configuration (extra indexes, find-links, constraints) must not change which file
-an index gives; the site's CA bundle is passed explicitly.
+pip runs `--isolated`: the host's pip configuration (extra indexes, find-links, constraints) must
+not change which file an index gives; the site's CA bundle is passed explicitly.
 
 An index that does not have the wheel, or cannot be reached, makes the package "not checkable";
 the caller decides whether that ends the audit (the index serving vLLM itself) or is reported.
