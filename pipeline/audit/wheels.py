@@ -30,6 +30,7 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from pipeline import cmd
 from pipeline.cache import locked
+from pipeline.errors import InfraError
 
 __all__ = ["Target", "Unavailable", "Wheel", "fetch_wheel"]
 
@@ -110,6 +111,10 @@ def fetch_wheel(
             cmd.stream(argv, on_line=on_line, timeout=DOWNLOAD_TIMEOUT)
         except cmd.CommandFailed as exc:
             text = "\n".join(lines) or exc.output_tail
+            if "No module named pip" in text:
+                raise InfraError(
+                    f"{sys.executable} has no pip: install it (python -m ensurepip) and run again"
+                ) from None
             reason = f"{spec} from {index_url}: {_last_error(text)}"
             network = bool(_NETWORK.search(text))
             if not network and version is not None:
