@@ -248,7 +248,9 @@ def _can_match(
             fills.append([*plain[:i], c, *plain[i + 1 :]])
     for token in plan.tokens:
         if all(token in o or h.kind == "free" for h, o in zip(holes, options, strict=True)):
-            fills.append([token if h.kind == "free" else o[0] for h, o in zip(holes, options, strict=True)])
+            fills.append(
+                [token if h.kind == "free" or token in o else o[0] for h, o in zip(holes, options, strict=True)]
+            )
     if len(holes) == 2 and len(options[0]) * len(options[1]) <= 4000:
         fills += [list(p) for p in itertools.product(*options)]
     for sample in plan.samples:
