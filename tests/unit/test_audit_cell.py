@@ -153,3 +153,50 @@ def test_the_index_serving_vllm_unreachable_is_exit_3_saying_what_to_fix(matrix_
     assert done.returncode == 3, done.stderr[-2000:]
     assert "cannot reach index 'pypi'" in done.stderr and "STACKPROOF_CA_BUNDLE" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_signatures_both_ways_and_the_ones_listed_not_checked(matrix_file: Path, tmp_path: Path) -> None:
+    from verify.logscan import Signature
+
+    def sig(id_: str, match: str, **extra: object) -> Signature:
+        base: dict = dict(title=id_, severity="fail", source="server", first=None, then=None, within=20)  # type: ignore[type-arg]
+        return Signature(id=id_, match=match, what="", workaround="", refs=(), **(base | extra))  # type: ignore[arg-type]
+
+    links = tmp_path / "links"
+    links.mkdir()
+    wheel(links, "vllm", "0.28.0", {"vllm/kernels.py": KERNELS, "vllm/envs.py": ENVS})
+    wheel(
+        links,
+        "flashinfer-python",
+        "0.6.16.post3",
+        {"flashinfer/a.py": 'raise RuntimeError("SM 12.x requires CUDA >= 12.9")\n'},
+    )
+    wheel(links, "uvicorn", "0.54.0", {"uvicorn/on.py": 'logger.info("Application startup complete.")\n'})
+    matrix = load_matrix(matrix_file, images_dir=REPO / "images")
+    sources = Sources(root=tmp_path / "cache", index_url=lambda n: ("local", links))
+    signatures = [
+        sig("printable", r"SM 12\.x requires CUDA >= 12\.9", package="flashinfer-python"),
+        sig("unprintable", r"no package says this"),
+        sig("cuda", r"an illegal memory access was encountered", origin="external"),
+        sig("xid", r"NVRM: Xid", source="kernel"),
+        sig("sglang", r"Parameter \S+ not found", package="sglang"),
+        sig("later", r"PLE offload", applies_to=(("vllm", ">0.28.0"),)),
+    ]
+    report = audit_matrix(
+        matrix,
+        matrix.cells,
+        sources=sources,
+        lookup=ReleaseLookup(online=False),
+        rulesets=lambda facts: [],
+        signatures=signatures,
+        progress=lambda line: None,
+    )
+    status = {f.subject.split(":")[0]: f.status for f in report.cells[0].findings if f.kind == "signature"}
+    assert status == {
+        "signature printable": Status.OK,
+        "signature unprintable": Status.ERROR,
+        "signature cuda": Status.EXTERNAL,
+        "signature xid": Status.EXTERNAL,
+        "signature sglang": Status.NOT_APPLICABLE,
+        "signature later": Status.NOT_APPLICABLE,
+    }
