@@ -52,6 +52,13 @@ def tests(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def audit(session: nox.Session) -> None:
+    """`stackproof matrix audit` on every cell (or `-- CELL...`): rules vs the pinned wheels' text."""
+    _install(session)
+    session.run("stackproof", "matrix", "audit", *session.posargs)
+
+
+@nox.session(python=PYTHON)
 def render(session: nox.Session) -> None:
     _install(session)
     session.run("stackproof", "render", *session.posargs, env=_site_env())

@@ -100,6 +100,7 @@ def _parser() -> argparse.ArgumentParser:
     p = matrix.add_parser("show", parents=[common], help="the fully resolved cell")
     p.add_argument("cell")
     p.set_defaults(handler=_matrix_show)
+    _add_matrix_audit(matrix, common)
 
     p = commands.add_parser("render", parents=[common], help="write Dockerfiles and per-index requirement files")
     p.add_argument("cells", nargs="*", help="cells to render (default: all)")
@@ -262,6 +263,55 @@ def _matrix_show(args: argparse.Namespace) -> int:
     document = _jsonable(cell)
     _emit(args, document, json.dumps(document, indent=2))
     return 0
+
+
+# -- matrix audit (issue 13): one block, registration and handler -----------------------------------
+
+
+def _add_matrix_audit(matrix: Any, common: argparse.ArgumentParser) -> None:
+    p = matrix.add_parser(
+        "audit", parents=[common], help="can each cell's rules match, its variables act, its kernels exist (wheels)"
+    )
+    p.add_argument("cells", nargs="*", help="cells to audit (default: all)")
+    p.set_defaults(handler=_matrix_audit)
+
+
+def _matrix_audit(args: argparse.Namespace) -> int:
+    from pipeline.audit import Sources, audit_matrix
+    from pipeline.audit.report import render_json, render_text
+    from pipeline.cache import cache_dir
+    from pipeline.pins import ReleaseLookup
+    from pipeline.site import load_site
+    from verify.logscan import load_catalog, load_rulesets, rules_for
+
+    matrix, _ = _load(args)
+    cells = [matrix.cell(c) for c in args.cells] if args.cells else list(matrix.cells)
+    site = load_site(matrix)
+
+    def index_url(name: str) -> tuple[str, Path | None]:
+        url = matrix.index(name).url
+        mirror = site.mirror(name)
+        if mirror is None:
+            return url, None
+        return (url, mirror.directory) if mirror.is_local else (mirror.location, None)
+
+    def rulesets(facts: Any) -> list[tuple[str, Any]]:
+        applicable = set(rules_for(None, None, facts))
+        return [(f"logrules.yaml {rs.id}", r) for rs in load_rulesets() for r in rs.rules if r in applicable]
+
+    report = audit_matrix(
+        matrix,
+        cells,
+        sources=Sources(root=cache_dir(), index_url=index_url, cert=site.ca_bundle),
+        lookup=ReleaseLookup(online=True),
+        rulesets=rulesets,
+        signatures=load_catalog(),
+    )
+    _emit(args, render_json(report), render_text(report))
+    return 1 if report.errors else 0
+
+
+# -- end of matrix audit ---------------------------------------------------------------------------
 
 
 def _render(args: argparse.Namespace) -> int:

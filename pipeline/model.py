@@ -196,6 +196,10 @@ class LogRule:
     kind: str  # expect | forbid | evidence
     pattern: str
     if_absent: str = "fail"  # expect only: fail | inconclusive (absence proves nothing)
+    # Whose text the pattern quotes, for `stackproof matrix audit`: a package's (the default), or
+    # `external` (the kernel log, the CUDA runtime, the driver, the interpreter): listed, not checked.
+    source: str = "package"
+    package: str | None = None  # the one package to look in (e.g. flashinfer-python); None: any
 
 
 LOG_RULE_KINDS = ("expect", "forbid", "evidence")
@@ -212,7 +216,7 @@ def parse_log_rule(value: object, default_id: str) -> tuple[LogRule | None, list
     if not isinstance(value, dict):
         return None, [((), "must be a mapping like {expect: 'regex'}")]
     problems: list[tuple[tuple[str, ...], str]] = []
-    allowed = (*LOG_RULE_KINDS, "id", "if_absent")
+    allowed = (*LOG_RULE_KINDS, "id", "if_absent", "source", "package")
     for key in value:
         if key not in allowed:
             problems.append(((str(key),), f"unknown key{_suggest(str(key), list(allowed))}"))
@@ -234,7 +238,20 @@ def parse_log_rule(value: object, default_id: str) -> tuple[LogRule | None, list
         problems.append((("if_absent",), f"must be fail or inconclusive, got {if_absent!r}"))
     elif "if_absent" in value and kind != "expect":
         problems.append((("if_absent",), "only an expect rule has if_absent"))
-    rule = LogRule(id=str(value.get("id", default_id)), kind=kind, pattern=pattern, if_absent=if_absent)
+    source = str(value.get("source", "package"))
+    if source not in ("package", "external"):
+        problems.append((("source",), f"must be package or external, got {source!r}"))
+    package = value.get("package")
+    if package is not None and (not isinstance(package, str) or not package):
+        problems.append((("package",), "must be a distribution name, e.g. flashinfer-python"))
+    rule = LogRule(
+        id=str(value.get("id", default_id)),
+        kind=kind,
+        pattern=pattern,
+        if_absent=if_absent,
+        source=source,
+        package=str(package) if package else None,
+    )
     return (None if problems else rule), problems
 
 

@@ -60,6 +60,8 @@ SIGNATURE_KEYS = (
     "workaround",
     "refs",
     "applies_to",
+    "origin",
+    "package",
 )
 APPLIES_TO_PACKAGES = ("vllm", "flashinfer")  # the Facts a signature's `applies_to` may test
 
@@ -82,6 +84,15 @@ class Signature:
     refs: tuple[str, ...]
     # package -> version specifier: releases the text exists in; an unknown version applies
     applies_to: tuple[tuple[str, str], ...] = ()
+    # Whose text it is, for `stackproof matrix audit`: `package` (the default: some audited package
+    # prints it) or `external` (CUDA runtime, driver, interpreter, a package not audited). `source`
+    # already says which log is scanned; a `kernel` signature is external whatever this says.
+    origin: str = "package"
+    package: str | None = None  # the distribution that prints it; a stack without it cannot show it
+
+    @property
+    def external(self) -> bool:
+        return self.origin == "external" or self.source == "kernel"
 
     def applies(self, facts: Facts | None) -> bool:
         """False only when a known installed version lies outside `applies_to`."""
@@ -187,6 +198,10 @@ def _signature(src: YamlSource, path: Path_, entry: Any, problems: list[str]) ->
             SpecifierSet(str(spec))
         except InvalidSpecifier:
             bad(("applies_to", package), f"{spec!r} is not a version specifier")
+    if entry.get("origin", "package") not in ("package", "external"):
+        bad(("origin",), f"must be package or external, got {entry.get('origin')!r}")
+    if "package" in entry and (not isinstance(entry["package"], str) or not entry["package"]):
+        bad(("package",), "must be a distribution name, e.g. flashinfer-python")
     window = entry.get("window") or {}
     patterns = (
         {("match",): entry.get("match")}
@@ -213,6 +228,8 @@ def _signature(src: YamlSource, path: Path_, entry: Any, problems: list[str]) ->
         workaround=str(entry["workaround"]).strip(),
         refs=tuple(refs),
         applies_to=tuple((str(k), str(v)) for k, v in sorted(applies_to.items())),
+        origin=str(entry.get("origin", "package")),
+        package=entry.get("package"),
     )
 
 

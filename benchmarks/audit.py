@@ -1,0 +1,74 @@
+"""Whole-matrix `stackproof matrix audit`: cold (empty wheel cache) and warm (the same cache again).
+
+Goals (issue 13): warm under 10 s; cold within download time + 60 s. The cold run's download time
+is pip's own (the `wheels.py` progress lines are timed), so the comparison is honest on any network.
+
+    python benchmarks/audit.py [--cache DIR]   # DIR is emptied first (default: a temporary one)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+WARM_GOAL, COLD_EXTRA_GOAL = 10.0, 60.0
+
+
+def run(cache: Path) -> tuple[float, float, int]:
+    """(wall seconds, seconds pip spent downloading, exit code) of one whole-matrix audit."""
+    env = {**os.environ, "STACKPROOF_CACHE_DIR": str(cache)}
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pipeline", "matrix", "audit", "--json"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stderr is not None
+    downloading, pip_started = 0.0, None
+    for line in proc.stderr:
+        now = time.monotonic()
+        if re.match(r"\+ \S+ -m pip download", line):
+            pip_started = now
+        elif pip_started is not None and not line.startswith(("Collecting", "Downloading", "Saved", "+")):
+            downloading += now - pip_started
+            pip_started = None
+    code = proc.wait(timeout=1800)
+    return time.monotonic() - started, downloading, code
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cache", type=Path, default=None)
+    args = parser.parse_args()
+    cache = args.cache or Path(tempfile.mkdtemp(prefix="stackproof-audit-bench-"))
+    shutil.rmtree(cache, ignore_errors=True)
+    cold, download, code_cold = run(cache)
+    warm, _, code_warm = run(cache)
+    extra = cold - download
+    print(f"{'run':<6} {'seconds':>8}  {'goal':<28} verdict")
+    print(
+        f"{'cold':<6} {cold:8.1f}  download {download:.1f} s + < {COLD_EXTRA_GOAL:.0f} s   "
+        f"{'met' if extra < COLD_EXTRA_GOAL else 'MISSED'} ({extra:.1f} s beyond the downloads; exit {code_cold})"
+    )
+    print(
+        f"{'warm':<6} {warm:8.1f}  < {WARM_GOAL:.0f} s{'':<22} "
+        f"{'met' if warm < WARM_GOAL else 'MISSED'} (exit {code_warm})"
+    )
+    if args.cache is None:
+        shutil.rmtree(cache, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

