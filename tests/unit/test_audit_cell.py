@@ -32,7 +32,7 @@ cells:
     arch: sm121
     runner: [self-hosted, gpu]
     serve:
-      model: {source: "hf:org/model"}
+      model: {source: "hf:org/model", revision: "0123456789abcdef0123456789abcdef01234567"}
       readiness_timeout: 900
       shm_size: 8g
       gpus: all
