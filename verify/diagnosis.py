@@ -70,14 +70,20 @@ _ARCH_BY_GPU = (
     (re.compile(r"\bV100\b"), "sm70"),
 )
 _EXCEPTION = re.compile(
-    r"^(?P<type>(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|OutOfResources|Exit))(?::\s*(?P<message>.*))?$"
+    r"^(?P<type>(?:[A-Za-z_]\w*\.)*\w*(?:Error|Exception|OutOfResources|Exit))(?::\s*(?P<message>.*))?$"
 )
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<function>\S+)')
 _PROCESS_ANYWHERE = re.compile(r"\((?P<name>[A-Za-z]\w*(?:[ _]\w+)*) pid=\d+(?:, ip=[\d.]+)?\)")
 # Frames that say which startup phase an out-of-memory happened in (vLLM V0/V1 and SGLang names).
 _PHASE_FRAMES = (
-    ("cuda-graph-capture", re.compile(r"capture_model|capture_end|torch\.cuda\.graph|cuda_graph_runner|_capture\b|capture\(")),
-    ("kv-profiling", re.compile(r"profile_run|determine_available_memory|determine_num_available_blocks|_dummy_run|profile_")),
+    (
+        "cuda-graph-capture",
+        re.compile(r"capture_model|capture_end|torch\.cuda\.graph|cuda_graph_runner|_capture\b|capture\("),
+    ),
+    (
+        "kv-profiling",
+        re.compile(r"profile_run|determine_available_memory|determine_num_available_blocks|_dummy_run|profile_"),
+    ),
     ("weight-load", re.compile(r"load_model|load_weights|create_weights|get_model|initialize_model|weight")),
 )
 
@@ -195,7 +201,9 @@ class Diagnosis:
                 text += f": {_exception_text(self.last_exception)}"
             return text
         if self.verdict == "inconclusive":
-            return f"startup not completed: the log ends in phase {self.startup.last_phase} (line {self.startup.line_no})"
+            return (
+                f"startup not completed: the log ends in phase {self.startup.last_phase} (line {self.startup.line_no})"
+            )
         return "no failure found"
 
     def to_json(self) -> dict[str, Any]:
@@ -248,7 +256,7 @@ def diagnose(
     matches = scan(data, rules, incidents)
 
     log_facts = _facts(classes, matches)
-    all_facts = (*log_facts, *facts)
+    all_facts = _derived([*log_facts, *facts])
     phases = _phases(classes, matches)
     startup = _startup(phases)
     hits, warnings = _classes(classes, matches, data, phases)
@@ -417,7 +425,7 @@ def _rules(classes: ClassCatalog) -> tuple[LogRule, ...]:
         LogRule(
             id="exception",
             kind="evidence",
-            pattern=r"(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|OutOfResources|SystemExit)\b",
+            pattern=r"(?:[A-Za-z_]\w*\.)*\w*(?:Error|Exception|OutOfResources|SystemExit)\b",
         )
     )
     return tuple(rules)
@@ -443,7 +451,13 @@ def _facts(classes: ClassCatalog, matches: Iterable[LogMatch]) -> list[Fact]:
                     arch = next((a for pattern, a in _ARCH_BY_GPU if pattern.search(value)), None)
                     if arch:
                         found.append(Fact(name="arch", value=arch, source=f"line {m.line_no} ({value})"))
-    for fact in list(found):  # the FP8 linear path, as the incidents' preconditions need it
+    return found
+
+
+def _derived(facts: Sequence[Fact]) -> list[Fact]:
+    """Facts the incidents' preconditions need, derived from others: the FP8 linear path."""
+    found = list(facts)
+    for fact in facts:
         if (fact.name == "quantization" and fact.value.lower().startswith("fp8")) or (
             fact.name == "kernel" and re.search(r"(?i)fp8", fact.value)
         ):
@@ -484,7 +498,8 @@ def _classes(
     for m in matches:
         if m.id.startswith("class:"):
             seen.setdefault(m.id.split(":")[1], []).append(m)
-    hits, warnings = [], []
+    hits: list[ClassHit] = []
+    warnings: list[ClassHit] = []
     for class_id, found in seen.items():
         c = by_id[class_id]
         found.sort(key=lambda m: m.line_no)
@@ -534,9 +549,7 @@ def _phase_at(data: Log, hit: LogMatch, phases: dict[str, int]) -> str | None:
     """Where in startup a phased failure happened: its traceback's frames first, else the phase line above."""
     context = _context_before(data, hit.line, last=False)
     for phase, frames in _PHASE_FRAMES:
-        if any(frames.search(line) for line in context if "File " in line or "in " in line) or frames.search(
-            hit.line
-        ):
+        if any(frames.search(line) for line in context if "File " in line or "in " in line) or frames.search(hit.line):
             return phase
     before = [p for p, line in phases.items() if line <= hit.line_no]
     if not before:

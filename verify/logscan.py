@@ -11,10 +11,10 @@ from __future__ import annotations
 import mmap
 import os
 import re
-import stat
-import sys
 import re._constants as sre_c  # type: ignore[import-not-found]
 import re._parser as sre_parse  # type: ignore[import-not-found]
+import stat
+import sys
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -368,6 +368,8 @@ def _sequence_anchors(items: list[tuple[Any, Any]]) -> list[str] | None:
         best, run = max(best, run, key=len), ""
         if op is sre_c.SUBPATTERN:
             groups.append(list(av[-1]))
+        elif op is sre_c.BRANCH:  # a non-capturing (?:a|b) is parsed inline, as a bare branch
+            groups.append([(op, av)])
     best = max(best, run, key=len)
     if len(best) >= 3:
         return [best]

@@ -47,8 +47,9 @@ _HEADER = re.compile(
 _RAY_REPEAT = re.compile(r"\s*\[repeated \d+x across cluster\]\s*$")
 # Where a flattened paste hides record starts: a vLLM level + date, a Python frame, a traceback.
 _RECORD_START = re.compile(
-    rb"(?<=\S) +(?=(?:\([A-Za-z]\w*(?:[ _]\w+)* pid=\d+\) )?(?:INFO|WARNING|ERROR|DEBUG|CRITICAL) \d\d-\d\d \d\d:)"
-    rb"|(?<=\S) +(?=File \"[^\"]+\", line \d+, in )"
+    rb"(?<=[^)\s]) +(?=(?:INFO|WARNING|ERROR|DEBUG|CRITICAL) \d\d-\d\d \d\d:)"  # not after a process prefix
+    rb"|(?<=\S) +(?=\([A-Za-z]\w*(?:[ _]\w+)* pid=\d+\) (?:INFO|WARNING|ERROR|DEBUG|CRITICAL) \d\d-\d\d \d\d:)"
+    rb"|(?<=[^\]\s]) +(?=File \"[^\"]+\", line \d+, in )"  # not after a vLLM header ending in ]
     rb"|(?<=\S) +(?=Traceback \(most recent call last\):)"
 )
 
@@ -92,7 +93,7 @@ def clean_line(raw: str) -> CleanLine:
         if not m:
             break
         process = m.group("name")
-        text = text.lstrip()[m.end() :]
+        text = text.lstrip()[m.end() :].lstrip()
     text = _RAY_REPEAT.sub("", text)
     return CleanLine(text=text.rstrip(), process=process)
 
