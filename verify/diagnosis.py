@@ -47,6 +47,7 @@ __all__ = [
     "cell_facts",
     "diagnose",
     "load_classes",
+    "scan_rules",
 ]
 
 CLASSES_FILE = Path(__file__).with_name("failure_classes.yaml")
@@ -276,6 +277,11 @@ def diagnose(
                 next=python.next,
             )
         ]
+    # The processes the failure shows up in are context too (APIServer, EngineCore, Worker_TP0...).
+    processes = [(h.process, h.line_no) for h in hits if h.process]
+    if last is not None and last.process:
+        processes.append((last.process, last.line_no))
+    all_facts += [Fact(name="process", value=p, source=f"line {line}") for p, line in processes]
     incident, hints = _incidents(incidents, [m for m in matches if m.kind == "signature"], all_facts)
     verdict = "failed" if hits or incident else ("inconclusive" if startup.completed is False else "clean")
     return Diagnosis(
@@ -403,6 +409,11 @@ def _named_patterns(src: YamlSource, key: str, problems: list[str]) -> tuple[tup
                 problems.append(f"{src.where((key, i, 'match', j))}: not a valid regular expression: {exc}")
         result.append((str(entry["id"]), tuple(str(p) for p in entry["match"])))
     return tuple(result)
+
+
+def scan_rules(classes: ClassCatalog | None = None) -> tuple[LogRule, ...]:
+    """Every pattern the diagnosis scans for (benchmarks/logscan.py gives the same set to grep)."""
+    return _rules(classes or load_classes())
 
 
 @cache

@@ -456,3 +456,26 @@ def test_every_class_is_proven_on_a_real_log_or_a_realistic_line() -> None:
         d = diagnose(line.encode())
         seen = [h.id for h in (*d.classes, *d.warnings)]
         assert seen[:1] == [class_id], (class_id, seen)
+
+
+def test_the_literal_prefilter_never_drops_a_line_the_regex_matches() -> None:
+    # scan() only runs a regex on lines holding one of its literals: for every pattern the
+    # diagnosis and the catalog use, that must find exactly the lines a plain regex search finds.
+    from pipeline.model import LogRule
+    from verify.diagnosis import scan_rules
+    from verify.logscan import scan
+
+    text = b"".join(p.read_bytes() for p in sorted(REAL.glob("*.log"))) + "".join(SAMPLES.values()).encode()
+    lines = text.split(b"\n")
+    patterns = [r.pattern for r in scan_rules()]
+    patterns += [p for s in load_catalog() for p in (s.match, s.first) if p]
+    for pattern in dict.fromkeys(patterns):
+        regex = re.compile(pattern.encode())
+        expected = [i + 1 for i, line in enumerate(lines) if regex.search(line)]
+        found = [m.line_no for m in scan(text, (LogRule(id="x", kind="evidence", pattern=pattern),), ())]
+        assert found == expected, pattern
+
+
+def test_the_process_of_the_failure_is_a_fact() -> None:
+    facts = {(f.name, f.value) for f in diagnose(read("vllm-46721-triton-shared-memory-kimi-sm120-compose.log")).facts}
+    assert ("process", "Worker_TP0_DCP0_EP0") in facts
