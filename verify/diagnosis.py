@@ -282,6 +282,12 @@ def diagnose(
     if last is not None and last.process:
         processes.append((last.process, last.line_no))
     all_facts += [Fact(name="process", value=p, source=f"line {line}") for p, line in processes]
+    # An unclassified traceback that the server started serving after was survived (an optional
+    # import, a retried probe): a warning, not the failure. Every classified failure stays one.
+    serving = phases.get("serving")
+    survived = [h for h in hits if h.id == "python-exception" and serving is not None and h.line_no < serving]
+    hits = [h for h in hits if h not in survived]
+    warnings = sorted([*warnings, *survived], key=lambda h: h.line_no)
     incident, hints = _incidents(incidents, [m for m in matches if m.kind == "signature"], all_facts)
     verdict = "failed" if hits or incident else ("inconclusive" if startup.completed is False else "clean")
     return Diagnosis(

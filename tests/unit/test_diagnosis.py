@@ -19,7 +19,7 @@ from pipeline.cli import main
 from pipeline.errors import MatrixError
 from tests.unit.test_logscan import CPU_LOG, SAMPLES
 from verify.diagnosis import CLASSES_FILE, Fact, diagnose, load_classes
-from verify.logscan import load_catalog, open_log
+from verify.logscan import load_catalog, load_rulesets, open_log
 from verify.logtext import clean_line, message_of, split_records
 
 REAL = Path(__file__).resolve().parents[1] / "fixtures" / "logs" / "real"
@@ -458,7 +458,7 @@ def test_every_class_is_proven_on_a_real_log_or_a_realistic_line() -> None:
         assert seen[:1] == [class_id], (class_id, seen)
 
 
-def test_the_literal_prefilter_never_drops_a_line_the_regex_matches() -> None:
+def test_the_literal_prefilter_never_drops_a_line_the_regex_matches(real_matrix) -> None:
     # scan() only runs a regex on lines holding one of its literals: for every pattern the
     # diagnosis and the catalog use, that must find exactly the lines a plain regex search finds.
     from pipeline.model import LogRule
@@ -469,13 +469,28 @@ def test_the_literal_prefilter_never_drops_a_line_the_regex_matches() -> None:
     lines = text.split(b"\n")
     patterns = [r.pattern for r in scan_rules()]
     patterns += [p for s in load_catalog() for p in (s.match, s.first) if p]
-    for pattern in dict.fromkeys(patterns):
+    # the stages' rules too: the built-in sets and every cell's and arm's (same prefilter)
+    patterns += [r.pattern for rs in load_rulesets() for r in rs.rules]
+    patterns += [
+        r.pattern for c in real_matrix.cells for r in (*c.log_rules, *(x for a in c.arms for x in a.log_rules))
+    ]
+    unique = list(dict.fromkeys(patterns))
+    matches = scan(text, tuple(LogRule(id=str(i), kind="evidence", pattern=p) for i, p in enumerate(unique)), ())
+    for i, pattern in enumerate(unique):
         regex = re.compile(pattern.encode())
-        expected = [i + 1 for i, line in enumerate(lines) if regex.search(line)]
-        found = [m.line_no for m in scan(text, (LogRule(id="x", kind="evidence", pattern=pattern),), ())]
-        assert found == expected, pattern
+        expected = [n + 1 for n, line in enumerate(lines) if regex.search(line)]
+        assert [m.line_no for m in matches if m.id == str(i)] == expected, pattern
 
 
 def test_the_process_of_the_failure_is_a_fact() -> None:
     facts = {(f.name, f.value) for f in diagnose(read("vllm-46721-triton-shared-memory-kimi-sm120-compose.log")).facts}
     assert ("process", "Worker_TP0_DCP0_EP0") in facts
+
+
+def test_a_traceback_the_server_started_serving_after_is_a_warning() -> None:
+    lines = CPU_LOG.read_bytes().splitlines(keepends=True)
+    traceback = b"(APIServer pid=1) Traceback (most recent call last):\n"
+    before = diagnose(b"".join([*lines[:40], traceback, *lines[40:]]))
+    assert before.verdict == "clean" and [w.id for w in before.warnings] == ["python-exception"]
+    after = diagnose(CPU_LOG.read_bytes() + traceback)
+    assert after.verdict == "failed" and after.primary is not None and after.primary.id == "python-exception"
