@@ -437,12 +437,13 @@ def _rules(classes: ClassCatalog) -> tuple[LogRule, ...]:
     for fact, patterns in classes.facts:
         kind = "expect" if fact in FIRST_ONLY_FACTS else "evidence"
         rules += [LogRule(id=f"fact:{fact}:{i}", kind=kind, pattern=p) for i, p in enumerate(patterns)]
-    # A raise line's type: every one ends in Error, Exception, ... (the literals the scan looks for).
+    # A raise line: `Type: message`, the type ending in Error, Exception... (the literals the scan
+    # looks for); the colon keeps out "500 Internal Server Error" request lines.
     rules.append(
         LogRule(
             id="exception",
             kind="evidence",
-            pattern=r"(?:[A-Za-z_]\w*\.)*\w*(?:Error|Exception|OutOfResources|SystemExit)\b",
+            pattern=r"(?:[A-Za-z_]\w*\.)*\w*(?:Error|Exception|OutOfResources|SystemExit):(?:\s|$)",
         )
     )
     return tuple(rules)
@@ -599,7 +600,8 @@ def _context_before(data: Log, line: str, *, last: bool) -> list[str]:
 
 def _last_exception(data: Log, candidates: Sequence[LogMatch]) -> LastException | None:
     """The last raise line in the log: its type and message, its innermost frame, its process."""
-    for m in sorted(candidates, key=lambda m: m.line_no, reverse=True):
+    # The newest first; a log of millions of such lines is answered from its last few thousand.
+    for m in sorted(candidates, key=lambda m: m.line_no, reverse=True)[:5000]:
         records = split_records(m.line.encode(errors="replace"))
         for index in range(len(records) - 1, -1, -1):
             cleaned = clean_line(records[index].decode(errors="replace"))
