@@ -162,8 +162,8 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=_soak)
 
     inspect = commands.add_parser("inspect", help="inspect a file").add_subparsers(dest="sub", required=True)
-    p = inspect.add_parser("log", parents=[common], help="log rules and known failure signatures in a log file")
-    p.add_argument("file", type=Path)
+    p = inspect.add_parser("log", parents=[common], help="what failed in a log: class, incident, facts, last exception")
+    p.add_argument("file", type=Path, help="a log file, a pipe or FIFO, or - for standard input")
     p.add_argument("--cell", default=None, help="also apply this cell's rules (and its built-in rule sets)")
     p.add_argument("--arm", default=None)
     p.set_defaults(handler=_inspect_log)
@@ -551,40 +551,130 @@ _positive_float = _number(float)
 
 
 def _inspect_log(args: argparse.Namespace) -> int:
-    """Exit 1 when a failure signature or a forbid rule matches; expect rules are reported only."""
-    from verify.logscan import Facts, catalog_for, judge, open_log, rules_for, scan
-    from verify.result import Status
+    """Exit 0 when the log is clean, 1 when it shows a failure or is inconclusive, 2 on bad input.
+
+    The diagnosis (verify/diagnosis.py) names the failure class, the incident only when its
+    preconditions are shown, the facts and the last exception; docs/inspect-log.md is the JSON.
+    Without --cell no expectation applies; with it, the cell's rules (and built-in sets) do.
+    """
+    from verify.diagnosis import cell_facts, diagnose
+    from verify.logscan import Facts, judge, open_log, rules_for, scan
+    from verify.result import CheckResult, Status
 
     cell = arm = None
     if args.cell:
         matrix, _ = _load(args)
         cell = matrix.cell(args.cell)
         arm = cell.arm(args.arm) if args.arm else None
-    facts = Facts(serve=True, arch=cell.arch if cell else "", flashinfer=None, cudnn=None)
-    rules = rules_for(cell, arm, facts)
+    rules = rules_for(cell, arm, Facts(serve=True, arch=cell.arch, flashinfer=None, cudnn=None)) if cell else ()
+    name = "stdin" if str(args.file) == "-" else str(args.file)
     try:
         with open_log(args.file) as data:
-            matches = scan(data, rules, catalog_for(facts))
+            problem = _not_a_text_log(data)
+            if problem:
+                raise InputError(f"{name}: {problem}")
+            undecodable = _undecodable(data)
+            diagnosis = diagnose(data, facts=cell_facts(cell, arm) if cell else ())
+            rule_matches = scan(data, rules, ()) if rules else []
             size = len(data)
+    except IsADirectoryError as exc:
+        raise InputError(f"{name}: is a directory, not a log file") from exc
     except OSError as exc:
-        raise InputError(f"{args.file}: cannot read: {exc.strerror}") from exc
-    checks = judge(matches, rules, source=str(args.file))
-    failed = any(c.status is Status.FAIL and c.name.startswith(("forbid:", "signatures")) for c in checks)
-    shown = [m for m in matches if m.kind != "evidence"]
-    lines = [
-        f"{m.line_no}: [{m.kind} {m.id}] {m.line.strip()[:200]}" + (f"  ({', '.join(m.refs)})" if m.refs else "")
-        for m in shown[:200]
+        raise InputError(f"{name}: cannot read: {exc.strerror or exc}") from exc
+    if undecodable:
+        print(
+            f"stackproof: {name}: line {undecodable[1]}: {undecodable[0]} byte sequence(s) are not UTF-8; "
+            "read as U+FFFD",
+            file=sys.stderr,
+        )
+    checks = [c for c in judge(rule_matches, rules, source=name) if c.name != "signatures"] if rules else []
+    status = {"failed": Status.FAIL, "inconclusive": Status.INCONCLUSIVE, "clean": Status.PASS}[diagnosis.verdict]
+    checks.append(CheckResult(name="diagnosis", status=status, message=diagnosis.summary()))
+    failed = any(c.status is Status.FAIL for c in checks)
+    verdict = (
+        "failed" if failed else ("inconclusive" if any(c.status is Status.INCONCLUSIVE for c in checks) else "clean")
+    )
+    matches = [m.to_json() for m in rule_matches if m.kind != "evidence"]
+    matches += [
+        {"id": m.id.split(":")[1], "kind": "class", "line": m.line_no, "text": m.line}
+        for m in diagnosis.matches
+        if m.kind != "signature"
     ]
-    lines += [f"{c.status:<12} {c.name}: {c.message[:300]}" for c in checks]
+    if diagnosis.incident is not None:
+        matches += [
+            m.to_json() | {"kind": "incident"}
+            for m in diagnosis.matches
+            if m.kind == "signature" and m.id == diagnosis.incident.id
+        ]
     document = {
-        "file": str(args.file),
+        "schema_version": 2,
+        "file": name,
         "bytes": size,
+        "undecodable": None if not undecodable else {"sequences": undecodable[0], "first_line": undecodable[1]},
+        "verdict": verdict,
         "failed": failed,
-        "matches": [m.to_json() for m in matches],
+        "diagnosis": diagnosis.to_json(),
+        "matches": sorted(matches, key=lambda m: m["line"])[:200],
         "checks": [_jsonable(c) for c in checks],
     }
-    _emit(args, document, "\n".join(lines))
-    return 1 if failed else 0
+    try:
+        _emit(args, document, _diagnosis_text(name, verdict, diagnosis, checks))
+    except BrokenPipeError:
+        # The reader left (`| head`, `| grep -q`): the verdict still decides the exit code, and
+        # stdout goes to /dev/null so the interpreter's final flush does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0 if verdict == "clean" else 1
+
+
+def _not_a_text_log(data: Any) -> str | None:
+    """Why these bytes cannot be a log (nothing, or binary), or None."""
+    if len(data) == 0:
+        return "empty: there is no log to inspect"
+    head = bytes(data[:8192])
+    if b"\0" in head:
+        return (
+            f"binary data (a NUL byte at offset {head.index(bytes(1))}), not a text log; decompress or extract it first"
+        )
+    return None
+
+
+def _undecodable(data: Any, limit: int = 16 << 20) -> tuple[int, int] | None:
+    """(count, line of the first) of the byte sequences that are not UTF-8 in the first `limit` bytes."""
+    from verify.logtext import decode
+
+    head = bytes(data[:limit])
+    _, count, first = decode(head)
+    if not count or first is None:
+        return None
+    return count, head.count(b"\n", 0, first) + 1
+
+
+def _diagnosis_text(name: str, verdict: str, diagnosis: Any, checks: list[Any]) -> str:
+    lines = [f"{name}: {verdict.upper()}: {diagnosis.summary()}"]
+    hit = diagnosis.primary
+    if hit is not None:
+        where = f" ({hit.process})" if hit.process else ""
+        lines += [f"  line {hit.line_no}{where}: {hit.text[:300]}", f"  what: {hit.what}", f"  next: {hit.next}"]
+    if diagnosis.incident is not None:
+        lines.append(f"  shown by: {'; '.join(diagnosis.incident.shown_by)}")
+        lines.append(f"  workaround: {diagnosis.incident.workaround}")
+    lines += [f"  hint: {h.text}" for h in diagnosis.hints]
+    e = diagnosis.last_exception
+    if e is not None:
+        frame = f" at {e.frame.file}:{e.frame.line} in {e.frame.function}" if e.frame else ""
+        process = f", {e.process}" if e.process else ""
+        lines.append(f"  last exception (line {e.line_no}{process}): {e.type}: {e.message[:200]}{frame}")
+    if diagnosis.startup.completed is not None:
+        state = "completed" if diagnosis.startup.completed else "not completed"
+        lines.append(
+            f"  startup: {state}, last phase {diagnosis.startup.last_phase} (line {diagnosis.startup.line_no})"
+        )
+    if diagnosis.facts:
+        lines.append("  facts: " + ", ".join(f"{f.name}={f.value} ({f.source})" for f in diagnosis.facts[:20]))
+    lines += [f"  also: {h.id} (line {h.line_no}, {h.count}x)" for h in diagnosis.classes[1:6]]
+    lines += [f"  warning: {h.id}: {h.title} (line {h.line_no}, {h.count}x)" for h in diagnosis.warnings[:6]]
+    lines += [f"{c.status:<12} {c.name}: {c.message[:300]}" for c in checks]
+    return "\n".join(lines)
 
 
 def _inspect_autotune(args: argparse.Namespace) -> int:

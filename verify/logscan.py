@@ -13,13 +13,15 @@ import os
 import re
 import re._constants as sre_c  # type: ignore[import-not-found]
 import re._parser as sre_parse  # type: ignore[import-not-found]
+import stat
+import sys
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
@@ -62,8 +64,14 @@ SIGNATURE_KEYS = (
     "applies_to",
     "origin",
     "package",
+    # Diagnosis only (verify/diagnosis.py): the facts a log or a cell must show before the entry is
+    # named as the cause, and the releases that fixed it. The stages ignore both.
+    "requires",
+    "fixed_in",
 )
 APPLIES_TO_PACKAGES = ("vllm", "flashinfer")  # the Facts a signature's `applies_to` may test
+# The facts `requires` may test (verify/diagnosis.py extracts them from the log or the cell).
+REQUIRES_FACTS = ("arch", "gpu", "fp8_linear", "kv_cache_dtype", "mla", "quantization", "kernel", "attention_backend")
 
 
 # -- data ------------------------------------------------------------------------------------------
@@ -93,6 +101,10 @@ class Signature:
     @property
     def external(self) -> bool:
         return self.origin == "external" or self.source == "kernel"
+    # fact -> regex its value must match before this is named as the cause (diagnosis only)
+    requires: tuple[tuple[str, str], ...] = ()
+    # package -> first release with the fix: a known version at or above it rules the entry out
+    fixed_in: tuple[tuple[str, str], ...] = ()
 
     def applies(self, facts: Facts | None) -> bool:
         """False only when a known installed version lies outside `applies_to`."""
@@ -202,6 +214,28 @@ def _signature(src: YamlSource, path: Path_, entry: Any, problems: list[str]) ->
         bad(("origin",), f"must be package or external, got {entry.get('origin')!r}")
     if "package" in entry and (not isinstance(entry["package"], str) or not entry["package"]):
         bad(("package",), "must be a distribution name, e.g. flashinfer-python")
+    requires = entry.get("requires") or {}
+    if not isinstance(requires, dict):
+        bad(("requires",), "must be a mapping of fact to regex, e.g. {arch: '^sm12[01]$'}")
+        requires = {}
+    for fact, pattern in requires.items():
+        if fact not in REQUIRES_FACTS:
+            bad(("requires", fact), f"unknown fact (known: {', '.join(REQUIRES_FACTS)})")
+        try:
+            re.compile(str(pattern))
+        except re.error as exc:
+            bad(("requires", fact), f"not a valid regular expression: {exc}")
+    fixed_in = entry.get("fixed_in") or {}
+    if not isinstance(fixed_in, dict):
+        bad(("fixed_in",), "must be a mapping of package to version, e.g. {flashinfer: 0.6.18.post1}")
+        fixed_in = {}
+    for package, version in fixed_in.items():
+        if package not in APPLIES_TO_PACKAGES:
+            bad(("fixed_in", package), f"unknown package (known: {', '.join(APPLIES_TO_PACKAGES)})")
+        try:
+            Version(str(version))
+        except InvalidVersion:
+            bad(("fixed_in", package), f"{version!r} is not a version")
     window = entry.get("window") or {}
     patterns = (
         {("match",): entry.get("match")}
@@ -230,6 +264,8 @@ def _signature(src: YamlSource, path: Path_, entry: Any, problems: list[str]) ->
         applies_to=tuple((str(k), str(v)) for k, v in sorted(applies_to.items())),
         origin=str(entry.get("origin", "package")),
         package=entry.get("package"),
+        requires=tuple((str(k), str(v)) for k, v in requires.items()),
+        fixed_in=tuple((str(k), str(v)) for k, v in sorted(fixed_in.items())),
     )
 
 
@@ -349,6 +385,8 @@ def _sequence_anchors(items: list[tuple[Any, Any]]) -> list[str] | None:
         best, run = max(best, run, key=len), ""
         if op is sre_c.SUBPATTERN:
             groups.append(list(av[-1]))
+        elif op is sre_c.BRANCH:  # a non-capturing (?:a|b) is parsed inline, as a bare branch
+            groups.append([(op, av)])
     best = max(best, run, key=len)
     if len(best) >= 3:
         return [best]
@@ -442,11 +480,20 @@ class _LineNumbers:
 
 
 @contextmanager
-def open_log(path: Path) -> Iterator[Log]:
-    """The file mapped into memory (no copy: a 200 MB log costs no read), or b"" when empty."""
+def open_log(path: Path, *, stdin: BinaryIO | None = None) -> Iterator[Log]:
+    """The log's bytes: a regular file mapped into memory (no copy: a 200 MB log costs no read).
+
+    `-` is standard input. Anything that is not a regular file with a size (a pipe, `/dev/stdin`,
+    `<(...)`, a FIFO, a procfs file, which reports size 0) is read to its end as a stream: its
+    size says nothing about its content, so judging it by its size would pass a log never read.
+    """
+    if str(path) == "-":
+        yield (stdin or sys.stdin.buffer).read()
+        return
     with path.open("rb") as f:
-        if os.fstat(f.fileno()).st_size == 0:
-            yield b""
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode) or info.st_size == 0:
+            yield f.read()
             return
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
             yield mapped

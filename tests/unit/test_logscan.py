@@ -292,21 +292,28 @@ def test_a_fatal_signature_ends_the_readiness_wait_while_the_container_runs(real
 # -- inspect log -------------------------------------------------------------------------------------
 
 
-def test_inspect_log_exits_1_on_a_failure_signature_with_lines_and_refs(tmp_path: Path, capsys) -> None:
+def test_inspect_log_names_the_class_not_an_unshown_incident(tmp_path: Path, capsys) -> None:
+    # An illegal memory access appended to the real CPU log: the class, its line, no SM120 incident
+    # (the log shows no SM12x and no FP8 kernel), at most the conditional hint.
     log = tmp_path / "server.log"
     log.write_bytes(CPU_LOG.read_bytes() + SAMPLES["cuda-illegal-memory-access"].encode())
     assert main(["inspect", "log", str(log), "--json"]) == 1
     document = json.loads(capsys.readouterr().out)
-    (hit,) = [m for m in document["matches"] if m["kind"] == "signature"]
-    assert hit["id"] == "cuda-illegal-memory-access" and hit["line"] == 97
-    assert hit["refs"] == ["vllm-project/vllm#55571"] and document["failed"] is True
+    diagnosis = document["diagnosis"]
+    assert diagnosis["class"]["id"] == "illegal-memory-access" and diagnosis["class"]["line"] == 97
+    assert diagnosis["class"]["process"] == "EngineCore" and document["verdict"] == "failed"
+    assert diagnosis["incident"] is None and [h["id"] for h in diagnosis["hints"]] == ["cuda-illegal-memory-access"]
+    assert not [m for m in document["matches"] if m["kind"] in ("signature", "incident")]
 
 
-def test_inspect_log_exits_1_on_a_forbid_rule_and_0_on_a_clean_log(tmp_path: Path, capsys) -> None:
+def test_inspect_log_applies_forbid_rules_with_a_cell_only(tmp_path: Path, capsys) -> None:
     assert main(["inspect", "log", str(CPU_LOG)]) == 0
     log = tmp_path / "server.log"
     log.write_bytes(CPU_LOG.read_bytes() + f"{API} Traceback (most recent call last):\n".encode())
-    assert main(["inspect", "log", str(log)]) == 1
+    assert main(["inspect", "log", str(log)]) == 1  # a bare traceback: the python-exception class
+    out = capsys.readouterr().out
+    assert "python-exception" in out and "forbid:no-traceback" not in out
+    assert main(["inspect", "log", str(log), "--cell", "cpu-tiny"]) == 1
     assert "FAIL         forbid:no-traceback" in capsys.readouterr().out
 
 
