@@ -50,7 +50,7 @@ def _pyplot() -> Any:
 
 def _svg(fig: Any, *, title: str, desc: str, prefix: str) -> str:
     buffer = io.StringIO()
-    fig.savefig(buffer, format="svg", metadata={"Date": None, "Creator": None}, bbox_inches="tight")
+    fig.savefig(buffer, format="svg", metadata={"Date": None, "Creator": None})
     text = buffer.getvalue()
     text = text[text.index("<svg") :]
     text = re.sub(r'\bid="([^"]+)"', rf'id="{prefix}-\1"', text)
@@ -78,7 +78,9 @@ def _quantiles(values: Sequence[float], points: int = 300) -> tuple[list[float],
 
 def latency_svg(ttft_ms: Sequence[float], itl_ms: Sequence[float], *, prefix: str, what: str) -> str:
     figure = _pyplot()
-    fig = figure(figsize=(7.2, 2.6))
+    from matplotlib.ticker import NullFormatter
+
+    fig = figure(figsize=(7.2, 2.6), layout="constrained")
     axes = fig.subplots(1, 2)
     for ax, values, name in ((axes[0], ttft_ms, "TTFT"), (axes[1], itl_ms, "ITL")):
         if values:
@@ -88,6 +90,8 @@ def latency_svg(ttft_ms: Sequence[float], itl_ms: Sequence[float], *, prefix: st
                 ax.axvline(xs[min(len(xs) - 1, int(q * len(xs)))], color="#666", linestyle=style, linewidth=0.8)
             if max(values) > 20 * max(min(values), 1e-3):
                 ax.set_xscale("log")
+                # Minor labels of a log axis overlap at this size: the major decades are enough.
+                ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel(f"{name} (ms)")
         ax.set_ylabel("fraction of requests" if name == "TTFT" else "fraction of tokens")
         ax.set_title(f"{name}, {len(values)} samples", fontsize=8)
@@ -103,7 +107,7 @@ def timeline_svg(
     timeline: Sequence[tuple[float, float, int]], events: Sequence[Mapping[str, Any]], *, prefix: str, what: str
 ) -> str:
     figure = _pyplot()
-    fig = figure(figsize=(7.2, 2.6))
+    fig = figure(figsize=(7.2, 2.6), layout="constrained")
     ax = fig.subplots()
     times = [t for t, _, _ in timeline]
     ax.plot(times, [rate for _, rate, _ in timeline], color="#4c72b0", marker=".", label="output tokens/s")
@@ -135,11 +139,12 @@ def timeline_svg(
 
 def heatmap_svg(tables: Sequence[Mapping[str, Any]], *, prefix: str, what: str) -> str:
     """Winners per (op, N, K) row and M bucket column; the colour names the runner (legend)."""
-    return _heatmap(json.dumps(list(tables), sort_keys=True, default=str), what).replace("@@P@@", prefix)
+    svg = _heatmap(json.dumps(list(tables), sort_keys=True, default=str))
+    return svg.replace("@@P@@", prefix).replace("@@WHAT@@", _xml(what))
 
 
 @functools.lru_cache(maxsize=512)
-def _heatmap(tables_json: str, what: str) -> str:
+def _heatmap(tables_json: str) -> str:
     # Memoised on the table itself: cells verified on one GPU with one model tune to the same winners,
     # and a site of many cells draws each distinct table once.
     tables = json.loads(tables_json)
@@ -150,7 +155,7 @@ def _heatmap(tables_json: str, what: str) -> str:
     from matplotlib.colors import ListedColormap
     from matplotlib.patches import Patch
 
-    fig = figure(figsize=(min(9.0, 1.6 + 0.32 * len(buckets)), 0.9 + 0.28 * len(tables)))
+    fig = figure(figsize=(min(9.0, 1.6 + 0.32 * len(buckets)), 0.9 + 0.28 * len(tables)), layout="constrained")
     ax = fig.subplots()
     grid = [[float("nan")] * len(buckets) for _ in tables]
     for i, table in enumerate(tables):
@@ -171,13 +176,13 @@ def _heatmap(tables_json: str, what: str) -> str:
     )
     counts = {name: sum(1 for t in tables for r in t.get("rows", ()) if r["runner"] == name) for name in runners}
     desc = "Winning runner per M bucket: " + "; ".join(f"{name} wins {n} bucket(s)" for name, n in counts.items())
-    return _svg(fig, title=f"Autotune winners: {what}", desc=desc, prefix="@@P@@")
+    return _svg(fig, title="Autotune winners: @@WHAT@@", desc=desc, prefix="@@P@@")
 
 
 def arms_svg(rows: Sequence[tuple[str, float | None, float | None]], *, prefix: str, what: str) -> str:
     """Output tok/s and TTFT p50 per receipt (label, tok/s, TTFT p50 ms), from the receipts' summaries."""
     figure = _pyplot()
-    fig = figure(figsize=(7.2, 0.9 + 0.3 * len(rows)))
+    fig = figure(figsize=(7.2, 0.9 + 0.3 * len(rows)), layout="constrained")
     left, right = fig.subplots(1, 2, sharey=True)
     labels = [label for label, _, _ in rows]
     positions = list(range(len(rows)))
