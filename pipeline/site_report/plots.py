@@ -155,14 +155,16 @@ def _heatmap(tables_json: str) -> str:
     from matplotlib.colors import ListedColormap
     from matplotlib.patches import Patch
 
-    fig = figure(figsize=(min(9.0, 1.6 + 0.32 * len(buckets)), 0.9 + 0.28 * len(tables)), layout="constrained")
+    fig = figure(
+        figsize=(min(9.0, max(5.0, 2.6 + 0.3 * len(buckets))), max(1.8, 1.1 + 0.28 * len(tables))),
+        layout="constrained",
+    )
     ax = fig.subplots()
     grid = [[float("nan")] * len(buckets) for _ in tables]
     for i, table in enumerate(tables):
         for row in table.get("rows", ()):
             grid[i][buckets.index(int(row["m_bucket"]))] = runners.index(str(row["runner"]))
-    cmap = ListedColormap([colours[name] for name in runners] or ["#ffffff"])
-    cmap.set_bad("#ffffff")
+    cmap = ListedColormap([colours[name] for name in runners] or ["#ffffff"]).with_extremes(bad="#ffffff")
     ax.imshow(grid, aspect="auto", cmap=cmap, vmin=-0.5, vmax=max(0.5, len(runners) - 0.5), interpolation="nearest")
     ax.set_xticks(range(len(buckets)), [str(b) for b in buckets], rotation=90, fontsize=7)
     ax.set_yticks(range(len(tables)), [f"{t.get('op')} N={t.get('n')} K={t.get('k')}" for t in tables], fontsize=7)
