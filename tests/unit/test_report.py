@@ -314,3 +314,19 @@ def test_an_unreachable_registry_exits_3(tmp_path: Path, capsys) -> None:
     server.server_close()  # a port nothing listens on
     assert main(["report", "--registry", f"127.0.0.1:{port}", "--out", str(tmp_path / "s")]) == 3
     assert "unreachable" in capsys.readouterr().err
+
+
+# -- verify.yml publishes the site ---------------------------------------------------------------
+
+
+def test_verify_yml_renders_the_registry_site_on_the_default_branch_and_uploads_it() -> None:
+    import yaml
+
+    workflow = yaml.safe_load((REPO / ".github/workflows/verify.yml").read_text())
+    job = workflow["jobs"]["report"]
+    assert "github.event_name != 'pull_request'" in job["if"] and "default_branch" in job["if"]
+    assert job["if"].startswith("always()")  # a failed verify job's receipt belongs on the page too
+    runs = " ".join(s.get("run", "") for s in job["steps"])
+    assert "'.[report]'" in runs and 'stackproof report --registry "$REGISTRY" --out stackproof-site' in runs
+    [upload] = [s for s in job["steps"] if s.get("uses", "").startswith("actions/upload-artifact@")]
+    assert upload["with"]["path"] == "stackproof-site/"
