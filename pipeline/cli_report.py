@@ -58,6 +58,8 @@ def _report(args: argparse.Namespace) -> int:
     from pipeline.site_report.sources import read_fixtures, receipts_from_dirs, receipts_from_registry
 
     started = time.perf_counter()
+    if args.out.exists() and not args.out.is_dir():
+        raise InputError(f"--out {args.out}: exists and is not a directory")
     if args.receipts:
         receipts = receipts_from_dirs(args.receipts)
     else:
@@ -112,8 +114,6 @@ def _ca_bundle(args: argparse.Namespace) -> str | None:
 
 
 def write_site(files: dict[str, bytes], out: Path) -> None:
-    if out.exists() and not out.is_dir():
-        raise InputError(f"--out {out}: exists and is not a directory")
     for relative, data in files.items():
         path = out / relative
         path.parent.mkdir(parents=True, exist_ok=True)

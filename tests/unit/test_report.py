@@ -330,3 +330,18 @@ def test_verify_yml_renders_the_registry_site_on_the_default_branch_and_uploads_
     assert "'.[report]'" in runs and 'stackproof report --registry "$REGISTRY" --out stackproof-site' in runs
     [upload] = [s for s in job["steps"] if s.get("uses", "").startswith("actions/upload-artifact@")]
     assert upload["with"]["path"] == "stackproof-site/"
+
+
+def test_without_matplotlib_the_command_says_what_to_install(tmp_path: Path, capsys, monkeypatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # an import of it now raises ImportError
+    assert main(["report", "--receipts", str(PASS_RUN), "--out", str(tmp_path / "s")]) == 3
+    assert "pip install 'stackproof[report]'" in capsys.readouterr().err
+    assert not (tmp_path / "s").exists()  # nothing half-written
+
+
+def test_an_out_that_is_a_file_exits_2(tmp_path: Path, capsys) -> None:
+    (tmp_path / "file").write_text("x")
+    assert main(["report", "--receipts", str(PASS_RUN), "--out", str(tmp_path / "file")]) == 2
+    assert "exists and is not a directory" in capsys.readouterr().err
