@@ -121,6 +121,8 @@ def _page(env: jinja2.Environment, template: str, **context: Any) -> bytes:
 def _num(value: float | None, digits: int = 1) -> str:
     if value is None:
         return "-"
+    if float(value).is_integer() and abs(value) < 1e6:
+        return f"{value:,.0f}"  # counts: 80 questions, not 80.000
     return f"{value:,.{digits}f}" if abs(value) < 1e6 else f"{value:,.0f}"
 
 
