@@ -320,7 +320,7 @@ def build_site(
     unique = {r.id: r for r in receipts}  # the same receipt from two places is one receipt
     ordered = sorted(unique.values(), key=lambda r: (r.started_at, r.id), reverse=True)
     rows = list(dict.fromkeys([*cells, *sorted({r.cell for r in ordered})]))
-    hosts = {r.host.key: r.host for r in sorted(ordered, key=lambda r: (r.host.arch, r.host.summary))}
+    hosts = {r.host.key: r.host for r in sorted(ordered, key=lambda r: (_arch_order(r.host.arch), r.host.summary))}
     by_cell = {cell: tuple(r for r in ordered if r.cell == cell) for cell in rows}
     squares: dict[tuple[str, str], Square] = {}
     for cell in rows:
@@ -342,6 +342,12 @@ def build_site(
         by_cell=by_cell,
         compares={cell: compares_of(cell, by_cell[cell]) for cell in rows},
     )
+
+
+def _arch_order(arch: str) -> tuple[int, str]:
+    """CPU hosts first, then GPUs by compute capability (sm90 before sm100), not by spelling."""
+    digits = "".join(ch for ch in arch.split(",")[0] if ch.isdigit())
+    return (int(digits) if digits else 0, arch)
 
 
 def prefer(receipts: Sequence[Receipt]) -> list[Receipt]:

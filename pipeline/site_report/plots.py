@@ -67,6 +67,11 @@ def _xml(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
 
 
+def _short(text: str, limit: int = 28) -> str:
+    """A tick label that fits the fixed margin; the full text is in the table beside the plot."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def _quantiles(values: Sequence[float], points: int = 300) -> tuple[list[float], list[float]]:
     """An ECDF drawn from at most `points` quantiles: a soak's million ITLs draw as fast as 80."""
     data = sorted(values)
@@ -152,10 +157,11 @@ def _heatmap(tables_json: str) -> str:
     from matplotlib.colors import ListedColormap
     from matplotlib.patches import Patch
 
-    fig = figure(
-        figsize=(min(9.0, max(5.0, 2.6 + 0.3 * len(buckets))), max(1.8, 1.1 + 0.28 * len(tables))),
-        layout="constrained",
-    )
+    width, height = min(9.0, max(5.0, 3.2 + 0.3 * len(buckets))), max(1.8, 1.0 + 0.28 * len(tables))
+    fig = figure(figsize=(width, height))
+    # Fixed margins in inches (shape labels left, legend right, rotated buckets below): a layout
+    # engine would double the drawing time of every plot.
+    fig.subplots_adjust(left=1.55 / width, right=1 - 1.75 / width, bottom=0.8 / height, top=1 - 0.1 / height)
     ax = fig.subplots()
     grid = [[float("nan")] * len(buckets) for _ in tables]
     for i, table in enumerate(tables):
@@ -164,7 +170,9 @@ def _heatmap(tables_json: str) -> str:
     cmap = ListedColormap([colours[name] for name in runners] or ["#ffffff"]).with_extremes(bad="#ffffff")
     ax.imshow(grid, aspect="auto", cmap=cmap, vmin=-0.5, vmax=max(0.5, len(runners) - 0.5), interpolation="nearest")
     ax.set_xticks(range(len(buckets)), [str(b) for b in buckets], rotation=90, fontsize=7)
-    ax.set_yticks(range(len(tables)), [f"{t.get('op')} N={t.get('n')} K={t.get('k')}" for t in tables], fontsize=7)
+    ax.set_yticks(
+        range(len(tables)), [_short(f"{t.get('op')} N={t.get('n')} K={t.get('k')}") for t in tables], fontsize=7
+    )
     ax.set_xlabel("M bucket (tokens)")
     ax.legend(
         handles=[Patch(color=colours[name], label=name) for name in runners],
@@ -181,13 +189,16 @@ def _heatmap(tables_json: str) -> str:
 def arms_svg(rows: Sequence[tuple[str, float | None, float | None]], *, prefix: str, what: str) -> str:
     """Output tok/s and TTFT p50 per receipt (label, tok/s, TTFT p50 ms), from the receipts' summaries."""
     figure = _pyplot()
-    fig = figure(figsize=(7.2, 0.9 + 0.3 * len(rows)), layout="constrained")
+    height = 0.9 + 0.3 * len(rows)
+    fig = figure(figsize=(7.2, height))
+    # Fixed margins (the labels' room is known): a layout engine would double the drawing time.
+    fig.subplots_adjust(left=0.36, right=0.98, bottom=0.5 / height, top=1 - 0.1 / height, wspace=0.08)
     left, right = fig.subplots(1, 2, sharey=True)
     labels = [label for label, _, _ in rows]
     positions = list(range(len(rows)))
     left.barh(positions, [tok or 0 for _, tok, _ in rows], color="#4c72b0")
     right.barh(positions, [ttft or 0 for _, _, ttft in rows], color="#dd8452")
-    left.set_yticks(positions, labels, fontsize=7)
+    left.set_yticks(positions, [_short(label, 44) for label in labels], fontsize=7)
     left.invert_yaxis()
     left.set_xlabel("output tokens/s")
     right.set_xlabel("TTFT p50 (ms)")

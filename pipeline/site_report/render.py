@@ -230,9 +230,19 @@ def _cell_plots(cell: str, receipts: tuple[Receipt, ...]) -> dict[str, Any]:
             out["heatmap"][r.id] = Markup(plots.heatmap_svg(r.autotune, prefix=f"hm-{r.id}", what=what))
     measured = [r for r in heads if r.tok_s is not None]
     if measured:
-        rows = [(f"{r.host.summary} / {r.arm or 'no arm'}", r.tok_s, r.latency("ttft", "p50")) for r in measured]
+        rows = [
+            (f"{_gpus(r)} [{r.host.key[:6]}] / {r.arm or 'no arm'}", r.tok_s, r.latency("ttft", "p50"))
+            for r in measured
+        ]
         out["arms"] = Markup(plots.arms_svg(rows, prefix=f"arms-{slug(cell)}", what=cell))
     return out
+
+
+def _gpus(receipt: Receipt) -> str:
+    names = receipt.host.gpus
+    if not names:
+        return "no GPU"
+    return f"{len(names)}x {names[0].removeprefix('NVIDIA ')}" if len(set(names)) == 1 else ", ".join(names)
 
 
 def _stage_pairs(compare: Compare) -> list[tuple[str, str, str]]:
