@@ -345,3 +345,13 @@ def test_an_out_that_is_a_file_exits_2(tmp_path: Path, capsys) -> None:
     (tmp_path / "file").write_text("x")
     assert main(["report", "--receipts", str(PASS_RUN), "--out", str(tmp_path / "file")]) == 2
     assert "exists and is not a directory" in capsys.readouterr().err
+
+
+def test_hosts_are_ordered_cpu_first_then_by_compute_capability() -> None:
+    def on(name: str, cc: str, key: str) -> Any:
+        document = _doc()
+        document["host"] = {**document["host"], "gpus": [{"name": name, "compute_capability": cc}], "key": key}
+        return _receipt(document)
+
+    site = build_site([on("B200", "10.0", "b"), on("H200", "9.0", "h"), _receipt(_doc())])
+    assert [h.arch for h in site.hosts] == ["cpu", "sm90", "sm100"]
