@@ -8,6 +8,7 @@ the server log, JUnit, the summary); a registry gives the receipt alone, and the
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,9 +127,11 @@ def _tail(path: Path) -> bytes:
 def receipts_from_registry(registry: str, *, ca_bundle: str | None = None) -> list[Receipt]:
     """Every receipt attached in the registry's stackproof repository.
 
-    A thin adapter over pipeline.registry / pipeline.publish: it lists the repository's tags, keeps
-    the receipt tags (publish's `receipt_tag` naming), and reads each artifact's receipt layer.
-    When publish moves to the referrers API, only this function changes.
+    A thin adapter over pipeline.registry / pipeline.publish (`_repo`, `RECEIPT_MEDIA_TYPE`,
+    `RegistryClient.check/manifest/get_blob`, and `tags`/`referrers` where the client has them).
+    It finds receipt artifacts three ways, as pull does: the OCI tag schema's `sha256-<hex>` image
+    indexes, the referrers API for image tags without one, and the `sha256-<hex>.receipt` tags of
+    stackproof 0.1; then reads each artifact's receipt layer.
     """
     from pipeline.publish import RECEIPT_MEDIA_TYPE, _repo
     from pipeline.registry import RegistryClient
@@ -137,26 +140,59 @@ def receipts_from_registry(registry: str, *, ca_bundle: str | None = None) -> li
     receipts = []
     with RegistryClient(host, ca_bundle=ca_bundle) as client:
         client.check()
-        # RegistryClient has no tag listing of its own yet; the distribution API's is one GET.
-        response = client._request("GET", f"/v2/{repo}/tags/list")
-        if response.status_code == 404:
-            return []
-        client._ok(response, f"list tags of {repo}")
-        tags = sorted(t for t in response.json().get("tags") or () if t.endswith(".receipt"))
+        tags = _tags(client, repo)
+        artifacts: dict[str, str] = {}  # artifact manifest digest -> the tag it was found through
+        indexed = set()
         for tag in tags:
-            artifact = client.manifest(repo, tag)
+            if _TAG_SCHEMA.fullmatch(tag):
+                index = client.manifest(repo, tag)
+                for d in (index.json.get("manifests") or []) if index is not None else []:
+                    if d.get("artifactType") == RECEIPT_MEDIA_TYPE and d.get("digest"):
+                        artifacts.setdefault(str(d["digest"]), tag)
+                indexed.add(tag)
+            elif tag.endswith(".receipt") and _TAG_SCHEMA.fullmatch(tag.removesuffix(".receipt")):
+                legacy = client.manifest(repo, tag)
+                if legacy is not None:
+                    artifacts.setdefault(legacy.digest, tag)
+        referrers = getattr(client, "referrers", None)
+        if referrers is not None:
+            for tag in tags:
+                if _TAG_SCHEMA.fullmatch(tag.removesuffix(".receipt")):
+                    continue
+                image = client.manifest(repo, tag)
+                if image is None or image.digest.replace(":", "-", 1) in indexed:
+                    continue
+                for d in referrers(repo, image.digest) or []:
+                    if d.get("artifactType") == RECEIPT_MEDIA_TYPE and d.get("digest"):
+                        artifacts.setdefault(str(d["digest"]), tag)
+        for digest, tag in sorted(artifacts.items()):
+            artifact = client.manifest(repo, digest)
             if artifact is None:
                 continue
-            layers = [x for x in artifact.json.get("layers", []) if x.get("mediaType") == RECEIPT_MEDIA_TYPE]
+            layers = [x for x in (artifact.json.get("layers") or []) if x.get("mediaType") == RECEIPT_MEDIA_TYPE]
             if not layers:
                 continue
-            where = f"{host}/{repo}:{tag}"
+            where = f"{host}/{repo}@{digest} (via {tag})"
             try:
                 document = json.loads(client.get_blob(repo, layers[0]["digest"]))
             except json.JSONDecodeError as exc:
                 raise InputError(f"{where}: receipt layer is not JSON: {exc.msg}") from exc
             receipts.append(parse_receipt(document, source=where, origin=ORIGIN_REGISTRY))
     return receipts
+
+
+_TAG_SCHEMA = re.compile(r"sha256-[0-9a-f]{64}")
+
+
+def _tags(client: Any, repo: str) -> list[str]:
+    if hasattr(client, "tags"):
+        return sorted(client.tags(repo))
+    # This client version has no tag listing of its own; the distribution API's is one GET.
+    response = client._request("GET", f"/v2/{repo}/tags/list")
+    if response.status_code == 404:
+        return []
+    client._ok(response, f"list tags of {repo}")
+    return sorted(response.json().get("tags") or [])
 
 
 # -- GPU fixtures (a page of their own, never a square) ------------------------------------------------

@@ -285,27 +285,42 @@ class _Registry(BaseHTTPRequestHandler):
         pass
 
 
-def test_receipts_from_a_registry_are_the_receipt_tags_layers() -> None:
+def test_receipts_from_a_registry_by_tag_schema_index_and_by_legacy_tag() -> None:
     from pipeline.publish import RECEIPT_MEDIA_TYPE
     from pipeline.registry import sha256_digest
 
-    body = json.dumps(_doc()).encode()
-    digest = sha256_digest(body)
-    layer = {"mediaType": RECEIPT_MEDIA_TYPE, "digest": digest, "size": len(body)}
-    _Registry.blobs = {digest: body}
-    _Registry.manifests = {
-        "sha256-" + "a" * 64 + ".receipt": json.dumps({"layers": [layer]}).encode(),
-        "cpu-tiny-verified": json.dumps({"layers": []}).encode(),  # an image tag: not a receipt
-    }
+    def artifact(document: dict[str, Any]) -> tuple[str, bytes]:
+        body = json.dumps(document).encode()
+        _Registry.blobs[sha256_digest(body)] = body
+        layer = {"mediaType": RECEIPT_MEDIA_TYPE, "digest": sha256_digest(body), "size": len(body)}
+        manifest = json.dumps({"artifactType": RECEIPT_MEDIA_TYPE, "layers": [layer]}).encode()
+        _Registry.manifests[sha256_digest(manifest)] = manifest
+        return sha256_digest(manifest), manifest
+
+    _Registry.blobs, _Registry.manifests = {}, {}
+    other_host = _doc()
+    other_host["host"] = {**other_host["host"], "key": "another0host", "summary": "another host"}
+    first, _ = artifact(_doc())
+    second, _ = artifact(other_host)
+    old_doc = {**_doc(), "started_at": "2026-11-01T00:00:00Z"}
+    _, old = artifact(old_doc)
+    index = {"manifests": [{"artifactType": RECEIPT_MEDIA_TYPE, "digest": d} for d in (first, second)]}
+    _Registry.manifests["sha256-" + "a" * 64] = json.dumps(index).encode()  # the tag schema: two hosts
+    _Registry.manifests["sha256-" + "b" * 64 + ".receipt"] = old  # stackproof 0.1's single receipt
+    _Registry.manifests["cpu-tiny-verified"] = json.dumps({"layers": []}).encode()  # an image: no receipt
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Registry)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         receipts = receipts_from_registry(f"127.0.0.1:{server.server_address[1]}")
     finally:
         server.shutdown()
-    [receipt] = receipts
-    assert receipt.status == "PASS" and receipt.raw is None and receipt.origin == "registry"
-    assert receipt.source.endswith(".receipt")
+    assert sorted((r.host.key, r.started_at) for r in receipts) == [
+        ("another0host", "2026-12-01T18:19:31Z"),
+        ("c765d02eb99f5d13", "2026-11-01T00:00:00Z"),
+        ("c765d02eb99f5d13", "2026-12-01T18:19:31Z"),
+    ]
+    assert all(r.raw is None and r.origin == "registry" for r in receipts)
+    assert any("via sha256-" in r.source for r in receipts)
 
 
 def test_an_unreachable_registry_exits_3(tmp_path: Path, capsys) -> None:
