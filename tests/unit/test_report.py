@@ -370,3 +370,12 @@ def test_hosts_are_ordered_cpu_first_then_by_compute_capability() -> None:
 
     site = build_site([on("B200", "10.0", "b"), on("H200", "9.0", "h"), _receipt(_doc())])
     assert [h.arch for h in site.hosts] == ["cpu", "sm90", "sm100"]
+
+
+def test_compares_pair_hosts_and_arms_newest_with_newest() -> None:
+    other = _doc()
+    other["host"] = {**other["host"], "key": "another0host", "summary": "another host"}
+    arm = {**_doc(), "arm": "no-fi-fp8"}
+    site = build_site([_receipt(_doc()), _receipt(other), _receipt(arm)])
+    assert sorted(c.why for c in site.compares["cpu-tiny"]) == ["two arms", "two hosts", "two hosts, two arms"]
+    assert len(build_site([_receipt(_doc())]).compares["cpu-tiny"]) == 0
