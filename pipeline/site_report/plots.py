@@ -83,7 +83,8 @@ def _quantiles(values: Sequence[float], points: int = 300) -> tuple[list[float],
 
 def latency_svg(ttft_ms: Sequence[float], itl_ms: Sequence[float], *, prefix: str, what: str) -> str:
     figure = _pyplot()
-    fig = figure(figsize=(7.2, 2.6), layout="constrained")
+    fig = figure(figsize=(7.2, 2.6))
+    fig.subplots_adjust(left=0.09, right=0.98, bottom=0.18, top=0.9, wspace=0.28)  # fixed: no layout engine
     axes = fig.subplots(1, 2)
     for ax, values, name in ((axes[0], ttft_ms, "TTFT"), (axes[1], itl_ms, "ITL")):
         if values:
@@ -109,7 +110,8 @@ def timeline_svg(
     timeline: Sequence[tuple[float, float, int]], events: Sequence[Mapping[str, Any]], *, prefix: str, what: str
 ) -> str:
     figure = _pyplot()
-    fig = figure(figsize=(7.2, 2.6), layout="constrained")
+    fig = figure(figsize=(7.2, 2.6))
+    fig.subplots_adjust(left=0.1, right=0.9, bottom=0.18, top=0.95)  # fixed: no layout engine
     ax = fig.subplots()
     times = [t for t, _, _ in timeline]
     ax.plot(times, [rate for _, rate, _ in timeline], color="#4c72b0", marker=".", label="output tokens/s")
