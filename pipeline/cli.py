@@ -214,6 +214,9 @@ def _parser() -> argparse.ArgumentParser:
     from pipeline.cli_model import add_commands as add_model_commands
 
     add_model_commands(commands, common)
+    from pipeline.cli_report import add_commands as add_report_commands
+
+    add_report_commands(commands, common)
     return parser
 
 
