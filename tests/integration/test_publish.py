@@ -662,3 +662,23 @@ def test_signed_receipts_valid_tampered_and_wrong_key(bench: Bench, tmp_path: Pa
     tampered = bench.pull("--require-signature", "--key", str(public))
     assert tampered.returncode == 1 and "tampered" in tampered.stderr, tampered.stderr[-2000:]
     assert bench.pulled_id() is None
+
+
+def test_the_matrix_site_from_the_registry_shows_the_published_receipt(bench: Bench) -> None:
+    """`stackproof report --registry`: the receipt publish attached is the site's square, read back
+    through the same client, credentials and referrers; a receipt alone says its series are missing."""
+    version = bench.version("site")
+    receipt = bench.receipt(version)
+    published = bench.publish(version, receipt)
+    assert published.returncode == 0, published.stderr[-3000:]
+    site = bench.tmp / "site"
+    args = ["report", "--registry", bench.registry.address, "--out", str(site), "--json"]
+    done = bench.run(args, login=bool(bench.registry.password))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.json()["receipts"] == 1
+    index = json.loads((site / "index.json").read_text())
+    [square] = [s for s in index["squares"] if s["cell"] == CELL]
+    assert square["status"] == "PASS" and square["origin"] == "registry"
+    assert square["image_id"] == json.loads(receipt.read_text())["image"]["id"]
+    assert "not available" in (site / "cells" / f"{CELL}.html").read_text()
+    bench.assert_no_secret()
