@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import signal
 import sys
@@ -24,6 +25,7 @@ from pipeline.cliutil import emit as _emit
 from pipeline.cliutil import jsonable as _jsonable
 from pipeline.cliutil import load as _load
 from pipeline.errors import InputError, Interrupted, MatrixError, PipelineError
+from pipeline.load import MAX_CONCURRENCY, MAX_COUNT, MAX_SECONDS
 from pipeline.model import Cell, LoadSpec, Matrix
 
 if TYPE_CHECKING:
@@ -73,14 +75,14 @@ def _parser() -> argparse.ArgumentParser:
     group = load_opts.add_argument_group("load (overrides serve.load)")
     group.add_argument("--questions", type=_positive_int, default=None, help="questions in a short run")
     group.add_argument("--questions-file", type=Path, default=None, help="JSONL of {id, turns: [2-3 strings]}")
-    group.add_argument("--concurrency", type=_positive_int, default=None, help="questions in flight (closed loop)")
+    group.add_argument("--concurrency", type=_concurrency, default=None, help="questions in flight (closed loop)")
     group.add_argument("--rate", type=_positive_float, default=None, help="open loop: questions started per second")
     group.add_argument("--burstiness", type=_positive_float, default=None, help="gamma shape of arrivals (1 = Poisson)")
     group.add_argument("--max-tokens", type=_positive_int, default=None, help="output tokens per turn")
-    group.add_argument("--duration", type=_positive_float, default=None, help="seconds after which no question starts")
-    group.add_argument("--stall-seconds", type=_positive_float, default=None, help="no progress this long = stall")
-    group.add_argument("--chunk-timeout", type=_positive_float, default=None, help="seconds one stream may be silent")
-    group.add_argument("--scrape-interval", type=_positive_float, default=None, help="seconds between /metrics scrapes")
+    group.add_argument("--duration", type=_seconds, default=None, help="seconds after which no question starts")
+    group.add_argument("--stall-seconds", type=_seconds, default=None, help="no progress this long = stall")
+    group.add_argument("--chunk-timeout", type=_seconds, default=None, help="seconds one stream may be silent")
+    group.add_argument("--scrape-interval", type=_seconds, default=None, help="seconds between /metrics scrapes")
     group.add_argument("--baseline-rate", default=None, help="fault probability per question: 1/450 or 0.00222")
     group.add_argument(
         "--determinism-repeats", type=_count, default=None, help="greedy samples per prompt and phase (0 = off)"
@@ -154,7 +156,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("cell")
     p.add_argument("--arms", default="default", help="comma-separated arm names; `default` = the cell without arm")
-    p.add_argument("--slice", type=_positive_float, default=300.0, help="seconds of load per arm per round")
+    p.add_argument("--slice", type=_seconds, default=300.0, help="seconds of load per arm per round")
     p.add_argument("--out", type=Path, default=Path("stackproof-out"))
     p.set_defaults(handler=_soak)
 
@@ -466,16 +468,21 @@ def _soak(args: argparse.Namespace) -> int:
     return 1 if any(a["faults"] for a in document["arms"].values()) else 0
 
 
-def _number(kind: type[int] | type[float], *, zero_ok: bool = False) -> Callable[[str], Any]:
-    """An argparse type: an int or float that must be positive (or, with zero_ok, not negative)."""
+def _number(kind: type[int] | type[float], *, zero_ok: bool = False, high: float = MAX_COUNT) -> Callable[[str], Any]:
+    """An argparse type: a finite int or float that must be positive (or, with zero_ok, not
+    negative) and at most `high`: no NaN, no infinity, no 10**9 workers."""
 
     def parse(text: str) -> int | float:
         try:
             value = kind(text)
-        except ValueError:
+        except (ValueError, OverflowError):
             raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text!r} must be a finite number")
         if value < 0 or (value == 0 and not zero_ok):
             raise argparse.ArgumentTypeError(f"{text!r} {'must not be negative' if zero_ok else 'must be positive'}")
+        if value > high:
+            raise argparse.ArgumentTypeError(f"{text!r} is too large (at most {high:,})")
         return value
 
     return parse
@@ -484,6 +491,8 @@ def _number(kind: type[int] | type[float], *, zero_ok: bool = False) -> Callable
 _positive_int = _number(int)
 _count = _number(int, zero_ok=True)
 _positive_float = _number(float)
+_concurrency = _number(int, high=MAX_CONCURRENCY)
+_seconds = _number(float, high=MAX_SECONDS)
 
 
 def _inspect_log(args: argparse.Namespace) -> int:
