@@ -24,9 +24,10 @@ from pipeline.engine import Engine
 from pipeline.errors import InfraError
 from pipeline.model import BootstrapBase, Cell, CellBase, Matrix, RegistryBase
 from pipeline.plan import BuildPlan, plan_cell
-from pipeline.site import SiteSettings
+from pipeline.redact import redact
+from pipeline.site import Mirror, SiteSettings
 
-__all__ = ["BuildResult", "build_cell", "write_context"]
+__all__ = ["BuildResult", "build_cell", "index_options", "write_context"]
 
 MATRIX_DIGEST_LABEL = "io.stackproof.matrix.digest"
 _RESOLVED_BASE = re.compile(r"resolve (?:docker-image://)?(\S+@sha256:[0-9a-f]{64})")
@@ -113,7 +114,10 @@ def _build(
             file=sys.stderr,
         )
 
+        hidden = site.secrets()
+
         def on_line(line: str, log: TextIO = log) -> None:
+            line = redact(line, hidden)
             log.write(line + "\n")
             print(f"[build {cell.id}] {line}", file=sys.stderr, flush=True)
             match = _RESOLVED_BASE.search(line)
@@ -190,17 +194,21 @@ def _write_secrets(matrix: Matrix, plan: BuildPlan, site: SiteSettings, director
     directory.mkdir(mode=0o700)
     secrets: dict[str, Path] = {}
     for index in plan.indexes:
-        where = site.index_location(matrix, index)
-        if where.is_local:
-            options = ["--no-index", "--find-links", f"/tmp/stackproof/wheels/{index}"]
-        else:
-            options = ["--index-url", where.location]
-            if where.location.startswith("http://"):
-                options += ["--trusted-host", where.location.split("/")[2].rsplit("@", 1)[-1]]
         path = directory / f"index-{index}"
         path.touch(mode=0o600)
-        path.write_text("\n".join(options) + "\n")
+        path.write_text(index_options(site.index_location(matrix, index)))
         secrets[f"index-{index}"] = path
     if site.ca_bundle is not None:
         secrets["cabundle"] = site.ca_bundle
     return secrets
+
+
+def index_options(where: Mirror) -> str:
+    """The `index-NAME` secret: a requirements file of pip options, one per line. pip reads it with
+    `-r` (images/pip-install.sh), so a URL's credentials never reach pip's argv (`ps`)."""
+    if where.is_local:
+        return f"--no-index\n--find-links /tmp/stackproof/wheels/{where.index}\n"
+    lines = [f"--index-url {where.location}"]
+    if where.location.startswith("http://"):
+        lines.append(f"--trusted-host {where.location.split('/')[2].rsplit('@', 1)[-1]}")
+    return "".join(line + "\n" for line in lines)

@@ -115,15 +115,20 @@ def resolve_lock(matrix: Matrix, cell: Cell, site: SiteSettings) -> Lock:
         "--python-platform",
         install.python_platform,
     ]
+    # Index URLs (which may carry credentials) go to uv through its environment, not its argv: the
+    # process table is readable by every local user, a process's environment only by its owner.
+    env = {"SSL_CERT_FILE": str(site.ca_bundle)} if site.ca_bundle else {}
+    extra = []
     for index in sorted({DEPENDENCY_INDEX, *(r.index for r in install.requirements)}):
         where = site.index_location(matrix, index)
         if where.is_local:
             argv += ["--find-links", str(where.directory)]
         elif index == DEPENDENCY_INDEX:
-            argv += ["--index-url", where.location]
+            env["UV_INDEX_URL"] = where.location
         else:
-            argv += ["--extra-index-url", where.location]
-    env = {"SSL_CERT_FILE": str(site.ca_bundle)} if site.ca_bundle else {}
+            extra.append(where.location)
+    if extra:
+        env["UV_EXTRA_INDEX_URL"] = " ".join(extra)
     with tempfile.TemporaryDirectory(prefix="stackproof-lock-") as tmp:
         requirements = Path(tmp) / "requirements.in"
         requirements.write_text("".join(f"{r.pin}\n" for r in install.requirements))
