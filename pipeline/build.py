@@ -95,7 +95,7 @@ def _build(
     engine: Engine, matrix: Matrix, plan: BuildPlan, site: SiteSettings, *, out_dir: Path, no_cache: bool
 ) -> BuildResult:
     cell = plan.cell
-    log_path = out_dir / "build.log"
+    log_path = _build_log(out_dir)
     started = time.monotonic()
     resolved: list[str] = []
     # The context lives at a stable path, updated in place: BuildKit then transfers only what
@@ -155,6 +155,24 @@ def _build(
         matrix_digest=matrix.digest,
         log=str(log_path),
     )
+
+
+def _build_log(out_dir: Path) -> Path:
+    """A log file of this build's own (`build-STAMP[-N].log`, created exclusively: concurrent builds
+    of one cell never share one), and `build.log` pointing at the newest."""
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    for n in range(1, 10_000):
+        path = out_dir / (f"build-{stamp}.log" if n == 1 else f"build-{stamp}-{n}.log")
+        try:
+            path.touch(exist_ok=False)
+        except FileExistsError:
+            continue
+        latest = out_dir / f".build.log.{os.getpid()}"
+        latest.unlink(missing_ok=True)
+        latest.symlink_to(path.name)
+        os.replace(latest, out_dir / "build.log")  # atomic: readers see the old or the new link
+        return path
+    raise InfraError(f"{out_dir}: 10,000 build logs this second")
 
 
 def write_context(plan: BuildPlan, context: Path) -> None:

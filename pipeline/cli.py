@@ -432,6 +432,7 @@ def _soak(args: argparse.Namespace) -> int:
     """Exit 1 when any arm saw a fault."""
     from pipeline.engine import Engine
     from pipeline.plan import plan_cell
+    from pipeline.runjob import exclusive_dir
     from pipeline.site import load_site
     from verify.soak import DEFAULT_ARM, soak
 
@@ -451,7 +452,7 @@ def _soak(args: argparse.Namespace) -> int:
     engine = Engine.connect()
     if engine.image(tag) is None:
         raise InputError(f"{cell.id}: image {tag} is not built: run `stackproof build {cell.id}`")
-    out = args.out / cell.id / time.strftime("soak-%Y%m%dT%H%M%S")
+    out = exclusive_dir(args.out / cell.id, time.strftime("soak-%Y%m%dT%H%M%S"))
     document = soak(engine, cell, tag, arms=arms, spec=spec, duration_s=duration, slice_s=args.slice, out_dir=out)
     lines = []
     for name, arm in document["arms"].items():
