@@ -174,6 +174,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--m", type=int, action="append", default=[], help="also say which bucket serves this M")
     p.set_defaults(handler=_inspect_autotune)
 
+    p = commands.add_parser("gc", parents=[common], help="remove containers of dead runs on this host (owner gone)")
+    p.set_defaults(handler=_gc)
+
     p = commands.add_parser("stats", parents=[common], help="what a fault count over N questions proves")
     p.add_argument("--baseline-rate", required=True, help="fault probability per question: 1/450 or 0.00222")
     p.add_argument("--questions", type=int, required=True)
@@ -357,6 +360,7 @@ def _verify_or_run(args: argparse.Namespace, *, build: bool) -> int:
         raise InputError(f"--previous {args.previous}: no such file")
     load = _load_spec(args, cell.serve.load) if cell.serve else None
     engine = _engine(args, matrix, cell, images, site)  # bad input is exit 2 before any host check
+    _remove_dead_runs(engine)
     report = job(
         engine,
         matrix,
@@ -373,6 +377,24 @@ def _verify_or_run(args: argparse.Namespace, *, build: bool) -> int:
     stages_line = ", ".join(f"{s.stage} {s.status}" for s in report.stages)
     _emit(args, report.to_json(), f"{cell.id}: {verdict}: {report.outcome.summary} [{stages_line}]")
     return 0 if report.outcome.passed else 1
+
+
+def _remove_dead_runs(engine: Engine) -> list[str]:
+    """Containers left by runs that died unclean (SIGKILL) on this host go before this run starts."""
+    from pipeline.gc import collect_garbage
+
+    removed = collect_garbage(engine)
+    for name in removed:
+        print(f"stackproof: removed {name}: its run is gone", file=sys.stderr)
+    return removed
+
+
+def _gc(args: argparse.Namespace) -> int:
+    from pipeline.engine import Engine
+
+    removed = _remove_dead_runs(Engine.connect())
+    _emit(args, {"removed": removed}, f"{len(removed)} container(s) of dead runs removed")
+    return 0
 
 
 def _load_spec(args: argparse.Namespace, spec: LoadSpec) -> LoadSpec:
