@@ -7,6 +7,7 @@ Exit codes: 0 success, 1 a check failed, 2 bad input or usage (nothing built or 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
@@ -42,15 +43,52 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.handler(args) or 0)
     except KeyboardInterrupt:
         print("stackproof: interrupted; cleaned up", file=sys.stderr)
-        return Interrupted.exit_code
+        return _fail(args, Interrupted.exit_code, "interrupted; cleaned up")
+    except BrokenPipeError:
+        return _broken_pipe()
     except MatrixError as exc:
         for problem in exc.problems:
             print(problem, file=sys.stderr)
         print(f"stackproof: {len(exc.problems)} problem(s) in the matrix; nothing was built or run", file=sys.stderr)
-        return exc.exit_code
+        return _fail(args, exc.exit_code, "the matrix is invalid", exc.problems)
     except PipelineError as exc:
         print(f"stackproof: error: {exc}", file=sys.stderr)
-        return exc.exit_code
+        return _fail(args, exc.exit_code, str(exc))
+    # Foreseeable conditions a reader below did not name more precisely: still no traceback.
+    except UnicodeDecodeError as exc:
+        return _report(args, InputError.exit_code, f"an input is not UTF-8 text ({exc.reason} at byte {exc.start})")
+    except RecursionError:
+        return _report(args, InputError.exit_code, "an input is nested too deeply to read")
+    except OSError as exc:
+        where = f"{exc.filename}: " if exc.filename else ""
+        return _report(args, 3, f"{where}{exc.strerror or exc}: fix the path or its permissions")
+    except MemoryError:
+        return _report(args, 3, "out of memory: the input or the run is larger than this host allows")
+
+
+def _report(args: argparse.Namespace, code: int, message: str) -> int:
+    print(f"stackproof: error: {message}", file=sys.stderr)
+    return _fail(args, code, message)
+
+
+def _fail(args: argparse.Namespace, code: int, message: str, problems: list[str] | None = None) -> int:
+    """With `--json`, an error is one JSON document on stdout too (the contract: always a document)."""
+    if getattr(args, "json", False) and not getattr(args, "emitted", False):
+        document = {"error": {"exit_code": code, "message": message, "problems": problems or [message]}}
+        try:
+            print(json.dumps(document, indent=2))
+        except BrokenPipeError:
+            return _broken_pipe()
+    return code
+
+
+def _broken_pipe() -> int:
+    """The reader went away (`stackproof matrix list --json | head`): stop quietly, as `yes | head`
+    does; 141 is the shell's code for a SIGPIPE death. stdout is pointed at /dev/null so the
+    interpreter's final flush raises nothing."""
+    with contextlib.suppress(OSError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 141
 
 
 def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
@@ -430,9 +468,17 @@ def _load_url(args: argparse.Namespace) -> int:
     from verify.loadrun import LoadTarget, judge_load, run_load, summarise
     from verify.result import Status
 
-    host = urlsplit(args.url).hostname
+    try:
+        parts = urlsplit(args.url)
+        host, port = parts.hostname, parts.port  # .port raises on 99999, -1, 8000:9
+    except ValueError as exc:
+        raise InputError(f"--url {args.url[:200]}: not a URL ({exc})") from None
+    if parts.scheme not in ("http", "https") or not host:
+        raise InputError(f"--url {args.url[:200]}: give http://127.0.0.1:PORT (an http or https URL)")
     if host not in ("127.0.0.1", "localhost", "::1"):
-        raise InputError(f"--url {args.url}: load goes to a server on this machine only (127.0.0.1)")
+        raise InputError(f"--url {args.url[:200]}: load goes to a server on this machine only (127.0.0.1)")
+    if port == 0:
+        raise InputError(f"--url {args.url[:200]}: port 0 is no server's port")
     base = LoadSpec()
     if args.cell:
         matrix, _ = _load(args)
@@ -444,7 +490,8 @@ def _load_url(args: argparse.Namespace) -> int:
     summary = summarise(outcome, spec)
     checks = judge_load(outcome, summary, batch_invariant=False)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "load.json").write_text(json.dumps({**summary, "checks": _jsonable(checks)}, indent=2) + "\n")
+    document = _jsonable({**summary, "checks": checks})
+    (args.out / "load.json").write_text(json.dumps(document, indent=2, allow_nan=False) + "\n")
     lines = [f"{c.status:<12} {c.name}: {c.message}" for c in checks]
     _emit(args, {**summary, "checks": _jsonable(checks)}, "\n".join(lines))
     return 1 if any(c.status in (Status.FAIL, Status.ERROR) for c in checks) else 0

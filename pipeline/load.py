@@ -131,6 +131,7 @@ class _Checker:
         self.src = src
         self.images_dir = images_dir
         self.problems: list[str] = []
+        self._seen: set[str] = set()  # problems already reported: a set, so 300,000 of them stay linear
         self.origins: dict[Path_, Path_] = {}  # merged cell path -> where in the file it came from
 
     # -- reporting --------------------------------------------------------------------------------
@@ -138,7 +139,8 @@ class _Checker:
     def problem(self, path: Path_, message: str) -> None:
         where = self.origins.get(path, path)
         line = f"{self.src.file}:{self.src.line_of(where)}: {format_path(where)}: {message}"
-        if line not in self.problems:  # a mistake in `defaults` or an ancestor is reported once
+        if line not in self._seen:  # a mistake in `defaults` or an ancestor is reported once
+            self._seen.add(line)
             self.problems.append(line)
 
     def keys(self, path: Path_, value: Any, allowed: tuple[str, ...], required: tuple[str, ...] = ()) -> bool:
@@ -167,6 +169,8 @@ class _Checker:
 
     def choice(self, path: Path_, value: Any, choices: tuple[str, ...], what: str) -> str:
         text = self.text(path, value)
+        if value is not None and not isinstance(value, dict | list | bool) and not text:
+            self.problem(path, f"must not be empty (one of {', '.join(choices)})")
         if text and text not in choices:
             self.problem(path, f"unknown {what} {text!r}{_did_you_mean(text, choices)}")
         return text
@@ -396,6 +400,7 @@ class _Checker:
             elif cell_id:
                 by_id[cell_id] = i
         cells = []
+        cell_ids = set(by_id)  # once: a set per cell made validation quadratic in the cell count
         for i in range(len(raw_cells)):
             if i not in ids or by_id.get(ids[i]) != i:
                 continue
@@ -408,7 +413,7 @@ class _Checker:
             layers += [(("cells", j), {k: v for k, v in raw_cells[j].items() if k in INHERITABLE_KEYS}) for j in chain]
             merged, origins = _merge(layers)
             self.origins = {("cells", i, *rel): where for rel, where in origins.items()}
-            cell = self.cell(i, ids[i], merged, indexes, bases, set(by_id))
+            cell = self.cell(i, ids[i], merged, indexes, bases, cell_ids)
             self.origins = {}
             if cell is not None:
                 cells.append(cell)
@@ -662,7 +667,7 @@ class _Checker:
         text = str(value).strip()
         try:
             number = float(Fraction(text))
-        except (ValueError, ZeroDivisionError):
+        except (ValueError, ZeroDivisionError, OverflowError):
             number = -1.0
         if not 0 < number < 1:
             self.problem(path, f"{text!r} is not a probability: write a fraction (1/450) or a decimal (0.00222)")

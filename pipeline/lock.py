@@ -18,6 +18,7 @@ from packaging.utils import canonicalize_name
 
 from pipeline import cmd
 from pipeline.errors import InputError
+from pipeline.jsonfile import read_json
 from pipeline.model import Cell, Install, Matrix
 from pipeline.site import SiteSettings
 
@@ -60,25 +61,33 @@ def read_lock(cell: Cell) -> Lock:
     assert cell.install is not None
     path = cell.install.lock
     hint = f"run `stackproof lock {cell.id}`"
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError as exc:
-        raise InputError(f"{path}: cell {cell.id!r} has no lock yet: {hint}") from exc
-    except (OSError, json.JSONDecodeError) as exc:
-        raise InputError(f"{path}: unreadable lock ({exc}): {hint}") from exc
+    if not path.exists():
+        raise InputError(f"{path}: cell {cell.id!r} has no lock yet: {hint}")
+    data = read_json(path, "lock", hint=hint)
     if data.get("schema_version") != LOCK_SCHEMA_VERSION:
         raise InputError(f"{path}: schema_version {data.get('schema_version')!r} is not {LOCK_SCHEMA_VERSION}: {hint}")
-    lock = Lock(
-        cell=data["cell"],
-        inputs_digest=data["inputs_digest"],
-        packages=tuple(
-            LockedPackage(name=p["name"], version=p["version"], index=p["index"], hashes=tuple(p["hashes"]))
-            for p in data["packages"]
-        ),
-    )
+    try:
+        lock = Lock(
+            cell=str(data["cell"]),
+            inputs_digest=str(data["inputs_digest"]),
+            packages=tuple(
+                LockedPackage(
+                    name=str(p["name"]), version=str(p["version"]), index=str(p["index"]), hashes=_hashes(p["hashes"])
+                )
+                for p in data["packages"]
+            ),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InputError(f"{path}: malformed lock ({type(exc).__name__}: {str(exc)[:200]}): {hint}") from None
     if lock.inputs_digest != inputs_digest(cell.install):
         raise InputError(f"{path}: stale lock, cell {cell.id!r} changed its install since it was locked: {hint}")
     return lock
+
+
+def _hashes(value: object) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(h, str) for h in value):
+        raise ValueError("hashes must be a list of strings")
+    return tuple(value)
 
 
 def write_lock(cell: Cell, lock: Lock) -> Path:

@@ -96,7 +96,7 @@ async def _model(client: httpx.AsyncClient) -> str:
     try:
         response = await client.get("/v1/models", timeout=10)
         model = response.json()["data"][0]["id"]
-    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:  # HTML, {"data": "x"}, ...
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError, RecursionError) as exc:  # HTML, {"data": "x"}
         raise CheckFailed(f"{client.base_url}/v1/models did not name a model: {type(exc).__name__}: {exc}") from exc
     if not isinstance(model, str) or not model or len(model) > 1000:
         raise CheckFailed(f"{client.base_url}/v1/models did not name a model: id {str(model)[:80]!r}")

@@ -4,6 +4,7 @@ numbers, ids YAML reads as numbers. Each case names the file, line and key it re
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -190,3 +191,32 @@ def test_readiness_timeout_is_finite(invalid: Callable[..., Invalid], header: st
     assert _one(r.problems, "readiness_timeout: must be a positive number of seconds").startswith(
         r.at("readiness_timeout")
     )
+
+
+# -- 9: linear in the number of cells, bounded in size, depth and aliases ------------------------
+
+
+def test_ten_thousand_cells_validate_in_under_two_seconds(tmp_path: Path, header: str, images_dir: Path) -> None:
+    import time
+
+    from pipeline.load import load_matrix
+
+    cells = "".join(
+        f"  - id: c{i}\n    base: img\n    platform: linux/amd64\n    arch: none\n    env: {{VLLM_X: '{i}'}}\n"
+        for i in range(10_000)
+    )
+    path = tmp_path / "big.yaml"
+    path.write_text(header + "cells:\n" + cells)
+    started = time.process_time()  # CPU time: the test machine's load does not count
+    matrix = load_matrix(path, images_dir=images_dir)
+    seconds = time.process_time() - started
+    assert len(matrix.cells) == 10_000
+    assert seconds < 2.0, f"{seconds:.2f}s of CPU for 10,000 cells"
+
+
+def test_many_problems_are_reported_in_linear_time(invalid: Callable[..., Invalid], header: str) -> None:
+    import time
+
+    started = time.process_time()
+    r = invalid(header + "cells: [" + "1, " * 30_000 + "]\n")
+    assert len(r.problems) == 30_000 and time.process_time() - started < 5  # quadratic: minutes
