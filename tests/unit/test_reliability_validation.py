@@ -220,3 +220,22 @@ def test_many_problems_are_reported_in_linear_time(invalid: Callable[..., Invali
     started = time.process_time()
     r = invalid(header + "cells: [" + "1, " * 30_000 + "]\n")
     assert len(r.problems) == 30_000 and time.process_time() - started < 5  # quadratic: minutes
+
+
+def test_env_values_keep_non_ascii_in_the_dockerfile(load: Callable[..., Any], header: str, images_dir: Path) -> None:
+    from pipeline.plan import plan_cell
+    from pipeline.site import SiteSettings
+
+    matrix = load(header + CELL + '    env:\n      VLLM_GREETING: "café ☕"\n      VLLM_COST: "$HOME"\n')
+    dockerfile = plan_cell(matrix, matrix.cell("a"), SiteSettings(), images_dir).dockerfile
+    assert 'VLLM_GREETING="café ☕"' in dockerfile  # Docker reads no \u00e9 escapes
+    assert 'VLLM_COST="\\$HOME"' in dockerfile  # `$` stays literal
+
+
+def test_rendered_run_lines_quote_what_they_are_given(load: Callable[..., Any], header: str, images_dir: Path) -> None:
+    from pipeline.plan import plan_cell
+    from pipeline.site import SiteSettings
+
+    matrix = load(header + CELL + "    system_packages: [g++, libpython3.11-dev, 'pkg=1:2.0~rc1']\n")
+    dockerfile = plan_cell(matrix, matrix.cell("a"), SiteSettings(), images_dir).dockerfile
+    assert "--no-install-recommends g++ libpython3.11-dev 'pkg=1:2.0~rc1' \\" in dockerfile
