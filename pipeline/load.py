@@ -110,6 +110,7 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 MAX_CONCURRENCY = 4096
 MAX_COUNT = 1_000_000  # questions, tokens, errors, prompts, repeats
 MAX_SECONDS = 7 * 24 * 3600.0
+MAX_CHAIN = 32  # extends ancestors, and cells stacked on cells as bases
 
 
 def load_matrix(file: Path, *, images_dir: Path | None = None) -> Matrix:
@@ -418,7 +419,22 @@ class _Checker:
             if cell is not None:
                 cells.append(cell)
         self.base_cells_exist(bases, set(by_id))
+        if not self.base_chains_bounded(cells, by_id):
+            return tuple(cells)
         return _inherit_accepted_conflicts(cells, bases)
+
+    def base_chains_bounded(self, cells: list[Cell], index: dict[str, int]) -> bool:
+        """A cell on a cell on a cell...: at most MAX_CHAIN deep (each level is an image build)."""
+        by_id = {c.id: c for c in cells}
+        ok = True
+        for cell in cells:
+            current, depth = cell, 0
+            while isinstance(current.base, CellBase) and current.base.cell in by_id and depth <= MAX_CHAIN:
+                current, depth = by_id[current.base.cell], depth + 1
+            if depth > MAX_CHAIN:
+                self.problem(("cells", index[cell.id], "base"), f"more than {MAX_CHAIN} cells stacked as bases")
+                ok = False
+        return ok
 
     def extends_chain(
         self, i: int, raw_cells: list[Any], by_id: dict[str, int], ids: dict[int, str]
@@ -434,6 +450,9 @@ class _Checker:
             parent = self.src.text_of(("cells", j, "extends")) or str(written)
             if parent not in by_id:
                 self.problem(("cells", j, "extends"), f"no cell {parent!r}{_did_you_mean(str(parent), tuple(by_id))}")
+                return None
+            if len(chain) > MAX_CHAIN:
+                self.problem(("cells", i, "extends"), f"an extends chain of more than {MAX_CHAIN} cells")
                 return None
             if by_id[parent] in chain:
                 names = " -> ".join(ids[k] for k in [by_id[parent], *chain])

@@ -217,6 +217,19 @@ def _matrix_cases() -> list[Case]:
         "cell-base-loop": b"schema_version: 1\nbases: {me: {cell: a}}\ncells:\n"
         b"  - {id: a, base: me, platform: linux/amd64, arch: none}\n",
     }
+    head = b'schema_version: 1\nbases:\n  img: {image: "example/img:1.0"}\n'
+    first = b"cells:\n  - {id: c0, base: img, platform: linux/amd64, arch: none}\n"
+    structural["extends-3000-deep"] = (
+        head + first + b"".join(f"  - {{id: c{i}, extends: c{i - 1}}}\n".encode() for i in range(1, 3000))
+    )
+    structural["cell-bases-3000-deep"] = (
+        head
+        + b"".join(f"  b{i}: {{cell: c{i}}}\n".encode() for i in range(3000))
+        + first
+        + b"".join(
+            f"  - {{id: c{i}, base: b{i - 1}, platform: linux/amd64, arch: none}}\n".encode() for i in range(1, 3000)
+        )
+    )
     for name, data in structural.items():
         cases.append(
             Case(
