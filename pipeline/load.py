@@ -428,9 +428,12 @@ class _Checker:
         by_id = {c.id: c for c in cells}
         ok = True
         for cell in cells:
-            current, depth = cell, 0
+            current, depth, seen = cell, 0, {cell.id}
             while isinstance(current.base, CellBase) and current.base.cell in by_id and depth <= MAX_CHAIN:
+                if current.base.cell in seen:  # a cycle: planning reports it as such, not as depth
+                    break
                 current, depth = by_id[current.base.cell], depth + 1
+                seen.add(current.id)
             if depth > MAX_CHAIN:
                 self.problem(("cells", index[cell.id], "base"), f"more than {MAX_CHAIN} cells stacked as bases")
                 ok = False
