@@ -73,8 +73,19 @@ def collect_garbage(engine: Engine) -> list[str]:
         ]
     )
     result = engine.docker(
-        "ps", "--all", "--no-trunc", "--filter", f"label={OWNER_PID_LABEL}", "--format", fmt, quiet=True, timeout=60
+        "ps",
+        "--all",
+        "--no-trunc",
+        "--filter",
+        f"label={OWNER_PID_LABEL}",
+        "--format",
+        fmt,
+        quiet=True,
+        timeout=60,
+        check=False,
     )
+    if result.returncode != 0:  # collecting garbage never stops the run that asked for it
+        return []
     rows = []
     for line in result.stdout.splitlines():
         parts = line.split("\t")
