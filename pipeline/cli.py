@@ -394,8 +394,10 @@ def _verify_or_run(args: argparse.Namespace, *, build: bool) -> int:
     stages = parse_stages(args.stages)
     site = load_site(matrix)
     job = run_cell if build else verify_cell
-    if args.previous is not None and not args.previous.is_file():
-        raise InputError(f"--previous {args.previous}: no such file")
+    if args.previous is not None:
+        from pipeline.jsonfile import read_json
+
+        read_json(args.previous, "earlier report (--previous)")  # a bad file is exit 2 before anything runs
     load = _load_spec(args, cell.serve.load) if cell.serve else None
     engine = _engine(args, matrix, cell, images, site)  # bad input is exit 2 before any host check
     _remove_dead_runs(engine)
