@@ -22,6 +22,7 @@ from pipeline.bootstrap import ensure_base
 from pipeline.cache import cache_dir, locked
 from pipeline.engine import Engine
 from pipeline.errors import InfraError
+from pipeline.gc import job_labels
 from pipeline.model import BootstrapBase, Cell, CellBase, Matrix, RegistryBase
 from pipeline.plan import BuildPlan, plan_cell
 from pipeline.redact import redact
@@ -129,7 +130,7 @@ def _build(
             tag=plan.tag,
             platform=cell.platform,
             secrets=secrets,
-            labels={MATRIX_DIGEST_LABEL: matrix.digest},
+            labels={MATRIX_DIGEST_LABEL: matrix.digest, **job_labels()},
             on_line=on_line,
             no_cache=no_cache,
         )

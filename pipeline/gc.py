@@ -15,7 +15,16 @@ from dataclasses import dataclass
 
 from pipeline.engine import Engine
 
-__all__ = ["OWNER_PID_LABEL", "Owned", "collect_garbage", "dead_containers", "owner_args", "owner_labels"]
+__all__ = [
+    "JOB_LABEL",
+    "OWNER_PID_LABEL",
+    "Owned",
+    "collect_garbage",
+    "dead_containers",
+    "job_labels",
+    "owner_args",
+    "owner_labels",
+]
 
 OWNER_HOST_LABEL = "io.stackproof.owner-host"
 OWNER_PID_LABEL = "io.stackproof.owner-pid"
@@ -42,9 +51,15 @@ def owner_labels(env: Mapping[str, str] | None = None) -> list[str]:
         f"{OWNER_PID_LABEL}={os.getpid()}",
         f"{OWNER_START_LABEL}={_start_time(os.getpid()) or ''}",
     ]
-    if env.get("STACKPROOF_JOB"):
-        labels.append(f"{JOB_LABEL}={env['STACKPROOF_JOB'][:128]}")
+    labels += [f"{k}={v}" for k, v in job_labels(env).items()]
     return labels
+
+
+def job_labels(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """`{io.stackproof.job: STACKPROOF_JOB}` when set: on images too, so a CI job (or a test
+    session) removes only what it built, never an image a concurrent job just made."""
+    env = os.environ if env is None else env
+    return {JOB_LABEL: env["STACKPROOF_JOB"][:128]} if env.get("STACKPROOF_JOB") else {}
 
 
 def owner_args() -> list[str]:

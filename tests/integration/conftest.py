@@ -132,7 +132,11 @@ def engine(pytestconfig: pytest.Config) -> Iterator[Engine]:
     before = stackproof_images()
     yield _ENGINE
     for tag in sorted(stackproof_images() - before):
-        docker("image", "rm", "--force", tag, check=False)
+        # Only what this session built (its job label), or what carries no job at all (bootstrap
+        # bases): an image a concurrent session built while this one ran is that session's.
+        job = docker("image", "inspect", "--format", '{{index .Config.Labels "io.stackproof.job"}}', tag, check=False)
+        if job.strip() in (JOB, "", "<no value>"):
+            docker("image", "rm", "--force", tag, check=False)
 
 
 @pytest.fixture(scope="session")
