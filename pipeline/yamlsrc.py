@@ -125,17 +125,14 @@ class _TooBig(Exception):
     pass
 
 
-@dataclass
 class _Walk:
     """One pass over the composed nodes, bounded in depth and in values (aliases count each time
     they are expanded); a recursive alias is an error, not an endless loop."""
 
-    file: Path
-    lines: dict[Path_, int]
-    raw: dict[Path_, str]
-    problems: list[str]
-    values: int = 0
-    loader: Any = field(default_factory=lambda: yaml.SafeLoader(""))
+    def __init__(self, *, file: Path, lines: dict[Path_, int], raw: dict[Path_, str], problems: list[str]) -> None:
+        self.file, self.lines, self.raw, self.problems = file, lines, raw, problems
+        self.values = 0
+        self.loader = yaml.SafeLoader("")
 
     def convert(self, node: yaml.Node, path: Path_, parents: tuple[int, ...]) -> Any:
         self.values += 1
