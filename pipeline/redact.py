@@ -22,11 +22,11 @@ _SECRET_WORDS = re.compile(
     r"CREDENTIALS?|AUTH|AUTHORIZATION|COOKIE|SESSION[_-]?KEY|SIGNING[_-]?KEY)(?:$|[_-])",
     re.IGNORECASE,
 )
-# Values that are credentials whatever they are called: well-known token prefixes, a JWT, a URL
-# with `user:password@`, an `Authorization: Bearer` payload.
+# Values that are credentials whatever they are called: well-known token prefixes at a token's
+# length (`hf_transfer` is not one), a JWT, a URL with `user:password@`, a `Bearer` payload.
 _SECRET_VALUE = re.compile(
     r"(?<![A-Za-z0-9])(?:"
-    r"sk-[A-Za-z0-9_-]{8,}|hf_[A-Za-z0-9]{8,}|gh[pousr]_[A-Za-z0-9]{16,}|github_pat_[A-Za-z0-9_]{16,}|"
+    r"sk-[A-Za-z0-9_-]{20,}|hf_[A-Za-z0-9]{20,}|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}|"
     r"glpat-[A-Za-z0-9_-]{16,}|xox[abprs]-[A-Za-z0-9-]{8,}|AKIA[0-9A-Z]{16}|"
     r"eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*|"
     r"[Bb]earer\s+[A-Za-z0-9._~+/=-]{8,}"

@@ -37,9 +37,9 @@ def _one(problems: list[str], needle: str) -> str:
 @pytest.mark.parametrize(
     ("env", "needle"),
     [
-        ("VLLM_API_KEY: sk-abcdefghijklmnop", "VLLM_API_KEY: the name says it holds a credential"),
+        ("VLLM_API_KEY: sk-abcdefghijklmnopqrstuvwx", "VLLM_API_KEY: the name says it holds a credential"),
         ("HF_TOKEN: anything", "HF_TOKEN: the name says it holds a credential"),
-        ("VLLM_SOMETHING: hf_abcdefghijklmnopqrst", "the value looks like an access token"),
+        ("VLLM_SOMETHING: hf_abcdefghijklmnopqrstuvwx", "the value looks like an access token"),
         ("VLLM_URL: https://user:pass@mirror.example/simple", "URL carrying user:password@"),
     ],
 )
@@ -57,7 +57,7 @@ def test_secret_looking_env_is_refused_naming_the_key(
     ("args", "needle"),
     [
         ('["--api-key", "abc"]', "--api-key: the flag passes a credential"),
-        ('["--hf-token", "hf_abcdefghijklmnop"]', "--hf-token: the flag passes a credential"),
+        ('["--hf-token", "hf_abcdefghijklmnopqrstuvwx"]', "--hf-token: the flag passes a credential"),
         ('["--hf-token=xyz"]', "--hf-token: the flag passes a credential"),
         ('["--served-model-name", "sk-abcdefghijklmnopqrstuvwxyz"]', "the value looks like an access token"),
     ],
@@ -84,8 +84,8 @@ def test_ordinary_env_and_args_are_not_secrets(load: Callable[..., Any], header:
 
 
 def test_redact_removes_url_credentials_and_tokens() -> None:
-    text = redact("pip: https://alice:s3cret@mirror.example/simple and hf_abcdefghijkl, fine", ("s3cret",))
-    assert "s3cret" not in text and "alice" not in text and "hf_abcdefghijkl" not in text
+    text = redact("pip: https://alice:s3cret@mirror.example/simple and hf_abcdefghijklmnopqrstuvwx, fine", ("s3cret",))
+    assert "s3cret" not in text and "alice" not in text and "hf_abcdefghijklmnopqrstuvwx" not in text
     assert text.endswith(", fine")
     assert secret_env("MAX_NUM_BATCHED_TOKENS", "8192") is None
     assert secret_arg("--max-num-batched-tokens", "8192") is None
@@ -239,3 +239,11 @@ def test_rendered_run_lines_quote_what_they_are_given(load: Callable[..., Any], 
     matrix = load(header + CELL + "    system_packages: [g++, libpython3.11-dev, 'pkg=1:2.0~rc1']\n")
     dockerfile = plan_cell(matrix, matrix.cell("a"), SiteSettings(), images_dir).dockerfile
     assert "--no-install-recommends g++ libpython3.11-dev 'pkg=1:2.0~rc1' \\" in dockerfile
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("VLLM_PLUGINS", "hf_transfer"), ("VLLM_ATTENTION_BACKEND", "FLASHINFER"), ("VLLM_LOGGING_LEVEL", "DEBUG")],
+)
+def test_ordinary_values_are_not_taken_for_tokens(name: str, value: str) -> None:
+    assert secret_env(name, value) is None
