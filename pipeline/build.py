@@ -22,11 +22,13 @@ from pipeline.bootstrap import ensure_base
 from pipeline.cache import cache_dir, locked
 from pipeline.engine import Engine
 from pipeline.errors import InfraError
+from pipeline.gc import job_labels
 from pipeline.model import BootstrapBase, Cell, CellBase, Matrix, RegistryBase
 from pipeline.plan import BuildPlan, plan_cell
-from pipeline.site import SiteSettings
+from pipeline.redact import redact
+from pipeline.site import Mirror, SiteSettings
 
-__all__ = ["BuildResult", "build_cell", "write_context"]
+__all__ = ["BuildResult", "build_cell", "index_options", "write_context"]
 
 MATRIX_DIGEST_LABEL = "io.stackproof.matrix.digest"
 _RESOLVED_BASE = re.compile(r"resolve (?:docker-image://)?(\S+@sha256:[0-9a-f]{64})")
@@ -94,7 +96,7 @@ def _build(
     engine: Engine, matrix: Matrix, plan: BuildPlan, site: SiteSettings, *, out_dir: Path, no_cache: bool
 ) -> BuildResult:
     cell = plan.cell
-    log_path = out_dir / "build.log"
+    log_path = _build_log(out_dir)
     started = time.monotonic()
     resolved: list[str] = []
     # The context lives at a stable path, updated in place: BuildKit then transfers only what
@@ -113,7 +115,10 @@ def _build(
             file=sys.stderr,
         )
 
+        hidden = site.secrets()
+
         def on_line(line: str, log: TextIO = log) -> None:
+            line = redact(line, hidden)
             log.write(line + "\n")
             print(f"[build {cell.id}] {line}", file=sys.stderr, flush=True)
             match = _RESOLVED_BASE.search(line)
@@ -125,7 +130,7 @@ def _build(
             tag=plan.tag,
             platform=cell.platform,
             secrets=secrets,
-            labels={MATRIX_DIGEST_LABEL: matrix.digest},
+            labels={MATRIX_DIGEST_LABEL: matrix.digest, **job_labels()},
             on_line=on_line,
             no_cache=no_cache,
         )
@@ -151,6 +156,24 @@ def _build(
         matrix_digest=matrix.digest,
         log=str(log_path),
     )
+
+
+def _build_log(out_dir: Path) -> Path:
+    """A log file of this build's own (`build-STAMP[-N].log`, created exclusively: concurrent builds
+    of one cell never share one), and `build.log` pointing at the newest."""
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    for n in range(1, 10_000):
+        path = out_dir / (f"build-{stamp}.log" if n == 1 else f"build-{stamp}-{n}.log")
+        try:
+            path.touch(exist_ok=False)
+        except FileExistsError:
+            continue
+        latest = out_dir / f".build.log.{os.getpid()}"
+        latest.unlink(missing_ok=True)
+        latest.symlink_to(path.name)
+        os.replace(latest, out_dir / "build.log")  # atomic: readers see the old or the new link
+        return path
+    raise InfraError(f"{out_dir}: 10,000 build logs this second")
 
 
 def write_context(plan: BuildPlan, context: Path) -> None:
@@ -190,17 +213,21 @@ def _write_secrets(matrix: Matrix, plan: BuildPlan, site: SiteSettings, director
     directory.mkdir(mode=0o700)
     secrets: dict[str, Path] = {}
     for index in plan.indexes:
-        where = site.index_location(matrix, index)
-        if where.is_local:
-            options = ["--no-index", "--find-links", f"/tmp/stackproof/wheels/{index}"]
-        else:
-            options = ["--index-url", where.location]
-            if where.location.startswith("http://"):
-                options += ["--trusted-host", where.location.split("/")[2].rsplit("@", 1)[-1]]
         path = directory / f"index-{index}"
         path.touch(mode=0o600)
-        path.write_text("\n".join(options) + "\n")
+        path.write_text(index_options(site.index_location(matrix, index)))
         secrets[f"index-{index}"] = path
     if site.ca_bundle is not None:
         secrets["cabundle"] = site.ca_bundle
     return secrets
+
+
+def index_options(where: Mirror) -> str:
+    """The `index-NAME` secret: a requirements file of pip options, one per line. pip reads it with
+    `-r` (images/pip-install.sh), so a URL's credentials never reach pip's argv (`ps`)."""
+    if where.is_local:
+        return f"--no-index\n--find-links /tmp/stackproof/wheels/{where.index}\n"
+    lines = [f"--index-url {where.location}"]
+    if where.location.startswith("http://"):
+        lines.append(f"--trusted-host {where.location.split('/')[2].rsplit('@', 1)[-1]}")
+    return "".join(line + "\n" for line in lines)

@@ -7,8 +7,10 @@ Exit codes: 0 success, 1 a check failed, 2 bad input or usage (nothing built or 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
+import math
 import os
 import signal
 import sys
@@ -24,6 +26,7 @@ from pipeline.cliutil import emit as _emit
 from pipeline.cliutil import jsonable as _jsonable
 from pipeline.cliutil import load as _load
 from pipeline.errors import InputError, Interrupted, MatrixError, PipelineError
+from pipeline.load import MAX_CONCURRENCY, MAX_COUNT, MAX_SECONDS
 from pipeline.model import Cell, LoadSpec, Matrix
 
 if TYPE_CHECKING:
@@ -40,15 +43,52 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.handler(args) or 0)
     except KeyboardInterrupt:
         print("stackproof: interrupted; cleaned up", file=sys.stderr)
-        return Interrupted.exit_code
+        return _fail(args, Interrupted.exit_code, "interrupted; cleaned up")
+    except BrokenPipeError:
+        return _broken_pipe()
     except MatrixError as exc:
         for problem in exc.problems:
             print(problem, file=sys.stderr)
         print(f"stackproof: {len(exc.problems)} problem(s) in the matrix; nothing was built or run", file=sys.stderr)
-        return exc.exit_code
+        return _fail(args, exc.exit_code, "the matrix is invalid", exc.problems)
     except PipelineError as exc:
         print(f"stackproof: error: {exc}", file=sys.stderr)
-        return exc.exit_code
+        return _fail(args, exc.exit_code, str(exc))
+    # Foreseeable conditions a reader below did not name more precisely: still no traceback.
+    except UnicodeDecodeError as exc:
+        return _report(args, InputError.exit_code, f"an input is not UTF-8 text ({exc.reason} at byte {exc.start})")
+    except RecursionError:
+        return _report(args, InputError.exit_code, "an input is nested too deeply to read")
+    except OSError as exc:
+        where = f"{exc.filename}: " if exc.filename else ""
+        return _report(args, 3, f"{where}{exc.strerror or exc}: fix the path or its permissions")
+    except MemoryError:
+        return _report(args, 3, "out of memory: the input or the run is larger than this host allows")
+
+
+def _report(args: argparse.Namespace, code: int, message: str) -> int:
+    print(f"stackproof: error: {message}", file=sys.stderr)
+    return _fail(args, code, message)
+
+
+def _fail(args: argparse.Namespace, code: int, message: str, problems: list[str] | None = None) -> int:
+    """With `--json`, an error is one JSON document on stdout too (the contract: always a document)."""
+    if getattr(args, "json", False) and not getattr(args, "emitted", False):
+        document = {"error": {"exit_code": code, "message": message, "problems": problems or [message]}}
+        try:
+            print(json.dumps(document, indent=2))
+        except BrokenPipeError:
+            return _broken_pipe()
+    return code
+
+
+def _broken_pipe() -> int:
+    """The reader went away (`stackproof matrix list --json | head`): stop quietly, as `yes | head`
+    does; 141 is the shell's code for a SIGPIPE death. stdout is pointed at /dev/null so the
+    interpreter's final flush raises nothing."""
+    with contextlib.suppress(OSError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 141
 
 
 def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
@@ -73,14 +113,14 @@ def _parser() -> argparse.ArgumentParser:
     group = load_opts.add_argument_group("load (overrides serve.load)")
     group.add_argument("--questions", type=_positive_int, default=None, help="questions in a short run")
     group.add_argument("--questions-file", type=Path, default=None, help="JSONL of {id, turns: [2-3 strings]}")
-    group.add_argument("--concurrency", type=_positive_int, default=None, help="questions in flight (closed loop)")
+    group.add_argument("--concurrency", type=_concurrency, default=None, help="questions in flight (closed loop)")
     group.add_argument("--rate", type=_positive_float, default=None, help="open loop: questions started per second")
     group.add_argument("--burstiness", type=_positive_float, default=None, help="gamma shape of arrivals (1 = Poisson)")
     group.add_argument("--max-tokens", type=_positive_int, default=None, help="output tokens per turn")
-    group.add_argument("--duration", type=_positive_float, default=None, help="seconds after which no question starts")
-    group.add_argument("--stall-seconds", type=_positive_float, default=None, help="no progress this long = stall")
-    group.add_argument("--chunk-timeout", type=_positive_float, default=None, help="seconds one stream may be silent")
-    group.add_argument("--scrape-interval", type=_positive_float, default=None, help="seconds between /metrics scrapes")
+    group.add_argument("--duration", type=_seconds, default=None, help="seconds after which no question starts")
+    group.add_argument("--stall-seconds", type=_seconds, default=None, help="no progress this long = stall")
+    group.add_argument("--chunk-timeout", type=_seconds, default=None, help="seconds one stream may be silent")
+    group.add_argument("--scrape-interval", type=_seconds, default=None, help="seconds between /metrics scrapes")
     group.add_argument("--baseline-rate", default=None, help="fault probability per question: 1/450 or 0.00222")
     group.add_argument(
         "--determinism-repeats", type=_count, default=None, help="greedy samples per prompt and phase (0 = off)"
@@ -157,7 +197,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("cell")
     p.add_argument("--arms", default="default", help="comma-separated arm names; `default` = the cell without arm")
-    p.add_argument("--slice", type=_positive_float, default=300.0, help="seconds of load per arm per round")
+    p.add_argument("--slice", type=_seconds, default=300.0, help="seconds of load per arm per round")
     p.add_argument("--out", type=Path, default=Path("stackproof-out"))
     p.set_defaults(handler=_soak)
 
@@ -174,6 +214,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", action="append", default=None, help="apply only these policies (by id)")
     p.add_argument("--m", type=int, action="append", default=[], help="also say which bucket serves this M")
     p.set_defaults(handler=_inspect_autotune)
+
+    p = commands.add_parser("gc", parents=[common], help="remove containers of dead runs on this host (owner gone)")
+    p.set_defaults(handler=_gc)
 
     p = commands.add_parser("stats", parents=[common], help="what a fault count over N questions proves")
     p.add_argument("--baseline-rate", required=True, help="fault probability per question: 1/450 or 0.00222")
@@ -414,10 +457,13 @@ def _verify_or_run(args: argparse.Namespace, *, build: bool) -> int:
     stages = parse_stages(args.stages)
     site = load_site(matrix)
     job = run_cell if build else verify_cell
-    if args.previous is not None and not args.previous.is_file():
-        raise InputError(f"--previous {args.previous}: no such file")
+    if args.previous is not None:
+        from pipeline.jsonfile import read_json
+
+        read_json(args.previous, "earlier report (--previous)")  # a bad file is exit 2 before anything runs
     load = _load_spec(args, cell.serve.load) if cell.serve else None
     engine = _engine(args, matrix, cell, images, site)  # bad input is exit 2 before any host check
+    _remove_dead_runs(engine)
     report = job(
         engine,
         matrix,
@@ -435,6 +481,24 @@ def _verify_or_run(args: argparse.Namespace, *, build: bool) -> int:
     stages_line = ", ".join(f"{s.stage} {s.status}" for s in report.stages)
     _emit(args, report.to_json(), f"{cell.id}: {verdict}: {report.outcome.summary} [{stages_line}]")
     return 0 if report.outcome.passed else 1
+
+
+def _remove_dead_runs(engine: Engine) -> list[str]:
+    """Containers left by runs that died unclean (SIGKILL) on this host go before this run starts."""
+    from pipeline.gc import collect_garbage
+
+    removed = collect_garbage(engine)
+    for name in removed:
+        print(f"stackproof: removed {name}: its run is gone", file=sys.stderr)
+    return removed
+
+
+def _gc(args: argparse.Namespace) -> int:
+    from pipeline.engine import Engine
+
+    removed = _remove_dead_runs(Engine.connect())
+    _emit(args, {"removed": removed}, f"{len(removed)} container(s) of dead runs removed")
+    return 0
 
 
 def _load_spec(args: argparse.Namespace, spec: LoadSpec) -> LoadSpec:
@@ -470,9 +534,17 @@ def _load_url(args: argparse.Namespace) -> int:
     from verify.loadrun import LoadTarget, judge_load, run_load, summarise
     from verify.result import Status
 
-    host = urlsplit(args.url).hostname
+    try:
+        parts = urlsplit(args.url)
+        host, port = parts.hostname, parts.port  # .port raises on 99999, -1, 8000:9
+    except ValueError as exc:
+        raise InputError(f"--url {args.url[:200]}: not a URL ({exc})") from None
+    if parts.scheme not in ("http", "https") or not host:
+        raise InputError(f"--url {args.url[:200]}: give http://127.0.0.1:PORT (an http or https URL)")
     if host not in ("127.0.0.1", "localhost", "::1"):
-        raise InputError(f"--url {args.url}: load goes to a server on this machine only (127.0.0.1)")
+        raise InputError(f"--url {args.url[:200]}: load goes to a server on this machine only (127.0.0.1)")
+    if port == 0:
+        raise InputError(f"--url {args.url[:200]}: port 0 is no server's port")
     base = LoadSpec()
     if args.cell:
         matrix, _ = _load(args)
@@ -484,7 +556,8 @@ def _load_url(args: argparse.Namespace) -> int:
     summary = summarise(outcome, spec)
     checks = judge_load(outcome, summary, batch_invariant=False)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "load.json").write_text(json.dumps({**summary, "checks": _jsonable(checks)}, indent=2) + "\n")
+    document = _jsonable({**summary, "checks": checks})
+    (args.out / "load.json").write_text(json.dumps(document, indent=2, allow_nan=False) + "\n")
     lines = [f"{c.status:<12} {c.name}: {c.message}" for c in checks]
     _emit(args, {**summary, "checks": _jsonable(checks)}, "\n".join(lines))
     return 1 if any(c.status in (Status.FAIL, Status.ERROR) for c in checks) else 0
@@ -494,6 +567,7 @@ def _soak(args: argparse.Namespace) -> int:
     """Exit 1 when any arm saw a fault."""
     from pipeline.engine import Engine
     from pipeline.plan import plan_cell
+    from pipeline.runjob import exclusive_dir
     from pipeline.site import load_site
     from verify.soak import DEFAULT_ARM, soak
 
@@ -516,7 +590,7 @@ def _soak(args: argparse.Namespace) -> int:
     from pipeline.modelstore import ensure_model
 
     ensure_model(cell.serve.model, where=f"{matrix.file}:{cell.line}: cells[{cell.id}].serve.model")
-    out = args.out / cell.id / time.strftime("soak-%Y%m%dT%H%M%S")
+    out = exclusive_dir(args.out / cell.id, time.strftime("soak-%Y%m%dT%H%M%S"))
     document = soak(engine, cell, tag, arms=arms, spec=spec, duration_s=duration, slice_s=args.slice, out_dir=out)
     lines = []
     for name, arm in document["arms"].items():
@@ -533,16 +607,21 @@ def _soak(args: argparse.Namespace) -> int:
     return 1 if any(a["faults"] for a in document["arms"].values()) else 0
 
 
-def _number(kind: type[int] | type[float], *, zero_ok: bool = False) -> Callable[[str], Any]:
-    """An argparse type: an int or float that must be positive (or, with zero_ok, not negative)."""
+def _number(kind: type[int] | type[float], *, zero_ok: bool = False, high: float = MAX_COUNT) -> Callable[[str], Any]:
+    """An argparse type: a finite int or float that must be positive (or, with zero_ok, not
+    negative) and at most `high`: no NaN, no infinity, no 10**9 workers."""
 
     def parse(text: str) -> int | float:
         try:
             value = kind(text)
-        except ValueError:
+        except (ValueError, OverflowError):
             raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text!r} must be a finite number")
         if value < 0 or (value == 0 and not zero_ok):
             raise argparse.ArgumentTypeError(f"{text!r} {'must not be negative' if zero_ok else 'must be positive'}")
+        if value > high:
+            raise argparse.ArgumentTypeError(f"{text!r} is too large (at most {high:,})")
         return value
 
     return parse
@@ -551,6 +630,8 @@ def _number(kind: type[int] | type[float], *, zero_ok: bool = False) -> Callable
 _positive_int = _number(int)
 _count = _number(int, zero_ok=True)
 _positive_float = _number(float)
+_concurrency = _number(int, high=MAX_CONCURRENCY)
+_seconds = _number(float, high=MAX_SECONDS)
 
 
 def _inspect_log(args: argparse.Namespace) -> int:

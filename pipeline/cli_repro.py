@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import re
 import sys
 from pathlib import Path
@@ -117,14 +116,22 @@ def make_cell(
     return build_repro(report, matrix, plan, pins, source, cell_id=cell_id, inherited_env=inherited)
 
 
+MAX_SOURCE_CHARS = 32 * 2**20  # a collect-env is ~10 kB; an issue body with logs a few MB
+
+
 def _read_source(source: str) -> tuple[str, str]:
     if source == "-":
-        return sys.stdin.read(), "-"
-    path = Path(source)
-    try:
-        return path.read_text(encoding="utf-8", errors="replace"), path.name
-    except OSError as exc:
-        raise InputError(f"{source}: cannot read: {exc.strerror}") from exc
+        text, name = sys.stdin.read(MAX_SOURCE_CHARS + 1), "-"
+    else:
+        path = Path(source)
+        try:
+            with path.open(encoding="utf-8", errors="replace") as f:
+                text, name = f.read(MAX_SOURCE_CHARS + 1), path.name
+        except OSError as exc:
+            raise InputError(f"{source}: cannot read: {exc.strerror}") from exc
+    if len(text) > MAX_SOURCE_CHARS:
+        raise InputError(f"{name}: larger than {MAX_SOURCE_CHARS // 2**20} MiB: paste the environment part only")
+    return text, name
 
 
 def _release_lookup(matrix: Matrix, *, online: bool) -> ReleaseLookup:
@@ -221,10 +228,9 @@ def _doctor(args: argparse.Namespace) -> int:
     facts = None
     early_notes: list[str] = []
     if args.input is not None:
-        try:
-            document = json.loads(args.input.read_text())
-        except (OSError, ValueError) as exc:
-            raise InputError(f"--input {args.input}: not a doctor JSON ({exc})") from exc
+        from pipeline.jsonfile import read_json
+
+        document = read_json(args.input, "doctor JSON (--input)")
     elif args.cell:
         from pipeline.plan import plan_cell, python_of
         from pipeline.preflight import PreflightFailed, connect, gather_facts, judge_preflight

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
@@ -28,9 +29,11 @@ def load(args: argparse.Namespace) -> tuple[Matrix, Path]:
 
 
 def emit(args: argparse.Namespace, document: Any, text: str) -> None:
-    """One JSON document on stdout with `--json`, else the human text."""
+    """One JSON document on stdout with `--json`, else the human text. The document is strict JSON:
+    NaN and infinities (which strict parsers reject) are written as null."""
     if args.json:
-        print(json.dumps(jsonable(document), indent=2))
+        print(json.dumps(jsonable(document), indent=2, allow_nan=False))
+        args.emitted = True  # a command that reports, then fails (doctor, exit 3), printed its one document
     else:
         print(text)
 
@@ -44,4 +47,6 @@ def jsonable(value: Any) -> Any:
         return [jsonable(v) for v in value]
     if isinstance(value, Path):
         return str(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
     return value

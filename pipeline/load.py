@@ -12,6 +12,7 @@ import copy
 import dataclasses
 import difflib
 import hashlib
+import math
 import re
 from fractions import Fraction
 from pathlib import Path
@@ -41,9 +42,10 @@ from pipeline.model import (
     ServeSpec,
     parse_log_rule,
 )
+from pipeline.redact import secret_arg, secret_env
 from pipeline.yamlsrc import Path_, YamlSource, format_path, load_yaml
 
-__all__ = ["KNOWN_ARCHES", "SCHEMA_VERSION", "load_matrix"]
+__all__ = ["KNOWN_ARCHES", "MAX_CONCURRENCY", "MAX_COUNT", "MAX_SECONDS", "SCHEMA_VERSION", "load_matrix"]
 
 SCHEMA_VERSION = 1
 KNOWN_ARCHES = ("none", "sm80", "sm86", "sm89", "sm90", "sm100", "sm103", "sm110", "sm120", "sm121")
@@ -92,13 +94,24 @@ REGISTRY_BASE_KEYS = ("image", "digest", "python", "require_cuda", "platforms")
 BOOTSTRAP_KEYS = ("suite", "variant", "include", "venv")
 TOOL_OWNED_ARGS = ("--host", "--port")  # the tool binds the server to 127.0.0.1 on a port it picks
 
-_ID = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+_ID = re.compile(r"^[a-z0-9][a-z0-9._-]{0,99}$")  # a path component and a tag repository: short, no `/`
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _PACKAGE = re.compile(r"^([A-Z0-9]|[A-Z0-9][A-Z0-9._-]*[A-Z0-9])$", re.IGNORECASE)
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 _IMAGE = re.compile(r"^[a-z0-9][a-z0-9._/:-]*:[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
 _MODEL = re.compile(r"^(hf:[\w.-]+/[\w.-]+|path:/\S+)$")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
+# Strings that reach a Dockerfile `RUN` line or a file name: strict, then quoted when rendered too.
+_DEB_PACKAGE = re.compile(r"^[a-z0-9][a-z0-9+.-]{0,99}(=[A-Za-z0-9.+~:-]{1,100})?$")
+_ABS_PATH = re.compile(r"^(/[A-Za-z0-9._+-]+)+$")
+_PYTHON = re.compile(r"^[A-Za-z0-9._+-]+$|^(/[A-Za-z0-9._+-]+)+$")
+_SUITE = re.compile(r"^[a-z][a-z0-9-]{0,31}$")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# Upper bounds: a typo or a hostile file must not buy unbounded memory or time (issue 16).
+MAX_CONCURRENCY = 4096
+MAX_COUNT = 1_000_000  # questions, tokens, errors, prompts, repeats
+MAX_SECONDS = 7 * 24 * 3600.0
+MAX_CHAIN = 32  # extends ancestors, and cells stacked on cells as bases
 
 
 def load_matrix(file: Path, *, images_dir: Path | None = None) -> Matrix:
@@ -120,6 +133,7 @@ class _Checker:
         self.src = src
         self.images_dir = images_dir
         self.problems: list[str] = []
+        self._seen: set[str] = set()  # problems already reported: a set, so 300,000 of them stay linear
         self.origins: dict[Path_, Path_] = {}  # merged cell path -> where in the file it came from
 
     # -- reporting --------------------------------------------------------------------------------
@@ -127,7 +141,8 @@ class _Checker:
     def problem(self, path: Path_, message: str) -> None:
         where = self.origins.get(path, path)
         line = f"{self.src.file}:{self.src.line_of(where)}: {format_path(where)}: {message}"
-        if line not in self.problems:  # a mistake in `defaults` or an ancestor is reported once
+        if line not in self._seen:  # a mistake in `defaults` or an ancestor is reported once
+            self._seen.add(line)
             self.problems.append(line)
 
     def keys(self, path: Path_, value: Any, allowed: tuple[str, ...], required: tuple[str, ...] = ()) -> bool:
@@ -156,6 +171,8 @@ class _Checker:
 
     def choice(self, path: Path_, value: Any, choices: tuple[str, ...], what: str) -> str:
         text = self.text(path, value)
+        if value is not None and not isinstance(value, dict | list | bool) and not text:
+            self.problem(path, f"must not be empty (one of {', '.join(choices)})")
         if text and text not in choices:
             self.problem(path, f"unknown {what} {text!r}{_did_you_mean(text, choices)}")
         return text
@@ -180,7 +197,13 @@ class _Checker:
         for name, item in value.items():
             if not _ENV_NAME.match(str(name)):
                 self.problem((*path, name), f"{name!r} is not a valid environment variable name")
-            pairs.append((str(name), self.text((*path, name), item)))
+            text = self.text((*path, name), item)
+            if _CONTROL.search(text):
+                self.problem((*path, name), "the value holds a control character (newline, tab, escape...)")
+            secret = secret_env(str(name), text)
+            if secret:
+                self.problem((*path, name), f"refused: {secret}; a secret never goes into matrix.yaml or an image")
+            pairs.append((str(name), text))
         return tuple(sorted(pairs))
 
     def log_rules(self, path: Path_, value: Any, *, prefix: str) -> tuple[LogRule, ...]:
@@ -237,6 +260,13 @@ class _Checker:
             return ()
         return tuple((str(k), self.text((*path, k), v)) for k, v in value.items())
 
+    def path(self, path: Path_, value: Any) -> str:
+        """An absolute path inside an image, made of plain name characters (it is rendered into `RUN`)."""
+        text = self.text(path, value, pattern=_ABS_PATH, what="absolute path (letters, digits, . _ + -)")
+        if ".." in text.split("/"):
+            self.problem(path, f"{text!r}: no `..` in the path")
+        return text
+
     def version(self, path: Path_, value: Any) -> str:
         """An exact version, normalised once here (`1.16.0-post1` -> `1.16.0.post1`)."""
         text = self.text(path, value)
@@ -278,10 +308,18 @@ class _Checker:
         result = []
         for name, spec in value.items():
             path: Path_ = ("indexes", name)
+            if not _ID.match(str(name)):
+                self.problem(path, f"{str(name)[:80]!r} is not a valid index name (lower case, digits, . _ -)")
             if self.keys(path, spec, INDEX_KEYS, required=INDEX_KEYS):
                 url = self.text((*path, "url"), spec.get("url"))
                 if url and not url.startswith(("https://", "http://", "file://")):
                     self.problem((*path, "url"), f"{url!r} is not an http(s) or file URL")
+                elif url and (_CONTROL.search(url) or " " in url):
+                    self.problem((*path, "url"), "the URL holds a space or a control character")
+                elif url and secret_arg("--index-url", url):
+                    self.problem(
+                        (*path, "url"), "refused: the URL carries credentials; give them in STACKPROOF_MIRRORS"
+                    )
                 result.append(Index(name=str(name), url=url))
         return tuple(result)
 
@@ -301,10 +339,14 @@ class _Checker:
                     b = spec["bootstrap"]
                     bp = (*path, "bootstrap")
                     recipe = BootstrapRecipe(
-                        suite=self.text((*bp, "suite"), b.get("suite")),
-                        variant=self.text((*bp, "variant"), b.get("variant", "minbase")),
-                        include=self.texts((*bp, "include"), b.get("include")),
-                        venv=self.text((*bp, "venv"), b.get("venv")),
+                        suite=self.text((*bp, "suite"), b.get("suite"), pattern=_SUITE, what="Debian suite"),
+                        variant=self.text(
+                            (*bp, "variant"), b.get("variant", "minbase"), pattern=_SUITE, what="debootstrap variant"
+                        ),
+                        include=self.texts(
+                            (*bp, "include"), b.get("include"), pattern=_DEB_PACKAGE, what="Debian package name"
+                        ),
+                        venv=self.path((*bp, "venv"), b.get("venv")),
                     )
                     result.append(BootstrapBase(name=str(name), recipe=recipe))
             elif "cell" in spec:
@@ -315,7 +357,11 @@ class _Checker:
                 digest = None
                 if spec.get("digest") is not None:
                     digest = self.text((*path, "digest"), spec["digest"], pattern=_DIGEST, what="sha256 digest")
-                python = self.text((*path, "python"), spec.get("python", "python3"))
+                python = self.text(
+                    (*path, "python"), spec.get("python", "python3"), pattern=_PYTHON, what="python command or path"
+                )
+                if ".." in python.split("/"):
+                    self.problem((*path, "python"), f"{python!r}: no `..` in the python path")
                 require_cuda = None
                 if spec.get("require_cuda") is not None:
                     require_cuda = self.text((*path, "require_cuda"), spec["require_cuda"])
@@ -343,20 +389,24 @@ class _Checker:
         self, raw_cells: list[Any], defaults: Any, indexes: tuple[Index, ...], bases: tuple[Base, ...]
     ) -> tuple[Cell, ...]:
         by_id: dict[str, int] = {}
+        ids: dict[int, str] = {}  # index -> the id as written (`id: 123` is the id "123", not dropped)
         for i, raw in enumerate(raw_cells):
             if not self.keys(("cells", i), raw, CELL_KEYS, required=("id",)):
                 continue
             cell_id = self.text(("cells", i, "id"), raw.get("id"), pattern=_ID, what="cell id")
+            if cell_id:
+                ids[i] = cell_id
             if cell_id in by_id:
                 first = self.src.line_of(("cells", by_id[cell_id]))
                 self.problem(("cells", i, "id"), f"duplicate cell id {cell_id!r} (first defined at line {first})")
             elif cell_id:
                 by_id[cell_id] = i
         cells = []
-        for i, raw in enumerate(raw_cells):
-            if not isinstance(raw, dict) or raw.get("id") not in by_id or by_id[raw["id"]] != i:
+        cell_ids = set(by_id)  # once: a set per cell made validation quadratic in the cell count
+        for i in range(len(raw_cells)):
+            if i not in ids or by_id.get(ids[i]) != i:
                 continue
-            chain = self.extends_chain(i, raw_cells, by_id)
+            chain = self.extends_chain(i, raw_cells, by_id, ids)
             if chain is None:
                 continue
             layers: list[tuple[Path_, Any]] = []
@@ -365,24 +415,51 @@ class _Checker:
             layers += [(("cells", j), {k: v for k, v in raw_cells[j].items() if k in INHERITABLE_KEYS}) for j in chain]
             merged, origins = _merge(layers)
             self.origins = {("cells", i, *rel): where for rel, where in origins.items()}
-            cell = self.cell(i, str(raw["id"]), merged, indexes, bases, set(by_id))
+            cell = self.cell(i, ids[i], merged, indexes, bases, cell_ids)
             self.origins = {}
             if cell is not None:
                 cells.append(cell)
         self.base_cells_exist(bases, set(by_id))
+        if not self.base_chains_bounded(cells, by_id):
+            return tuple(cells)
         return _inherit_accepted_conflicts(cells, bases)
 
-    def extends_chain(self, i: int, raw_cells: list[Any], by_id: dict[str, int]) -> list[int] | None:
+    def base_chains_bounded(self, cells: list[Cell], index: dict[str, int]) -> bool:
+        """A cell on a cell on a cell...: at most MAX_CHAIN deep (each level is an image build)."""
+        by_id = {c.id: c for c in cells}
+        ok = True
+        for cell in cells:
+            current, depth, seen = cell, 0, {cell.id}
+            while isinstance(current.base, CellBase) and current.base.cell in by_id and depth <= MAX_CHAIN:
+                if current.base.cell in seen:  # a cycle: planning reports it as such, not as depth
+                    break
+                current, depth = by_id[current.base.cell], depth + 1
+                seen.add(current.id)
+            if depth > MAX_CHAIN:
+                self.problem(("cells", index[cell.id], "base"), f"more than {MAX_CHAIN} cells stacked as bases")
+                ok = False
+        return ok
+
+    def extends_chain(
+        self, i: int, raw_cells: list[Any], by_id: dict[str, int], ids: dict[int, str]
+    ) -> list[int] | None:
         """Indexes of the cell's ancestors, root first, ending with the cell itself."""
         chain = [i]
         while "extends" in raw_cells[chain[0]]:
             j = chain[0]
-            parent = raw_cells[j]["extends"]
+            written = raw_cells[j]["extends"]
+            if isinstance(written, dict | list) or written is None or isinstance(written, bool):
+                self.problem(("cells", j, "extends"), f"must be a cell id, got {_kind(written)}")
+                return None
+            parent = self.src.text_of(("cells", j, "extends")) or str(written)
             if parent not in by_id:
                 self.problem(("cells", j, "extends"), f"no cell {parent!r}{_did_you_mean(str(parent), tuple(by_id))}")
                 return None
+            if len(chain) > MAX_CHAIN:
+                self.problem(("cells", i, "extends"), f"an extends chain of more than {MAX_CHAIN} cells")
+                return None
             if by_id[parent] in chain:
-                names = " -> ".join(str(raw_cells[k]["id"]) for k in [by_id[parent], *chain])
+                names = " -> ".join(ids[k] for k in [by_id[parent], *chain])
                 self.problem(("cells", j, "extends"), f"extends cycle: {names}")
                 return None
             chain.insert(0, by_id[parent])
@@ -435,9 +512,9 @@ class _Checker:
                     else None
                 ),
             )
-        recipes = self.texts((*p, "recipes"), data.get("recipes"))
+        recipes = self.texts((*p, "recipes"), data.get("recipes"), pattern=_ID, what="recipe name")
         for j, recipe in enumerate(recipes):
-            if recipe and not (self.images_dir / "recipes" / recipe / "steps.j2").is_file():
+            if recipe and _ID.match(recipe) and not (self.images_dir / "recipes" / recipe / "steps.j2").is_file():
                 known = tuple(d.parent.name for d in (self.images_dir / "recipes").glob("*/steps.j2"))
                 self.problem(
                     (*p, "recipes", j), f"no recipe {recipe!r} in images/recipes/{_did_you_mean(recipe, known)}"
@@ -447,8 +524,13 @@ class _Checker:
         platform = self.choice((*p, "platform"), data["platform"], PLATFORMS, "platform") if "platform" in data else ""
         arch = self.choice((*p, "arch"), data["arch"], KNOWN_ARCHES, "arch") if "arch" in data else ""
         runner = self.texts((*p, "runner"), data.get("runner"))
-        system_packages = self.texts((*p, "system_packages"), data.get("system_packages"))
-        uninstall = tuple(str(canonicalize_name(n)) for n in self.texts((*p, "uninstall"), data.get("uninstall")))
+        system_packages = self.texts(
+            (*p, "system_packages"), data.get("system_packages"), pattern=_DEB_PACKAGE, what="Debian package name"
+        )
+        uninstall = tuple(
+            str(canonicalize_name(n))
+            for n in self.texts((*p, "uninstall"), data.get("uninstall"), pattern=_PACKAGE, what="package name")
+        )
         env = self.env((*p, "env"), data.get("env"))
         arms = self.arms((*p, "arms"), data.get("arms"))
         imports = self.texts((*p, "imports"), data["imports"]) if "imports" in data else DEFAULT_IMPORTS
@@ -531,8 +613,12 @@ class _Checker:
         args = self.texts((*path, "args"), value.get("args"))
         self.tool_owned(path, args)
         timeout = value.get("readiness_timeout", 600)
-        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
-            self.problem((*path, "readiness_timeout"), f"must be a positive number of seconds, got {timeout!r}")
+        if not _finite_in(timeout, 0, MAX_SECONDS):
+            self.problem(
+                (*path, "readiness_timeout"),
+                f"must be a positive number of seconds, got {_shown(timeout)}"
+                + ("" if _finite_in(timeout, -math.inf, 0, zero_ok=True) else f" (finite, at most {MAX_SECONDS:.0f})"),
+            )
             timeout = 600
         return ServeSpec(
             model=source,
@@ -592,20 +678,25 @@ class _Checker:
                     self.problem(at, f"must be true or false, got {raw!r}")
                 chosen[name] = bool(raw)
             elif isinstance(default, int) and name != "rate":
-                ok = isinstance(raw, int) and not isinstance(raw, bool) and (raw >= 0 if name == "seed" else raw > 0)
-                if not ok:
+                low = 0 if name == "seed" else 1
+                high = MAX_CONCURRENCY if name == "concurrency" else 2**63 - 1 if name == "seed" else MAX_COUNT
+                ok = isinstance(raw, int) and not isinstance(raw, bool) and low <= raw <= high
+                if not ok and isinstance(raw, int) and not isinstance(raw, bool) and raw > high:
+                    self.problem(at, f"must be at most {high:,}, got {_shown(raw)}")
+                elif not ok:
                     self.problem(
-                        at, f"must be a {'non-negative' if name == 'seed' else 'positive'} integer, got {raw!r}"
+                        at, f"must be a {'non-negative' if name == 'seed' else 'positive'} integer, got {_shown(raw)}"
                     )
                 chosen[name] = raw if ok else default
-            else:  # seconds, rates, burstiness: positive numbers (warmup may be 0)
-                ok = (
-                    isinstance(raw, int | float)
-                    and not isinstance(raw, bool)
-                    and (raw >= 0 if name == "warmup_s" else raw > 0)
-                )
-                if not ok:
-                    self.problem(at, f"must be a positive number, got {raw!r}")
+            else:  # seconds, rates, burstiness: finite positive numbers (warmup may be 0)
+                top = MAX_SECONDS if name.endswith("_s") or name == "stall_seconds" else float(MAX_COUNT)
+                ok = _finite_in(raw, 0, top, zero_ok=name == "warmup_s")
+                if not ok and _finite_in(raw, top, math.inf):
+                    self.problem(at, f"must be at most {top:,.0f}, got {_shown(raw)}")
+                elif not ok and isinstance(raw, float) and not math.isfinite(raw):
+                    self.problem(at, f"must be a finite number, got {_shown(raw)}")
+                elif not ok:
+                    self.problem(at, f"must be a positive number, got {_shown(raw)}")
                 chosen[name] = float(raw) if ok else default
         return LoadSpec(**chosen)
 
@@ -614,7 +705,7 @@ class _Checker:
         text = str(value).strip()
         try:
             number = float(Fraction(text))
-        except (ValueError, ZeroDivisionError):
+        except (ValueError, ZeroDivisionError, OverflowError):
             number = -1.0
         if not 0 < number < 1:
             self.problem(path, f"{text!r} is not a probability: write a fraction (1/450) or a decimal (0.00222)")
@@ -622,9 +713,18 @@ class _Checker:
         return number
 
     def tool_owned(self, path: Path_, args: tuple[str, ...]) -> None:
+        """Flags the tool owns, and credentials (which would reach `ps`, inspect and server.log)."""
         for j, arg in enumerate(args):
             if arg.split("=", 1)[0] in TOOL_OWNED_ARGS:
                 self.problem((*path, "args", j), f"{arg!r}: the tool sets --host 127.0.0.1 and --port itself")
+            if _CONTROL.search(arg):
+                self.problem((*path, "args", j), "the argument holds a control character (newline, tab, escape...)")
+            following = args[j + 1] if j + 1 < len(args) and not args[j + 1].startswith("-") else None
+            secret = secret_arg(arg, following if arg.startswith("-") and "=" not in arg else None)
+            if secret:
+                self.problem(
+                    (*path, "args", j), f"refused: {secret}; a secret never goes into matrix.yaml or the server's argv"
+                )
 
     def arms(self, path: Path_, value: Any) -> tuple[Arm, ...]:
         if value is None:
@@ -721,6 +821,21 @@ def _without_nulls(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _without_nulls(v) for k, v in value.items() if v is not None}
     return copy.deepcopy(value)
+
+
+def _finite_in(value: Any, low: float, high: float, *, zero_ok: bool = False) -> bool:
+    """A real number (not a boolean, NaN or infinity) in (low, high], or [low, high] with zero_ok."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    if not math.isfinite(value):
+        return False
+    return (low <= value if zero_ok else low < value) and value <= high
+
+
+def _shown(value: Any) -> str:
+    """A value for a message, short (a 50 MB scalar must not become a 50 MB message)."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _did_you_mean(word: str, choices: tuple[str, ...] | list[str]) -> str:

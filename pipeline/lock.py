@@ -18,6 +18,7 @@ from packaging.utils import canonicalize_name
 
 from pipeline import cmd
 from pipeline.errors import InputError
+from pipeline.jsonfile import read_json
 from pipeline.model import Cell, Install, Matrix
 from pipeline.site import SiteSettings
 
@@ -60,25 +61,33 @@ def read_lock(cell: Cell) -> Lock:
     assert cell.install is not None
     path = cell.install.lock
     hint = f"run `stackproof lock {cell.id}`"
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError as exc:
-        raise InputError(f"{path}: cell {cell.id!r} has no lock yet: {hint}") from exc
-    except (OSError, json.JSONDecodeError) as exc:
-        raise InputError(f"{path}: unreadable lock ({exc}): {hint}") from exc
+    if not path.exists():
+        raise InputError(f"{path}: cell {cell.id!r} has no lock yet: {hint}")
+    data = read_json(path, "lock", hint=hint)
     if data.get("schema_version") != LOCK_SCHEMA_VERSION:
         raise InputError(f"{path}: schema_version {data.get('schema_version')!r} is not {LOCK_SCHEMA_VERSION}: {hint}")
-    lock = Lock(
-        cell=data["cell"],
-        inputs_digest=data["inputs_digest"],
-        packages=tuple(
-            LockedPackage(name=p["name"], version=p["version"], index=p["index"], hashes=tuple(p["hashes"]))
-            for p in data["packages"]
-        ),
-    )
+    try:
+        lock = Lock(
+            cell=str(data["cell"]),
+            inputs_digest=str(data["inputs_digest"]),
+            packages=tuple(
+                LockedPackage(
+                    name=str(p["name"]), version=str(p["version"]), index=str(p["index"]), hashes=_hashes(p["hashes"])
+                )
+                for p in data["packages"]
+            ),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InputError(f"{path}: malformed lock ({type(exc).__name__}: {str(exc)[:200]}): {hint}") from None
     if lock.inputs_digest != inputs_digest(cell.install):
         raise InputError(f"{path}: stale lock, cell {cell.id!r} changed its install since it was locked: {hint}")
     return lock
+
+
+def _hashes(value: object) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(h, str) for h in value):
+        raise ValueError("hashes must be a list of strings")
+    return tuple(value)
 
 
 def write_lock(cell: Cell, lock: Lock) -> Path:
@@ -115,15 +124,20 @@ def resolve_lock(matrix: Matrix, cell: Cell, site: SiteSettings) -> Lock:
         "--python-platform",
         install.python_platform,
     ]
+    # Index URLs (which may carry credentials) go to uv through its environment, not its argv: the
+    # process table is readable by every local user, a process's environment only by its owner.
+    env = {"SSL_CERT_FILE": str(site.ca_bundle)} if site.ca_bundle else {}
+    extra = []
     for index in sorted({DEPENDENCY_INDEX, *(r.index for r in install.requirements)}):
         where = site.index_location(matrix, index)
         if where.is_local:
             argv += ["--find-links", str(where.directory)]
         elif index == DEPENDENCY_INDEX:
-            argv += ["--index-url", where.location]
+            env["UV_INDEX_URL"] = where.location
         else:
-            argv += ["--extra-index-url", where.location]
-    env = {"SSL_CERT_FILE": str(site.ca_bundle)} if site.ca_bundle else {}
+            extra.append(where.location)
+    if extra:
+        env["UV_EXTRA_INDEX_URL"] = " ".join(extra)
     with tempfile.TemporaryDirectory(prefix="stackproof-lock-") as tmp:
         requirements = Path(tmp) / "requirements.in"
         requirements.write_text("".join(f"{r.pin}\n" for r in install.requirements))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -13,8 +14,9 @@ __all__ = ["render_template", "template_text"]
 
 
 def _dquote(value: str) -> str:
-    """A Dockerfile double-quoted value: JSON string escaping, and `$` kept literal."""
-    return json.dumps(str(value)).replace("$", "\\$")
+    """A Dockerfile double-quoted value: JSON string escaping, and `$` kept literal. Non-ASCII
+    stays as written (Docker does not read `\\u00e9`: `café` would land as `caf\\u00e9`)."""
+    return json.dumps(str(value), ensure_ascii=False).replace("$", "\\$")
 
 
 @cache
@@ -28,6 +30,7 @@ def _environment(images_dir: Path) -> jinja2.Environment:
         autoescape=False,  # Dockerfiles and shell, not HTML
     )
     env.filters["dquote"] = _dquote
+    env.filters["shquote"] = lambda value: shlex.quote(str(value))
     return env
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pipeline.build import build_cell
 from pipeline.engine import Engine
-from pipeline.errors import InputError
+from pipeline.errors import InfraError, InputError
 from pipeline.host import host_fingerprint
 from pipeline.model import Arm, Cell, LoadSpec, Matrix
 from pipeline.modelstore import ensure_model
@@ -24,7 +24,7 @@ from verify.receipt import build_receipt, write_all
 from verify.result import CheckResult, VerifyReport
 from verify.runner import verify_image
 
-__all__ = ["run_cell", "verify_cell"]
+__all__ = ["exclusive_dir", "run_cell", "verify_cell"]
 
 SERVER_STAGES = {"startup", "autotune", "load"}  # the stages that start a server container
 
@@ -170,4 +170,24 @@ def _host_expectations(matrix: Matrix, cell: Cell) -> CheckResult | None:
 
 
 def _run_dir(out_root: Path, cell: Cell) -> Path:
-    return out_root / cell.id / time.strftime("run-%Y%m%dT%H%M%S")
+    """A new directory for this run, made with an exclusive mkdir: two runs of one cell started in
+    the same second (two CI jobs, two terminals) get `run-...` and `run-...-2`, never one shared."""
+    return exclusive_dir(out_root / cell.id, time.strftime("run-%Y%m%dT%H%M%S"))
+
+
+def exclusive_dir(parent: Path, stem: str) -> Path:
+    """`parent/stem`, or `stem-2`, `stem-3`...: the first that this process creates itself."""
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InfraError(f"{parent}: cannot create the output directory: {exc.strerror}") from exc
+    for n in range(1, 10_000):
+        path = parent / (stem if n == 1 else f"{stem}-{n}")
+        try:
+            path.mkdir()
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise InfraError(f"{path}: cannot create the run directory: {exc.strerror}") from exc
+        return path
+    raise InfraError(f"{parent}: 10,000 runs named {stem}: remove old run directories")

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from pipeline.errors import InputError
 from pipeline.model import Matrix
+from pipeline.redact import redact
 
 __all__ = ["Mirror", "SiteSettings", "load_site"]
 
@@ -47,7 +48,7 @@ class Mirror:
     @property
     def redacted(self) -> str:
         """The location with any `user:password@` removed, for logs and reports."""
-        return re.sub(r"//[^/@]+@", "//***@", self.location)
+        return redact(self.location)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,21 +77,32 @@ def load_site(matrix: Matrix, env: Mapping[str, str] | None = None) -> SiteSetti
     mirrors = []
     for entry in filter(None, (e.strip() for e in env.get("STACKPROOF_MIRRORS", "").split(","))):
         name, sep, location = entry.partition("=")
+        # Every message shows the entry redacted: a location may carry `user:token@`.
         if not sep or not location:
-            raise InputError(f"STACKPROOF_MIRRORS: {entry!r} is not INDEX=LOCATION")
+            raise InputError(f"STACKPROOF_MIRRORS: {_hide(entry)!r} is not INDEX=LOCATION")
         if name not in known:
             raise InputError(
-                f"STACKPROOF_MIRRORS: {name!r} is not an index in {matrix.file} (known: {', '.join(known)})"
+                f"STACKPROOF_MIRRORS: {_hide(name)!r} is not an index in {matrix.file} (known: {', '.join(known)})"
             )
         mirror = Mirror(index=name, location=location)
         if mirror.is_local and not mirror.directory.is_dir():
-            raise InputError(f"STACKPROOF_MIRRORS: {name}={location}: no such directory")
+            raise InputError(f"STACKPROOF_MIRRORS: {_hide(name)}={_hide(location)}: no such directory")
+        if not mirror.is_local and (any(c.isspace() for c in location) or "\x00" in location):
+            raise InputError(
+                f"STACKPROOF_MIRRORS: {_hide(name)}={_hide(location)}: a URL has no spaces or control characters"
+            )
         mirrors.append(mirror)
     return SiteSettings(
         mirrors=tuple(mirrors),
         ca_bundle=_ca_bundle(env),
         debian_mirror=env.get("STACKPROOF_DEBIAN_MIRROR") or _apt_mirror(),
     )
+
+
+def _hide(text: str) -> str:
+    """A part of STACKPROOF_MIRRORS fit to print: credentials (`user:token@`, with or without a
+    scheme) and known token shapes removed."""
+    return re.sub(r"[^\s/=@]+@", "***@", redact(text))
 
 
 def _ca_bundle(env: Mapping[str, str]) -> Path | None:

@@ -57,56 +57,128 @@ class YamlSource:
         return f"{self.file}:{self.line_of(path)}: {format_path(path)}"
 
 
+# Limits on what one matrix may cost (issue 16): a hostile or broken file is a clear exit 2, never
+# an hour of CPU or the host's memory. A real matrix is a few hundred lines.
+MAX_BYTES = 8 * 2**20
+MAX_DEPTH = 64
+MAX_VALUES = 1_000_000  # mappings, lists and scalars after aliases are expanded (billion laughs)
+
+
+class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+    """libyaml's parser when present (10x faster), with the implicit-tag resolution of repeated
+    scalars (`base: img` ten thousand times) done once per distinct value."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._resolved: dict[tuple[Any, ...], str] = {}
+
+    def resolve(self, kind: Any, value: Any, implicit: Any) -> str:
+        if kind is not yaml.ScalarNode:
+            return str(super().resolve(kind, value, implicit))
+        key = (value, *implicit) if isinstance(implicit, tuple) else (value, implicit)
+        tag = self._resolved.get(key)
+        if tag is None:
+            tag = self._resolved[key] = str(super().resolve(kind, value, implicit))
+        return tag
+
+
 def load_yaml(file: Path) -> YamlSource:
     try:
-        text = file.read_text(encoding="utf-8")
+        with file.open("rb") as f:
+            data = f.read(MAX_BYTES + 1)
     except OSError as exc:
         raise MatrixError([f"{file}: cannot read: {exc.strerror}"]) from exc
+    if len(data) > MAX_BYTES:
+        raise MatrixError([f"{file}: larger than {MAX_BYTES // 2**20} MiB: not a matrix this tool reads"])
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise MatrixError(
+            [f"{file}:{line}: not UTF-8 text (byte {data[exc.start]:#04x} at offset {exc.start})"]
+        ) from None
+    if "\x00" in text:
+        line = text[: text.index("\x00")].count("\n") + 1
+        raise MatrixError([f"{file}:{line}: a NUL byte: not a YAML text file"])
+    try:
+        node = yaml.compose(text, Loader=_Loader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = mark.line + 1 if mark is not None else 1
         raise MatrixError([f"{file}:{line}: not valid YAML: {getattr(exc, 'problem', exc)}"]) from exc
+    except RecursionError:
+        raise MatrixError([f"{file}: nested too deeply to read (at most {MAX_DEPTH} levels)"]) from None
     lines: dict[Path_, int] = {}
     raw: dict[Path_, str] = {}
     problems: list[str] = []
-    data = _convert(node, (), lines, raw, problems, file) if node is not None else None
+    walk = _Walk(file=file, lines=lines, raw=raw, problems=problems)
+    try:
+        data_ = walk.convert(node, (), ()) if node is not None else None
+    except _TooBig as exc:
+        raise MatrixError([str(exc)]) from None
     if problems:
         raise MatrixError(problems)
-    return YamlSource(file=file, data=data, lines=lines, raw=raw)
+    return YamlSource(file=file, data=data_, lines=lines, raw=raw)
 
 
-def _convert(
-    node: yaml.Node,
-    path: Path_,
-    lines: dict[Path_, int],
-    raw: dict[Path_, str],
-    problems: list[str],
-    file: Path,
-) -> Any:
-    lines[path] = node.start_mark.line + 1
-    if isinstance(node, yaml.MappingNode):
-        result: dict[Any, Any] = {}
-        for key_node, value_node in node.value:
-            key = _scalar(key_node)
-            child: Path_ = (*path, str(key))
-            if key in result:
-                problems.append(f"{file}:{key_node.start_mark.line + 1}: {format_path(child)}: duplicate key")
-                continue
-            result[key] = _convert(value_node, child, lines, raw, problems, file)
-            lines[child] = key_node.start_mark.line + 1
-        return result
-    if isinstance(node, yaml.SequenceNode):
-        return [_convert(item, (*path, i), lines, raw, problems, file) for i, item in enumerate(node.value)]
-    raw[path] = str(node.value)
-    return _scalar(node)
+class _TooBig(Exception):
+    pass
 
 
-def _scalar(node: yaml.Node) -> Any:
-    """Construct a scalar with YAML 1.1 safe rules (so `true`, `1`, `null` get their types)."""
-    loader = yaml.SafeLoader("")
-    try:
-        return loader.construct_object(node, deep=True)
-    finally:
-        loader.dispose()
+class _Walk:
+    """One pass over the composed nodes, bounded in depth and in values (aliases count each time
+    they are expanded); a recursive alias is an error, not an endless loop."""
+
+    def __init__(self, *, file: Path, lines: dict[Path_, int], raw: dict[Path_, str], problems: list[str]) -> None:
+        self.file, self.lines, self.raw, self.problems = file, lines, raw, problems
+        self.values = 0
+        self.loader = yaml.SafeLoader("")
+
+    def convert(self, node: yaml.Node, path: Path_, parents: tuple[int, ...]) -> Any:
+        self.values += 1
+        line = node.start_mark.line + 1
+        if self.values > MAX_VALUES:
+            raise _TooBig(f"{self.file}:{line}: more than {MAX_VALUES:,} values (aliases expanded): not a matrix")
+        if len(path) > MAX_DEPTH:
+            raise _TooBig(f"{self.file}:{line}: {format_path(path[:8])}...: nested deeper than {MAX_DEPTH} levels")
+        if id(node) in parents:
+            raise _TooBig(f"{self.file}:{line}: {format_path(path)}: a recursive alias (it contains itself)")
+        self.lines[path] = line
+        if isinstance(node, yaml.MappingNode):
+            inner = (*parents, id(node))
+            result: dict[Any, Any] = {}
+            for key_node, value_node in node.value:
+                key = self.scalar(key_node) if isinstance(key_node, yaml.ScalarNode) else None
+                child: Path_ = (*path, str(key))
+                if not isinstance(key_node, yaml.ScalarNode):
+                    self.problems.append(
+                        f"{self.file}:{key_node.start_mark.line + 1}: {format_path(path)}: a key must be a plain value"
+                    )
+                    continue
+                if key in result:
+                    self.problems.append(
+                        f"{self.file}:{key_node.start_mark.line + 1}: {format_path(child)}: duplicate key"
+                    )
+                    continue
+                result[key] = self.convert(value_node, child, inner)
+                self.lines[child] = key_node.start_mark.line + 1
+            return result
+        if isinstance(node, yaml.SequenceNode):
+            inner = (*parents, id(node))
+            return [self.convert(item, (*path, i), inner) for i, item in enumerate(node.value)]
+        self.raw[path] = str(node.value)
+        return self.scalar(node)
+
+    def scalar(self, node: yaml.Node) -> Any:
+        """Construct a scalar with YAML 1.1 safe rules (so `true`, `1`, `null` get their types)."""
+        try:
+            value = self.loader.construct_object(node, deep=True)
+        except yaml.YAMLError as exc:
+            self.problems.append(f"{self.file}:{node.start_mark.line + 1}: {getattr(exc, 'problem', exc)}")
+            return None
+        self.loader.constructed_objects.clear()
+        try:
+            hash(value)
+        except TypeError:
+            return str(node.value)
+        return value

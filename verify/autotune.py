@@ -10,13 +10,13 @@ names torch dtypes (`torch.float8_e4m3fn`), so it is not a literal. `parse_key` 
 from __future__ import annotations
 
 import ast
-import json
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 from pipeline.errors import InputError, MatrixError
+from pipeline.jsonfile import read_json
 from pipeline.yamlsrc import load_yaml
 from verify.result import CheckResult, Status
 
@@ -158,14 +158,11 @@ class AutotuneCache:
 
 
 def read_cache(file: Path) -> AutotuneCache:
-    try:
-        document = json.loads(file.read_text())
-    except OSError as exc:
-        raise InputError(f"{file}: cannot read: {exc.strerror}") from exc
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{file}:{exc.lineno}: not JSON: {exc.msg}") from exc
+    document = read_json(file, "autotune cache", mapping=False)
     if not isinstance(document, dict) or "_metadata" not in document:
         raise InputError(f"{file}: not a FlashInfer autotune cache (no _metadata)")
+    if not isinstance(document["_metadata"], dict):
+        raise InputError(f"{file}: _metadata: must be a JSON object, not a FlashInfer autotune cache")
     entries = []
     for key, value in document.items():
         if key in RESERVED:

@@ -210,7 +210,7 @@ def diff_winners(table: list[dict[str, Any]], previous: Path) -> CheckResult:
         report = json.loads(previous.read_text())
         stage = next(s for s in report["stages"] if s["stage"] == STAGE)
         old = next(c for c in stage["checks"] if c["name"] == "autotune-cache")["evidence"]["winners"]
-    except (OSError, ValueError, KeyError, StopIteration) as exc:
+    except (OSError, ValueError, KeyError, StopIteration, TypeError, AttributeError, RecursionError) as exc:
         return CheckResult(name="winners-diff", status=Status.SKIP, message=f"{previous}: no autotune winners ({exc})")
 
     def keyed(tables: list[dict[str, Any]]) -> dict[tuple[Any, ...], str]:

@@ -31,6 +31,7 @@ from packaging.version import InvalidVersion, Version
 from pipeline import cmd
 from pipeline.engine import Engine
 from pipeline.errors import CheckFailed, InfraError, InputError
+from pipeline.gc import owner_args
 from pipeline.host import HostFingerprint, differences
 from pipeline.model import Cell, Matrix
 from pipeline.pins import FI_CUBIN, FI_JIT, FI_PYTHON, Lookup, cell_stack
@@ -84,7 +85,7 @@ def doctor_image(
     """doctor_probe.py (and the in-image probe beside it) bind-mounted read-only into a
     `--network none` container of `image`, run with the image's own python and the server's env."""
     name = f"stackproof-doctor-{uuid.uuid4().hex[:12]}"
-    argv = ["run", "--rm", "--name", name, "--network", "none", "--label", PROBE_ROLE_LABEL]
+    argv = ["run", "--rm", "--name", name, "--network", "none", "--label", PROBE_ROLE_LABEL, *owner_args()]
     argv += ["--volume", f"{DOCTOR_FILE}:/stackproof/doctor_probe.py:ro"]
     argv += ["--volume", f"{PROBE_FILE}:/stackproof/inimage_probe.py:ro", "--entrypoint", python]
     if gpus:
@@ -396,7 +397,7 @@ def match_receipts(directory: Path, fp: Fingerprint, cells: set[str]) -> list[di
     for path in sorted(directory.rglob("receipt.json")):
         try:
             receipt = json.loads(path.read_text())
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):  # not a receipt this tool wrote: not a match
             continue
         if isinstance(receipt, dict) and receipt.get("cell") in cells and receipt.get("status") == "PASS":
             found.append(_receipt_row(receipt, fp, str(path)))

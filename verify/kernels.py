@@ -17,6 +17,7 @@ from typing import Any
 from pipeline import cmd
 from pipeline.engine import Engine
 from pipeline.errors import CheckFailed
+from pipeline.gc import owner_args
 from verify.autotune import judge_cache, load_policies, read_cache
 from verify.autotune_stage import winners_table
 from verify.probe import PROBE_ROLE_LABEL
@@ -103,6 +104,7 @@ def _probe_in_container(
     ordinary runner user could not read through a bind mount. Removed on every path, Ctrl-C too."""
     name = f"stackproof-kernels-{uuid.uuid4().hex[:12]}"
     argv = ["run", "--name", name, "--network", "none", "--gpus", gpus or "all", "--label", PROBE_ROLE_LABEL]
+    argv += owner_args()
     argv += ["--volume", f"{KERNEL_PROBE_FILE}:/stackproof/kernel_probe.py:ro"]
     argv += ["--volume", f"{config.resolve()}:/stackproof/config.json:ro", "--volume", "/stackproof/out"]
     argv += ["--entrypoint", python, image, "/stackproof/kernel_probe.py", "--config", "/stackproof/config.json"]

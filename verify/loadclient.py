@@ -144,7 +144,7 @@ async def stream_chat(
                     return record
                 if usage := payload.get("usage"):
                     record.prompt_tokens = usage.get("prompt_tokens")
-                    record.output_tokens = int(usage.get("completion_tokens") or 0)
+                    record.output_tokens = _count(usage.get("completion_tokens"))
                 for choice in payload.get("choices") or ():
                     delta = choice.get("delta") or {}
                     piece = delta.get("content") or delta.get("reasoning_content") or ""
@@ -178,7 +178,7 @@ async def stream_chat(
     except (httpx.TransportError, httpx.StreamError) as exc:  # the server hung up mid-stream
         record.error_class, record.error = ErrorClass.STREAM_TRUNCATED, f"{type(exc).__name__}: {exc}"
         return record
-    except (json.JSONDecodeError, AttributeError) as exc:
+    except (ValueError, AttributeError, TypeError) as exc:  # JSONDecodeError is a ValueError
         record.error_class, record.error = ErrorClass.STREAM_TRUNCATED, f"unreadable stream data: {exc}"
         return record
     finally:
@@ -191,6 +191,15 @@ async def stream_chat(
             f"the stream ended without {'[DONE]' if not done else 'a finish reason'} after {record.chunks} chunks"
         )
     return record
+
+
+def _count(value: object) -> int:
+    """A usage count from the server: a non-negative integer, else the stream is unreadable."""
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"usage count {str(value)[:40]!r} is not a non-negative integer")
+    return value
 
 
 def _http_class(status: int, text: str) -> ErrorClass:

@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from pipeline.errors import CheckFailed
+from pipeline.errors import CheckFailed, InfraError
 from pipeline.model import LoadSpec
 from verify.determinism import Sample, judge_phase, request_sample
 from verify.loadclient import ErrorClass, RequestRecord, Timeouts, stream_chat
@@ -35,7 +35,7 @@ from verify.stats import fault_stats
 from verify.watchdog import Event, Watchdog, scrape
 from verify.workload import Question, arrival_gaps, builtin_pool, cycle, read_questions
 
-__all__ = ["LoadOutcome", "LoadTarget", "judge_load", "run_load", "summarise"]
+__all__ = ["LoadOutcome", "LoadTarget", "judge_load", "run_load", "summarise", "time_budget"]
 
 LOAD_SCHEMA_VERSION = 1
 # Failures that say the server, not the request, is in trouble: the watchdog probes at once.
@@ -82,6 +82,7 @@ class LoadOutcome:
     stop_reason: str
     determinism_tokens: tuple[int, int] = (0, 0)  # (prompt, completion) tokens of phase B
     scrapes: int = 0
+    crashed: str | None = None  # a worker's exception: the run proves nothing (ERROR, never "all answered")
     files: dict[str, str] = field(default_factory=dict)
 
 
@@ -94,9 +95,12 @@ def _questions(spec: LoadSpec) -> tuple[Question, ...]:
 async def _model(client: httpx.AsyncClient) -> str:
     try:
         response = await client.get("/v1/models", timeout=10)
-        return str(response.json()["data"][0]["id"])
-    except (httpx.HTTPError, ValueError, KeyError, IndexError) as exc:
-        raise CheckFailed(f"{client.base_url}/v1/models did not name a model: {exc}") from exc
+        model = response.json()["data"][0]["id"]
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError, RecursionError) as exc:  # HTML, {"data": "x"}
+        raise CheckFailed(f"{client.base_url}/v1/models did not name a model: {type(exc).__name__}: {exc}") from exc
+    if not isinstance(model, str) or not model or len(model) > 1000:
+        raise CheckFailed(f"{client.base_url}/v1/models did not name a model: id {str(model)[:80]!r}")
+    return model
 
 
 async def _run(target: LoadTarget, spec: LoadSpec, out_dir: Path, *, soak: bool) -> LoadOutcome:
@@ -269,10 +273,12 @@ async def _run(target: LoadTarget, spec: LoadSpec, out_dir: Path, *, soak: bool)
                     b_tokens[0] += p_tokens
                     b_tokens[1] += c_tokens
 
+            # At most one worker per question: 10**6 workers for 5 questions cost a gigabyte (issue 16).
+            workers_wanted = spec.concurrency if soak else min(spec.concurrency, len(pool))
             load_tasks = (
                 [asyncio.create_task(open_loop())]
                 if spec.rate
-                else [asyncio.create_task(closed_loop_worker()) for _ in range(spec.concurrency)]
+                else [asyncio.create_task(closed_loop_worker()) for _ in range(workers_wanted)]
             )
             workers = [*load_tasks, asyncio.create_task(determinism_under_load())]
             watch = asyncio.create_task(watchdog.run())
@@ -288,11 +294,16 @@ async def _run(target: LoadTarget, spec: LoadSpec, out_dir: Path, *, soak: bool)
             finally:
                 for task in workers:
                     task.cancel()
-                await asyncio.gather(*workers, return_exceptions=True)
+                results = await asyncio.gather(*workers, return_exceptions=True)
                 stop.set()
                 for helper in (watch, reporter, stopper):
                     helper.cancel()
                 await asyncio.gather(watch, reporter, stopper, return_exceptions=True)
+            # A worker that raised did not finish its questions: say so, never "all questions answered".
+            errors = [r for r in results if isinstance(r, Exception) and not isinstance(r, asyncio.CancelledError)]
+            crashed = f"load worker failed: {type(errors[0]).__name__}: {str(errors[0])[:300]}" if errors else None
+            if crashed:
+                live.stop_reason = crashed
             if live.requests_failed and watchdog.fatal is None:
                 await watchdog.final_check()
             fatal = watchdog.fatal
@@ -320,6 +331,7 @@ async def _run(target: LoadTarget, spec: LoadSpec, out_dir: Path, *, soak: bool)
         determinism_tokens=(b_tokens[0], b_tokens[1]),
         scrapes=len(watchdog.scrapes),
         files={"requests": str(requests_path), "scrapes": str(scrapes_path)},
+        crashed=crashed,
     )
 
 
@@ -367,8 +379,30 @@ def _config(spec: LoadSpec, soak: bool) -> dict[str, Any]:
 
 
 def run_load(target: LoadTarget, spec: LoadSpec, out_dir: Path, *, soak: bool = False) -> LoadOutcome:
-    """Run the load against `target` (blocking); Ctrl-C cancels every request in flight."""
-    return asyncio.run(_run(target, spec, out_dir, soak=soak))
+    """Run the load against `target` (blocking); Ctrl-C cancels every request in flight.
+
+    The run has a hard wall-clock budget it cannot exceed, whatever the server does: the duration,
+    every determinism request's time-to-first-token bound, and a margin for the final scrapes."""
+    budget = time_budget(spec)
+
+    async def bounded() -> LoadOutcome:
+        try:
+            async with asyncio.timeout(budget):
+                return await _run(target, spec, out_dir, soak=soak)
+        except TimeoutError:
+            raise InfraError(
+                f"{target.label}: the load run passed its {budget:.0f}s budget (duration, determinism, "
+                "final scrapes) and was stopped; a stream or the watchdog did not end on its own timeout"
+            ) from None
+
+    return asyncio.run(bounded())
+
+
+def time_budget(spec: LoadSpec) -> float:
+    """Seconds a load run may take at most: new questions stop at `duration_s`, the last ones end
+    within ttft + chunk timeouts per turn, each determinism sample within its ttft timeout."""
+    determinism = 2 * spec.determinism_prompts * spec.determinism_repeats + 2
+    return spec.duration_s + determinism * spec.ttft_timeout_s + 3 * (spec.ttft_timeout_s + spec.chunk_timeout_s) + 120
 
 
 # -- summary and verdicts -------------------------------------------------------------------------
@@ -448,6 +482,14 @@ def summarise(outcome: LoadOutcome, spec: LoadSpec) -> dict[str, Any]:
 def judge_load(outcome: LoadOutcome, summary: dict[str, Any], *, batch_invariant: bool) -> list[CheckResult]:
     """Checks from one load run: watchdog, questions, token accounting, determinism, latency, statistics."""
     checks: list[CheckResult] = []
+    if outcome.crashed:
+        checks.append(
+            CheckResult(
+                name="load-workers",
+                status=Status.ERROR,
+                message=f"{outcome.crashed}: the questions it held were not answered; nothing is proven",
+            )
+        )
     fatal = next((e for e in outcome.events if e.type != "UNKNOWN"), None)
     if fatal is not None:
         checks.append(

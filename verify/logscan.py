@@ -101,6 +101,7 @@ class Signature:
     @property
     def external(self) -> bool:
         return self.origin == "external" or self.source == "kernel"
+
     # fact -> regex its value must match before this is named as the cause (diagnosis only)
     requires: tuple[tuple[str, str], ...] = ()
     # package -> first release with the fix: a known version at or above it rules the entry out

@@ -18,6 +18,7 @@ from packaging.utils import canonicalize_name
 from pipeline import cmd
 from pipeline.engine import Engine
 from pipeline.errors import CheckFailed, InfraError
+from pipeline.gc import owner_args
 
 __all__ = ["PROBE_FILE", "Distribution", "ImportOutcome", "ProbeReport", "probe_host", "probe_image"]
 
@@ -149,6 +150,7 @@ def probe_image(
         "none",
         "--label",
         PROBE_ROLE_LABEL,
+        *owner_args(),
         "--volume",
         f"{PROBE_FILE}:/stackproof/probe.py:ro",
         "--entrypoint",

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pipeline
+from pipeline.cliutil import jsonable
 from pipeline.host import HostFingerprint
 from pipeline.model import STAGES
 from verify.probe import ProbeReport
@@ -315,7 +316,8 @@ def write_all(receipt: dict[str, Any], out_dir: Path) -> dict[str, Path]:
     """receipt.json, junit.xml and summary.md in `out_dir`; the summary also to $GITHUB_STEP_SUMMARY."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"receipt": out_dir / "receipt.json", "junit": out_dir / "junit.xml", "summary": out_dir / "summary.md"}
-    paths["receipt"].write_text(json.dumps(receipt, indent=2, default=str) + "\n")
+    # Strict JSON: a NaN or an infinity (which strict parsers reject) is written as null.
+    paths["receipt"].write_text(json.dumps(jsonable(receipt), indent=2, default=str, allow_nan=False) + "\n")
     paths["junit"].write_text(render_junit(receipt))
     markdown = render_markdown(receipt)
     paths["summary"].write_text(markdown)

@@ -130,6 +130,8 @@ def parse_stages(text: str | None) -> tuple[str, ...]:
     if not text:
         return AVAILABLE_STAGES
     names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:  # `--stages ,` verified nothing and passed
+        raise InputError(f"--stages {text!r}: name at least one stage (stages: {', '.join(STAGES)})")
     for name in names:
         if name not in STAGES:
             raise InputError(f"--stages: unknown stage {name!r} (stages: {', '.join(STAGES)})")

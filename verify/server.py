@@ -24,6 +24,7 @@ import httpx
 from pipeline import cmd
 from pipeline.engine import Engine
 from pipeline.errors import CheckFailed
+from pipeline.gc import owner_args
 from pipeline.model import Arm, Cell, ServeSpec
 from pipeline.modelstore import model_mounts
 from verify.logscan import LogWatcher
@@ -135,6 +136,7 @@ class ServerContainer:
         labels = [f"{RUN_LABEL}={self.run_id}", f"io.stackproof.cell={self.cell.id}", SERVER_ROLE_LABEL]
         argv = ["run", "--detach", "--name", self.name, "--network", "host", "--shm-size", self.serve.shm_size]
         argv += [arg for label in labels for arg in ("--label", label)]
+        argv += owner_args()  # a later run or `stackproof gc` removes it if this process dies unclean
         if self.serve.gpus:
             argv += ["--gpus", self.serve.gpus]
         for key, value in sorted(env.items()):

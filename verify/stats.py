@@ -19,11 +19,14 @@ from pipeline.errors import InputError
 __all__ = ["ArmComparison", "FaultStats", "clean_questions_needed", "compare_arms", "fault_stats", "parse_rate"]
 
 
+MAX_QUESTIONS = 10**12  # beyond this the closed forms lose their meaning (and scipy its integers)
+
+
 def parse_rate(text: str) -> float:
     """`1/450` or `0.00222` -> a probability in (0, 1)."""
     try:
         value = float(Fraction(text.strip())) if "/" in text else float(text)
-    except (ValueError, ZeroDivisionError) as exc:
+    except (ValueError, ZeroDivisionError, OverflowError) as exc:
         raise InputError(f"--baseline-rate {text!r}: write a fraction (1/450) or a decimal (0.00222)") from exc
     if not 0 < value < 1:
         raise InputError(f"--baseline-rate {text!r}: must be between 0 and 1 (a fault probability per question)")
@@ -54,8 +57,8 @@ class FaultStats:
 
 
 def fault_stats(p0: float, questions: int, faults: int = 0) -> FaultStats:
-    if questions <= 0 or faults < 0 or faults > questions:
-        raise InputError("questions must be positive and 0 <= faults <= questions")
+    if questions <= 0 or faults < 0 or faults > questions or questions > MAX_QUESTIONS:
+        raise InputError(f"--questions must be 1 to {MAX_QUESTIONS:,} and 0 <= --faults <= --questions")
     # P(K <= k) under the baseline: for k == 0 this is (1 - p0)^n, the "clean run was luck" chance.
     p_luck = float(stats.binom.cdf(faults, questions, p0))
     low = 0.0 if faults == 0 else float(stats.chi2.ppf(0.025, 2 * faults)) / (2 * questions)
@@ -92,6 +95,12 @@ class ArmComparison:
 
 
 def compare_arms(a_faults: int, a_questions: int, b_faults: int, b_questions: int) -> ArmComparison:
+    for questions, faults, which in ((a_questions, a_faults, "this arm"), (b_questions, b_faults, "the other arm")):
+        if not 0 < questions <= MAX_QUESTIONS or not 0 <= faults <= questions:
+            raise InputError(
+                f"{which}: questions must be 1 to {MAX_QUESTIONS:,} and 0 <= faults <= questions "
+                f"(--other-questions/--other-faults for the other arm)"
+            )
     total = a_faults + b_faults
     share_b = b_questions / (a_questions + b_questions)
     p_conditional = float(stats.binom.cdf(b_faults, total, share_b)) if total else 1.0

@@ -66,9 +66,14 @@ def builtin_pool(seed: int, count: int) -> tuple[Question, ...]:
 def read_questions(path: Path) -> tuple[Question, ...]:
     """A JSONL file, one `{"id": "...", "turns": ["...", "..."]}` per line; errors name file and line."""
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        data = path.read_bytes()
     except OSError as exc:
         raise InputError(f"{path}: cannot read the questions file: {exc.strerror}") from exc
+    try:
+        lines = data.decode("utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        at = data[: exc.start].count(b"\n") + 1
+        raise InputError(f"{path}:{at}: the questions file is not UTF-8 text") from None
     questions: list[Question] = []
     seen: set[str] = set()
     for number, line in enumerate(lines, start=1):
@@ -79,11 +84,13 @@ def read_questions(path: Path) -> tuple[Question, ...]:
             item = json.loads(line)
         except json.JSONDecodeError as exc:
             raise InputError(f"{where}: not JSON: {exc.msg}") from exc
+        except RecursionError:
+            raise InputError(f"{where}: nested too deeply to read") from None
         if not isinstance(item, dict):
             raise InputError(f'{where}: must be an object like {{"id": "q1", "turns": ["...", "..."]}}')
         unknown = set(item) - {"id", "turns"}
         if unknown:
-            raise InputError(f"{where}: {sorted(unknown)[0]}: unknown field (fields: id, turns)")
+            raise InputError(f"{where}: {sorted(unknown)[0][:80]}: unknown field (fields: id, turns)")
         turns = item.get("turns")
         if not isinstance(turns, list) or not all(isinstance(t, str) and t.strip() for t in turns):
             raise InputError(f"{where}: turns: must be a list of non-empty strings")

@@ -14,6 +14,7 @@ from packaging.version import Version
 from pipeline.errors import InputError
 from pipeline.model import Matrix
 from pipeline.pins import FI_CUBIN, FI_JIT, FI_PYTHON, Pins, cuda_tag
+from pipeline.redact import secret_arg, secret_env
 from pipeline.repro.commands import REPRODUCED_ENV_PREFIXES, SETTING_FLAGS
 from pipeline.repro.facts import Finding, Kind, Report, Seen
 from pipeline.repro.geometry import NewBase, ReproPlan, runner_labels
@@ -330,6 +331,17 @@ def _env(report: Report, inherited: dict[str, str], findings: list[Finding]) -> 
         if not name.startswith(REPRODUCED_ENV_PREFIXES):
             other.append(name)
             continue
+        secret = secret_env(name, seen.value)
+        if secret:
+            findings.append(
+                Finding(
+                    topic=name,
+                    kind=Kind.NOTE,
+                    line=seen.line,
+                    message="a secret; never copied into the cell",
+                )
+            )
+            continue
         if seen.value == "***":
             findings.append(
                 Finding(topic=name, kind=Kind.AMBIGUOUS, line=seen.line, message="redacted in the source: not set")
@@ -419,7 +431,26 @@ def _serve(report: Report, plan: ReproPlan, matrix: Matrix, findings: list[Findi
             message=f"not stated: {revision} taken from cell {pinned.id}, which serves {model.value}",
         )
     )
-    return ServeLines(model=source, revision=revision, args=tuple(args), gpus=gpus)
+    return ServeLines(model=source, revision=revision, args=_without_secrets(args, model.line, findings), gpus=gpus)
+
+
+def _without_secrets(args: list[str], line: int | None, findings: list[Finding]) -> tuple[str, ...]:
+    """The args with any secret-looking flag (and its value) or value dropped, each said."""
+    kept: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        value = args[i + 1] if i + 1 < len(args) and arg.startswith("--") and "=" not in arg else None
+        secret = secret_arg(arg, value)
+        if secret:
+            findings.append(
+                Finding(topic=arg.split("=", 1)[0][:40], kind=Kind.NOTE, line=line, message="dropped, a secret")
+            )
+            i += 2 if value is not None else 1
+            continue
+        kept.append(arg)
+        i += 1
+    return tuple(kept)
 
 
 def _host(report: Report, findings: list[Finding]) -> dict[str, Any]:

@@ -7,6 +7,7 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
+from pipeline.redact import secret_arg, secret_env
 from pipeline.repro.facts import Finding, Kind, Seen
 from pipeline.repro.util import _IMAGE_REF
 
@@ -113,7 +114,12 @@ def _docker_env(tokens: list[str], line: int, findings: list[Finding]) -> list[t
             value = token.removeprefix("--env=")
         if value and "=" in value:
             var, _, text = value.partition("=")
-            if var.startswith(REPRODUCED_ENV_PREFIXES):
+            secret = secret_env(var, text)
+            if secret:
+                findings.append(
+                    Finding(topic=var, kind=Kind.NOTE, line=line, message="a secret; never copied into the cell")
+                )
+            elif var.startswith(REPRODUCED_ENV_PREFIXES):
                 env.append((var, Seen(value=text, line=line)))
             elif re.search(r"TOKEN|SECRET|KEY|PASSWORD", var):
                 findings.append(
@@ -143,7 +149,7 @@ def _vllm_args(tokens: list[str], line: int | None, findings: list[Finding]) -> 
             findings.append(
                 Finding(topic=flag, kind=Kind.NOTE, line=line, message="dropped: the tool binds the server itself")
             )
-        elif flag in SECRET_ARGS:
+        elif flag in SECRET_ARGS or secret_arg(token, value):
             findings.append(
                 Finding(topic=flag, kind=Kind.NOTE, line=line, message="a secret; never copied into the cell")
             )

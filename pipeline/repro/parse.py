@@ -14,6 +14,17 @@ from pipeline.repro.pip_freeze import _from_freeze, _looks_like_freeze
 
 def parse_source(text: str, name: str) -> Report:
     """Recognise the kind of source and parse it; `InputError` (exit 2) names the line at fault."""
+    try:
+        return _parse(text, name)
+    except InputError as exc:  # parsers that know only the line: name the source too
+        message = str(exc)
+        if message.startswith("line ") and ":" in message:
+            number, rest = message.removeprefix("line ").split(":", 1)
+            raise InputError(f"{name}:{number}:{rest}") from None
+        raise
+
+
+def _parse(text: str, name: str) -> Report:
     stripped = text.strip()
     if not stripped:
         raise InputError(f"{name}: the source is empty")
@@ -22,6 +33,8 @@ def parse_source(text: str, name: str) -> Report:
             document = json.loads(stripped)
         except json.JSONDecodeError as exc:
             raise InputError(f"{name}:{exc.lineno}: not valid JSON: {exc.msg}") from exc
+        except RecursionError:
+            raise InputError(f"{name}: a JSON document nested too deeply to read") from None
         if isinstance(document, dict) and ("doctor_schema" in document or "probe_schema" in document):
             return _from_doctor(document, name)
         raise InputError(

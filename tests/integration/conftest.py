@@ -36,6 +36,12 @@ MATRIX = REPO / "matrix.yaml"
 
 pytestmark = pytest.mark.integration
 
+# Every container the tool creates for this session carries io.stackproof.job=JOB (STACKPROOF_JOB):
+# assertions about containers are about this session's own, so a concurrent run by anyone else on
+# the same daemon (another engineer, another CI job) cannot break them.
+JOB = f"pytest-{socket.gethostname()}-{os.getpid()}"
+JOB_LABEL = f"io.stackproof.job={JOB}"
+
 
 @dataclass(frozen=True)
 class Completed:
@@ -60,7 +66,7 @@ def stackproof(
     With `user` (root only), it runs as that user through `runuser`, with this environment but
     that user's HOME (so its own cache directory), as a CI runner would."""
     argv = [sys.executable, "-m", "pipeline", *args]
-    full_env = {**os.environ, **(env or {})}
+    full_env = {**os.environ, "STACKPROOF_JOB": JOB, **(env or {})}
     if user is not None:
         home = pwd.getpwnam(user).pw_dir
         full_env |= {"HOME": home, "USER": user, "LOGNAME": user}
@@ -89,8 +95,23 @@ def engine_cli() -> str:
     return _ENGINE.cli.path
 
 
-def containers(label: str) -> list[str]:
-    return docker("ps", "--all", "--quiet", "--filter", f"label={label}").split()
+def containers(label: str, *, job: str = JOB) -> list[str]:
+    """This session's containers (of `job`) carrying `label`."""
+    return docker(
+        "ps", "--all", "--quiet", "--filter", f"label={label}", "--filter", f"label=io.stackproof.job={job}"
+    ).split()
+
+
+def created_since(since: float, label: str, *, job: str = JOB) -> list[str]:
+    """Names of this session's containers carrying `label` created since `since`, from the daemon's
+    event log (`Engine.created_since`, narrowed to this session's job)."""
+    out = docker(
+        "events", "--since", f"{since:.0f}", "--until", f"{time.time() + 1:.0f}",
+        "--filter", "type=container", "--filter", "event=create",
+        "--filter", f"label={label}", "--filter", f"label=io.stackproof.job={job}",
+        "--format", "{{.Actor.Attributes.name}}",
+    )  # fmt: skip
+    return out.split()
 
 
 def stackproof_images() -> set[str]:
@@ -111,7 +132,11 @@ def engine(pytestconfig: pytest.Config) -> Iterator[Engine]:
     before = stackproof_images()
     yield _ENGINE
     for tag in sorted(stackproof_images() - before):
-        docker("image", "rm", "--force", tag, check=False)
+        # Only what this session built (its job label), or what carries no job at all (bootstrap
+        # bases): an image a concurrent session built while this one ran is that session's.
+        job = docker("image", "inspect", "--format", '{{index .Config.Labels "io.stackproof.job"}}', tag, check=False)
+        if job.strip() in (JOB, "", "<no value>"):
+            docker("image", "rm", "--force", tag, check=False)
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.engine import Engine
-from tests.integration.conftest import REPO, stackproof, write_matrix
+from tests.integration.conftest import REPO, created_since, stackproof, write_matrix
 
 pytestmark = pytest.mark.integration
 
@@ -48,8 +48,8 @@ def test_mismatched_flashinfer_pair_fails_at_imports_and_starts_no_server(
     assert report["outcome"]["expected_failure"]["matched"] is True  # type: ignore[index]
     assert "not running startup" in result.stderr
     # The probe container is visible in the daemon's events (so the query works) and no server was.
-    assert engine.created_since(since, "io.stackproof.role=probe"), "the events query saw no probe container"
-    assert engine.created_since(since, "io.stackproof.role=server") == []
+    assert created_since(since, "io.stackproof.role=probe"), "the events query saw no probe container"
+    assert created_since(since, "io.stackproof.role=server") == []
 
 
 def test_verify_needs_a_built_image(engine: Engine, tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from pipeline.engine import Engine
-from tests.integration.conftest import REPO, containers, runner_dir, stackproof, write_matrix
+from tests.integration.conftest import JOB, REPO, containers, created_since, runner_dir, stackproof, write_matrix
 
 pytestmark = pytest.mark.integration
 
@@ -41,7 +41,7 @@ def test_cpu_tiny_end_to_end(engine: Engine, cpu_tiny: str, runner_user: str | N
     since = time.time() - 1
     result = stackproof(["run", "cpu-tiny", "--json", "--out", str(runner_out)], user=runner_user)
     assert result.returncode == 0, result.stderr[-5000:]
-    assert len(engine.created_since(since, "io.stackproof.role=server")) == 1, "startup and load share one server"
+    assert len(created_since(since, "io.stackproof.role=server")) == 1, "startup and load share one server"
     report = result.json()
     assert report["servers"]["started"] == 1 and report["servers"]["planned_starts"] == 1  # type: ignore[index]
     owner = runner_user or pwd.getpwuid(os.geteuid()).pw_name
@@ -183,7 +183,7 @@ def test_interrupted_run_leaves_no_container(
     proc = subprocess.Popen(
         [sys.executable, "-m", "pipeline", "run", "cpu-tiny", "--out", str(tmp_path)],
         cwd=REPO,
-        env=os.environ.copy(),
+        env={**os.environ, "STACKPROOF_JOB": JOB},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,

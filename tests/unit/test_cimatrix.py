@@ -178,7 +178,7 @@ def test_named_cells_only_and_an_unknown_one_is_bad_input(capsys: pytest.Capture
     assert code == 0
     assert [e["cell"] for e in doc["include"]] == [CPU, SPARK]  # matrix order
     code, doc, err = ci_matrix(capsys, "--matrix", str(REPO / "matrix.yaml"), "cpu-tinny")
-    assert (code, doc) == (2, None)
+    assert code == 2 and doc["error"]["exit_code"] == 2  # --json: an error document, not a matrix
     assert "no cell 'cpu-tinny', did you mean 'cpu-tiny'?" in err
 
 
@@ -188,7 +188,7 @@ def test_a_cell_without_runner_labels_is_bad_input(
     text = header + "cells:\n  - {id: a, base: img, platform: linux/amd64, arch: none}\n"
     file = write_matrix(text)
     code, doc, err = ci_matrix(capsys, "--matrix", str(file))
-    assert (code, doc) == (2, None)
+    assert code == 2 and doc["error"]["exit_code"] == 2  # --json: an error document, not a matrix
     assert f"{file}:{line_of(text, '- {id: a')}: cells[a]: no runner labels for `runs-on`" in err
 
 
@@ -354,7 +354,7 @@ def test_a_matrix_in_a_subfolder(tmp_path: Path, capsys: pytest.CaptureFixture[s
 @pytest.mark.parametrize("ref", ["no-such-branch", "0" * 40, "--output=/tmp/x"])
 def test_a_ref_that_does_not_exist_is_bad_input(ref: str, repo: GitRepo, capsys: pytest.CaptureFixture[str]) -> None:
     code, doc, err = ci_matrix(capsys, "--matrix", str(repo.matrix), f"--changed-since={ref}")
-    assert (code, doc) == (2, None)
+    assert code == 2 and doc["error"]["exit_code"] == 2  # --json: an error document, not a matrix
     assert f"stackproof: error: --changed-since {ref}: " in err
 
 
@@ -368,7 +368,7 @@ def test_outside_a_git_repository_is_bad_input(
     shutil.copytree(REPO / "locks", folder / "locks")
     monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))  # no repository above tmp_path counts
     code, doc, err = ci_matrix(capsys, "--matrix", str(folder / "matrix.yaml"), "--changed-since", "HEAD")
-    assert (code, doc) == (2, None)
+    assert code == 2 and doc["error"]["exit_code"] == 2  # --json: an error document, not a matrix
     assert f"--changed-since HEAD: {folder} is not in a git repository" in err
 
 

@@ -6,6 +6,7 @@ OpenAI-compatible API and a /metrics page from a thread on 127.0.0.1; no docker,
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import time
@@ -486,3 +487,64 @@ def test_fake_backed_cli_load_writes_load_json(
     assert document == json.loads((tmp_path / "load.json").read_text())
     assert document["questions"]["clean"] == 2
     assert {c["name"]: c["status"] for c in document["checks"]}["token-accounting"] == "PASS"
+
+
+# -- issue 16 items 1 and 7: bounded workers, no swallowed worker exception ------------------------
+
+
+def test_a_huge_concurrency_starts_one_worker_per_question(fake: FakeVllm, tmp_path: Path) -> None:
+    import tracemalloc
+
+    spec = dataclasses.replace(SHORT, questions=3, concurrency=300_000, determinism_repeats=0)
+    tracemalloc.start()
+    try:
+        started = time.monotonic()
+        result = run_load(LoadTarget(base_url=fake.url, label="fake"), spec, tmp_path)
+        seconds = time.monotonic() - started
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert result.stop_reason == "all questions answered" and list(result.questions.values()) == [True] * 3
+    assert peak < 40 * 2**20, f"peak {peak / 2**20:.0f} MiB for 3 questions"  # was ~300 MiB: a task per unit
+    assert seconds < 20
+
+
+def test_a_worker_exception_is_an_error_not_all_questions_answered(
+    fake: FakeVllm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from verify import loadrun
+
+    real = loadrun.stream_chat
+    calls = {"n": 0}
+
+    async def flaky(*args: object, **kwargs: object) -> RequestRecord:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("usage count 'many' is not an integer")
+        return await real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(loadrun, "stream_chat", flaky)
+    spec = dataclasses.replace(SHORT, questions=4, concurrency=2, determinism_repeats=0)
+    result = run_load(LoadTarget(base_url=fake.url, label="fake"), spec, tmp_path)
+    assert result.crashed is not None and "RuntimeError: usage count" in result.crashed
+    assert result.stop_reason.startswith("load worker failed") and None in result.questions.values()
+    checks = {c.name: c for c in judge_load(result, summarise(result, spec), batch_invariant=False)}
+    assert checks["load-workers"].status is Status.ERROR
+
+
+def test_a_load_run_cannot_outlive_its_budget(fake: FakeVllm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipeline.errors import InfraError
+    from verify import loadrun
+
+    async def never(*args: object, **kwargs: object) -> RequestRecord:
+        await asyncio.sleep(3600)  # a stream whose own timeouts failed
+        raise AssertionError
+
+    monkeypatch.setattr(loadrun, "stream_chat", never)
+    monkeypatch.setattr(loadrun, "time_budget", lambda spec: 1.0)
+    started = time.monotonic()
+    with pytest.raises(InfraError, match="passed its 1s budget"):
+        run_load(
+            LoadTarget(base_url=fake.url, label="fake"), dataclasses.replace(SHORT, determinism_repeats=0), tmp_path
+        )
+    assert time.monotonic() - started < 10

@@ -517,3 +517,32 @@ def test_model_no_cell_pins_gets_no_serve_spec_and_says_why(real_matrix: Matrix)
     cell = repro(RTX5000, unpinned)
     assert cell.serve is None
     assert one(findings(cell, Kind.AMBIGUOUS), r"model revision: ambiguous: not stated, and no cell pins .*: no serve")
+
+
+# -- issue 16 item 2: a reporter's secrets never reach the cell ----------------------------------
+
+PLANTED = ("sk-plantedOpenAIKey1234567890", "hf_plantedHubToken1234567890", "plantedPlainKeyValue")
+
+
+def test_repro_drops_every_secret_line_by_line(real_matrix: Matrix, workdir: Path, images_dir: Path) -> None:
+    sk, hf, plain = PLANTED
+    text = ENV_BLOCK.read_text() + (
+        "\n```\n"
+        f"docker run --gpus all -e VLLM_API_KEY={sk} -e HF_TOKEN={hf} -e VLLM_LOGGING_LEVEL=DEBUG "
+        "vllm/vllm-openai:v0.28.0 mistralai/Ministral-3-14B-Instruct-2512 "
+        f"--hf-token {hf} --api-key {plain} --max-num-batched-tokens 8192 --served-model-name {sk}\n"
+        "```\n"
+        f"- VLLM_SECRET_SAUCE={plain}\n"
+    )
+    cell = repro(text, real_matrix, name="planted.md")
+    rendered = cell.yaml() + json.dumps(cell.to_json())
+    for secret in PLANTED:
+        assert secret not in rendered
+    said = findings(cell)
+    assert one(said, r"VLLM_API_KEY: note: a secret; never copied")
+    assert one(said, r"--hf-token: note: a secret")
+    assert one(said, r"VLLM_SECRET_SAUCE: note: a secret; never copied")
+    assert dict(cell.env).get("VLLM_LOGGING_LEVEL") == "DEBUG"
+    _, plan = add_and_plan(workdir, cell, images_dir)  # what it writes validates
+    for secret in PLANTED:
+        assert secret not in (workdir / "matrix.yaml").read_text() and secret not in plan.dockerfile

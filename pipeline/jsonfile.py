@@ -1,0 +1,56 @@
+"""Read a JSON file the tool did not write itself (a lock, a cache, a receipt, a reporter's doctor
+output): every way it can be wrong is an `InputError` naming the file, and the line where JSON
+says, never a traceback (issue 16: non-UTF-8, 100,000-deep nesting, a list where an object belongs).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import InputError
+
+__all__ = ["MAX_JSON_BYTES", "parse_json", "read_json"]
+
+MAX_JSON_BYTES = 256 * 2**20
+
+
+def read_json(path: Path, what: str, *, mapping: bool = True, hint: str = "") -> Any:
+    """The document in `path`; `mapping`: it must be a JSON object. `what` names it in messages."""
+    tail = f": {hint}" if hint else ""
+    try:
+        size = path.stat().st_size
+        if size > MAX_JSON_BYTES:
+            raise InputError(f"{path}: {what} larger than {MAX_JSON_BYTES // 2**20} MiB{tail}")
+        data = path.read_bytes()
+    except FileNotFoundError as exc:
+        raise InputError(f"{path}: no such file ({what}){tail}") from exc
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read the {what}: {exc.strerror}{tail}") from exc
+    return parse_json(data, f"{path}", what, mapping=mapping, hint=hint)
+
+
+def parse_json(data: bytes | str, where: str, what: str, *, mapping: bool = True, hint: str = "") -> Any:
+    tail = f": {hint}" if hint else ""
+    if isinstance(data, bytes):
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            line = data[: exc.start].count(b"\n") + 1
+            raise InputError(f"{where}:{line}: the {what} is not UTF-8 text (offset {exc.start}){tail}") from None
+    else:
+        text = data
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{where}:{exc.lineno}: the {what} is not JSON: {exc.msg}{tail}") from None
+    except RecursionError:
+        raise InputError(f"{where}: the {what} is nested too deeply to read{tail}") from None
+    if mapping and not isinstance(document, dict):
+        raise InputError(f"{where}: the {what} must be a JSON object, got {_kind(document)}{tail}")
+    return document
+
+
+def _kind(value: Any) -> str:
+    return {list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(type(value), "a number")

@@ -1,0 +1,640 @@
+"""Fuzz and bad input (issue 16): hundreds of hostile inputs to the real CLI, each asserting the exit
+code, a located message (the file and line, or the option) and no traceback or hang.
+
+Every case runs in one child process (tests/unit/fuzz_driver.py) under a memory cap (RLIMIT_AS)
+and a per-case alarm: a case that would take the host down kills only that child. Inputs cover the
+matrix, the command line, collect-env and other repro sources, caches, locks, logs, receipts and
+doctor input, questions files, and hostile servers on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import resource
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+MEMORY_CAP = 3 * 2**30
+
+VALID = """\
+schema_version: 1
+indexes:
+  pypi: {url: "https://pypi.org/simple"}
+bases:
+  img:
+    image: "example/img:1.0"
+    digest: "sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+cells:
+  - id: a
+    base: img
+    platform: linux/amd64
+    arch: none
+    env: {VLLM_X: "1"}
+    serve:
+      model: {source: "hf:org/model", revision: "0123456789abcdef0123456789abcdef01234567"}
+      args: ["--max-num-batched-tokens", "8192"]
+      load: {questions: 4, concurrency: 2}
+"""
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    argv: list[str]
+    expect: tuple[int, ...]
+    located: str  # a regex the stderr must match: the file:line, or the option, that is at fault
+    files: dict[str, bytes] = field(default_factory=dict)
+    stdin: str = ""
+    timeout: int = 30
+    env: dict[str, str] = field(default_factory=dict)
+
+
+# -- the matrix ----------------------------------------------------------------------------------
+
+# (path in the valid document, hostile YAML value). Every one must be refused with FILE:LINE.
+FIELD_VALUES: list[tuple[str, str]] = []
+for _path, _values in {
+    "cells.0.id": [
+        "[a, b]",
+        "{x: 1}",
+        "''",
+        "'a b'",
+        "'../x'",
+        "'A'",
+        "'" + "a" * 300 + "'",
+        "'a\\nb'",
+        "-1.5",
+        "true",
+    ],
+    "cells.0.base": ["[img]", "{x: 1}", "nope", "''", "1"],
+    "cells.0.platform": ["linux/riscv", "[linux/amd64]", "1", "''"],
+    "cells.0.arch": ["sm999", "[none]", "{}", "0"],
+    "cells.0.env": [
+        "[1]",
+        "'x'",
+        "{1BAD: x}",
+        "{VLLM_A: [1]}",
+        '{VLLM_A: "\\x1b[31m"}',
+        "{HF_TOKEN: x}",
+        "{VLLM_A: sk-abcdefghijklmnopqrstuvwx}",
+        "{VLLM_A: {b: 1}}",
+    ],
+    "cells.0.system_packages": ["['g++ && id']", "['$(id)']", "[[1]]", "'g++'", "['a;b']", "['`id`']"],
+    "cells.0.uninstall": ["['x; id']", "[[x]]", "'x'", "['a b']"],
+    "cells.0.recipes": ["[/etc]", "['../..']", "[nope]", "'x'", "[[1]]"],
+    "cells.0.runner": ["'x'", "{a: 1}"],
+    "cells.0.extends": ["[a]", "nope", "a", "{x: 1}"],
+    "cells.0.serve": ["[1]", "'x'", "{model: x}", "{}"],
+    "cells.0.serve.args": [
+        "'--x'",
+        "[--host, 0.0.0.0]",
+        "[--port=1]",
+        "[--api-key, x]",
+        "[[1]]",
+        '["a\\nb"]',
+        "[--hf-token=hf_abcdefghijklmnopqrstuvwx]",
+    ],
+    "cells.0.serve.readiness_timeout": [".nan", ".inf", "-1", "0", "'x'", "1.0e+999", "[1]", "true"],
+    "cells.0.serve.load.concurrency": ["1000000000", "0", "-1", "1.5", "'x'", ".nan", "true", "[1]"],
+    "cells.0.serve.load.questions": ["10000000000", "0", "'many'", ".inf"],
+    "cells.0.serve.load.duration": [".nan", ".inf", "-.inf", "0", "1.0e+300", "'long'"],
+    "cells.0.serve.load.stall_seconds": [".nan", ".inf", "0", "'x'"],
+    "cells.0.serve.load.chunk_timeout": [".nan", "1.0e+999", "-1"],
+    "cells.0.serve.load.rate": [".nan", ".inf", "0", "-2"],
+    "cells.0.serve.load.baseline_rate": ["'1/0'", "'x'", "2", "0", ".nan", "'1e999'"],
+    "cells.0.serve.load.questions_file": ["no-such-file.jsonl", "[1]"],
+    "cells.0.serve.load": ["[1]", "{nope: 1}", "{determinism: [1]}", "{determinism: {repeats: .nan}}"],
+    "cells.0.serve.model": ["'hf:x'", "{source: 's3://b/m'}", "{source: [1]}", "[1]"],
+    "cells.0.overrides": [
+        "[1]",
+        "{six: 1}",
+        "{six: {version: '>=1', index: pypi}}",
+        "{six: {version: '1.0', index: nope}}",
+        "{'bad name!': {version: '1', index: pypi}}",
+    ],
+    "cells.0.expect": [
+        "{outcome: pass}",
+        "[1]",
+        "{outcome: fail, stage: nope, reason: x, match: x}",
+        "{outcome: fail, stage: imports, reason: x, match: '('}",
+    ],
+    "cells.0.log_rules": ["[1]", "'x'", "[{expect: '('}]", "[{nope: x}]"],
+    "cells.0.arms": ["[1]", "{'Bad Arm': {}}", "{a1: {env: {HF_TOKEN: x}}}", "{a1: {args: [--port, 1]}}"],
+    "cells.0.autotune": ["[1]", "{forbid: x}", "{forbid: [{op: 1}]}"],
+    "cells.0.install": ["{requirements: {}}", "[1]"],
+    "indexes": [
+        "[1]",
+        "{'../x': {url: 'https://x'}}",
+        '{"a\\nb": {url: "https://x"}}',
+        "{p: {url: 'ftp://x'}}",
+        "{p: {url: 'https://u:p@x/s'}}",
+        "{p: {url: 'https://x y'}}",
+        "{P: {url: 'https://x'}}",
+    ],
+    "bases.img": [
+        "{image: 'BAD IMAGE'}",
+        "{image: 'x:1', digest: md5}",
+        "{image: 'x:1', python: 'python3 -c x'}",
+        "{bootstrap: {suite: 'a;b', venv: /v}}",
+        "{bootstrap: {suite: bookworm, venv: 'v'}}",
+        "{bootstrap: {suite: bookworm, venv: '/v && id'}}",
+        "{cell: a}",
+        "[1]",
+    ],
+    "schema_version": ["2", "'1'", "[1]", "null"],
+}.items():
+    FIELD_VALUES += [(_path, _v) for _v in _values]
+
+
+def _set(document: str, path: str, value: str) -> str:
+    """The valid document with the value at `path` replaced by `value` (YAML text), as text."""
+    import yaml
+
+    data = yaml.safe_load(document)
+    target: Any = data
+    parts = [int(p) if p.isdigit() else p for p in path.split(".")]
+    for part in parts[:-1]:
+        target = target[part]
+    target[parts[-1]] = "@@VALUE@@"
+    text = yaml.safe_dump(data, sort_keys=False, width=10_000)
+    return text.replace("'@@VALUE@@'", value)
+
+
+def _matrix_cases() -> list[Case]:
+    cases = []
+    for n, (path, value) in enumerate(FIELD_VALUES):
+        text = _set(VALID, path, value)
+        cases.append(
+            Case(
+                id=f"matrix-{n:03d}-{path}",
+                argv=["matrix", "validate", "--matrix", "{DIR}/m.yaml", "--images", str(REPO / "images")],
+                expect=(2,),
+                located=r"{DIR}/m\.yaml:\d+: ",
+                files={"m.yaml": text.encode()},
+            )
+        )
+    structural = {
+        "non-utf8": b"schema_version: 1\ncells:\n  - id: caf\xe9\n",
+        "nul-byte": b"schema_version: 1\x00\n",
+        "empty": b"",
+        "scalar": b"42\n",
+        "list": b"- 1\n- 2\n",
+        "deep-list": b"cells: " + b"[" * 10_000 + b"]" * 10_000 + b"\n",
+        "deep-map": b"cells: " + b"{a: " * 10_000 + b"1" + b"}" * 10_000 + b"\n",
+        "deep-block": b"schema_version: 1\ncells:\n" + b"".join(b"  " * i + b"- \n" for i in range(1, 200)),
+        "recursive-alias": b"schema_version: 1\ncells: &a [*a]\n",
+        "recursive-map": b"schema_version: 1\ncells:\n  - &c {id: a, base: *c}\n",
+        "billion-laughs": b"schema_version: 1\na: &a [x, x, x, x, x, x, x, x, x, x]\n"
+        + b"".join(
+            f"{c}: &{c} [{', '.join(['*' + p] * 10)}]\n".encode() for p, c in zip("abcdefgh", "bcdefghi", strict=True)
+        )
+        + b"cells: *i\n",
+        "huge": b"schema_version: 1\ncells: []\n# " + b"x" * (9 * 2**20) + b"\n",
+        "tabs": b"schema_version: 1\ncells:\n\t- id: a\n",
+        "bad-yaml": b"schema_version: 1\ncells: [\n",
+        "duplicate-key": b"schema_version: 1\nschema_version: 1\ncells: []\n",
+        "key-list": b"schema_version: 1\n[a]: 1\ncells: []\n",
+        "key-map": b"schema_version: 1\n? {a: 1}\n: 2\ncells: []\n",
+        "cells-map": b"schema_version: 1\ncells: {a: 1}\n",
+        "cells-null": b"schema_version: 1\ncells:\n",
+        "numeric-dup": b"schema_version: 1\n"
+        + VALID.split("schema_version: 1\n", 1)[1].encode()
+        + b"  - id: a\n    base: img\n    platform: linux/amd64\n    arch: none\n",
+        "bad-tag": b"schema_version: !!python/object:os.system 1\ncells: []\n",
+        "binary-tag": b"schema_version: 1\ncells: !!binary notbase64\n",
+        "long-line": b"schema_version: 1\ncells: [" + b"1, " * 300_000 + b"]\n",
+        "extends-cycle": b"schema_version: 1\nbases: {img: {image: 'x:1'}}\ncells:\n"
+        b"  - {id: a, extends: b, base: img, platform: linux/amd64, arch: none}\n"
+        b"  - {id: b, extends: a}\n",
+        "cell-base-loop": b"schema_version: 1\nbases: {me: {cell: a}}\ncells:\n"
+        b"  - {id: a, base: me, platform: linux/amd64, arch: none}\n",
+    }
+    head = b'schema_version: 1\nbases:\n  img: {image: "example/img:1.0"}\n'
+    first = b"cells:\n  - {id: c0, base: img, platform: linux/amd64, arch: none}\n"
+    structural["extends-3000-deep"] = (
+        head + first + b"".join(f"  - {{id: c{i}, extends: c{i - 1}}}\n".encode() for i in range(1, 3000))
+    )
+    structural["cell-bases-3000-deep"] = (
+        head
+        + b"".join(f"  b{i}: {{cell: c{i}}}\n".encode() for i in range(3000))
+        + first
+        + b"".join(
+            f"  - {{id: c{i}, base: b{i - 1}, platform: linux/amd64, arch: none}}\n".encode() for i in range(1, 3000)
+        )
+    )
+    for name, data in structural.items():
+        cases.append(
+            Case(
+                id=f"matrix-structure-{name}",
+                argv=["matrix", "validate", "--matrix", "{DIR}/m.yaml"],
+                expect=(2,),
+                located=r"{DIR}/m\.yaml(:\d+)?: ",
+                files={"m.yaml": data},
+            )
+        )
+    # the same matrices through other commands: list, show, render, --json error documents
+    for command in (["matrix", "list"], ["matrix", "show", "a"], ["render", "--out", "{DIR}/out"], ["ci-matrix"]):
+        for name in ("non-utf8", "recursive-alias", "billion-laughs", "deep-list"):
+            cases.append(
+                Case(
+                    id=f"{'-'.join(command[:2])}-{name}-json",
+                    argv=[*command, "--matrix", "{DIR}/m.yaml", "--json"],
+                    expect=(2,),
+                    located=r"{DIR}/m\.yaml(:\d+)?: ",
+                    files={"m.yaml": structural[name]},
+                )
+            )
+    return cases
+
+
+# -- the command line -----------------------------------------------------------------------------
+
+VALID_FILES = {"m.yaml": VALID.encode()}
+
+
+def _cli_cases() -> list[Case]:
+    cases = []
+
+    def add(name: str, argv: list[str], expect: tuple[int, ...], located: str, **kw: Any) -> None:
+        files = kw.pop("files", {})
+        cases.append(
+            Case(id=f"cli-{name}", argv=argv, expect=expect, located=located, files={**VALID_FILES, **files}, **kw)
+        )
+
+    m = ["--matrix", "{DIR}/m.yaml", "--images", str(REPO / "images")]
+    for i, rate in enumerate(["0", "1", "-1", "nan", "inf", "1/0", "x", "1e999", "1/-3", "", "2/1", "1e-999"]):
+        add(f"stats-rate-{i}", ["stats", "--baseline-rate", rate, "--questions", "10"], (2,), r"--baseline-rate")
+    for i, extra in enumerate(
+        [
+            ["--questions", "0"],
+            ["--questions", "-5"],
+            ["--questions", "10", "--faults", "11"],
+            ["--questions", "10", "--faults", "-1"],
+            ["--questions", "10", "--other-questions", "0", "--other-faults", "0"],
+            ["--questions", "10", "--other-questions", "-1", "--other-faults", "0"],
+            ["--questions", "10", "--other-questions", "5", "--other-faults", "9"],
+            ["--questions", "10", "--other-questions", "5"],
+            ["--questions", "x"],
+            ["--questions", "99999999999999999999999999"],
+        ]
+    ):
+        add(f"stats-{i}", ["stats", "--baseline-rate", "1/450", *extra], (2,), r"questions|faults")
+    for i, (flag, value) in enumerate(
+        [
+            ("--concurrency", "1000000000"),
+            ("--concurrency", "nan"),
+            ("--concurrency", "0"),
+            ("--duration", "nan"),
+            ("--duration", "inf"),
+            ("--duration", "1e999"),
+            ("--stall-seconds", "nan"),
+            ("--stall-seconds", "-1"),
+            ("--chunk-timeout", "inf"),
+            ("--scrape-interval", "nan"),
+            ("--rate", "nan"),
+            ("--rate", "inf"),
+            ("--burstiness", "nan"),
+            ("--questions", "nan"),
+            ("--max-tokens", "1e3"),
+            ("--determinism-repeats", "-1"),
+            ("--baseline-rate", "nan"),
+            ("--questions-file", "{DIR}/missing.jsonl"),
+        ]
+    ):
+        add(
+            f"load-{flag}-{i}",
+            ["load", "--url", "http://127.0.0.1:{PORT}/ok", flag, value, "--out", "{DIR}/o"],
+            (2,),
+            r"missing\.jsonl" if flag == "--questions-file" else re.escape(flag),
+        )
+    for i, url in enumerate(
+        [
+            "http://127.0.0.1:99999",
+            "http://127.0.0.1:-1",
+            "http://10.0.0.1:8000",
+            "ftp://127.0.0.1/",
+            "not a url",
+            "http://[::1",
+            "http://127.0.0.1:8000:9",
+            "http://user@example.com",
+        ]
+    ):
+        add(f"load-url-{i}", ["load", "--url", url, "--out", "{DIR}/o"], (2,), r"--url")
+    add("stages-comma", ["verify", "a", *m, "--stages", ","], (2,), r"--stages")
+    add("stages-unknown", ["verify", "a", *m, "--stages", "imports,nope"], (2,), r"--stages")
+    add("show-unknown", ["matrix", "show", "nope", *m], (2,), r"nope")
+    add("show-unknown-json", ["matrix", "show", "nope", *m, "--json"], (2,), r"nope")
+    add("arm-unknown", ["verify", "a", *m, "--arm", "nope"], (2,), r"nope")
+    add("render-unwritable", ["render", *m, "--out", "/proc/stackproof-out"], (2, 3), r"/proc/stackproof-out")
+    add("render-out-is-file", ["render", *m, "--out", "{DIR}/m.yaml"], (2, 3), r"m\.yaml")
+    add("matrix-missing", ["matrix", "validate", "--matrix", "{DIR}/none.yaml"], (2,), r"none\.yaml")
+    add("matrix-is-dir", ["matrix", "validate", "--matrix", "{DIR}"], (2,), r"{DIR}")
+    add("soak-arms-empty", ["soak", "a", *m, "--arms", ","], (2,), r"--arms")
+    add("soak-slice-nan", ["soak", "a", *m, "--slice", "nan"], (2,), r"--slice")
+    add("probe-imports-neither", ["probe", "imports", *m], (2,), r"CELL|--host")
+    add("probe-kernels-noconfig", ["probe", "kernels", "--host", "--config", "{DIR}/none.json", *m], (2,), r"--config")
+    add("inspect-autotune-missing", ["inspect", "autotune", "{DIR}/none.json"], (2,), r"none\.json")
+    add(
+        "mirrors-malformed",
+        ["render", *m, "--out", "{DIR}/o"],
+        (2,),
+        r"STACKPROOF_MIRRORS",
+        env={"STACKPROOF_MIRRORS": "x"},
+    )
+    add("unknown-command", ["frobnicate"], (2,), r"frobnicate|invalid choice")
+    add("version-json", ["matrix", "list", *m, "--json"], (0,), r"")
+    dated = VALID.replace("id: a", "id: 2001-12-14").encode()  # YAML reads a date: the id as written
+    add(
+        "timestamp-id",
+        ["matrix", "show", "2001-12-14", "--matrix", "{DIR}/d.yaml", "--json"],
+        (0,),
+        r"",
+        files={"d.yaml": dated},
+    )
+    return cases
+
+
+# -- files the tool reads: caches, logs, questions, repro sources, doctor input, receipts, locks ------------
+
+
+BAD_JSON = {
+    "not-json": b"this is not json",
+    "non-utf8": b'{"a": "caf\xe9"}',
+    "list": b"[1, 2, 3]",
+    "string": b'"x"',
+    "null": b"null",
+    "number": b"1e999",
+    "deep": b"[" * 100_000 + b"]" * 100_000,
+    "deep-map": b'{"a":' * 50_000 + b"1" + b"}" * 50_000,
+    "empty": b"",
+    "nul": b"\x00\x00\x00",
+    "huge-key": b'{"' + b"k" * 1_000_000 + b'": 1}',
+}
+
+
+def _file_cases() -> list[Case]:
+    cases = []
+    m = ["--matrix", "{DIR}/m.yaml", "--images", str(REPO / "images")]
+
+    def add(
+        name: str, argv: list[str], expect: tuple[int, ...], located: str, files: dict[str, bytes], **kw: Any
+    ) -> None:
+        cases.append(Case(id=name, argv=argv, expect=expect, located=located, files={**VALID_FILES, **files}, **kw))
+
+    for name, data in BAD_JSON.items():
+        add(f"autotune-{name}", ["inspect", "autotune", "{DIR}/c.json"], (2,), r"{DIR}/c\.json", {"c.json": data})
+        add(
+            f"autotune-json-{name}",
+            ["inspect", "autotune", "{DIR}/c.json", "--json"],
+            (2,),
+            r"{DIR}/c\.json",
+            {"c.json": data},
+        )
+        add(f"doctor-input-{name}", ["doctor", "--input", "{DIR}/d.json", *m], (2,), r"d\.json", {"d.json": data})
+        add(f"repro-doctor-{name}", ["repro", "{DIR}/d.json", *m, "--offline"], (2,), r"d\.json", {"d.json": data})
+        add(
+            f"questions-{name}",
+            ["load", "--url", "http://127.0.0.1:{PORT}/ok", "--questions-file", "{DIR}/q.jsonl", "--out", "{DIR}/o"],
+            (2,),
+            r"{DIR}/q\.jsonl",
+            {"q.jsonl": data},
+        )
+        lock_matrix = VALID.replace('    env: {VLLM_X: "1"}\n', "    install: {requirements: {}, lock: lock.json}\n")
+        add(
+            f"lock-{name}",
+            ["render", *m, "--out", "{DIR}/o"],
+            (2,),
+            r"{DIR}/lock\.json",
+            {"m.yaml": lock_matrix.encode(), "lock.json": data},
+        )
+    cache_keys = {
+        "key-1e999": b'{"_metadata": {}, "(\'fp8_gemm\', \'R\', ((1e999, 2), (3, 4)))": ["R", 1]}',
+        "key-nan": b'{"_metadata": {}, "(\'fp8_gemm\', \'R\', ((NaN, 2),))": ["R", 1]}',
+        "key-garbage": b'{"_metadata": {}, "((((((": ["R", 1]}',
+        "key-deep": b'{"_metadata": {}, "' + b"(" * 5000 + b")" * 5000 + b'": ["R", 1]}',
+        "value-bad": b"{\"_metadata\": {}, \"('op', 'R', ())\": 5}",
+        "metadata-list": b'{"_metadata": [1]}',
+        "value-nan": b'{"_metadata": {}, "(\'op\', \'R\', ())": ["R", NaN]}',
+    }
+    for name, data in cache_keys.items():
+        add(f"autotune-{name}", ["inspect", "autotune", "{DIR}/c.json", "--json"], (0, 1, 2), r"", {"c.json": data})
+    questions = {
+        "one-turn": b'{"id": "q", "turns": ["a"]}\n',
+        "id-list": b'{"id": ["q"], "turns": ["a", "b"]}\n',
+        "turns-map": b'{"turns": {"a": 1}}\n',
+        "dup": b'{"id": "q", "turns": ["a", "b"]}\n{"id": "q", "turns": ["a", "b"]}\n',
+        "extra": b'{"id": "q", "turns": ["a", "b"], "x": 1}\n',
+        "long-line": b'{"id": "q", "turns": ["' + b"a" * 3_000_000 + b'"]}\n',
+        "blank": b"\n\n\n",
+    }
+    for name, data in questions.items():
+        add(
+            f"questions-{name}",
+            ["load", "--url", "http://127.0.0.1:{PORT}/ok", "--questions-file", "{DIR}/q.jsonl", "--out", "{DIR}/o"],
+            (2,),
+            r"{DIR}/q\.jsonl",
+            {"q.jsonl": data},
+        )
+    sources = {
+        "non-utf8": b"GPU: caf\xe9\n",
+        "empty": b"",
+        "binary": bytes(range(256)) * 100,
+        "long-line": b"vLLM: " + b"0.28.0 " * 200_000 + b"\n",
+        "long-line-nospace": b"x" * 2_000_000,
+        "many-lines": b"PyTorch version: 2.13.0\n" * 200_000,
+        "collect-env-garbage": (
+            b"Collecting environment information...\nPyTorch version: ???\nGPU models and configuration: \n"
+        ),
+        "pip-freeze-bad": b"torch==\nvllm==x.y\n==1.0\n",
+        "doctor-deep": b'{"stackproof_doctor": ' + b"[" * 50_000 + b"]" * 50_000 + b"}",
+    }
+    for name, data in sources.items():
+        add(
+            f"repro-src-{name}",
+            ["repro", "{DIR}/src.txt", *m, "--offline"],
+            (0, 2),
+            r"src\.txt",
+            {"src.txt": data},
+            timeout=60,
+        )
+    add("repro-stdin-empty", ["repro", "-", *m, "--offline"], (2,), r"-|stdin", {}, stdin="")
+    add("repro-missing", ["repro", "{DIR}/none.txt", *m, "--offline"], (2,), r"none\.txt", {})
+    add("repro-dir", ["repro", "{DIR}", *m, "--offline"], (2,), r"{DIR}", {})
+    for name, data in BAD_JSON.items():
+        if name == "huge-key":  # a valid object: the run goes on (and needs the image)
+            continue
+        add(f"previous-{name}", ["verify", "a", *m, "--previous", "{DIR}/p.json"], (2,), r"p\.json", {"p.json": data})
+    for name, data in BAD_JSON.items():
+        add(
+            f"receipts-{name}",
+            ["doctor", "--receipts", "{DIR}/r", "--input", "{DIR}/ok.json", *m],
+            (0, 1, 2),
+            r"",
+            {"r/receipt.json": data, "ok.json": b'{"schema_version": 1}'},
+        )
+    return cases
+
+
+# -- hostile servers on 127.0.0.1 -----------------------------------------------------------------------
+
+
+def _server_cases() -> list[Case]:
+    cases = []
+    spec = [
+        "--questions",
+        "2",
+        "--concurrency",
+        "2",
+        "--max-tokens",
+        "2",
+        "--determinism-repeats",
+        "0",
+        "--duration",
+        "10",
+        "--chunk-timeout",
+        "3",
+    ]
+    for mode, expect in {
+        "html": (1,),
+        "data-string": (1,),
+        "data-empty": (1,),
+        "id-list": (1,),
+        "nested": (1,),
+        "status-500": (1,),
+        "list": (1,),
+        "bad-usage": (1,),
+        "garbage": (1,),
+        "list-event": (1,),
+        "huge-usage": (0, 1),
+    }.items():
+        cases.append(
+            Case(
+                id=f"server-{mode}",
+                argv=["load", "--url", f"http://127.0.0.1:{{PORT}}/{mode}", *spec, "--out", "{DIR}/o"],
+                expect=expect,
+                located=r"127\.0\.0\.1",
+                timeout=60,
+            )
+        )
+    cases.append(
+        Case(
+            id="server-closed-port",
+            argv=["load", "--url", "http://127.0.0.1:9", *spec, "--out", "{DIR}/o"],
+            expect=(1,),
+            located=r"127\.0\.0\.1:9",
+            timeout=60,
+        )
+    )
+    return cases
+
+
+CASES = [*_matrix_cases(), *_cli_cases(), *_file_cases(), *_server_cases()]
+
+
+def _limit_memory() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP, MEMORY_CAP))
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    root = tmp_path_factory.mktemp("fuzz")
+    documents = []
+    for n, case in enumerate(CASES):
+        directory = root / f"c{n:03d}"
+        directory.mkdir()
+        for name, data in case.files.items():
+            (directory / name).parent.mkdir(parents=True, exist_ok=True)
+            (directory / name).write_bytes(data)
+        documents.append(
+            {
+                "id": case.id,
+                "argv": [a.replace("{DIR}", str(directory)) for a in case.argv],
+                "stdin": case.stdin,
+                "timeout": case.timeout,
+                "env": case.env,
+            }
+        )
+    (root / "cases.json").write_text(json.dumps(documents))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("STACKPROOF_", "HTTP", "http", "ALL_", "all_"))}
+    env |= {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "NO_PROXY": "127.0.0.1", "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(Path(__file__).with_name("fuzz_driver.py")),
+            str(root / "cases.json"),
+            str(root / "out.json"),
+        ],
+        cwd=REPO,
+        env=env,
+        preexec_fn=_limit_memory,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    out: dict[str, dict[str, Any]] = json.loads((root / "out.json").read_text())
+    if os.environ.get("STACKPROOF_FUZZ_RESULTS"):  # keep what every case did, for a person to read
+        Path(os.environ["STACKPROOF_FUZZ_RESULTS"]).write_text(json.dumps(out, indent=1))
+    for n, case in enumerate(CASES):
+        out[case.id]["dir"] = str(root / f"c{n:03d}")
+    return out
+
+
+def test_the_suite_is_large_enough() -> None:
+    assert len(CASES) >= 250 and len({c.id for c in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_hostile_input(case: Case, results: dict[str, dict[str, Any]]) -> None:
+    result = results[case.id]
+    assert result["traceback"] is None, result["traceback"]
+    assert not result["hang"], f"no answer within {case.timeout}s"
+    assert "Traceback (most recent call last)" not in result["stderr"]
+    assert result["code"] in case.expect, f"exit {result['code']}, expected {case.expect}: {result['stderr'][-2000:]}"
+    if result["code"] != 0 and case.located:
+        pattern = case.located.replace("{DIR}", re.escape(result["dir"]))
+        assert re.search(pattern, result["stderr"]), f"not located by {pattern!r}: {result['stderr'][-2000:]}"
+    if "--json" in case.argv:
+        document = json.loads(result["stdout"])  # strict: no NaN, one document
+        json.dumps(document, allow_nan=False)
+        if result["code"] not in (0, 1):
+            assert document["error"]["exit_code"] == result["code"]
+
+
+# -- what needs a real process: a closed pipe, stdin ---------------------------------------------------
+
+
+def _cli(args: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("STACKPROOF_MIRRORS", None)
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline", *args], cwd=REPO, env=env, preexec_fn=_limit_memory, text=True, **kw
+    )
+
+
+def test_a_closed_pipe_is_no_traceback(tmp_path: Path) -> None:
+    """`stackproof matrix list --json | head`: the reader goes away after a few bytes."""
+    cells = "".join(f"  - {{id: c{i}, base: img, platform: linux/amd64, arch: none}}\n" for i in range(3000))
+    (tmp_path / "m.yaml").write_text(VALID.split("cells:\n")[0] + "cells:\n" + cells)
+    shell = f"{sys.executable} -m pipeline matrix list --json --matrix {tmp_path / 'm.yaml'} | head -c 100 >/dev/null"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(
+        ["bash", "-c", f"set -o pipefail; {shell}"], cwd=REPO, env=env, capture_output=True, text=True
+    )
+    assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr
+    assert proc.returncode in (0, 141)
+
+
+def test_repro_reads_stdin(tmp_path: Path) -> None:
+    source = (REPO / "tests" / "fixtures" / "repro" / "rtx-pro-6000-env-block.md").read_text()
+    proc = _cli(["repro", "-", "--offline", "--json"], input=source, capture_output=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout)["id"]
