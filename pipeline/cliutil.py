@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
 
+from pipeline.jsonfile import jsonable
 from pipeline.model import Matrix
 
 __all__ = ["NO_PREFLIGHT_HELP", "emit", "jsonable", "load"]
@@ -36,17 +35,3 @@ def emit(args: argparse.Namespace, document: Any, text: str) -> None:
         args.emitted = True  # a command that reports, then fails (doctor, exit 3), printed its one document
     else:
         print(text)
-
-
-def jsonable(value: Any) -> Any:
-    if is_dataclass(value) and not isinstance(value, type):
-        return jsonable(asdict(value))
-    if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [jsonable(v) for v in value]
-    if isinstance(value, Path):
-        return str(value)
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value

@@ -6,12 +6,14 @@ says, never a traceback (issue 16: non-UTF-8, 100,000-deep nesting, a list where
 from __future__ import annotations
 
 import json
+import math
+from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
 
 from pipeline.errors import InputError
 
-__all__ = ["MAX_JSON_BYTES", "parse_json", "read_json"]
+__all__ = ["MAX_JSON_BYTES", "jsonable", "parse_json", "read_json"]
 
 MAX_JSON_BYTES = 256 * 2**20
 
@@ -54,3 +56,18 @@ def parse_json(data: bytes | str, where: str, what: str, *, mapping: bool = True
 
 def _kind(value: Any) -> str:
     return {list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(type(value), "a number")
+
+
+def jsonable(value: Any) -> Any:
+    """Dataclasses, tuples and paths as JSON values; NaN and infinity as null (strict JSON)."""
+    if is_dataclass(value) and not isinstance(value, type):
+        return jsonable(asdict(value))
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pipeline
-from pipeline.cliutil import jsonable
 from pipeline.host import HostFingerprint
+from pipeline.jsonfile import jsonable
 from pipeline.model import STAGES
 from verify.probe import ProbeReport
 from verify.result import Status, VerifyReport, worst
