@@ -15,14 +15,12 @@ import socket
 import subprocess
 import sys
 import sysconfig
-import tarfile
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
 import yaml
 
@@ -192,79 +190,6 @@ def write_matrix(
     data["cells"].extend(extra_cells or [])
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
-
-
-@pytest.fixture
-def registry(tmp_path: Path) -> Iterator[str]:
-    """A real OCI registry (Debian's docker-registry) on 127.0.0.1, stopped and its storage removed after."""
-    binary = shutil.which("docker-registry")
-    if binary is None:
-        if in_ci():
-            pytest.fail("CI must provide docker-registry (.ci/setup installs it)")
-        pytest.skip("docker-registry is not installed (apt-get install docker-registry)")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    storage = tmp_path / "registry-storage"
-    config = tmp_path / "registry.yml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "version": 0.1,
-                "log": {"level": "warn"},
-                "storage": {"filesystem": {"rootdirectory": str(storage)}, "delete": {"enabled": True}},
-                "http": {"addr": f"127.0.0.1:{port}"},
-            }
-        )
-    )
-    log = (tmp_path / "registry.log").open("w")
-    proc = subprocess.Popen([binary, "serve", str(config)], stdout=log, stderr=subprocess.STDOUT)
-    address = f"127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            if proc.poll() is not None:
-                raise AssertionError(f"docker-registry exited: {(tmp_path / 'registry.log').read_text()[-2000:]}")
-            try:
-                if httpx.get(f"http://{address}/v2/", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise AssertionError("docker-registry did not answer within 30 s")
-            time.sleep(0.2)
-        yield address
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
-        # What docker keeps of images pulled from this registry: pulls by digest leave `REPO@sha256:...`.
-        listed = docker("images", "--digests", "--format", "{{.Repository}} {{.Tag}} {{.Digest}}", check=False)
-        for repository, tag, digest in (line.split() for line in listed.splitlines() if line.count(" ") == 2):
-            if repository.startswith(address):
-                docker("rmi", f"{repository}@{digest}" if tag == "<none>" else f"{repository}:{tag}", check=False)
-
-
-@pytest.fixture(scope="session")
-def tiny_images(engine: Engine, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
-    """Two distinct, tiny images (one file each), removed at the end of the session."""
-    tags = []
-    for name in ("a", "b"):
-        root = tmp_path_factory.mktemp(f"tiny-{name}")
-        (root / "hello.txt").write_text(f"stackproof test image {name}\n")
-        tarball = root.parent / f"tiny-{name}.tar"
-        with tarfile.open(tarball, "w") as tar:
-            tar.add(root / "hello.txt", arcname="hello.txt")
-        tag = f"stackproof-test/tiny:{name}-{os.getpid()}"
-        docker("import", "--change", 'CMD ["/hello.txt"]', str(tarball), tag)
-        tags.append(tag)
-    yield tags[0], tags[1]
-    for tag in tags:
-        docker("rmi", "--force", tag, check=False)
 
 
 # -- both Dockers ------------------------------------------------------------------------------------
