@@ -30,7 +30,7 @@ from packaging.version import InvalidVersion, Version
 from pipeline.errors import MatrixError
 from pipeline.model import Arm, Cell, LogRule
 from pipeline.yamlsrc import Path_, YamlSource, load_yaml
-from verify.logscan import Log, LogMatch, Signature, load_catalog, scan
+from verify.logscan import Log, LogMatch, Signature, check_entry, load_catalog, scan
 from verify.logtext import clean_line, message_of, split_records
 
 __all__ = [
@@ -360,16 +360,10 @@ def _class(src: YamlSource, path: Path_, entry: Any, problems: list[str]) -> Fai
     def bad(sub: Path_, message: str) -> None:
         problems.append(f"{src.where((*path, *sub))}: {message}")
 
-    if not isinstance(entry, dict):
-        bad((), "must be a mapping")
-        return None
     before = len(problems)
-    for key in entry:
-        if key not in CLASS_KEYS:
-            bad((key,), "unknown key")
-    for key in ("id", "title", "severity", "priority", "match", "what", "next"):
-        if key not in entry:
-            bad((), f"missing required key {key!r}")
+    required = ("id", "title", "severity", "priority", "match", "what", "next")
+    if not check_entry(src, path, entry, CLASS_KEYS, required, problems):
+        return None
     if entry.get("severity") not in ("fail", "warn"):
         bad(("severity",), f"must be fail or warn, got {entry.get('severity')!r}")
     if not isinstance(entry.get("priority", 0), int):

@@ -39,6 +39,7 @@ __all__ = [
     "LogWatcher",
     "Signature",
     "catalog_for",
+    "check_entry",
     "judge",
     "load_catalog",
     "load_rulesets",
@@ -176,20 +177,27 @@ def load_catalog(file: Path = CATALOG_FILE) -> tuple[Signature, ...]:
     return tuple(result)
 
 
+def check_entry(
+    src: YamlSource, path: Path_, entry: Any, keys: Sequence[str], required: Sequence[str], problems: list[str]
+) -> bool:
+    """A catalog entry's shape: a mapping with known keys and the required ones, each problem located.
+    False when it is not a mapping at all (nothing more can be read from it)."""
+    if not isinstance(entry, dict):
+        problems.append(f"{src.where(path)}: must be a mapping")
+        return False
+    problems += [f"{src.where((*path, key))}: unknown key" for key in entry if key not in keys]
+    problems += [f"{src.where(path)}: missing required key {key!r}" for key in required if key not in entry]
+    return True
+
+
 def _signature(src: YamlSource, path: Path_, entry: Any, problems: list[str]) -> Signature | None:
     def bad(sub: Path_, message: str) -> None:
         problems.append(f"{src.where((*path, *sub))}: {message}")
 
-    if not isinstance(entry, dict):
-        bad((), "must be a mapping")
-        return None
     before = len(problems)
-    for key in entry:
-        if key not in SIGNATURE_KEYS:
-            bad((key,), "unknown key")
-    for key in ("id", "title", "severity", "source", "what", "workaround", "refs"):
-        if key not in entry:
-            bad((), f"missing required key {key!r}")
+    required = ("id", "title", "severity", "source", "what", "workaround", "refs")
+    if not check_entry(src, path, entry, SIGNATURE_KEYS, required, problems):
+        return None
     if ("match" in entry) == ("window" in entry):
         bad((), "needs exactly one of match, window")
     if entry.get("severity") not in ("fail", "warn"):
