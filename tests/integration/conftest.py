@@ -56,23 +56,26 @@ RUNNER_USER = os.environ.get("STACKPROOF_TEST_RUNNER_USER", "stackproof-runner")
 RUNNER_PYTHON = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"
 
 
+def python_as(user: str | None, args: Sequence[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    """argv and environment that run `python ARGS` as `user` (root only; None: this process's user)
+    through `runuser`, with `env` but that user's HOME (so its own cache directory), as a CI runner would."""
+    if user is None:
+        return [sys.executable, *args], env
+    home = pwd.getpwnam(user).pw_dir
+    env = {**env, "HOME": home, "USER": user, "LOGNAME": user}
+    env.pop("XDG_CACHE_HOME", None)
+    # This interpreter may live under root's home (pyenv), out of the user's reach: run the system
+    # python3 of the same minor version on this environment's packages instead.
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), sysconfig.get_paths()["purelib"]])
+    return ["runuser", "-u", user, "--", RUNNER_PYTHON, *args], env
+
+
 def stackproof(
     args: Sequence[str], *, env: dict[str, str] | None = None, timeout: float = 1800, user: str | None = None
 ) -> Completed:
-    """Run the real CLI in a subprocess, as a user would; stderr is echoed for the test log.
-
-    With `user` (root only), it runs as that user through `runuser`, with this environment but
-    that user's HOME (so its own cache directory), as a CI runner would."""
-    argv = [sys.executable, "-m", "pipeline", *args]
-    full_env = {**os.environ, "STACKPROOF_JOB": JOB, **(env or {})}
-    if user is not None:
-        home = pwd.getpwnam(user).pw_dir
-        full_env |= {"HOME": home, "USER": user, "LOGNAME": user}
-        full_env.pop("XDG_CACHE_HOME", None)
-        # This interpreter may live under root's home (pyenv), out of the user's reach: run the
-        # system python3 of the same minor version on this environment's packages instead.
-        full_env["PYTHONPATH"] = os.pathsep.join([str(REPO), sysconfig.get_paths()["purelib"]])
-        argv = ["runuser", "-u", user, "--", RUNNER_PYTHON, "-m", "pipeline", *args]
+    """Run the real CLI in a subprocess, as a user would (as `user`: see `python_as`); stderr is
+    echoed for the test log."""
+    argv, full_env = python_as(user, ["-m", "pipeline", *args], {**os.environ, "STACKPROOF_JOB": JOB, **(env or {})})
     proc = subprocess.run(argv, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout)
     sys.stderr.write(proc.stderr[-20000:])
     return Completed(proc.returncode, proc.stdout, proc.stderr)

@@ -14,14 +14,13 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 
 import pytest
 
 from pipeline.engine import Engine
-from tests.integration.conftest import REPO, RUNNER_PYTHON, docker, runner_dir
+from tests.integration.conftest import REPO, docker, python_as, runner_dir
 
 pytestmark = pytest.mark.integration
 
@@ -127,15 +126,7 @@ def _wait_written(path: Path) -> None:
 
 
 def _as_runner(user: str | None, args: list[str]) -> dict[str, object]:
-    code, *rest = args
-    if user is None:
-        argv = [sys.executable, "-c", code, *rest]
-        env = dict(os.environ)
-    else:
-        import sysconfig
-
-        argv = ["runuser", "-u", user, "--", RUNNER_PYTHON, "-c", code, *rest]
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), sysconfig.get_paths()["purelib"]])}
+    argv, env = python_as(user, ["-c", *args], dict(os.environ))
     proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
