@@ -260,6 +260,9 @@ def _parser() -> argparse.ArgumentParser:
     from pipeline.cli_report import add_commands as add_report_commands
 
     add_report_commands(commands, common)
+    from pipeline.cli_compare import add_commands as add_compare_commands
+
+    add_compare_commands(commands, common)
     return parser
 
 

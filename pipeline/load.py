@@ -668,6 +668,8 @@ class _Checker:
             at = where[key]
             if name == "baseline_rate":
                 chosen[name] = self.probability(at, raw)
+            elif name == "canary_floor":
+                chosen[name] = self.share(at, raw)
             elif name == "questions_file":
                 file = (self.src.file.parent / self.text(at, raw)).resolve()
                 if not file.is_file():
@@ -711,6 +713,13 @@ class _Checker:
             self.problem(path, f"{text!r} is not a probability: write a fraction (1/450) or a decimal (0.00222)")
             return LoadSpec.baseline_rate
         return number
+
+    def share(self, path: Path_, value: Any) -> float | None:
+        """A share of answers in (0, 1]: `0.75`."""
+        if not _finite_in(value, 0, 1):
+            self.problem(path, f"must be a share of answers above 0 and at most 1 (e.g. 0.75), got {_shown(value)}")
+            return None
+        return float(value)
 
     def tool_owned(self, path: Path_, args: tuple[str, ...]) -> None:
         """Flags the tool owns, and credentials (which would reach `ps`, inspect and server.log)."""

@@ -174,6 +174,9 @@ class LoadSpec:
     determinism_repeats: int = 3  # each run this many times alone, then as many times under load
     determinism_max_tokens: int = 16
     baseline_rate: float = 1 / 450  # fault probability per question that a clean run is measured against
+    # Share of the shipped canary prompts (verify/canaries.jsonl) the model must answer right; None:
+    # the model cannot answer (the generated tiny model), so no canary is asked.
+    canary_floor: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

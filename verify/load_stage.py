@@ -16,6 +16,8 @@ from pathlib import Path
 
 from pipeline.engine import Engine
 from pipeline.model import Arm, Cell, LoadSpec
+from verify.canary import CanaryAnswer
+from verify.correctness import ask_for_cell, judge_correctness
 from verify.loadrun import LoadTarget, judge_load, run_load, summarise
 from verify.logscan import Facts, LogWatcher, catalog_for, judge, scan
 from verify.result import CheckResult, StageResult, Status
@@ -78,6 +80,7 @@ def run_load_stage(
     )
     artifacts: dict[str, str] = {"server_log": str(server.log_path)}
     outcome = None
+    canaries: list[CanaryAnswer] = []
     try:
         if shared is not None:
             checks.append(
@@ -103,6 +106,7 @@ def run_load_stage(
             on_ready(server)
         target = load_target(server, cell, arm)
         outcome = run_load(target, spec, stage_dir)
+        canaries = ask_for_cell(target.base_url, outcome, spec)
     except ServerFailed as exc:
         evidence = {"last_log_lines": exc.last_lines}
         checks.append(CheckResult(name="readiness", status=Status.FAIL, message=exc.reason, evidence=evidence))
@@ -110,9 +114,13 @@ def run_load_stage(
         server.remove()
     if outcome is not None:
         summary = summarise(outcome, spec)
+        load_checks = judge_load(outcome, summary, batch_invariant=target.batch_invariant)
+        correctness, summary["correctness"] = judge_correctness(
+            cell, arm, spec, outcome, [*checks, *load_checks], canaries, source=image
+        )
         summary_path = stage_dir / "load.json"
         summary_path.write_text(json.dumps(summary, indent=2) + "\n")
-        checks += judge_load(outcome, summary, batch_invariant=target.batch_invariant)
+        checks += load_checks + correctness
         artifacts.update(outcome.files, summary=str(summary_path))
     log = server.log_path.read_bytes() if server.log_path.exists() else b""
     server_signatures = [s for s in signatures if s.source == "server"]

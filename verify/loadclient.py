@@ -56,7 +56,8 @@ class RequestRecord:
     status_code: int | None = None
     error_class: ErrorClass | None = None
     error: str | None = None
-    text: str = ""
+    text: str = ""  # content and reasoning pieces, in arrival order
+    reasoning: str = ""  # the reasoning pieces alone: an answer with no content has text == reasoning
 
     @property
     def ok(self) -> bool:
@@ -147,7 +148,8 @@ async def stream_chat(
                     record.output_tokens = _count(usage.get("completion_tokens"))
                 for choice in payload.get("choices") or ():
                     delta = choice.get("delta") or {}
-                    piece = delta.get("content") or delta.get("reasoning_content") or ""
+                    content = delta.get("content") or ""
+                    piece = content or delta.get("reasoning_content") or ""
                     if piece or (choice.get("finish_reason") and not record.chunks):
                         now = clock()
                         if record.chunks == 0:
@@ -157,6 +159,8 @@ async def stream_chat(
                         last = now
                         record.chunks += 1
                         record.text += piece
+                        if not content:
+                            record.reasoning += piece
                         on_chunk()
                     if choice.get("finish_reason"):
                         record.finish_reason = choice["finish_reason"]

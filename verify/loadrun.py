@@ -27,6 +27,7 @@ import numpy as np
 
 from pipeline.errors import CheckFailed, InfraError
 from pipeline.model import LoadSpec
+from verify.compare import GREEDY_FILE, write_greedy
 from verify.determinism import Sample, judge_phase, request_sample
 from verify.loadclient import ErrorClass, RequestRecord, Timeouts, stream_chat
 from verify.progress import Progress, Tracker
@@ -316,6 +317,10 @@ async def _run(target: LoadTarget, spec: LoadSpec, out_dir: Path, *, soak: bool)
             after = await _settled_scrape(probe_client, before, records, b_tokens[1]) if fatal is None else None
             seconds = clock() - load_started
     print(f"{target.label}: load ended after {seconds:.1f}s: {live.stop_reason}", file=sys.stderr)
+    # The greedy answers alone, per prompt, for `stackproof compare` across cells and arms.
+    greedy_path = write_greedy(
+        out_dir / GREEDY_FILE, model=model, max_tokens=spec.determinism_max_tokens, label=target.label, samples=phase_a
+    )
     return LoadOutcome(
         config=_config(spec, soak),
         model=model,
@@ -330,7 +335,7 @@ async def _run(target: LoadTarget, spec: LoadSpec, out_dir: Path, *, soak: bool)
         stop_reason=live.stop_reason,
         determinism_tokens=(b_tokens[0], b_tokens[1]),
         scrapes=len(watchdog.scrapes),
-        files={"requests": str(requests_path), "scrapes": str(scrapes_path)},
+        files={"requests": str(requests_path), "scrapes": str(scrapes_path), "greedy": str(greedy_path)},
         crashed=crashed,
     )
 

@@ -40,6 +40,15 @@ class FakeVllm:
     counters: Counters = field(default_factory=Counters)
     chat_requests: list[dict[str, Any]] = field(default_factory=list)
     completion_requests: list[dict[str, Any]] = field(default_factory=list)
+    # What the answers say (the degeneration and canary tests): chat stream pieces, cycled (None:
+    # "w0 ", "w1 ", ...); sent as reasoning_content instead of content; finish with "stop" after
+    # this many tokens (None: "length" at max_tokens); the top-1/top-2 gap of every greedy token;
+    # non-streamed chat answers by the user's prompt (default: "I do not know").
+    pieces: tuple[str, ...] | None = None
+    reasoning: bool = False
+    stop_after: int | None = None
+    gap_nats: float = 2.45
+    answers: dict[str, str] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     release: threading.Event = field(default_factory=threading.Event)  # frees hung streams at shutdown
 
@@ -172,7 +181,7 @@ class _Handler(BaseHTTPRequestHandler):
         tokens = greedy_tokens(body["prompt"], n)
         p = prompt_tokens(body["prompt"])
         fake.count(prompt=p, generated=n)
-        top = [{tok: -0.05, f"token_id:{i}": -2.5} for i, tok in enumerate(tokens)]  # a 2.45-nat gap
+        top = [{tok: -0.05, f"token_id:{i}": -0.05 - fake.gap_nats} for i, tok in enumerate(tokens)]
         self._json(
             200,
             {
@@ -193,6 +202,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _chat(self, body: dict[str, Any]) -> None:
         fake = self.server_fake
+        if not body.get("stream"):
+            self._chat_answer(body)
+            return
         with fake.lock:
             fake.chat_requests.append(body)
             fake.counters.running += 1
@@ -202,16 +214,21 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Connection", "close")
             self.end_headers()
             n = int(body["max_tokens"])
+            if fake.stop_after is not None and not body.get("ignore_eos"):
+                n = min(n, fake.stop_after)
+            finish = "length" if n == int(body["max_tokens"]) else "stop"
             p = sum(prompt_tokens(m["content"]) for m in body["messages"])
             self._event({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
+            key = "reasoning_content" if fake.reasoning else "content"
             for i in range(n):
                 fake.count(prompt=p if i == 0 else 0, generated=1)
-                self._event({"choices": [{"index": 0, "delta": {"content": f"w{i} "}, "finish_reason": None}]})
+                piece = fake.pieces[i % len(fake.pieces)] if fake.pieces else f"w{i} "
+                self._event({"choices": [{"index": 0, "delta": {key: piece}, "finish_reason": None}]})
                 if fake.hang:
                     fake.release.wait(timeout=60)  # silent: the engine no longer steps
                     return
                 fake.release.wait(timeout=fake.chunk_delay_s)
-            self._event({"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]})
+            self._event({"choices": [{"index": 0, "delta": {}, "finish_reason": finish}]})
             self._event({"choices": [], "usage": {"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n}})
             self.wfile.write(b"data: [DONE]\n\n")
             self.wfile.flush()
@@ -220,6 +237,13 @@ class _Handler(BaseHTTPRequestHandler):
         finally:
             with fake.lock:
                 fake.counters.running -= 1
+
+    def _chat_answer(self, body: dict[str, Any]) -> None:
+        """A non-streamed chat completion (the canaries): the answer the test set for the prompt."""
+        prompt = body["messages"][-1]["content"]
+        content = self.server_fake.answers.get(prompt, "I do not know")
+        choice = {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}
+        self._json(200, {"id": "chatcmpl-2", "object": "chat.completion", "model": MODEL, "choices": [choice]})
 
     def _event(self, payload: dict[str, Any]) -> None:
         data = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "model": MODEL, **payload}

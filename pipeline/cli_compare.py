@@ -1,0 +1,47 @@
+"""`stackproof compare RUN_A RUN_B`: the same greedy prompts on two cells or arms, offline.
+
+RUN is a run directory (`stackproof run`/`verify --out`), its receipt.json, a load or soak-slice
+directory, or a greedy.json itself. Exit 0: the runs agree or differ only at near-ties; 1: a
+divergence where a run was confident (corruption flagged); 2: bad input (no samples, other prompts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from verify.compare import NEAR_TIE_NATS, compare_runs, find_greedy, read_greedy, render_table
+
+__all__ = ["add_commands"]
+
+
+def add_commands(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
+    p = commands.add_parser(
+        "compare",
+        parents=[common],
+        help="greedy tokens of two runs: agreement, first divergence, logprob gap there (corruption or near-tie)",
+    )
+    p.add_argument("run_a", type=Path, metavar="RUN_A", help="run directory, receipt.json, load dir or greedy.json")
+    p.add_argument("run_b", type=Path, metavar="RUN_B", help="the same for the other cell or arm")
+    p.add_argument(
+        "--near-tie",
+        type=float,
+        default=NEAR_TIE_NATS,
+        metavar="NATS",
+        help=f"a divergence where both top-1/top-2 gaps are at most this is a near-tie (default {NEAR_TIE_NATS:g})",
+    )
+    p.set_defaults(handler=_compare)
+
+
+def _compare(args: argparse.Namespace) -> int:
+    a = read_greedy(find_greedy(args.run_a))
+    b = read_greedy(find_greedy(args.run_b))
+    comparison = compare_runs(a, b, near_tie_nats=args.near_tie)
+    if args.json:
+        print(json.dumps({**comparison.to_json(), "labels": {"a": a.label, "b": b.label}}, indent=2))
+    else:
+        print(render_table(comparison))
+    return 1 if comparison.corrupted else 0
