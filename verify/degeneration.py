@@ -85,7 +85,7 @@ class Rates:
 
 def loop_period(text: str) -> int | None:
     """The shortest period of a cycle the text ends in, when that cycle is a loop (see module doc)."""
-    stripped = text.rstrip()
+    stripped = text
     n = len(stripped)
     if n == 0:
         return None
@@ -97,7 +97,7 @@ def loop_period(text: str) -> int | None:
         # A partial unit before the repeats belongs to the loop too ("ne city one city one city").
         head = stripped[: n - covered]
         covered += len(_common_suffix(head, unit))
-        if covered // period >= LOOP_MIN_REPEATS and covered >= LOOP_MIN_COVER * n:
+        if covered >= LOOP_MIN_REPEATS * period and covered >= LOOP_MIN_COVER * n:
             return period
     return None
 

@@ -305,7 +305,24 @@ def render_markdown(receipt: dict[str, Any]) -> str:
             f"{load['throughput']['output_tok_s']:.0f} output tok/s, TTFT p50/p99 {ttft['p50']}/{ttft['p99']} ms, "
             f"TPOT p50 {tpot['p50']} ms",
         ]
+        if load.get("correctness"):
+            lines.append(_correctness_line(load["correctness"]))
     return "\n".join(lines) + "\n"
+
+
+def _correctness_line(section: dict[str, Any]) -> str:
+    """Each detector's rate beside the cell's baseline, and the canary score (verify/correctness.py)."""
+    rates, base = section["rates"], (section["baseline"]["rates"] or {})
+    parts = [
+        f"{name} {rates[name]:.0%}" + (f" (baseline {base[name]:.0%})" if base.get(name) is not None else "")
+        for name in ("loop", "empty", "length", "collapse")
+        if rates.get(name) is not None
+    ]
+    canary = section.get("canary") or {}
+    if canary.get("asked"):
+        parts.append(f"canary {canary['right']}/{canary['asked']} right (floor {canary['floor']:.0%})")
+    note = " (baseline recorded by this run)" if section["baseline"]["recorded_now"] else ""
+    return "\n**Correctness**: " + ", ".join(parts) + note
 
 
 def _one_line(text: str) -> str:

@@ -295,3 +295,31 @@ def test_determinism_repeats_may_be_zero_but_not_negative(capsys: pytest.Capture
         main(["load", "--url", "http://127.0.0.1:9", "--determinism-repeats", "-1"])
     assert info.value.code == 2
     assert "argument --determinism-repeats: '-1' must not be negative" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [("0", "0"), ("1.5", "1.5"), ("yes", "True"), ("'high'", "'high'"), ("-0.2", "-0.2")],
+)
+def test_a_bad_canary_floor_is_located(invalid: Callable[..., Any], header: str, value: str, shown: str) -> None:
+    r = invalid(with_load(header, f"canary_floor: {value}\n"))
+    assert len(r.problems) == 1
+    assert r.problems[0].startswith(f"{r.at('canary_floor')}: cells[0].serve.load.canary_floor: must be a share")
+    assert shown in r.problems[0]
+
+
+def test_a_canary_floor_is_read_and_none_is_the_default(load: Callable[..., Any], header: str) -> None:
+    matrix = load(with_load(header, "canary_floor: 0.75\n"))
+    serve = matrix.cell("a").serve
+    assert serve is not None and serve.load.canary_floor == 0.75
+    assert LoadSpec().canary_floor is None
+
+
+def test_matrix_validate_exits_2_on_a_bad_canary_floor(
+    write_matrix: Callable[..., Any], header: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    file = write_matrix(with_load(header, "canary_floor: 2\n"))
+    assert main(["matrix", "validate", "--matrix", str(file)]) == 2
+    assert (
+        "cells[0].serve.load.canary_floor: must be a share of answers above 0 and at most 1" in capsys.readouterr().err
+    )
