@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 
 from verify.compare import NEAR_TIE_NATS, compare_runs, find_greedy, read_greedy, render_table
@@ -28,12 +29,22 @@ def add_commands(
     p.add_argument("run_b", type=Path, metavar="RUN_B", help="the same for the other cell or arm")
     p.add_argument(
         "--near-tie",
-        type=float,
+        type=_nats,
         default=NEAR_TIE_NATS,
         metavar="NATS",
         help=f"a divergence where both top-1/top-2 gaps are at most this is a near-tie (default {NEAR_TIE_NATS:g})",
     )
     p.set_defaults(handler=_compare)
+
+
+def _nats(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a non-negative number of nats")
+    return value
 
 
 def _compare(args: argparse.Namespace) -> int:

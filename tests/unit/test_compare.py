@@ -130,3 +130,11 @@ def test_a_file_of_another_kind_is_bad_input(tmp_path: Path, capsys: pytest.Capt
     other.write_text(json.dumps({"kind": "something-else"}))
     assert main(["compare", str(a), str(other)]) == 2
     assert "not a stackproof.greedy-samples file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "lots"])
+def test_a_bad_near_tie_threshold_is_a_usage_error(tmp_path: Path, value: str) -> None:
+    a = _run_dir(tmp_path, "a", REFERENCE)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["compare", str(a), str(a), "--near-tie", value])
+    assert exit_info.value.code == 2

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -155,12 +154,8 @@ def test_too_few_answers_are_inconclusive() -> None:
 
 
 @pytest.fixture
-def cell(real_matrix_cell: Cell) -> Cell:
-    return real_matrix_cell
-
-
-@pytest.fixture
-def real_matrix_cell() -> Cell:
+def cell() -> Cell:
+    """The real matrix's cpu-tiny: what a baseline key is built from."""
     from pipeline.load import load_matrix
 
     repo = Path(__file__).resolve().parents[2]
@@ -287,6 +282,16 @@ def test_unanswered_canaries_are_an_error_not_a_score() -> None:
     assert judge_canaries(0.5, answers).status is Status.ERROR
 
 
-@pytest.fixture
-def _unused() -> Iterator[None]:
-    yield
+def test_the_summary_line_shows_rates_beside_the_baseline_and_the_canary_score() -> None:
+    from verify.receipt import _correctness_line
+
+    section = {
+        "rates": {"loop": 1.0, "empty": 0.0, "length": None, "collapse": 1.0},
+        "baseline": {"rates": {"loop": 0.22, "empty": 0.0, "collapse": 0.0}, "recorded_now": False},
+        "canary": {"floor": 0.75, "right": 2, "asked": 8},
+    }
+    line = _correctness_line(section)
+    assert "loop 100% (baseline 22%)" in line and "collapse 100% (baseline 0%)" in line
+    assert "length" not in line and "canary 2/8 right (floor 75%)" in line
+    first = {**section, "baseline": {"rates": None, "recorded_now": True}, "canary": {"floor": None}}
+    assert _correctness_line(first).endswith("(baseline recorded by this run)")
