@@ -108,12 +108,14 @@ class ProcessStack:
     threads: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None
 
-    def frames(self) -> list[str]:
-        """Every thread's frames, innermost first, as `function (file:line)`."""
+    def frames(self, per_thread: int = 25) -> list[str]:
+        """Every thread's innermost frames as `function (file:line)`, the main thread's first (the
+        busy loop runs there; helper threads only wait)."""
+        threads = sorted(self.threads, key=lambda t: t.get("thread_name") != "MainThread")
         return [
             f"{frame.get('name')} ({frame.get('short_filename') or frame.get('filename')}:{frame.get('line')})"
-            for thread in self.threads
-            for frame in thread.get("frames") or []
+            for thread in threads
+            for frame in (thread.get("frames") or [])[:per_thread]
         ]
 
     def summary(self, depth: int = 6) -> dict[str, Any]:
@@ -223,7 +225,7 @@ class StallForensics:
             "origin": origin,
             "file": self._rel(path),
             "processes": [s.summary() for s in stacks],
-            "frames": {str(s.pid): s.frames()[:40] for s in stacks},
+            "frames": {str(s.pid): s.frames()[:100] for s in stacks},
         }
 
     def _gpu(self, window_start: float) -> dict[str, Any]:
