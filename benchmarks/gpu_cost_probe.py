@@ -139,9 +139,8 @@ def _spin(seconds: float, py_spy: Path | None, phases: dict[str, tuple[float, fl
 
 def _dump_self(py_spy: Path, result: dict[str, Any], after: float) -> None:
     time.sleep(after)
-    done = subprocess.run(
-        [str(py_spy.resolve()), "dump", "--pid", str(os.getpid())], capture_output=True, text=True, timeout=60, check=False
-    )
+    argv = [str(py_spy.resolve()), "dump", "--pid", str(os.getpid())]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
     result["py_spy_rc"] = done.returncode
     result["py_spy"] = (done.stdout + done.stderr)[-4000:]
 

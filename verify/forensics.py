@@ -186,13 +186,14 @@ class ForensicsSide(Protocol):
 @dataclass(kw_only=True)
 class StallForensics:
     side: ForensicsSide
-    run_dir: Path
+    run_dir: Path  # evidence paths are relative to it
     coredump: bool = False
     clock: Callable[[], float] = time.monotonic
+    forensics_dir: Path | None = None  # default: <run>/load/forensics
 
     @property
     def out_dir(self) -> Path:
-        return self.run_dir / "load" / "forensics"
+        return self.forensics_dir or self.run_dir / "load" / "forensics"
 
     def collect(self, stalled_for_s: float) -> dict[str, Any]:
         """The evidence of one stall (paths relative to the run directory); never raises."""
@@ -326,6 +327,7 @@ class LoadInstruments:
     run_dir: Path
     gpu: bool
     coredump: bool = False
+    forensics_dir: Path | None = None  # default: <run>/load/forensics (a soak slice has its own)
     sampler: GpuSampler | None = None
     reason: str = ""
     load_start: float = 0.0
@@ -357,7 +359,10 @@ class LoadInstruments:
                 sampler_reason=self.reason,
                 load_start=self.load_start,
             )
-            return StallForensics(side=side, run_dir=self.run_dir, coredump=self.coredump).collect(stalled_for_s)
+            forensics = StallForensics(
+                side=side, run_dir=self.run_dir, coredump=self.coredump, forensics_dir=self.forensics_dir
+            )
+            return forensics.collect(stalled_for_s)
 
         return collect
 

@@ -388,3 +388,72 @@ def test_cuda_coredump_opt_in_on_a_gpu_cell_loads(tmp_path: Path) -> None:
     matrix = load_matrix(_matrix_with(tmp_path, gpu, {"cuda_coredump": True}), images_dir=REPO / "images")
     assert matrix.cell(gpu).serve.forensics.cuda_coredump is True  # type: ignore[union-attr]
     assert matrix.cell("cpu-tiny").serve.forensics.cuda_coredump is False  # type: ignore[union-attr]
+
+
+# -- the sidecar's docker line and its removal -------------------------------------------------------
+
+
+class _RecordingEngine:
+    """Engine.pid_sidecar over a recorder of docker calls (no daemon); `fail` is raised by `run`."""
+
+    def __init__(self, fail: BaseException | None = None) -> None:
+        self.calls: list[tuple[str, ...]] = []
+        self.fail = fail
+
+    def docker(self, *args: str, **_: Any) -> Any:
+        self.calls.append(args)
+        if args[0] == "run" and self.fail is not None:
+            raise self.fail
+        return SimpleNamespace(returncode=0, stdout="[]", stderr="")
+
+
+def _sidecar(engine: _RecordingEngine) -> Any:
+    from pipeline.engine import Engine
+
+    return Engine.pid_sidecar(
+        engine,  # type: ignore[arg-type]
+        "stackproof-cpu-tiny-abc",
+        image="img:1",
+        argv=["python3", "-c", "pass"],
+        binds={Path("/cache/py-spy"): "/stackproof-tools/py-spy"},
+        labels={},
+        timeout=30,
+    )
+
+
+def test_the_sidecar_shares_the_pid_namespace_read_only_and_is_removed() -> None:
+    engine = _RecordingEngine()
+    _sidecar(engine)
+    run, remove = engine.calls
+    name = run[run.index("--name") + 1]
+    assert name.startswith("stackproof-cpu-tiny-abc-sidecar-")
+    assert run[run.index("--pid") + 1] == "container:stackproof-cpu-tiny-abc"
+    assert run[run.index("--cap-add") + 1] == "SYS_PTRACE" and run[run.index("--network") + 1] == "none"
+    assert "/cache/py-spy:/stackproof-tools/py-spy:ro" in run and "io.stackproof.role=sidecar" in run
+    assert remove == ("rm", "--force", name)
+
+
+def test_the_sidecar_is_removed_when_interrupted() -> None:
+    engine = _RecordingEngine(fail=KeyboardInterrupt())
+    with pytest.raises(KeyboardInterrupt):
+        _sidecar(engine)
+    assert engine.calls[-1][:2] == ("rm", "--force")
+
+
+def test_the_nvidia_smi_fallback_reads_memory_per_server_process(tmp_path: Path) -> None:
+    """A stand-in nvidia-smi printing what the real one prints for these two CSV queries."""
+    from verify.gpucost import SmiReader
+
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(
+        "#!/bin/sh\n"
+        'case "$1" in\n'
+        "  --query-gpu=*) echo '0, GPU-aaa, 99, 691.79'; echo '1, GPU-bbb, 0, [N/A]';;\n"
+        "  --query-compute-apps=*) echo 'GPU-aaa, 471, 1002'; echo 'GPU-aaa, 999, 5000'; echo 'GPU-bbb, 471, 10';;\n"
+        "esac\n"
+    )
+    smi.chmod(0o755)
+    first, second = SmiReader(str(smi)).read({471})
+    assert (first.util_percent, first.power_w, first.energy_mj) == (99.0, 691.79, None)
+    assert first.server_memory_bytes == 1002 * 1024 * 1024 and first.server_pids == (471,)
+    assert second.power_w is None and second.server_memory_bytes == 10 * 1024 * 1024
