@@ -264,6 +264,7 @@ class DockerSide:
     sampler: GpuSampler | None
     sampler_reason: str
     load_start: float
+    poll_s: float = 2.0
 
     def dump_stacks(self) -> tuple[str | None, str]:
         if self.py_spy.binary is None:
@@ -304,18 +305,24 @@ class DockerSide:
         return {"pipes": pipes, "sizes_in_container": sizes}
 
     def _wait_for_cores(self) -> dict[str, int]:
-        """Until every core file has stopped growing (two equal listings), at most COREDUMP_WAIT_S."""
+        """Until every core file has stopped growing (two equal listings), at most COREDUMP_WAIT_S.
+
+        The dump is destructive: measured on an H200 (benchmarks/cuda_coredump_probe.py), the driver
+        writes it and then aborts the process (SIGABRT); so the engine dies, the API server follows,
+        and the container may stop. A failed exec ends the wait: `docker cp` still reads a stopped
+        container's volume."""
         deadline = time.monotonic() + COREDUMP_WAIT_S
         last: dict[str, int] = {}
+        listing_script = f'for f in {COREDUMP_DIR}/core.cuda.*; do [ -f "$f" ] && stat -c "%n %s" "$f"; done; true'
         while time.monotonic() < deadline:
-            listing = self.engine.exec_in(
-                self.container, ["sh", "-c", f"stat -c '%n %s' {COREDUMP_DIR}/core.cuda.* 2>/dev/null"], timeout=30
-            )
+            listing = self.engine.exec_in(self.container, ["sh", "-c", listing_script], timeout=30)
+            if listing.returncode != 0:  # the container is no longer running
+                return last
             now = {name: int(size) for name, _, size in (line.rpartition(" ") for line in listing.stdout.splitlines())}
             if now and now == last:
                 return now
             last = now
-            time.sleep(2.0)
+            time.sleep(self.poll_s)
         return last
 
 

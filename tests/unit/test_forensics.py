@@ -457,3 +457,61 @@ def test_the_nvidia_smi_fallback_reads_memory_per_server_process(tmp_path: Path)
     assert (first.util_percent, first.power_w, first.energy_mj) == (99.0, 691.79, None)
     assert first.server_memory_bytes == 1002 * 1024 * 1024 and first.server_pids == (471,)
     assert second.power_w is None and second.server_memory_bytes == 10 * 1024 * 1024
+
+
+class _CoredumpEngine:
+    """exec_in/copy_out of a server whose engine aborts after its dump (as measured on the H200)."""
+
+    def __init__(self, pipes: str) -> None:
+        self.pipes = pipes
+        self.execs: list[list[str]] = []
+        self.listings = iter(
+            [
+                SimpleNamespace(returncode=0, stdout="/stackproof-coredump/core.cuda.26 4096\n", stderr=""),
+                SimpleNamespace(returncode=1, stdout="", stderr="container is not running"),
+            ]
+        )
+
+    def exec_in(self, container: str, argv: list[str], *, timeout: float = 30) -> Any:
+        self.execs.append(argv)
+        if len(self.execs) == 1:
+            return SimpleNamespace(returncode=0, stdout=self.pipes, stderr="")
+        return next(self.listings)
+
+    def copy_out(self, container: str, path: str, dest: Path) -> bool:
+        dest.mkdir(parents=True)
+        (dest / "core.cuda.26").write_bytes(b"\0" * 4096)
+        (dest / "corepipe.cuda.26").write_text("")  # stands in for the FIFO, dropped from the evidence
+        return True
+
+
+def _docker_side(engine: Any) -> Any:
+    from verify.forensics import DockerSide
+    from verify.pyspy import PySpy
+
+    return DockerSide(
+        engine=engine,
+        container="srv",
+        image="img",
+        py_spy=PySpy(binary=None, origin="x"),
+        sampler=None,
+        sampler_reason="CPU cell",
+        load_start=0.0,
+        poll_s=0.0,
+    )
+
+
+def test_the_core_dump_is_triggered_waited_for_and_copied_out(tmp_path: Path) -> None:
+    engine = _CoredumpEngine("corepipe.cuda.26\n")
+    result = _docker_side(engine).cuda_coredump(tmp_path / "cuda-coredump")
+    assert "printf 1 >" in engine.execs[0][2] and "/stackproof-coredump/corepipe.cuda.*" in engine.execs[0][2]
+    assert result["pipes"] == ["corepipe.cuda.26"]
+    assert result["sizes_in_container"] == {
+        "/stackproof-coredump/core.cuda.26": 4096
+    }  # the wait ended with the container
+    assert sorted(p.name for p in (tmp_path / "cuda-coredump").iterdir()) == ["core.cuda.26"]
+
+
+def test_no_pipe_means_no_cuda_context_and_no_dump(tmp_path: Path) -> None:
+    result = _docker_side(_CoredumpEngine("")).cuda_coredump(tmp_path / "cuda-coredump")
+    assert result["available"] is False and "no CUDA core-dump pipe" in result["reason"]
