@@ -15,6 +15,7 @@ import re
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -239,6 +240,49 @@ class Engine:
         if result.returncode != 0 and not any(text in result.stderr for text in missing):
             raise InfraError(f"docker cp {container}:{path} failed: {result.stderr.strip()[-500:]}")
         return result.returncode == 0
+
+    def exec_in(self, container: str, argv: Sequence[str], *, timeout: float = 30) -> cmd.CommandResult:
+        """Run `argv` inside a running container (`docker exec`); the result, whatever its exit status."""
+        return self.docker("exec", container, *argv, check=False, quiet=True, timeout=timeout)
+
+    def container_pids(self, container: str) -> list[int]:
+        """Host PIDs of every process in a running container (`docker top`): what NVML reports per
+        process. Empty when the container is gone."""
+        result = self.docker("top", container, "-eo", "pid", check=False, quiet=True, timeout=30)
+        if result.returncode != 0:
+            return []
+        return [int(word) for word in result.stdout.split() if word.isdigit()]
+
+    def pid_sidecar(
+        self,
+        target: str,
+        *,
+        image: str,
+        argv: Sequence[str],
+        binds: dict[Path, str],
+        labels: dict[str, str],
+        timeout: float,
+    ) -> cmd.CommandResult:
+        """Run `argv` in a throw-away container that shares `target`'s PID namespace with ptrace
+        rights (`--pid=container:T --cap-add SYS_PTRACE`): how a debugger reaches the processes of a
+        running server without anything added to its image. `binds` are mounted read-only; no
+        network. The sidecar is named before it starts and removed on every path, an interrupt too.
+        """
+        name = f"{target}-sidecar-{uuid.uuid4().hex[:8]}"[:128]
+        run = ["run", "--rm", "--name", name, "--pid", f"container:{target}", "--cap-add", "SYS_PTRACE"]
+        run += ["--network", "none", "--label", "io.stackproof.role=sidecar"]
+        from pipeline.gc import owner_args  # gc builds on Engine: imported here, not at the top
+
+        run += ["--label", f"io.stackproof.target={target}", *owner_args()]
+        for key, value in sorted(labels.items()):
+            run += ["--label", f"{key}={value}"]
+        for host, inside in sorted(binds.items()):
+            run += ["--volume", f"{host}:{inside}:ro"]
+        run += ["--entrypoint", argv[0], image, *argv[1:]]
+        try:  # a timeout raises InfraError; the sidecar is removed all the same
+            return self.docker(*run, check=False, quiet=True, timeout=timeout)
+        finally:
+            self.docker("rm", "--force", name, check=False, quiet=True, timeout=60)
 
     def build(
         self,

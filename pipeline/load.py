@@ -31,6 +31,7 @@ from pipeline.model import (
     Cell,
     CellBase,
     Expectation,
+    ForensicsSpec,
     Index,
     Install,
     LoadSpec,
@@ -77,7 +78,8 @@ INHERITABLE_KEYS = tuple(k for k in CELL_KEYS if k not in ("id", "extends"))
 REQUIRED_CELL_KEYS = ("base", "platform", "arch")
 PACKAGE_KEYS = ("version", "index")
 INSTALL_KEYS = ("requirements", "lock", "python_version", "python_platform")
-SERVE_KEYS = ("model", "args", "env", "readiness_timeout", "shm_size", "gpus", "load")
+SERVE_KEYS = ("model", "args", "env", "readiness_timeout", "shm_size", "gpus", "load", "forensics")
+FORENSICS_KEYS = ("cuda_coredump",)
 # serve.load keys: the LoadSpec field, with `_s` dropped from durations; `determinism` is a sub-mapping.
 LOAD_KEYS = (
     *tuple(f.name.removesuffix("_s") for f in dataclasses.fields(LoadSpec) if not f.name.startswith("determinism_")),
@@ -523,6 +525,11 @@ class _Checker:
         # Every field is checked before giving up on the cell, so all its problems show at once.
         platform = self.choice((*p, "platform"), data["platform"], PLATFORMS, "platform") if "platform" in data else ""
         arch = self.choice((*p, "arch"), data["arch"], KNOWN_ARCHES, "arch") if "arch" in data else ""
+        if serve is not None and serve.forensics.cuda_coredump and arch == "none":
+            self.problem(
+                (*p, "serve", "forensics", "cuda_coredump"),
+                "needs a GPU cell: arch is none, and a CPU server has no CUDA context to dump",
+            )
         runner = self.texts((*p, "runner"), data.get("runner"))
         system_packages = self.texts(
             (*p, "system_packages"), data.get("system_packages"), pattern=_DEB_PACKAGE, what="Debian package name"
@@ -628,7 +635,18 @@ class _Checker:
             shm_size=self.text((*path, "shm_size"), value.get("shm_size", "1g")),
             gpus=None if value.get("gpus") is None else self.text((*path, "gpus"), value["gpus"]),
             load=self.load_spec((*path, "load"), value.get("load")),
+            forensics=self.forensics((*path, "forensics"), value.get("forensics")),
         )
+
+    def forensics(self, path: Path_, value: Any) -> ForensicsSpec:
+        """`serve.forensics`: `{cuda_coredump: true|false}` (default false)."""
+        if value is None or not self.keys(path, value, FORENSICS_KEYS):
+            return ForensicsSpec()
+        coredump = value.get("cuda_coredump", False)
+        if not isinstance(coredump, bool):
+            self.problem((*path, "cuda_coredump"), f"must be true or false, got {_kind(coredump)}")
+            coredump = False
+        return ForensicsSpec(cuda_coredump=coredump)
 
     def revision(self, path: Path_, source: str, value: Any) -> str | None:
         """An `hf:` model names the commit it is served at: a branch or tag moves under the store and the

@@ -21,6 +21,7 @@ __all__ = [
     "Cell",
     "CellBase",
     "Expectation",
+    "ForensicsSpec",
     "Index",
     "Install",
     "LoadSpec",
@@ -180,6 +181,13 @@ class LoadSpec:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ForensicsSpec:
+    """`serve.forensics`: evidence taken when the engine stalls with the API alive (verify/forensics.py)."""
+
+    cuda_coredump: bool = False  # GPU cells only: run the server ready for a user-triggered CUDA core dump
+
+
+@dataclass(frozen=True, kw_only=True)
 class ServeSpec:
     model: ModelSource
     args: tuple[str, ...]
@@ -188,6 +196,7 @@ class ServeSpec:
     shm_size: str
     gpus: str | None  # docker --gpus value on GPU hosts; None on CPU cells
     load: LoadSpec = field(default_factory=LoadSpec)
+    forensics: ForensicsSpec = field(default_factory=ForensicsSpec)
 
 
 @dataclass(frozen=True, kw_only=True)

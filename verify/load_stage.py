@@ -9,6 +9,7 @@ run measured goes to `load.json` (the receipt's load section), `requests.jsonl` 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from pipeline.engine import Engine
 from pipeline.model import Arm, Cell, LoadSpec
 from verify.canary import CanaryAnswer
 from verify.correctness import ask_for_cell, judge_correctness
+from verify.forensics import LoadInstruments
 from verify.loadrun import LoadTarget, judge_load, run_load, summarise
 from verify.logscan import Facts, LogWatcher, catalog_for, judge, scan
 from verify.result import CheckResult, StageResult, Status
@@ -45,6 +47,10 @@ def load_target(server: ServerContainer, cell: Cell, arm: Arm | None) -> LoadTar
         server_alive=server_alive,
         last_log_lines=lambda: server.last_lines(30).splitlines(),
     )
+
+
+def _coredump(cell: Cell) -> bool:
+    return cell.serve is not None and cell.serve.forensics.cuda_coredump
 
 
 def run_load_stage(
@@ -81,6 +87,8 @@ def run_load_stage(
     artifacts: dict[str, str] = {"server_log": str(server.log_path)}
     outcome = None
     canaries: list[CanaryAnswer] = []
+    # GPU cost sampled beside the load; stall forensics taken before the server is removed.
+    instruments = LoadInstruments(engine=engine, run_dir=out_dir, gpu=cell.is_gpu, coredump=_coredump(cell))
     try:
         if shared is not None:
             checks.append(
@@ -104,16 +112,21 @@ def run_load_stage(
             )
         if on_ready is not None:
             on_ready(server)
-        target = load_target(server, cell, arm)
+        instruments.start(server.name)
+        target = dataclasses.replace(load_target(server, cell, arm), on_stall=instruments.on_stall(server.name, image))
         outcome = run_load(target, spec, stage_dir)
         canaries = ask_for_cell(target.base_url, outcome, spec)
     except ServerFailed as exc:
         evidence = {"last_log_lines": exc.last_lines}
         checks.append(CheckResult(name="readiness", status=Status.FAIL, message=exc.reason, evidence=evidence))
     finally:
+        instruments.stop()  # the GPU sampler ends with the load, on every path
         server.remove()
     if outcome is not None:
         summary = summarise(outcome, spec)
+        summary["cost"] = instruments.finish(
+            output_tokens=summary["tokens"]["output"] + outcome.determinism_tokens[1], seconds=outcome.seconds
+        )
         load_checks = judge_load(outcome, summary, batch_invariant=target.batch_invariant)
         correctness, summary["correctness"] = judge_correctness(
             cell, arm, spec, outcome, [*checks, *load_checks], canaries, source=image

@@ -54,6 +54,7 @@ class LoadTarget:
     server_alive: Callable[[], str | None] | None = None  # None while alive, else what happened to it
     last_log_lines: Callable[[], list[str]] = list
     prior: tuple[int, int] = (0, 0)  # (questions, clean) from earlier slices of a soak, for the progress line
+    on_stall: Callable[[float], dict[str, Any]] | None = None  # stall forensics (verify/forensics.py)
 
 
 @dataclass(kw_only=True)
@@ -154,6 +155,7 @@ async def _run(target: LoadTarget, spec: LoadSpec, out_dir: Path, *, soak: bool)
                 server_alive=target.server_alive,
                 last_log_lines=target.last_log_lines,
                 check_gpu=target.gpu,
+                on_stall=target.on_stall,
             )
 
             def on_chunk() -> None:

@@ -23,6 +23,7 @@ import pipeline
 from pipeline.host import HostFingerprint
 from pipeline.jsonfile import jsonable
 from pipeline.model import STAGES
+from verify.costreceipt import cost_and_forensics
 from verify.probe import ProbeReport
 from verify.result import Status, VerifyReport, worst
 
@@ -154,6 +155,7 @@ def build_receipt(
         "autotune": _autotune_winners(report),
         "server_starts": report.servers.get("started"),
         "servers": report.servers,
+        **cost_and_forensics(_load_summary(report), seconds=finished_at - started_at),
     }
 
 

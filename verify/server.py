@@ -27,6 +27,7 @@ from pipeline.errors import CheckFailed
 from pipeline.gc import owner_args
 from pipeline.model import Arm, Cell, ServeSpec
 from pipeline.modelstore import model_mounts
+from verify.forensics import COREDUMP_DIR, coredump_env
 from verify.logscan import LogWatcher
 
 __all__ = ["Readiness", "ServerContainer", "SharedServer", "free_port", "serve_argv"]
@@ -133,6 +134,10 @@ class ServerContainer:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         env = self.cell.serve_env(self.arm)
         env.update(self.extra_env)
+        scratch = self.scratch
+        if self.serve.forensics.cuda_coredump:  # ready for a user-triggered CUDA core dump (verify/forensics.py)
+            env.update(coredump_env())
+            scratch = (*scratch, COREDUMP_DIR)
         labels = [f"{RUN_LABEL}={self.run_id}", f"io.stackproof.cell={self.cell.id}", SERVER_ROLE_LABEL]
         argv = ["run", "--detach", "--name", self.name, "--network", "host", "--shm-size", self.serve.shm_size]
         argv += [arg for label in labels for arg in ("--label", label)]
@@ -143,7 +148,7 @@ class ServerContainer:
             argv += ["--env", f"{key}={value}"]
         for host, container in sorted(self.volumes.items()):
             argv += ["--volume", f"{host}:{container}"]
-        for container in self.scratch:
+        for container in scratch:
             argv += ["--volume", container]
         argv += model_mounts(self.serve).docker_args()  # hf: models: the store read-only, offline, HF_TOKEN by name
         command = serve_argv(self.serve, self.arm, self.port)

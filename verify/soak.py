@@ -18,6 +18,7 @@ from typing import Any
 
 from pipeline.engine import Engine
 from pipeline.model import Arm, Cell, LoadSpec
+from verify.forensics import LoadInstruments
 from verify.load_stage import load_target
 from verify.loadrun import run_load, summarise
 from verify.logscan import LogWatcher, load_catalog
@@ -112,9 +113,28 @@ def _one_slice(
             tally.faults += 1
             tally.questions += 1
             return
-        target = replace(load_target(server, cell, arm), prior=(tally.questions, tally.clean))
-        outcome = run_load(target, spec, out_dir, soak=True)
+        # GPU cost and stall forensics per slice, as in the load stage (verify/forensics.py).
+        instruments = LoadInstruments(
+            engine=engine,
+            run_dir=out_dir,
+            forensics_dir=out_dir / "forensics",
+            gpu=cell.is_gpu,
+            coredump=cell.serve is not None and cell.serve.forensics.cuda_coredump,
+        )
+        instruments.start(server.name)
+        target = replace(
+            load_target(server, cell, arm),
+            prior=(tally.questions, tally.clean),
+            on_stall=instruments.on_stall(server.name, image),
+        )
+        try:
+            outcome = run_load(target, spec, out_dir, soak=True)
+        finally:
+            instruments.stop()
     summary = summarise(outcome, spec)
+    summary["cost"] = instruments.finish(
+        output_tokens=summary["tokens"]["output"] + outcome.determinism_tokens[1], seconds=outcome.seconds
+    )
     (out_dir / "load.json").write_text(json.dumps(summary, indent=2) + "\n")
     q = summary["questions"]
     tally.questions += q["attempted"]

@@ -66,6 +66,7 @@ class Event:
     gpu: dict[str, Any]
     last_log_lines: list[str] = field(default_factory=list)
     kernel_xid: list[str] | str = field(default_factory=list)
+    forensics: dict[str, Any] | None = None  # ENGINE_STALL_API_ALIVE: stacks, GPU spin rule, core dump
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -150,6 +151,9 @@ class Watchdog:
     scrapes: list[Scrape] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     probe_requested: bool = False  # a request failed the way a dead server makes it fail
+    # Told of an engine stall with the API alive (blocking, given the progress age), before the run
+    # ends and the server is removed: its answer is the event's `forensics` (verify/forensics.py).
+    on_stall: Callable[[float], dict[str, Any]] | None = None
 
     @property
     def fatal(self) -> Event | None:
@@ -223,6 +227,9 @@ class Watchdog:
         at = self.clock()
         last = self.tracker.last
         gpu = await asyncio.to_thread(gpu_snapshot) if self.check_gpu else {"available": False, "reason": "CPU cell"}
+        forensics = None
+        if verdict is StallVerdict.ENGINE_STALL_API_ALIVE and self.on_stall is not None:
+            forensics = await asyncio.to_thread(self.on_stall, self.tracker.progress_age(at))
         event = Event(
             type=verdict,
             at=round(at, 3),
@@ -238,6 +245,7 @@ class Watchdog:
             gpu=gpu,
             last_log_lines=self.last_log_lines()[-30:],
             kernel_xid=await asyncio.to_thread(_kernel_xid, self.wall_started),
+            forensics=forensics,
         )
         self.events.append(event)
         if verdict in FATAL:

@@ -77,6 +77,12 @@ def test_sigstop_engine_core_is_an_engine_stall_with_the_api_alive(
     # Evidence: engine steps and tokens at the stall, the gauges, the server's last log lines.
     assert event["engine_steps"] > 0 and event["cum_tokens"] > 0 and event["in_flight"] > 0
     assert event["last_log_lines"] and event["gpu"]["available"] is False
+    # Stall forensics ran before the removal: a stopped EngineCore is reported, not attached to (the
+    # counterpart of tests/integration/test_stall_forensics.py, where a running one is dumped).
+    spied = {p["cmdline"].split()[0]: p for p in event["forensics"]["py_spy"]["processes"]}
+    assert spied["VLLM::EngineCore"]["state"] == "T" and "stopped by a signal" in spied["VLLM::EngineCore"]["error"]
+    frames = [f for stack in event["forensics"]["py_spy"]["frames"].values() for f in stack]
+    assert not any("_stackproof_test_stall" in f for f in frames)
     summary = json.loads(Path(result.artifacts["summary"]).read_text())
     assert summary["events"][0]["type"] == "ENGINE_STALL_API_ALIVE"
     assert summary["questions"]["faulted"] > 0  # the questions in flight at the stall
