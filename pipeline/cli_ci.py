@@ -46,7 +46,9 @@ def _ci_matrix(args: argparse.Namespace) -> int:
     if args.changed_since is not None:
         reasons = {c.cell: c.reasons for c in changes_since(matrix, images, args.changed_since)}
         ids = [i for i in ids if i in reasons]
-    entries = include_entries(matrix, ids)
+    from pipeline.site import load_site
+
+    entries = include_entries(matrix, ids, load_site(matrix).runner_labels)  # STACKPROOF_RUNNER_LABELS
 
     if args.json:
         for entry in entries:

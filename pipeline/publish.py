@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import attest
-from pipeline.engine import CONTAINERD_STORE, Engine
+from pipeline.engine import CONTAINERD_STORE, Engine, ImageInfo
 from pipeline.errors import CheckFailed, InfraError, InputError
 from pipeline.host import HostFingerprint, differences, host_fingerprint
 from pipeline.registry import (
@@ -43,13 +43,13 @@ from pipeline.registry import (
     Credentials,
     Manifest,
     RegistryClient,
-    platform_manifest,
     sha256_digest,
-    split_registry,
 )
+from pipeline.reglayout import REPOSITORY, content_ref, docker_login, repository, resolve_platform
 from verify.receipt import receipt_problems
 
 __all__ = [
+    "REPOSITORY",
     "PublishResult",
     "PullResult",
     "find_receipt",
@@ -60,7 +60,6 @@ __all__ = [
     "referrers_tag",
 ]
 
-REPOSITORY = "stackproof"
 RECEIPT_MEDIA_TYPE = "application/vnd.stackproof.receipt.v1+json"
 EMPTY_CONFIG = ("application/vnd.oci.empty.v1+json", b"{}")
 # A test hook: `STACKPROOF_TEST_HANG_AT=before-tag` makes publish stop there until killed, so the
@@ -79,9 +78,10 @@ def legacy_receipt_tag(digest: str) -> str:
     return referrers_tag(digest) + ".receipt"
 
 
-def _repo(registry: str) -> tuple[str, str]:
-    host, namespace = split_registry(registry)
-    return host, f"{namespace}/{REPOSITORY}" if namespace else REPOSITORY
+# The registry layout's names live in pipeline.reglayout (build pulls and pushes by them too).
+_repo = repository
+_docker_login = docker_login
+_resolve = resolve_platform
 
 
 def find_receipt(out_root: Path, cell_id: str, image_id: str) -> Path | None:
@@ -206,12 +206,18 @@ def publish(
     host, repo = _repo(registry)
     with RegistryClient(host, credentials=credentials, ca_bundle=ca_bundle) as client:
         client.check()
-        candidate = f"{host}/{repo}:{cell_id}-{content_tag.rsplit(':', 1)[-1]}"
-        engine.tag(image, candidate)
-        try:
-            pushed = engine.push(candidate, login=_docker_login(credentials))
-        finally:
-            engine.remove_image(candidate)
+        candidate = content_ref(registry, cell_id, content_tag)
+        pushed = _already_pushed(client, repo, info, f"{host}/{repo}")
+        if pushed is not None:
+            # A fleet's GPU runner verified the image it pulled by digest from the build runner's
+            # push: publish that very manifest (a second push could write another manifest).
+            print(f"{cell_id}: {host}/{repo}@{pushed} is already in the registry: not pushed again", file=sys.stderr)
+        else:
+            engine.tag(image, candidate)
+            try:
+                pushed = engine.push(candidate, login=_docker_login(credentials))
+            finally:
+                engine.remove_image(candidate)
         top, manifest = _resolve(client, repo, pushed, platform, where=candidate)
         config = str(manifest.config_digest)
         local = pushed if store == CONTAINERD_STORE else config
@@ -253,6 +259,16 @@ def publish(
     )
 
 
+def _already_pushed(client: RegistryClient, repo: str, info: ImageInfo, name: str) -> str | None:
+    """The digest of a manifest in `name` this local image was pulled from (its RepoDigests), when
+    the registry still has it; None otherwise."""
+    for entry in info.repo_digests:
+        where, _, digest = entry.rpartition("@")
+        if where == name and digest.startswith("sha256:") and client.manifest(repo, digest) is not None:
+            return digest
+    return None
+
+
 def _read_json(path: Path, what: str) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text())
@@ -263,35 +279,6 @@ def _read_json(path: Path, what: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise InputError(f"{path}: {what} is not a JSON object")
     return data
-
-
-def _docker_login(credentials: Credentials | None) -> Credentials | None:
-    """Credentials docker does not already have from its own config: handed to its CLI privately."""
-    if credentials is None or credentials.source.startswith("docker") or "auths" in credentials.source:
-        return None
-    return credentials
-
-
-def _resolve(
-    client: RegistryClient, repo: str, reference: str, platform: str, *, where: str
-) -> tuple[Manifest, Manifest]:
-    """(what `reference` names, the image manifest for `platform`): the same for a single-platform image."""
-    top = client.manifest(repo, reference)
-    if top is None:
-        raise CheckFailed(f"{where}: {client.host}/{repo} has no manifest {reference}")
-    if not top.is_index:
-        return top, top
-    descriptor = platform_manifest(top.json, platform)
-    if descriptor is None:
-        platforms = sorted(
-            f"{(d.get('platform') or {}).get('os')}/{(d.get('platform') or {}).get('architecture')}"
-            for d in top.json.get("manifests") or []
-        )
-        raise CheckFailed(f"{where}: the image index {top.digest} has no {platform} image (it has {platforms})")
-    manifest = client.manifest(repo, descriptor["digest"])
-    if manifest is None or manifest.is_index:
-        raise CheckFailed(f"{where}: the index's {platform} entry {descriptor['digest']} is not an image manifest")
-    return top, manifest
 
 
 def _attach_receipt(

@@ -134,6 +134,7 @@ def test_include_list_has_every_cell_of_the_real_matrix_with_its_runner_labels(r
         "arch": "none",
         "platform": "linux/amd64",
         "runs-on": ["self-hosted", "linux", "x64", "docker"],
+        "build-runs-on": ["self-hosted", "linux", "x64", "docker"],
         "gpu": False,
         "expect": None,
     }
@@ -142,6 +143,7 @@ def test_include_list_has_every_cell_of_the_real_matrix_with_its_runner_labels(r
         "arch": "sm121",
         "platform": "linux/arm64",
         "runs-on": ["self-hosted", "linux", "arm64", "gpu", "sm121"],
+        "build-runs-on": ["self-hosted", "linux", "arm64", "docker"],  # built natively, on a CPU runner
         "gpu": True,
         "expect": None,
     }
