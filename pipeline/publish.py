@@ -181,6 +181,7 @@ def publish(
     credentials: Credentials | None = None,
     sign_key: Path | None = None,
     ca_bundle: str | None = None,
+    sigstore_bundle: Path | None = None,
 ) -> PublishResult:
     own = engine.image(content_tag)
     info = engine.image(image)
@@ -202,6 +203,7 @@ def publish(
     if problems:
         raise InputError(f"{receipt_path}: refusing to publish it: " + "; ".join(problems))
     key = attest.load_private_key(sign_key, password=os.environ.get(attest.PASSWORD_ENV)) if sign_key else None
+    bundle = _read_bytes(sigstore_bundle, "--sigstore-bundle") if sigstore_bundle else None
     store = engine.image_store()
     host, repo = _repo(registry)
     with RegistryClient(host, credentials=credentials, ca_bundle=ca_bundle) as client:
@@ -228,7 +230,11 @@ def publish(
         envelope = (
             attest.sign_receipt(key, name=f"{host}/{repo}", digest=manifest.digest, receipt=receipt) if key else None
         )
-        artifact, how = _attach_receipt(client, repo, manifest, receipt, envelope)
+        if bundle is not None:
+            problems = attest.bundle_statement_problems(bundle, digest=manifest.digest, receipt=receipt)
+            if problems:
+                raise InputError(f"--sigstore-bundle {sigstore_bundle}: refusing to attach it: " + "; ".join(problems))
+        artifact, how = _attach_receipt(client, repo, manifest, receipt, envelope, bundle)
         print(
             f"{cell_id}: receipt ({receipt['status']}) of {repo}@{manifest.digest} is {artifact} ({how})",
             file=sys.stderr,
@@ -254,7 +260,7 @@ def publish(
         receipt_status=str(receipt["status"]),
         receipt_digest=artifact,
         referrers=how,
-        signed=envelope is not None,
+        signed=envelope is not None or bundle is not None,
         moved_tags=moved,
     )
 
@@ -267,6 +273,13 @@ def _already_pushed(client: RegistryClient, repo: str, info: ImageInfo, name: st
         if where == name and digest.startswith("sha256:") and client.manifest(repo, digest) is not None:
             return digest
     return None
+
+
+def _read_bytes(path: Path, what: str) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"{what} {path}: cannot read it ({exc.strerror})") from exc
 
 
 def _read_json(path: Path, what: str) -> dict[str, Any]:
@@ -282,7 +295,12 @@ def _read_json(path: Path, what: str) -> dict[str, Any]:
 
 
 def _attach_receipt(
-    client: RegistryClient, repo: str, subject: Manifest, receipt: dict[str, Any], envelope: bytes | None
+    client: RegistryClient,
+    repo: str,
+    subject: Manifest,
+    receipt: dict[str, Any],
+    envelope: bytes | None,
+    bundle: bytes | None = None,
 ) -> tuple[str, str]:
     """Push the receipt artifact by digest; list it under the subject (referrers API or tag schema)."""
     body = json.dumps(receipt, indent=2, default=str).encode()
@@ -304,13 +322,22 @@ def _attach_receipt(
                 "annotations": {"org.opencontainers.image.title": "receipt.intoto.dsse.json"},
             }
         )
+    if bundle is not None:  # the keyless attestation of the same statement (verify.yml's attest step)
+        layers.append(
+            {
+                "mediaType": attest.SIGSTORE_BUNDLE_MEDIA_TYPE,
+                "digest": client.put_blob(repo, bundle),
+                "size": len(bundle),
+                "annotations": {"org.opencontainers.image.title": "receipt.sigstore.json"},
+            }
+        )
     annotations = {
         "io.stackproof.status": str(receipt["status"]),
         "io.stackproof.cell": str(receipt["cell"]),
         "io.stackproof.host-key": str((receipt.get("host") or {}).get("key", "")),
         "io.stackproof.host": str((receipt.get("host") or {}).get("summary", "")),
         "io.stackproof.config-digest": str(subject.config_digest),
-        "io.stackproof.signed": "true" if envelope is not None else "false",
+        "io.stackproof.signed": "true" if envelope is not None or bundle is not None else "false",
         "org.opencontainers.image.created": str(receipt.get("finished_at", "")),
     }
     artifact = {
@@ -409,15 +436,30 @@ def fetch_verified(
     here_key: str | None,
     public_key: Any = None,
     require_signature: bool = False,
+    identity: attest.Identity | None = None,
+    trusted_root: Path | None = None,
 ) -> Chosen:
-    """The receipt-checked manifest behind CELL-verified, or CheckFailed saying why not."""
+    """The receipt-checked manifest behind CELL-verified, or CheckFailed saying why not.
+
+    `identity` (keyless): the receipt must carry a sigstore bundle signed by that identity
+    (verified against `trusted_root`, else the public-good root); `public_key`: a key-signed envelope."""
     where = f"{client.host}/{repo}"
     top = client.manifest(repo, f"{cell_id}-verified")
     if top is None:
         raise CheckFailed(f"{where}:{cell_id}-verified does not exist: no verified image of {cell_id} was published")
     top, manifest = _resolve(client, repo, top.digest, platform, where=f"{where}:{cell_id}-verified")
     found = [
-        _judge(client, repo, artifact, manifest, cell_id, public_key, require_signature, top.digest)
+        _judge(
+            client,
+            repo,
+            artifact,
+            manifest,
+            cell_id,
+            public_key,
+            require_signature,
+            top.digest,
+            keyless=(identity, trusted_root) if identity is not None else None,
+        )
         for artifact in _receipt_artifacts(client, repo, manifest.digest)
     ]
     if not found:
@@ -435,6 +477,8 @@ def fetch_verified(
     chosen = good[-1]
     if chosen.envelope is None:
         signature = "unsigned"
+    elif identity is not None:
+        signature = f"verified keyless ({identity})"
     elif public_key is None:
         signature = "signed, not checked (no --key)"
     else:
@@ -464,13 +508,18 @@ def _judge(
     public_key: Any,
     require_signature: bool,
     index_digest: str,
+    *,
+    keyless: tuple[attest.Identity, Path | None] | None = None,
 ) -> Candidate:
+    """One receipt artifact read and judged; `envelope` is the signature material checked: the DSSE
+    envelope (a key), or the sigstore bundle (`keyless`: identity and trusted root)."""
     artifact = client.manifest(repo, artifact_digest, accept=(OCI_MANIFEST,))
     if artifact is None:
         return Candidate(artifact=artifact_digest, receipt={}, envelope=None, subject=None, problem="listed but gone")
     layers = artifact.json.get("layers") or []
     receipt_layer = next((la for la in layers if la.get("mediaType") == RECEIPT_MEDIA_TYPE), None)
-    envelope_layer = next((la for la in layers if la.get("mediaType") == attest.ENVELOPE_MEDIA_TYPE), None)
+    signature_type = attest.SIGSTORE_BUNDLE_MEDIA_TYPE if keyless else attest.ENVELOPE_MEDIA_TYPE
+    envelope_layer = next((la for la in layers if la.get("mediaType") == signature_type), None)
     subject = (artifact.json.get("subject") or {}).get("digest")
     if receipt_layer is None:
         return Candidate(
@@ -484,9 +533,15 @@ def _judge(
     problem = _receipt_problem(receipt, manifest, subject, cell_id, index_digest)
     if problem is None and require_signature:
         if envelope is None:
-            problem = "it is not signed (--require-signature)"
+            problem = "it is not signed (--require-signature)" + (" keyless (no sigstore bundle)" if keyless else "")
         else:
-            verdict = attest.verify_envelope(envelope, public_key, digest=manifest.digest)
+            verdict = (
+                attest.verify_sigstore_bundle(
+                    envelope, identity=keyless[0], digest=manifest.digest, trusted_root=keyless[1]
+                )
+                if keyless
+                else attest.verify_envelope(envelope, public_key, digest=manifest.digest)
+            )
             if not verdict.ok:
                 problem = f"signature: {verdict.reason}"
             elif verdict.receipt != receipt:
@@ -530,9 +585,14 @@ def pull(
     key: Path | None = None,
     ca_bundle: str | None = None,
     here: HostFingerprint | None = None,
+    identity: attest.Identity | None = None,
+    trusted_root: Path | None = None,
 ) -> PullResult:
-    if require_signature and key is None:
-        raise InputError("--require-signature needs --key PUBLIC.pem (the publisher's ECDSA P-256 public key)")
+    if require_signature and key is None and identity is None:
+        raise InputError(
+            "--require-signature needs --key PUBLIC.pem (the publisher's ECDSA P-256 public key) "
+            "or --identity ISSUER/SUBJECT (keyless)"
+        )
     public_key = attest.load_public_key(key) if key is not None else None
     here = here or host_fingerprint(engine.cli.path)
     platform = platform or engine.platform()
@@ -547,6 +607,8 @@ def pull(
             here_key=here.key,
             public_key=public_key,
             require_signature=require_signature,
+            identity=identity,
+            trusted_root=trusted_root,
         )
     receipt = chosen.candidate.receipt
     verified = HostFingerprint.parse(receipt.get("host") or {})
