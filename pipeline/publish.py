@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import sys
 import time
 from dataclasses import dataclass
@@ -65,6 +66,8 @@ EMPTY_CONFIG = ("application/vnd.oci.empty.v1+json", b"{}")
 # A test hook: `STACKPROOF_TEST_HANG_AT=before-tag` makes publish stop there until killed, so the
 # interrupted-publish test can kill it at exactly that point.
 HANG_ENV = "STACKPROOF_TEST_HANG_AT"
+_INDEX_ATTEMPTS = 5
+_INDEX_SETTLE_S = 0.3
 
 
 def referrers_tag(digest: str) -> str:
@@ -362,11 +365,34 @@ def _attach_receipt(
         "annotations": annotations,
     }
     tag = referrers_tag(subject.digest)
-    existing = client.manifest(repo, tag, accept=(OCI_INDEX,))
-    listed = [d for d in (existing.json.get("manifests") or []) if d.get("digest") != digest] if existing else []
-    index = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": [*listed, descriptor]}
-    client.put_manifest(repo, tag, json.dumps(index, indent=2).encode(), OCI_INDEX)
-    return digest, f"tag-schema {tag} ({len(listed) + 1} receipt(s))"
+    return digest, f"tag-schema {tag} ({_list_in_index(client, repo, tag, descriptor)} receipt(s))"
+
+
+def _list_in_index(client: RegistryClient, repo: str, tag: str, descriptor: dict[str, Any]) -> int:
+    """Add `descriptor` to the tag schema's index `tag`, keeping every receipt listed there; the count.
+
+    A registry has no compare-and-swap on a tag, so two publishes at once (one per GPU host) could
+    each read the index, and the later PUT drop the earlier one's receipt. So after writing, wait a
+    moment, read it back, and when this receipt (or one seen before) is missing, merge and write
+    again. This closes the race of writers that overlap within the settle time, not every race."""
+    known: dict[str, dict[str, Any]] = {}
+    for attempt in range(_INDEX_ATTEMPTS):
+        existing = client.manifest(repo, tag, accept=(OCI_INDEX,))
+        for entry in existing.json.get("manifests") or [] if existing is not None and existing.is_index else []:
+            known.setdefault(str(entry.get("digest")), entry)
+        known.pop(str(descriptor["digest"]), None)
+        wanted = [*known.values(), descriptor]
+        index = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": wanted}
+        client.put_manifest(repo, tag, json.dumps(index, indent=2).encode(), OCI_INDEX)
+        time.sleep(_INDEX_SETTLE_S * (1 + random.random()))  # a concurrent writer's PUT lands meanwhile
+        after = client.manifest(repo, tag, accept=(OCI_INDEX,))
+        listed = {str(d.get("digest")) for d in (after.json.get("manifests") or [])} if after is not None else set()
+        if all(str(d["digest"]) in listed for d in wanted):
+            return len(listed)
+        print(
+            f"note: {tag} was rewritten by another publish meanwhile: merging (attempt {attempt + 2})", file=sys.stderr
+        )
+    raise InfraError(f"{client.host}/{repo}:{tag}: other publishes kept rewriting the index; publish again")
 
 
 def _checkpoint(name: str) -> None:
