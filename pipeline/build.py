@@ -1,4 +1,5 @@
-"""Build a cell's image: bases first, skip when the content tag exists, stream the log, record it.
+"""Build a cell's image: skip when the content tag exists here, pull it when the site's registry has
+it (pipeline.fleet), else build its bases and then it, stream the log, record it, and push it when asked.
 
 The build context is assembled in a temporary directory from the plan; the per-index pip options
 (mirror URLs may carry credentials) and the CA bundle are written to a separate private directory
@@ -7,6 +8,7 @@ and passed as BuildKit secrets, so they never enter the context, a layer or the 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -21,11 +23,13 @@ from typing import TextIO
 from pipeline.bootstrap import ensure_base
 from pipeline.cache import cache_dir, locked
 from pipeline.engine import Engine
-from pipeline.errors import InfraError
+from pipeline.errors import InfraError, InputError
+from pipeline.fleet import cache_ref, fetch_built, push_built, registry_credentials
 from pipeline.gc import job_labels
 from pipeline.model import BootstrapBase, Cell, CellBase, Matrix, RegistryBase
 from pipeline.plan import BuildPlan, plan_cell
 from pipeline.redact import redact
+from pipeline.registry import Credentials
 from pipeline.site import Mirror, SiteSettings
 
 __all__ = ["BuildResult", "build_cell", "index_options", "write_context"]
@@ -45,6 +49,8 @@ class BuildResult:
     base_resolved: str | None  # what a tag-only registry base resolved to, read from the build log
     matrix_digest: str
     log: str | None
+    source: str = "built"  # "built", "local" (the content tag was here) or "registry" (pulled by digest)
+    registry_ref: str | None = None  # HOST/REPO@sha256:... pulled from or pushed to
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
@@ -60,40 +66,100 @@ def build_cell(
     out_dir: Path,
     no_cache: bool = False,
     force: bool = False,
+    push: bool = False,
+    pull_only: bool = False,
 ) -> BuildResult:
-    """Build `cell` (and whatever it stands on) unless its content tag already exists."""
+    """Build `cell` (and whatever it stands on) unless its content tag is here or in the site's registry.
+
+    `force` (or `no_cache`) builds even then; `push` pushes the result to the site's registry under
+    its content tag; `pull_only` never builds (a GPU runner of a fleet): InfraError when neither
+    this daemon nor the registry has the image."""
     for note in cell.notes:
         print(f"note: {cell.id}: {note}", file=sys.stderr)
+    plan = plan_cell(matrix, cell, site, images_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    credentials = registry_credentials(site.registry) if site.registry and (push or not force) else None
+    result = None if force or no_cache else _reuse(engine, plan, site, credentials)
+    if result is None:
+        if pull_only:
+            where = f"nor in {site.registry}" if site.registry else "and no registry is set (STACKPROOF_REGISTRY)"
+            raise InfraError(
+                f"{cell.id}: {plan.tag} is neither on this daemon {where}, and this runner does not build "
+                f"(--pull-only): run `stackproof build {cell.id} --push` on a build runner first"
+            )
+        if site.registry and not force:
+            print(f"{cell.id}: {plan.tag} is not in {site.registry}: building it here", file=sys.stderr)
+        _ensure_bases(engine, matrix, cell, site, images_dir, out_dir)
+        result = _build(engine, matrix, plan, site, out_dir=out_dir, no_cache=no_cache)
+    if push:
+        if not site.registry:
+            raise InputError("--push: set STACKPROOF_REGISTRY=HOST[:PORT][/NAMESPACE] (the fleet's registry)")
+        pushed = push_built(
+            engine, registry=site.registry, cell_id=cell.id, content_tag=plan.tag, credentials=credentials
+        )
+        result = dataclasses.replace(result, registry_ref=pushed)
+    (out_dir / "build.json").write_text(json.dumps(result.to_json(), indent=2) + "\n")
+    return result
+
+
+def _ensure_bases(
+    engine: Engine, matrix: Matrix, cell: Cell, site: SiteSettings, images_dir: Path, out_dir: Path
+) -> None:
+    """What the cell's build stands on: its parent cell (reused, pulled or built) or its bootstrap base."""
     base = cell.base
     if isinstance(base, CellBase):
         parent = matrix.cell(base.cell)
         build_cell(engine, matrix, parent, site, images_dir, out_dir=out_dir.parent / parent.id)
     elif isinstance(base, BootstrapBase):
         ensure_base(engine, base, site, images_dir)
-    plan = plan_cell(matrix, cell, site, images_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+
+
+def _reuse(engine: Engine, plan: BuildPlan, site: SiteSettings, credentials: Credentials | None) -> BuildResult | None:
+    """The cell's image without a build: its content tag on this daemon, else pulled from the site's
+    registry by digest; None when neither has it."""
+    cell = plan.cell
     existing = engine.image(plan.tag)
-    if existing is not None and not (force or no_cache):
+    source, reference = "local", None
+    if existing is not None:
         print(f"{cell.id}: {plan.tag} exists, build skipped", file=sys.stderr)
-        result = BuildResult(
-            cell=cell.id,
-            tag=plan.tag,
-            image_id=existing.id,
-            skipped=True,
-            seconds=0.0,
-            base_ref=plan.base_ref,
-            base_resolved=None,
-            matrix_digest=existing.labels.get(MATRIX_DIGEST_LABEL, ""),
-            log=None,
+    elif site.registry:
+        fetched = fetch_built(
+            engine,
+            registry=site.registry,
+            cell_id=cell.id,
+            content_tag=plan.tag,
+            platform=cell.platform,
+            credentials=credentials,
+            ca_bundle=str(site.ca_bundle) if site.ca_bundle else None,
         )
+        if fetched is None:
+            return None
+        existing, source, reference = fetched.image, "registry", fetched.reference
     else:
-        result = _build(engine, matrix, plan, site, out_dir=out_dir, no_cache=no_cache)
-    (out_dir / "build.json").write_text(json.dumps(result.to_json(), indent=2) + "\n")
-    return result
+        return None
+    return BuildResult(
+        cell=cell.id,
+        tag=plan.tag,
+        image_id=existing.id,
+        skipped=True,
+        seconds=0.0,
+        base_ref=plan.base_ref,
+        base_resolved=None,
+        matrix_digest=existing.labels.get(MATRIX_DIGEST_LABEL, ""),
+        log=None,
+        source=source,
+        registry_ref=reference,
+    )
 
 
 def _build(
-    engine: Engine, matrix: Matrix, plan: BuildPlan, site: SiteSettings, *, out_dir: Path, no_cache: bool
+    engine: Engine,
+    matrix: Matrix,
+    plan: BuildPlan,
+    site: SiteSettings,
+    *,
+    out_dir: Path,
+    no_cache: bool,
 ) -> BuildResult:
     cell = plan.cell
     log_path = _build_log(out_dir)
@@ -133,6 +199,7 @@ def _build(
             labels={MATRIX_DIGEST_LABEL: matrix.digest, **job_labels()},
             on_line=on_line,
             no_cache=no_cache,
+            cache_ref=_cache_ref(engine, site, cell.id),
         )
     image = engine.image(plan.tag)
     if image is None:
@@ -156,6 +223,21 @@ def _build(
         matrix_digest=matrix.digest,
         log=str(log_path),
     )
+
+
+def _cache_ref(engine: Engine, site: SiteSettings, cell_id: str) -> str | None:
+    """The registry reference of the cell's buildx layer cache, when the site has a registry and the
+    CLI can export cache to it (said on stderr either way). BuildKit reaches the registry with
+    docker's own login (`docker login`)."""
+    if not site.registry or not site.build_cache:
+        return None
+    supported, why = engine.registry_cache_supported()
+    if not supported:
+        print(f"{cell_id}: no registry layer cache: {why}", file=sys.stderr)
+        return None
+    ref = cache_ref(site.registry, cell_id)
+    print(f"{cell_id}: layer cache {ref} ({why})", file=sys.stderr)
+    return ref
 
 
 def _build_log(out_dir: Path) -> Path:

@@ -7,7 +7,9 @@
 - `cell`: the cell id
 - `arch`: GPU arch (`none`, `sm90`, `sm120`, ...)
 - `platform`: `linux/amd64` or `linux/arm64`
-- `runs-on`: the cell's `runner` labels, a list (`runs-on: ${{ matrix.runs-on }}`)
+- `runs-on`: the cell's `runner` labels, a list (`runs-on: ${{ matrix.runs-on }}`), mapped onto
+  this site's labels when `STACKPROOF_RUNNER_LABELS` names a file (`pipeline.runners`)
+- `build-runs-on`: the CPU runner that builds and pushes the cell's image, so GPU runners never build
 - `gpu`: true when `arch` is not `none`
 - `expect`: the stage a known-bad cell must fail at (`expect.stage`), or null
 
@@ -27,6 +29,7 @@ from typing import Any
 
 from pipeline.errors import InputError
 from pipeline.model import Cell, CellBase, Matrix
+from pipeline.runners import RunnerLabels
 
 __all__ = [
     "ENTRY_KEYS",
@@ -40,7 +43,7 @@ __all__ = [
     "include_entries",
 ]
 
-ENTRY_KEYS = ("cell", "arch", "platform", "runs-on", "gpu", "expect")
+ENTRY_KEYS = ("cell", "arch", "platform", "runs-on", "build-runs-on", "gpu", "expect")
 MAX_JOBS = 256  # GitHub Actions refuses a matrix that expands to more jobs than this
 TEMPLATES = ("cell.Dockerfile.j2", "pip-install.sh")  # images/ files every cell's Dockerfile is rendered from
 
@@ -53,6 +56,7 @@ class MatrixEntry:
     arch: str
     platform: str
     runs_on: tuple[str, ...]
+    build_runs_on: tuple[str, ...]
     gpu: bool
     expect: str | None
 
@@ -62,6 +66,7 @@ class MatrixEntry:
             "arch": self.arch,
             "platform": self.platform,
             "runs-on": list(self.runs_on),
+            "build-runs-on": list(self.build_runs_on),
             "gpu": self.gpu,
             "expect": self.expect,
         }
@@ -75,13 +80,17 @@ class Change:
     reasons: tuple[str, ...]
 
 
-def include_entries(matrix: Matrix, cells: Iterable[str] | None = None) -> tuple[MatrixEntry, ...]:
-    """The entries for `cells` (ids, matrix order kept; None = every cell).
+def include_entries(
+    matrix: Matrix, cells: Iterable[str] | None = None, labels: RunnerLabels | None = None
+) -> tuple[MatrixEntry, ...]:
+    """The entries for `cells` (ids, matrix order kept; None = every cell), with `labels` (this
+    site's label mapping) applied to `runs-on`.
 
     An unknown id, a cell without runner labels, or more jobs than GitHub runs in one matrix is
     bad input: the workflow would fail later and less clearly.
     """
     wanted = None if cells is None else {matrix.cell(c).id for c in cells}  # matrix.cell: did-you-mean
+    labels = labels or RunnerLabels()
     entries = []
     for cell in matrix.cells:
         if wanted is not None and cell.id not in wanted:
@@ -96,7 +105,8 @@ def include_entries(matrix: Matrix, cells: Iterable[str] | None = None) -> tuple
                 cell=cell.id,
                 arch=cell.arch,
                 platform=cell.platform,
-                runs_on=cell.runner,
+                runs_on=labels.for_cell(cell),
+                build_runs_on=labels.build_for(cell.platform),
                 gpu=cell.is_gpu,
                 expect=cell.expect.stage if cell.expect else None,
             )

@@ -152,12 +152,20 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=_lock)
 
     p = commands.add_parser(
-        "build", parents=[common], help="build a cell's image (skipped when its content tag exists)"
+        "build",
+        parents=[common],
+        help="build a cell's image (skipped when its content tag exists; pulled when STACKPROOF_REGISTRY has it)",
     )
     p.add_argument("cell")
     p.add_argument("--out", type=Path, default=Path("stackproof-out"))
     p.add_argument("--no-cache", action="store_true", help="rebuild every step")
-    p.add_argument("--force", action="store_true", help="build even when the content tag exists")
+    p.add_argument(
+        "--force", action="store_true", help="build even when the content tag exists here or in the registry"
+    )
+    p.add_argument("--push", action="store_true", help="push the image to STACKPROOF_REGISTRY under its content tag")
+    p.add_argument(
+        "--pull-only", action="store_true", help="never build: take the image from STACKPROOF_REGISTRY or fail (exit 3)"
+    )
     p.add_argument("--no-preflight", action="store_true", help=NO_PREFLIGHT_HELP)
     p.set_defaults(handler=_build)
 
@@ -416,9 +424,19 @@ def _build(args: argparse.Namespace) -> int:
     site = load_site(matrix)
     engine = _engine(args, matrix, cell, images, site)
     result = build_cell(
-        engine, matrix, cell, site, images, out_dir=args.out / cell.id, no_cache=args.no_cache, force=args.force
+        engine,
+        matrix,
+        cell,
+        site,
+        images,
+        out_dir=args.out / cell.id,
+        no_cache=args.no_cache,
+        force=args.force,
+        push=args.push,
+        pull_only=args.pull_only,
     )
-    _emit(args, result.to_json(), f"{result.tag} {result.image_id}" + (" (existing)" if result.skipped else ""))
+    how = {"local": " (existing)", "registry": f" (pulled {result.registry_ref})"}.get(result.source, "")
+    _emit(args, result.to_json(), f"{result.tag} {result.image_id}{how}")
     return 0
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -46,7 +47,11 @@ def _ci_matrix(args: argparse.Namespace) -> int:
     if args.changed_since is not None:
         reasons = {c.cell: c.reasons for c in changes_since(matrix, images, args.changed_since)}
         ids = [i for i in ids if i in reasons]
-    entries = include_entries(matrix, ids)
+    from pipeline.runners import load_runner_labels
+
+    # Only the label mapping of the site settings: the plan job has no mirrors or CA bundle to check.
+    labels_file = os.environ.get("STACKPROOF_RUNNER_LABELS")
+    entries = include_entries(matrix, ids, load_runner_labels(Path(labels_file), matrix) if labels_file else None)
 
     if args.json:
         for entry in entries:

@@ -34,6 +34,12 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
         help="sign the receipt (in-toto statement, DSSE) with this ECDSA P-256 PEM key; an encrypted key "
         "takes its password from STACKPROOF_SIGN_KEY_PASSWORD",
     )
+    p.add_argument(
+        "--sigstore-bundle",
+        type=Path,
+        default=None,
+        help="attach this keyless attestation of the receipt (the sigstore bundle verify.yml's attest step wrote)",
+    )
     _add_login(p)
     p.set_defaults(handler=_publish)
 
@@ -45,8 +51,22 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--require-same-gpu", action="store_true", help="refuse when the receipt's GPUs, driver or arch differ"
     )
-    p.add_argument("--require-signature", action="store_true", help="refuse a receipt that is not signed by --key")
+    p.add_argument(
+        "--require-signature", action="store_true", help="refuse a receipt that is not signed by --key or --identity"
+    )
     p.add_argument("--key", type=Path, default=None, help="the publisher's ECDSA P-256 public key (PEM)")
+    p.add_argument(
+        "--identity",
+        default=None,
+        help="keyless: ISSUER/SUBJECT that must have signed, e.g. https://token.actions.githubusercontent.com/"
+        "https://github.com/ORG/REPO/.github/workflows/verify.yml@refs/heads/main",
+    )
+    p.add_argument(
+        "--trusted-root",
+        type=Path,
+        default=None,
+        help="keyless: verify offline against this sigstore trusted_root.json (default: the public-good root, via TUF)",
+    )
     p.add_argument(
         "--platform", default=None, help="os/arch of the image to pull (default: the cell's, else the daemon's)"
     )
@@ -118,6 +138,7 @@ def _publish(args: argparse.Namespace) -> int:
         credentials=credentials,
         sign_key=args.sign_key,
         ca_bundle=str(site.ca_bundle) if site.ca_bundle else None,
+        sigstore_bundle=args.sigstore_bundle,
     )
     moved = ", ".join(result.moved_tags) or "no tag moved"
     _emit(args, result.to_json(), f"{result.reference} receipt {result.receipt_status}: {moved}")
@@ -125,13 +146,20 @@ def _publish(args: argparse.Namespace) -> int:
 
 
 def _pull(args: argparse.Namespace) -> int:
+    from pipeline.attest import parse_identity
     from pipeline.cliutil import emit as _emit
     from pipeline.engine import Engine
     from pipeline.publish import pull
 
     credentials = _credentials(args, args.registry)
-    if args.require_signature and args.key is None:
-        raise InputError("--require-signature needs --key PUBLIC.pem (the publisher's ECDSA P-256 public key)")
+    identity = parse_identity(args.identity) if args.identity else None
+    if args.require_signature and args.key is None and identity is None:
+        raise InputError(
+            "--require-signature needs --key PUBLIC.pem (the publisher's ECDSA P-256 public key) "
+            "or --identity ISSUER/SUBJECT (keyless, verify.yml's attestation)"
+        )
+    if args.key is not None and identity is not None:
+        raise InputError("--key and --identity: give one (a key-signed or a keyless receipt)")
     found = _cell_of(args)
     if found is not None and found[1].is_gpu and not args.no_preflight:
         from pipeline.preflight import preflight_job
@@ -148,6 +176,8 @@ def _pull(args: argparse.Namespace) -> int:
         credentials=credentials,
         require_signature=args.require_signature,
         key=args.key,
+        identity=identity,
+        trusted_root=args.trusted_root,
     )
     text = f"{result.local_tag} = {result.reference} (verified on {result.verified_on}; receipt {result.signature})"
     if result.host_differences:

@@ -294,11 +294,17 @@ class Engine:
         labels: dict[str, str],
         on_line: Callable[[str], None],
         no_cache: bool = False,
+        cache_ref: str | None = None,
         timeout: float = 3600,
     ) -> cmd.CommandResult:
+        """`cache_ref`: a registry reference buildx reads its layer cache from and writes it back to
+        (`mode=max`: every stage's layers); only given where `registry_cache_supported()`."""
         argv = [*self.cli.build_argv(), "--network", "host", "--progress", "plain", "--tag", tag]
         if self.cli.mode == "buildx":
             argv += ["--platform", platform]
+        if cache_ref is not None:
+            argv += ["--cache-from", f"type=registry,ref={cache_ref}"]
+            argv += ["--cache-to", f"type=registry,ref={cache_ref},mode=max,ignore-error=true"]
         for name, path in sorted(secrets.items()):
             argv += ["--secret", f"id={name},src={path}"]
         for name, value in sorted(labels.items()):
@@ -307,6 +313,20 @@ class Engine:
             argv.append("--no-cache")
         argv.append(str(context))
         return cmd.stream(argv, env=self.cli.build_env, on_line=on_line, timeout=timeout)
+
+    def registry_cache_supported(self) -> tuple[bool, str]:
+        """Whether builds can keep their layer cache in a registry, and why (not).
+
+        Only buildx exports cache (the classic CLI's built-in BuildKit has inline cache only); its
+        `docker` driver exports it only on the containerd image store, other drivers always."""
+        if self.cli.mode != "buildx":
+            return False, f"{self.cli.path} ({self.cli.version}) has no buildx"
+        result = self.docker("buildx", "inspect", check=False, quiet=True, timeout=60)
+        match = re.search(r"^Driver:\s*(\S+)", result.stdout, re.MULTILINE)
+        driver = match.group(1) if match else "unknown"
+        if driver == "docker" and self.image_store() != CONTAINERD_STORE:
+            return False, "buildx's docker driver exports cache only on the containerd image store"
+        return True, f"buildx {driver} driver"
 
     def import_rootfs(self, tarball: Path, tag: str, changes: Sequence[str]) -> str:
         argv = ["image", "import"]

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import sys
 import time
 from dataclasses import dataclass
@@ -34,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import attest
-from pipeline.engine import CONTAINERD_STORE, Engine
+from pipeline.engine import CONTAINERD_STORE, Engine, ImageInfo
 from pipeline.errors import CheckFailed, InfraError, InputError
 from pipeline.host import HostFingerprint, differences, host_fingerprint
 from pipeline.registry import (
@@ -43,13 +44,13 @@ from pipeline.registry import (
     Credentials,
     Manifest,
     RegistryClient,
-    platform_manifest,
     sha256_digest,
-    split_registry,
 )
+from pipeline.reglayout import REPOSITORY, content_ref, docker_login, repository, resolve_platform
 from verify.receipt import receipt_problems
 
 __all__ = [
+    "REPOSITORY",
     "PublishResult",
     "PullResult",
     "find_receipt",
@@ -60,12 +61,13 @@ __all__ = [
     "referrers_tag",
 ]
 
-REPOSITORY = "stackproof"
 RECEIPT_MEDIA_TYPE = "application/vnd.stackproof.receipt.v1+json"
 EMPTY_CONFIG = ("application/vnd.oci.empty.v1+json", b"{}")
 # A test hook: `STACKPROOF_TEST_HANG_AT=before-tag` makes publish stop there until killed, so the
 # interrupted-publish test can kill it at exactly that point.
 HANG_ENV = "STACKPROOF_TEST_HANG_AT"
+_INDEX_ATTEMPTS = 5
+_INDEX_SETTLE_S = 0.3
 
 
 def referrers_tag(digest: str) -> str:
@@ -79,9 +81,10 @@ def legacy_receipt_tag(digest: str) -> str:
     return referrers_tag(digest) + ".receipt"
 
 
-def _repo(registry: str) -> tuple[str, str]:
-    host, namespace = split_registry(registry)
-    return host, f"{namespace}/{REPOSITORY}" if namespace else REPOSITORY
+# The registry layout's names live in pipeline.reglayout (build pulls and pushes by them too).
+_repo = repository
+_docker_login = docker_login
+_resolve = resolve_platform
 
 
 def find_receipt(out_root: Path, cell_id: str, image_id: str) -> Path | None:
@@ -181,6 +184,7 @@ def publish(
     credentials: Credentials | None = None,
     sign_key: Path | None = None,
     ca_bundle: str | None = None,
+    sigstore_bundle: Path | None = None,
 ) -> PublishResult:
     own = engine.image(content_tag)
     info = engine.image(image)
@@ -202,16 +206,23 @@ def publish(
     if problems:
         raise InputError(f"{receipt_path}: refusing to publish it: " + "; ".join(problems))
     key = attest.load_private_key(sign_key, password=os.environ.get(attest.PASSWORD_ENV)) if sign_key else None
+    bundle = _read_bytes(sigstore_bundle, "--sigstore-bundle") if sigstore_bundle else None
     store = engine.image_store()
     host, repo = _repo(registry)
     with RegistryClient(host, credentials=credentials, ca_bundle=ca_bundle) as client:
         client.check()
-        candidate = f"{host}/{repo}:{cell_id}-{content_tag.rsplit(':', 1)[-1]}"
-        engine.tag(image, candidate)
-        try:
-            pushed = engine.push(candidate, login=_docker_login(credentials))
-        finally:
-            engine.remove_image(candidate)
+        candidate = content_ref(registry, cell_id, content_tag)
+        pushed = _already_pushed(client, repo, info, f"{host}/{repo}")
+        if pushed is not None:
+            # A fleet's GPU runner verified the image it pulled by digest from the build runner's
+            # push: publish that very manifest (a second push could write another manifest).
+            print(f"{cell_id}: {host}/{repo}@{pushed} is already in the registry: not pushed again", file=sys.stderr)
+        else:
+            engine.tag(image, candidate)
+            try:
+                pushed = engine.push(candidate, login=_docker_login(credentials))
+            finally:
+                engine.remove_image(candidate)
         top, manifest = _resolve(client, repo, pushed, platform, where=candidate)
         config = str(manifest.config_digest)
         local = pushed if store == CONTAINERD_STORE else config
@@ -222,7 +233,11 @@ def publish(
         envelope = (
             attest.sign_receipt(key, name=f"{host}/{repo}", digest=manifest.digest, receipt=receipt) if key else None
         )
-        artifact, how = _attach_receipt(client, repo, manifest, receipt, envelope)
+        if bundle is not None:
+            problems = attest.bundle_statement_problems(bundle, digest=manifest.digest, receipt=receipt)
+            if problems:
+                raise InputError(f"--sigstore-bundle {sigstore_bundle}: refusing to attach it: " + "; ".join(problems))
+        artifact, how = _attach_receipt(client, repo, manifest, receipt, envelope, bundle)
         print(
             f"{cell_id}: receipt ({receipt['status']}) of {repo}@{manifest.digest} is {artifact} ({how})",
             file=sys.stderr,
@@ -248,9 +263,26 @@ def publish(
         receipt_status=str(receipt["status"]),
         receipt_digest=artifact,
         referrers=how,
-        signed=envelope is not None,
+        signed=envelope is not None or bundle is not None,
         moved_tags=moved,
     )
+
+
+def _already_pushed(client: RegistryClient, repo: str, info: ImageInfo, name: str) -> str | None:
+    """The digest of a manifest in `name` this local image was pulled from (its RepoDigests), when
+    the registry still has it; None otherwise."""
+    for entry in info.repo_digests:
+        where, _, digest = entry.rpartition("@")
+        if where == name and digest.startswith("sha256:") and client.manifest(repo, digest) is not None:
+            return digest
+    return None
+
+
+def _read_bytes(path: Path, what: str) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"{what} {path}: cannot read it ({exc.strerror})") from exc
 
 
 def _read_json(path: Path, what: str) -> dict[str, Any]:
@@ -265,37 +297,13 @@ def _read_json(path: Path, what: str) -> dict[str, Any]:
     return data
 
 
-def _docker_login(credentials: Credentials | None) -> Credentials | None:
-    """Credentials docker does not already have from its own config: handed to its CLI privately."""
-    if credentials is None or credentials.source.startswith("docker") or "auths" in credentials.source:
-        return None
-    return credentials
-
-
-def _resolve(
-    client: RegistryClient, repo: str, reference: str, platform: str, *, where: str
-) -> tuple[Manifest, Manifest]:
-    """(what `reference` names, the image manifest for `platform`): the same for a single-platform image."""
-    top = client.manifest(repo, reference)
-    if top is None:
-        raise CheckFailed(f"{where}: {client.host}/{repo} has no manifest {reference}")
-    if not top.is_index:
-        return top, top
-    descriptor = platform_manifest(top.json, platform)
-    if descriptor is None:
-        platforms = sorted(
-            f"{(d.get('platform') or {}).get('os')}/{(d.get('platform') or {}).get('architecture')}"
-            for d in top.json.get("manifests") or []
-        )
-        raise CheckFailed(f"{where}: the image index {top.digest} has no {platform} image (it has {platforms})")
-    manifest = client.manifest(repo, descriptor["digest"])
-    if manifest is None or manifest.is_index:
-        raise CheckFailed(f"{where}: the index's {platform} entry {descriptor['digest']} is not an image manifest")
-    return top, manifest
-
-
 def _attach_receipt(
-    client: RegistryClient, repo: str, subject: Manifest, receipt: dict[str, Any], envelope: bytes | None
+    client: RegistryClient,
+    repo: str,
+    subject: Manifest,
+    receipt: dict[str, Any],
+    envelope: bytes | None,
+    bundle: bytes | None = None,
 ) -> tuple[str, str]:
     """Push the receipt artifact by digest; list it under the subject (referrers API or tag schema)."""
     body = json.dumps(receipt, indent=2, default=str).encode()
@@ -317,13 +325,22 @@ def _attach_receipt(
                 "annotations": {"org.opencontainers.image.title": "receipt.intoto.dsse.json"},
             }
         )
+    if bundle is not None:  # the keyless attestation of the same statement (verify.yml's attest step)
+        layers.append(
+            {
+                "mediaType": attest.SIGSTORE_BUNDLE_MEDIA_TYPE,
+                "digest": client.put_blob(repo, bundle),
+                "size": len(bundle),
+                "annotations": {"org.opencontainers.image.title": "receipt.sigstore.json"},
+            }
+        )
     annotations = {
         "io.stackproof.status": str(receipt["status"]),
         "io.stackproof.cell": str(receipt["cell"]),
         "io.stackproof.host-key": str((receipt.get("host") or {}).get("key", "")),
         "io.stackproof.host": str((receipt.get("host") or {}).get("summary", "")),
         "io.stackproof.config-digest": str(subject.config_digest),
-        "io.stackproof.signed": "true" if envelope is not None else "false",
+        "io.stackproof.signed": "true" if envelope is not None or bundle is not None else "false",
         "org.opencontainers.image.created": str(receipt.get("finished_at", "")),
     }
     artifact = {
@@ -348,11 +365,34 @@ def _attach_receipt(
         "annotations": annotations,
     }
     tag = referrers_tag(subject.digest)
-    existing = client.manifest(repo, tag, accept=(OCI_INDEX,))
-    listed = [d for d in (existing.json.get("manifests") or []) if d.get("digest") != digest] if existing else []
-    index = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": [*listed, descriptor]}
-    client.put_manifest(repo, tag, json.dumps(index, indent=2).encode(), OCI_INDEX)
-    return digest, f"tag-schema {tag} ({len(listed) + 1} receipt(s))"
+    return digest, f"tag-schema {tag} ({_list_in_index(client, repo, tag, descriptor)} receipt(s))"
+
+
+def _list_in_index(client: RegistryClient, repo: str, tag: str, descriptor: dict[str, Any]) -> int:
+    """Add `descriptor` to the tag schema's index `tag`, keeping every receipt listed there; the count.
+
+    A registry has no compare-and-swap on a tag, so two publishes at once (one per GPU host) could
+    each read the index, and the later PUT drop the earlier one's receipt. So after writing, wait a
+    moment, read it back, and when this receipt (or one seen before) is missing, merge and write
+    again. This closes the race of writers that overlap within the settle time, not every race."""
+    known: dict[str, dict[str, Any]] = {}
+    for attempt in range(_INDEX_ATTEMPTS):
+        existing = client.manifest(repo, tag, accept=(OCI_INDEX,))
+        for entry in existing.json.get("manifests") or [] if existing is not None and existing.is_index else []:
+            known.setdefault(str(entry.get("digest")), entry)
+        known.pop(str(descriptor["digest"]), None)
+        wanted = [*known.values(), descriptor]
+        index = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": wanted}
+        client.put_manifest(repo, tag, json.dumps(index, indent=2).encode(), OCI_INDEX)
+        time.sleep(_INDEX_SETTLE_S * (1 + random.random()))  # a concurrent writer's PUT lands meanwhile
+        after = client.manifest(repo, tag, accept=(OCI_INDEX,))
+        listed = {str(d.get("digest")) for d in (after.json.get("manifests") or [])} if after is not None else set()
+        if all(str(d["digest"]) in listed for d in wanted):
+            return len(listed)
+        print(
+            f"note: {tag} was rewritten by another publish meanwhile: merging (attempt {attempt + 2})", file=sys.stderr
+        )
+    raise InfraError(f"{client.host}/{repo}:{tag}: other publishes kept rewriting the index; publish again")
 
 
 def _checkpoint(name: str) -> None:
@@ -422,15 +462,30 @@ def fetch_verified(
     here_key: str | None,
     public_key: Any = None,
     require_signature: bool = False,
+    identity: attest.Identity | None = None,
+    trusted_root: Path | None = None,
 ) -> Chosen:
-    """The receipt-checked manifest behind CELL-verified, or CheckFailed saying why not."""
+    """The receipt-checked manifest behind CELL-verified, or CheckFailed saying why not.
+
+    `identity` (keyless): the receipt must carry a sigstore bundle signed by that identity
+    (verified against `trusted_root`, else the public-good root); `public_key`: a key-signed envelope."""
     where = f"{client.host}/{repo}"
     top = client.manifest(repo, f"{cell_id}-verified")
     if top is None:
         raise CheckFailed(f"{where}:{cell_id}-verified does not exist: no verified image of {cell_id} was published")
     top, manifest = _resolve(client, repo, top.digest, platform, where=f"{where}:{cell_id}-verified")
     found = [
-        _judge(client, repo, artifact, manifest, cell_id, public_key, require_signature, top.digest)
+        _judge(
+            client,
+            repo,
+            artifact,
+            manifest,
+            cell_id,
+            public_key,
+            require_signature,
+            top.digest,
+            keyless=(identity, trusted_root) if identity is not None else None,
+        )
         for artifact in _receipt_artifacts(client, repo, manifest.digest)
     ]
     if not found:
@@ -448,6 +503,8 @@ def fetch_verified(
     chosen = good[-1]
     if chosen.envelope is None:
         signature = "unsigned"
+    elif identity is not None:
+        signature = f"verified keyless ({identity})"
     elif public_key is None:
         signature = "signed, not checked (no --key)"
     else:
@@ -477,13 +534,18 @@ def _judge(
     public_key: Any,
     require_signature: bool,
     index_digest: str,
+    *,
+    keyless: tuple[attest.Identity, Path | None] | None = None,
 ) -> Candidate:
+    """One receipt artifact read and judged; `envelope` is the signature material checked: the DSSE
+    envelope (a key), or the sigstore bundle (`keyless`: identity and trusted root)."""
     artifact = client.manifest(repo, artifact_digest, accept=(OCI_MANIFEST,))
     if artifact is None:
         return Candidate(artifact=artifact_digest, receipt={}, envelope=None, subject=None, problem="listed but gone")
     layers = artifact.json.get("layers") or []
     receipt_layer = next((la for la in layers if la.get("mediaType") == RECEIPT_MEDIA_TYPE), None)
-    envelope_layer = next((la for la in layers if la.get("mediaType") == attest.ENVELOPE_MEDIA_TYPE), None)
+    signature_type = attest.SIGSTORE_BUNDLE_MEDIA_TYPE if keyless else attest.ENVELOPE_MEDIA_TYPE
+    envelope_layer = next((la for la in layers if la.get("mediaType") == signature_type), None)
     subject = (artifact.json.get("subject") or {}).get("digest")
     if receipt_layer is None:
         return Candidate(
@@ -497,9 +559,15 @@ def _judge(
     problem = _receipt_problem(receipt, manifest, subject, cell_id, index_digest)
     if problem is None and require_signature:
         if envelope is None:
-            problem = "it is not signed (--require-signature)"
+            problem = "it is not signed (--require-signature)" + (" keyless (no sigstore bundle)" if keyless else "")
         else:
-            verdict = attest.verify_envelope(envelope, public_key, digest=manifest.digest)
+            verdict = (
+                attest.verify_sigstore_bundle(
+                    envelope, identity=keyless[0], digest=manifest.digest, trusted_root=keyless[1]
+                )
+                if keyless
+                else attest.verify_envelope(envelope, public_key, digest=manifest.digest)
+            )
             if not verdict.ok:
                 problem = f"signature: {verdict.reason}"
             elif verdict.receipt != receipt:
@@ -543,9 +611,14 @@ def pull(
     key: Path | None = None,
     ca_bundle: str | None = None,
     here: HostFingerprint | None = None,
+    identity: attest.Identity | None = None,
+    trusted_root: Path | None = None,
 ) -> PullResult:
-    if require_signature and key is None:
-        raise InputError("--require-signature needs --key PUBLIC.pem (the publisher's ECDSA P-256 public key)")
+    if require_signature and key is None and identity is None:
+        raise InputError(
+            "--require-signature needs --key PUBLIC.pem (the publisher's ECDSA P-256 public key) "
+            "or --identity ISSUER/SUBJECT (keyless)"
+        )
     public_key = attest.load_public_key(key) if key is not None else None
     here = here or host_fingerprint(engine.cli.path)
     platform = platform or engine.platform()
@@ -560,6 +633,8 @@ def pull(
             here_key=here.key,
             public_key=public_key,
             require_signature=require_signature,
+            identity=identity,
+            trusted_root=trusted_root,
         )
     receipt = chosen.candidate.receipt
     verified = HostFingerprint.parse(receipt.get("host") or {})

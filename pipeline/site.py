@@ -9,8 +9,14 @@ directories, and intercept TLS with their own CA. Both come from the environment
   bundle the host's pip uses (`PIP_CERT` or `cert` in pip's configuration files).
 - `STACKPROOF_DEBIAN_MIRROR`: the Debian mirror for bootstrap bases. Default: the first one in
   the host's apt sources.
+- `STACKPROOF_REGISTRY`: `HOST[:PORT][/NAMESPACE]` the fleet shares. `build` pulls a cell's content
+  tag from it instead of building when it is there, and (with buildx) keeps its layer cache in it.
+- `STACKPROOF_BUILD_CACHE`: `none` turns that registry layer cache off.
+- `STACKPROOF_RUNNER_LABELS`: a YAML file mapping the matrix's runner labels onto this site's
+  (`pipeline.runners`): ARC scale sets, for one, carry none of the default `self-hosted` labels.
 
-Both reach builds only as BuildKit secrets, so neither lands in a layer or a log line.
+Mirrors and the CA bundle reach builds only as BuildKit secrets, so neither lands in a layer or a
+log line.
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ from pathlib import Path
 from pipeline.errors import InputError
 from pipeline.model import Matrix
 from pipeline.redact import redact
+from pipeline.registry import split_registry
+from pipeline.runners import RunnerLabels, load_runner_labels
 
 __all__ = ["Mirror", "SiteSettings", "load_site"]
 
@@ -56,6 +64,9 @@ class SiteSettings:
     mirrors: tuple[Mirror, ...] = ()
     ca_bundle: Path | None = None
     debian_mirror: str | None = None
+    registry: str | None = None  # HOST[:PORT][/NAMESPACE]: where the fleet's built images are
+    build_cache: bool = True  # keep buildx's layer cache in `registry` (when the CLI has buildx)
+    runner_labels: RunnerLabels | None = None
     notes: tuple[str, ...] = field(default=())
 
     def mirror(self, index: str) -> Mirror | None:
@@ -92,11 +103,28 @@ def load_site(matrix: Matrix, env: Mapping[str, str] | None = None) -> SiteSetti
                 f"STACKPROOF_MIRRORS: {_hide(name)}={_hide(location)}: a URL has no spaces or control characters"
             )
         mirrors.append(mirror)
+    labels_file = env.get("STACKPROOF_RUNNER_LABELS")
     return SiteSettings(
         mirrors=tuple(mirrors),
         ca_bundle=_ca_bundle(env),
         debian_mirror=env.get("STACKPROOF_DEBIAN_MIRROR") or _apt_mirror(),
+        registry=_registry(env),
+        build_cache=env.get("STACKPROOF_BUILD_CACHE", "").lower() not in ("none", "off", "0"),
+        runner_labels=load_runner_labels(Path(labels_file), matrix) if labels_file else None,
     )
+
+
+def _registry(env: Mapping[str, str]) -> str | None:
+    text = env.get("STACKPROOF_REGISTRY", "").strip()
+    if not text:
+        return None
+    try:
+        host, namespace = split_registry(text)
+    except InputError as exc:
+        raise InputError(f"STACKPROOF_REGISTRY: {exc}") from exc
+    if "@" in host:
+        raise InputError("STACKPROOF_REGISTRY: HOST[:PORT][/NAMESPACE] carries no credentials (docker login)")
+    return f"{host}/{namespace}" if namespace else host
 
 
 def _hide(text: str) -> str:

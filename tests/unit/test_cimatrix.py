@@ -134,6 +134,7 @@ def test_include_list_has_every_cell_of_the_real_matrix_with_its_runner_labels(r
         "arch": "none",
         "platform": "linux/amd64",
         "runs-on": ["self-hosted", "linux", "x64", "docker"],
+        "build-runs-on": ["self-hosted", "linux", "x64", "docker"],
         "gpu": False,
         "expect": None,
     }
@@ -142,6 +143,7 @@ def test_include_list_has_every_cell_of_the_real_matrix_with_its_runner_labels(r
         "arch": "sm121",
         "platform": "linux/arm64",
         "runs-on": ["self-hosted", "linux", "arm64", "gpu", "sm121"],
+        "build-runs-on": ["self-hosted", "linux", "arm64", "docker"],  # built natively, on a CPU runner
         "gpu": True,
         "expect": None,
     }
@@ -380,3 +382,78 @@ def test_changed_cells_without_an_older_matrix_selects_all(real_matrix: Matrix, 
 
 def test_changed_cells_of_the_same_matrix_is_empty(real_matrix: Matrix, images_dir: Path) -> None:
     assert changed_cells(real_matrix, real_matrix, [REPO / "README.md"], images_dir) == ()
+
+
+# -- this site's runner labels (STACKPROOF_RUNNER_LABELS) --------------------------------------------
+
+
+def _labels_file(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "runners.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_a_site_maps_default_labels_onto_arc_scale_sets(real_matrix: Matrix, tmp_path: Path) -> None:
+    from pipeline.runners import load_runner_labels
+
+    path = _labels_file(
+        tmp_path,
+        "schema_version: 1\n"
+        "labels: {self-hosted: [], linux: [], x64: [], arm64: [], gpu: [], docker: [arc-cpu], sm121: [arc-spark]}\n"
+        "build: {linux/amd64: [arc-cpu], linux/arm64: [arc-cpu-arm]}\n",
+    )
+    by_id = {e.cell: e for e in include_entries(real_matrix, None, load_runner_labels(path, real_matrix))}
+    assert by_id[CPU].runs_on == ("arc-cpu",) and by_id[CPU].build_runs_on == ("arc-cpu",)
+    assert by_id[SPARK].runs_on == ("arc-spark",) and by_id[SPARK].build_runs_on == ("arc-cpu-arm",)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("schema_version: 1\nlabel: {}\n", r"runners.yaml:2: label: unknown key, did you mean 'labels'\?"),
+        ("schema_version: 2\n", r"runners.yaml:1: schema_version: schema_version must be 1"),
+        (
+            "schema_version: 1\nlabels:\n  gpu: [ok, 'two words']\n",
+            r"runners.yaml:3: labels.gpu\[1\]: 'two words' is not",
+        ),
+        (
+            "schema_version: 1\ncells:\n  cpu-tinny: [x]\n",
+            r"runners.yaml:3: cells.cpu-tinny: .* did you mean 'cpu-tiny'",
+        ),
+        ("schema_version: 1\nbuild: {amd64: [x]}\n", r"runners.yaml:2: build.amd64: a platform such as linux/amd64"),
+        ("schema_version: 1\nbuild: []\n", r"runners.yaml:2: build: a non-empty list of labels"),
+    ],
+)
+def test_a_bad_runner_label_file_is_a_located_error(
+    real_matrix: Matrix, tmp_path: Path, text: str, message: str
+) -> None:
+    from pipeline.errors import InputError
+    from pipeline.runners import load_runner_labels
+
+    with pytest.raises(InputError, match=message):
+        load_runner_labels(_labels_file(tmp_path, text), real_matrix)
+
+
+def test_labels_that_map_to_nothing_are_refused(real_matrix: Matrix, tmp_path: Path) -> None:
+    from pipeline.errors import InputError
+    from pipeline.runners import load_runner_labels
+
+    labels = load_runner_labels(
+        _labels_file(tmp_path, "schema_version: 1\nlabels: {self-hosted: [], linux: [], x64: [], docker: []}\n"),
+        real_matrix,
+    )
+    with pytest.raises(InputError, match="maps to nothing"):
+        include_entries(real_matrix, [CPU], labels)
+
+
+def test_ci_matrix_reads_the_site_label_file(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    path = _labels_file(tmp_path, "schema_version: 1\ncells: {cpu-tiny: [arc-cpu]}\nbuild: [arc-builder]\n")
+    monkeypatch.setenv("STACKPROOF_RUNNER_LABELS", str(path))
+    code, doc, err = ci_matrix(capsys, "--matrix", str(REPO / "matrix.yaml"), CPU)
+    assert code == 0, err
+    assert doc["include"][0]["runs-on"] == ["arc-cpu"] and doc["include"][0]["build-runs-on"] == ["arc-builder"]
+    monkeypatch.setenv("STACKPROOF_RUNNER_LABELS", str(tmp_path / "missing.yaml"))
+    code, doc, err = ci_matrix(capsys, "--matrix", str(REPO / "matrix.yaml"), CPU)
+    assert code == 2 and "missing.yaml: no such file" in err and doc["error"]["exit_code"] == 2

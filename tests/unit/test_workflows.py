@@ -108,12 +108,36 @@ def test_every_matrix_key_the_workflow_uses_is_in_every_entry(
 def test_verify_job_expands_the_plan_matrix_on_the_cells_runner(verify: dict[str, Any]) -> None:
     plan, job = verify["jobs"]["plan"], verify["jobs"]["verify"]
     assert set(plan["outputs"]) == {"matrix", "count"}
-    assert job["needs"] == "plan"
+    assert job["needs"] == ["plan", "build"]
     assert job["strategy"] == {"fail-fast": False, "matrix": "${{ fromJSON(needs.plan.outputs.matrix) }}"}
     assert job["runs-on"] == "${{ matrix.runs-on }}"
     assert "needs.plan.outputs.count != '0'" in job["if"]  # GitHub fails a job on an empty matrix
     assert "--changed-since" in step_running(plan, "stackproof ci-matrix")["run"]
     assert any(s.get("with", {}).get("fetch-depth") == 0 for s in steps(plan))
+
+
+def test_cells_are_built_on_cpu_runners_and_gpu_runners_only_pull(verify: dict[str, Any]) -> None:
+    build, job = verify["jobs"]["build"], verify["jobs"]["verify"]
+    assert build["needs"] == "plan" and build["runs-on"] == "${{ matrix.build-runs-on }}"
+    assert build["strategy"] == job["strategy"]  # the same cells
+    assert "--push" in step_running(build, "stackproof build")["run"].split()
+    pulled = step_running(job, "stackproof build")
+    assert "--pull-only" in pulled["run"].split()  # a GPU runner never builds
+    order = [s.get("name") for s in steps(job)]
+    assert order.index(pulled["name"]) < order.index("verify (nox -s verify)")
+
+
+def test_the_receipt_is_signed_keyless_with_the_statement_publish_checks(verify: dict[str, Any]) -> None:
+    from pipeline.attest import PREDICATE_TYPE
+
+    job = verify["jobs"]["verify"]
+    assert job["permissions"] == {"contents": "read", "id-token": "write", "attestations": "write"}
+    attest = next(s for s in steps(job) if s.get("uses", "").startswith("actions/attest@"))
+    assert attest["with"]["predicate-type"] == PREDICATE_TYPE
+    assert set(attest["with"]) == {"subject-name", "subject-digest", "predicate-type", "predicate-path"}
+    publish = step_running(job, "stackproof publish")
+    assert publish["env"]["BUNDLE"] == "${{ steps.attest.outputs.bundle-path }}"
+    assert "--sigstore-bundle" in publish["run"]
 
 
 def test_two_runs_never_share_a_runners_cell(verify: dict[str, Any]) -> None:
@@ -137,7 +161,8 @@ def test_verify_runs_the_nox_session_and_uploads_outputs_always(verify: dict[str
 def test_publish_only_on_the_default_branch(verify: dict[str, Any]) -> None:
     job = verify["jobs"]["verify"]
     publish = step_running(job, "stackproof publish")
-    login = step_running(job, "docker login")
+    # The push login; a fleet's GPU runner logs in earlier to pull (`registry login (pull)`), on any event.
+    login = next(s for s in steps(job) if s.get("name") == "registry login")
     for step in (publish, login):
         condition = " ".join(step["if"].split())
         assert "github.event_name != 'pull_request'" in condition
