@@ -34,7 +34,7 @@ from packaging.version import InvalidVersion, Version
 
 from pipeline.errors import InfraError
 from pipeline.model import BootstrapBase, Cell, CellBase, Matrix, RegistryBase
-from verify.result import CheckResult, Status
+from pipeline.result import CheckResult, Status
 
 if TYPE_CHECKING:
     from pipeline.engine import Engine

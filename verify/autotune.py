@@ -17,8 +17,8 @@ from typing import Any
 
 from pipeline.errors import InputError, MatrixError
 from pipeline.jsonfile import read_json
+from pipeline.result import CheckResult, Status
 from pipeline.yamlsrc import load_yaml
-from verify.result import CheckResult, Status
 
 __all__ = [
     "POLICIES_FILE",

@@ -16,9 +16,9 @@ from pathlib import Path
 
 from pipeline.engine import Engine
 from pipeline.model import Arm, Cell, LoadSpec
+from pipeline.result import CheckResult, StageResult, Status
 from verify.loadrun import LoadTarget, judge_load, run_load, summarise
 from verify.logscan import Facts, LogWatcher, catalog_for, judge, scan
-from verify.result import CheckResult, StageResult, Status
 from verify.server import ServerContainer, ServerFailed
 
 __all__ = ["load_target", "run_load_stage"]

@@ -16,12 +16,12 @@ from pathlib import Path
 from pipeline.engine import Engine
 from pipeline.errors import InputError
 from pipeline.model import STAGES, Arm, Cell, LoadSpec
+from pipeline.result import CheckResult, StageResult, Status, VerifyReport, evaluate
 from verify.autotune_stage import run_autotune
 from verify.imports import run_imports
 from verify.load_stage import run_load_stage
 from verify.logscan import Facts
 from verify.probe import ProbeReport
-from verify.result import CheckResult, StageResult, Status, VerifyReport, evaluate
 from verify.server import SharedServer
 from verify.serverplan import ServerPlan, plan_servers
 from verify.startup import run_startup

@@ -20,13 +20,13 @@ from typing import Any
 import pytest
 
 from pipeline import cmd
-from pipeline.cli import main
 from pipeline.errors import CheckFailed
 from pipeline.load import load_matrix
 from pipeline.model import Matrix
 from pipeline.pins import ReleaseLookup
-from verify import doctor_probe
-from verify.doctor import (
+from pipeline.result import Status
+from stackproof.cli import main
+from stackproof.doctor import (
     DOCTOR_FILE,
     Fingerprint,
     check_host_expectations,
@@ -37,7 +37,7 @@ from verify.doctor import (
     match_registry,
     matrix_key,
 )
-from verify.result import Status
+from verify import doctor_probe
 
 REPO = Path(__file__).resolve().parents[2]
 H200 = REPO / "tests" / "fixtures" / "doctor" / "h200-host.json"
@@ -327,9 +327,9 @@ def test_doctor_image_mounts_both_scripts_read_only_with_no_network() -> None:
     run, remove = engine.calls
     at = run.index("--network")
     assert run[:2] == ("run", "--rm") and run[at : at + 2] == ("--network", "none")
-    assert f"{DOCTOR_FILE}:/stackproof/doctor_probe.py:ro" in run
+    assert f"{DOCTOR_FILE}:/verify/doctor_probe.py:ro" in run
     assert any(a.endswith("inimage_probe.py:/stackproof/inimage_probe.py:ro") for a in run)
-    assert run[-2:] == ("stackproof/cpu-tiny:abc", "/stackproof/doctor_probe.py")
+    assert run[-2:] == ("stackproof/cpu-tiny:abc", "/verify/doctor_probe.py")
     assert "VLLM_HOST_IP=127.0.0.1" in run and "--gpus" not in run
     assert remove[:2] == ("rm", "--force")
 

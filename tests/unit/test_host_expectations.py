@@ -7,8 +7,8 @@ import platform
 from pathlib import Path
 
 from pipeline.load import load_matrix
-from pipeline.runjob import _host_expectations
-from verify.result import Status
+from pipeline.result import Status
+from stackproof.runjob import _host_expectations
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.cli import main
 from pipeline.cmd import CommandResult
 from pipeline.errors import CheckFailed, MatrixError
 from pipeline.model import LogRule
+from pipeline.result import Status
+from stackproof.cli import main
 from verify import logscan
 from verify.logscan import Facts, LogWatcher, judge, load_catalog, load_rulesets, open_log, rules_for, scan
-from verify.result import Status
 
 FIXTURE_LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"  # copies of shared/fixtures/logs
 CPU_LOG = FIXTURE_LOGS / "vllm-0.28.0-cpu-startup.log"

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 
 from pipeline import cmd, modelstore
-from pipeline.cli import main
 from pipeline.errors import InfraError, InputError
 from pipeline.load import load_matrix
 from pipeline.model import ModelSource, ServeSpec
+from stackproof.cli import main
 from tests.standin_hub import StandInHub, stand_in_hub
 from verify.server import ServerContainer
 

@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 
 from pipeline import preflight
-from pipeline.cli import main
 from pipeline.cmd import CommandResult
 from pipeline.errors import InfraError
 from pipeline.load import load_matrix
@@ -27,7 +26,8 @@ from pipeline.preflight import (
     judge_preflight,
     parse_require_cuda,
 )
-from verify.result import CheckResult, Status
+from pipeline.result import CheckResult, Status
+from stackproof.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "preflight"
@@ -393,7 +393,7 @@ def h200_host(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(preflight, "connect", lambda: (None, NO_DOCKER))
     monkeypatch.setattr(preflight, "gather_facts", lambda *a, **k: h200())
     document = json.loads((REPO / "tests" / "fixtures" / "doctor" / "h200-host.json").read_text())
-    monkeypatch.setattr("verify.doctor.doctor_host", lambda *a, **k: document)
+    monkeypatch.setattr("stackproof.doctor.doctor_host", lambda *a, **k: document)
 
     def no_docker() -> None:
         raise AssertionError("docker was asked for after a failing preflight")

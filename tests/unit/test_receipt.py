@@ -14,9 +14,10 @@ import pytest
 from pipeline.errors import InputError
 from pipeline.host import HostFingerprint, differences
 from pipeline.publish import legacy_receipt_tag, referrers_tag
+from pipeline.receipt import render_junit, render_markdown, write_all
 from pipeline.registry import split_registry
-from verify.receipt import build_receipt, receipt_status, render_junit, render_markdown, write_all
-from verify.result import CheckResult, Outcome, StageResult, Status, VerifyReport
+from pipeline.result import CheckResult, Outcome, StageResult, Status, VerifyReport
+from verify.receipt import build_receipt, receipt_status
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "receipt-cpu-tiny.json"
 CPU = HostFingerprint(

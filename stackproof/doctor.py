@@ -36,8 +36,8 @@ from pipeline.host import HostFingerprint, differences
 from pipeline.model import Cell, Matrix
 from pipeline.pins import FI_CUBIN, FI_JIT, FI_PYTHON, Lookup, cell_stack
 from pipeline.repro import arch_of_gpu, cudnn_version_text
+from pipeline.result import CheckResult, Status
 from verify.probe import PROBE_FILE, PROBE_ROLE_LABEL, ProbeReport
-from verify.result import CheckResult, Status
 
 __all__ = [
     "DOCTOR_FILE",
@@ -55,7 +55,7 @@ __all__ = [
     "registry_fetcher",
 ]
 
-DOCTOR_FILE = Path(__file__).with_name("doctor_probe.py")
+DOCTOR_FILE = PROBE_FILE.with_name("doctor_probe.py")  # a stdlib script beside the in-image probe it runs
 DOCTOR_SCHEMA = 1
 HOST_MARKER = "# stackproof-host:"
 TOOLING = frozenset({"pip", "setuptools", "wheel", "distribute"})
@@ -86,13 +86,13 @@ def doctor_image(
     `--network none` container of `image`, run with the image's own python and the server's env."""
     name = f"stackproof-doctor-{uuid.uuid4().hex[:12]}"
     argv = ["run", "--rm", "--name", name, "--network", "none", "--label", PROBE_ROLE_LABEL, *owner_args()]
-    argv += ["--volume", f"{DOCTOR_FILE}:/stackproof/doctor_probe.py:ro"]
+    argv += ["--volume", f"{DOCTOR_FILE}:/verify/doctor_probe.py:ro"]
     argv += ["--volume", f"{PROBE_FILE}:/stackproof/inimage_probe.py:ro", "--entrypoint", python]
     if gpus:
         argv += ["--gpus", gpus]
     for key, value in sorted(env.items()):
         argv += ["--env", f"{key}={value}"]
-    argv += [image, "/stackproof/doctor_probe.py", *(["--no-imports"] if not imports else [])]
+    argv += [image, "/verify/doctor_probe.py", *(["--no-imports"] if not imports else [])]
     print(f"doctor: fingerprinting {image}", file=sys.stderr)
     try:
         result = engine.docker(*argv, timeout=timeout, check=False)

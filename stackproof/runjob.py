@@ -19,9 +19,10 @@ from pipeline.host import host_fingerprint
 from pipeline.model import Arm, Cell, LoadSpec, Matrix
 from pipeline.modelstore import ensure_model
 from pipeline.plan import plan_cell, python_of
+from pipeline.receipt import write_all
+from pipeline.result import CheckResult, VerifyReport
 from pipeline.site import SiteSettings
-from verify.receipt import build_receipt, write_all
-from verify.result import CheckResult, VerifyReport
+from verify.receipt import build_receipt
 from verify.runner import verify_image
 
 __all__ = ["exclusive_dir", "run_cell", "verify_cell"]
@@ -160,7 +161,7 @@ def _host_expectations(matrix: Matrix, cell: Cell) -> CheckResult | None:
     """A cell made by `stackproof repro` records the reporter's host facts (driver, kernel, GPU, host
     cuDNN) in a `# stackproof-host:` comment: not image content, so checked against this host (WARN
     on a difference) and reported with the first stage that runs."""
-    from verify.doctor import Fingerprint, check_host_expectations, doctor_host, host_expectations
+    from stackproof.doctor import Fingerprint, check_host_expectations, doctor_host, host_expectations
 
     expected = host_expectations(matrix.file.read_text(), cell)
     if not expected:

@@ -18,10 +18,10 @@ from pipeline import cmd
 from pipeline.engine import Engine
 from pipeline.errors import CheckFailed
 from pipeline.gc import owner_args
+from pipeline.result import CheckResult, Status
 from verify.autotune import judge_cache, load_policies, read_cache
 from verify.autotune_stage import winners_table
 from verify.probe import PROBE_ROLE_LABEL
-from verify.result import CheckResult, Status
 
 __all__ = ["KERNEL_PROBE_FILE", "KernelProbeResult", "arch_of", "judge_probe", "probe_kernels"]
 
