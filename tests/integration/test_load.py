@@ -22,8 +22,8 @@ from pipeline.engine import Engine
 from pipeline.load import load_matrix
 from pipeline.model import LoadSpec
 from pipeline.result import StageResult, Status
+from tests.faults import signal_engine_core
 from tests.integration.conftest import IMAGES, MATRIX, containers, stackproof, write_matrix
-from verify.faults import signal_engine_core
 from verify.load_stage import run_load_stage
 from verify.server import ServerContainer
 

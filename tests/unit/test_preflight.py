@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 
 from pipeline import preflight
-from pipeline.cmd import CommandResult
 from pipeline.errors import InfraError
 from pipeline.load import load_matrix
 from pipeline.model import Cell, Matrix
@@ -334,12 +333,9 @@ class FakeEngine:
         self.images = images
         self.calls: list[tuple[str, ...]] = []
 
-    def docker(self, *args: str, **_: Any) -> CommandResult:
-        self.calls.append(args)
-        ref = args[-1]
-        if args[:2] == ("image", "inspect") and ref in self.images:
-            return CommandResult(argv=args, returncode=0, stdout=json.dumps(self.images[ref]), stderr="", seconds=0)
-        return CommandResult(argv=args, returncode=1, stdout="", stderr="No such image", seconds=0)
+    def image_config(self, ref: str, **_: Any) -> dict[str, Any] | None:
+        self.calls.append(("image", "inspect", ref))
+        return self.images.get(ref)
 
 
 def test_a_local_base_images_config_wins_over_the_declaration(real: Matrix) -> None:
