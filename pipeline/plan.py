@@ -80,16 +80,12 @@ class BuildPlan:
         return f"{TAG_REPOSITORY}/{self.cell.id}:{self.digest[:16]}"
 
 
-def plan_cell(
-    matrix: Matrix, cell: Cell, site: SiteSettings, images_dir: Path, _seen: tuple[str, ...] = ()
-) -> BuildPlan:
+def plan_cell(matrix: Matrix, cell: Cell, site: SiteSettings, images_dir: Path) -> BuildPlan:
     """Gather the cell's inputs (lock, local wheels, base) and render its plan."""
-    if cell.id in _seen:
-        raise InputError(f"{matrix.file}:{cell.line}: cell {cell.id!r} is its own base through {' -> '.join(_seen)}")
     base = cell.base
     if isinstance(base, CellBase):
-        parent = plan_cell(matrix, matrix.cell(base.cell), site, images_dir, (*_seen, cell.id))
-        base_ref, python = parent.tag, python_of(matrix, parent.cell)
+        parent = plan_cell(matrix, matrix.cell(base.cell), site, images_dir)  # its tag is our base
+        base_ref, python = parent.tag, matrix.python_of(cell)
     elif isinstance(base, BootstrapBase):
         from pipeline.bootstrap import base_tag
 
@@ -224,14 +220,6 @@ def _labels(cell: Cell, base_ref: str) -> list[tuple[str, str]]:
         ("io.stackproof.tool-version", pipeline.__version__),
     ]
     return labels
-
-
-def python_of(matrix: Matrix, cell: Cell) -> str:
-    """The python the cell's image installs into: its base's, through any chain of cell bases."""
-    base = cell.base
-    while isinstance(base, CellBase):
-        base = matrix.cell(base.cell).base
-    return base.python
 
 
 def _wanted_from_local_mirrors(cell: Cell, lock: Lock | None, site: SiteSettings) -> dict[str, set[tuple[str, str]]]:

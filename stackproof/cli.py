@@ -823,7 +823,7 @@ def _probe_kernels(args: argparse.Namespace) -> int:
     python = args.python
     if args.cell:
         from pipeline.engine import Engine
-        from pipeline.plan import plan_cell, python_of
+        from pipeline.plan import plan_cell
         from pipeline.site import load_site
 
         matrix, images = _load(args)
@@ -832,7 +832,7 @@ def _probe_kernels(args: argparse.Namespace) -> int:
         engine = Engine.connect()
         if engine.image(image) is None:
             raise InputError(f"{cell.id}: image {image} is not built: run `stackproof build {cell.id}`")
-        python, gpus = python_of(matrix, cell), (cell.serve.gpus if cell.serve else None) or "all"
+        python, gpus = matrix.python_of(cell), (cell.serve.gpus if cell.serve else None) or "all"
     result = probe_kernels(
         config=args.config,
         out_dir=args.out,
@@ -898,7 +898,7 @@ def _probe_imports(args: argparse.Namespace) -> int:
         report = probe_host(args.python, modules=modules)
     else:
         from pipeline.engine import Engine
-        from pipeline.plan import plan_cell, python_of
+        from pipeline.plan import plan_cell
         from pipeline.site import load_site
         from verify.probe import probe_image
 
@@ -909,6 +909,6 @@ def _probe_imports(args: argparse.Namespace) -> int:
         if engine.image(tag) is None:
             raise InputError(f"{cell.id}: image {tag} is not built: run `stackproof build {cell.id}`")
         modules = tuple(args.modules.split(",")) if args.modules else cell.imports
-        report = probe_image(engine, tag, python=python_of(matrix, cell), modules=modules, env=cell.serve_env())
+        report = probe_image(engine, tag, python=matrix.python_of(cell), modules=modules, env=cell.serve_env())
     print(json.dumps(report.raw, indent=1, sort_keys=True))
     return 0

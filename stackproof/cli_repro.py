@@ -232,7 +232,7 @@ def _doctor(args: argparse.Namespace) -> int:
 
         document = read_json(args.input, "doctor JSON (--input)")
     elif args.cell:
-        from pipeline.plan import plan_cell, python_of
+        from pipeline.plan import plan_cell
         from pipeline.preflight import PreflightFailed, connect, gather_facts, judge_preflight
 
         assert matrix is not None and images is not None
@@ -264,7 +264,7 @@ def _doctor(args: argparse.Namespace) -> int:
             gpus = args.gpus or (cell.serve.gpus if cell.serve else None)
             env = {**dict(cell.env), **cell.serve_env()}
             document = doctor_image(
-                engine, tag, python=python_of(matrix, cell), env=env, gpus=gpus, imports=not args.no_imports
+                engine, tag, python=matrix.python_of(cell), env=env, gpus=gpus, imports=not args.no_imports
             )
             document["stackproof"] = {"cell": cell.id, "image": tag}
     else:

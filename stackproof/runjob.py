@@ -18,7 +18,7 @@ from pipeline.errors import InfraError, InputError
 from pipeline.host import host_fingerprint
 from pipeline.model import Arm, Cell, LoadSpec, Matrix
 from pipeline.modelstore import ensure_model
-from pipeline.plan import plan_cell, python_of
+from pipeline.plan import plan_cell
 from pipeline.receipt import write_all
 from pipeline.result import CheckResult, VerifyReport
 from pipeline.site import SiteSettings
@@ -123,7 +123,7 @@ def _verify_with_receipt(
         cell,
         image=image,
         image_id=image_id,
-        python=python_of(matrix, cell),
+        python=matrix.python_of(cell),
         stages=stages,
         arm=arm,
         out_dir=out_dir,

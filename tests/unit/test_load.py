@@ -1001,3 +1001,36 @@ def test_unreadable_file_is_a_matrix_error(tmp_path: Path) -> None:
         load_matrix(missing)
     assert info.value.problems == [f"{missing}: cannot read: No such file or directory"]
     assert info.value.exit_code == 2
+
+
+def test_two_cells_that_are_each_others_base_are_rejected_with_a_location(invalid, header: str) -> None:
+    """A base cycle round two cells: `matrix validate` says so (exit 2), not only a later `render`."""
+    r = invalid(
+        header
+        + doc("""\
+          on-a: {cell: a}
+          on-b: {cell: b}
+        cells:
+          - id: a
+            base: on-b
+            platform: linux/amd64
+            arch: none
+          - id: b
+            base: on-a
+            platform: linux/amd64
+            arch: none
+    """)
+    )
+    assert r.problems == [
+        f"{r.at('base: on-b')}: cells[0].base: cell 'a' is its own base through a -> b -> a",
+        f"{r.at('base: on-a')}: cells[1].base: cell 'b' is its own base through b -> a -> b",
+    ]
+
+
+def test_lineage_is_the_one_walk_of_the_base_chain(real_matrix) -> None:
+    cells = {c.id: c for c in real_matrix.cells}
+    on_cell = next(c for c in cells.values() if not isinstance(c.base, RegistryBase | BootstrapBase))
+    chain = real_matrix.lineage(on_cell)
+    assert chain[0] is on_cell and len(chain) >= 2
+    assert isinstance(chain[-1].base, RegistryBase | BootstrapBase)
+    assert real_matrix.python_of(on_cell) == chain[-1].base.python
