@@ -565,8 +565,8 @@ def _load_url(args: argparse.Namespace) -> int:
 
 def _soak(args: argparse.Namespace) -> int:
     """Exit 1 when any arm saw a fault."""
+    from pipeline.build import built_image
     from pipeline.engine import Engine
-    from pipeline.plan import plan_cell
     from pipeline.site import load_site
     from stackproof.runjob import exclusive_dir
     from stackproof.soak import DEFAULT_ARM, soak
@@ -583,10 +583,8 @@ def _soak(args: argparse.Namespace) -> int:
         raise InputError(f"--arms {args.arms}: name each arm once")
     spec = _load_spec(args, cell.serve.load)
     duration = args.duration or spec.duration_s
-    tag = plan_cell(matrix, cell, load_site(matrix), images).tag
     engine = Engine.connect()
-    if engine.image(tag) is None:
-        raise InputError(f"{cell.id}: image {tag} is not built: run `stackproof build {cell.id}`")
+    tag = built_image(engine, matrix, cell, load_site(matrix), images)[0].tag
     from pipeline.modelstore import ensure_model
 
     ensure_model(cell.serve.model, where=f"{matrix.file}:{cell.line}: cells[{cell.id}].serve.model")
@@ -822,16 +820,14 @@ def _probe_kernels(args: argparse.Namespace) -> int:
     engine = image = gpus = None
     python = args.python
     if args.cell:
+        from pipeline.build import built_image
         from pipeline.engine import Engine
-        from pipeline.plan import plan_cell
         from pipeline.site import load_site
 
         matrix, images = _load(args)
         cell = matrix.cell(args.cell)
-        image = plan_cell(matrix, cell, load_site(matrix), images).tag
         engine = Engine.connect()
-        if engine.image(image) is None:
-            raise InputError(f"{cell.id}: image {image} is not built: run `stackproof build {cell.id}`")
+        image = built_image(engine, matrix, cell, load_site(matrix), images)[0].tag
         python, gpus = matrix.python_of(cell), (cell.serve.gpus if cell.serve else None) or "all"
     result = probe_kernels(
         config=args.config,
@@ -897,17 +893,15 @@ def _probe_imports(args: argparse.Namespace) -> int:
         modules = tuple((args.modules or "torch?,flashinfer?,vllm?").split(","))
         report = probe_host(args.python, modules=modules)
     else:
+        from pipeline.build import built_image
         from pipeline.engine import Engine
-        from pipeline.plan import plan_cell
         from pipeline.site import load_site
         from verify.probe import probe_image
 
         matrix, images = _load(args)
         cell = matrix.cell(args.cell)
-        tag = plan_cell(matrix, cell, load_site(matrix), images).tag
         engine = Engine.connect()
-        if engine.image(tag) is None:
-            raise InputError(f"{cell.id}: image {tag} is not built: run `stackproof build {cell.id}`")
+        tag = built_image(engine, matrix, cell, load_site(matrix), images)[0].tag
         modules = tuple(args.modules.split(",")) if args.modules else cell.imports
         report = probe_image(engine, tag, python=matrix.python_of(cell), modules=modules, env=cell.serve_env())
     print(json.dumps(report.raw, indent=1, sort_keys=True))

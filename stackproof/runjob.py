@@ -12,13 +12,12 @@ import sys
 import time
 from pathlib import Path
 
-from pipeline.build import build_cell
+from pipeline.build import build_cell, built_image
 from pipeline.engine import Engine
-from pipeline.errors import InfraError, InputError
+from pipeline.errors import InfraError
 from pipeline.host import host_fingerprint
 from pipeline.model import Arm, Cell, LoadSpec, Matrix
 from pipeline.modelstore import ensure_model
-from pipeline.plan import plan_cell
 from pipeline.receipt import write_all
 from pipeline.result import CheckResult, VerifyReport
 from pipeline.site import SiteSettings
@@ -78,11 +77,8 @@ def verify_cell(
 ) -> VerifyReport:
     """Verify the cell's already-built image (its content tag); nothing is built."""
     arm = cell.arm(arm_name) if arm_name else None
-    plan = plan_cell(matrix, cell, site, images_dir)
+    plan, image = built_image(engine, matrix, cell, site, images_dir)
     tag = plan.tag
-    image = engine.image(tag)
-    if image is None:
-        raise InputError(f"{cell.id}: image {tag} is not built: run `stackproof build {cell.id}` (or `stackproof run`)")
     _ensure_model(matrix, cell, stages, fetch_model)
     print(f"{cell.id}: verifying {tag} ({image.id[:19]})", file=sys.stderr)
     return _verify_with_receipt(
