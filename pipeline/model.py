@@ -9,7 +9,6 @@ from __future__ import annotations
 import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
 
 from pipeline.errors import InputError
@@ -28,26 +27,16 @@ __all__ = [
     "LogRule",
     "Matrix",
     "ModelSource",
-    "Override",
     "RegistryBase",
     "Requirement",
     "ServeSpec",
-    "Stage",
 ]
 
 Pairs = tuple[tuple[str, str], ...]
 
 
-class Stage(StrEnum):
-    """The check families, cheapest first; a FAIL stops the stages after it."""
-
-    IMPORTS = "imports"
-    STARTUP = "startup"
-    AUTOTUNE = "autotune"
-    LOAD = "load"
-
-
-STAGES: tuple[str, ...] = tuple(stage.value for stage in Stage)
+# The check families, cheapest first; a FAIL stops the stages after it.
+STAGES: tuple[str, ...] = ("imports", "startup", "autotune", "load")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -116,9 +105,6 @@ class Requirement:
     @property
     def pin(self) -> str:
         return f"{self.name}=={self.version}"
-
-
-Override = Requirement
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -293,7 +279,7 @@ class Cell:
     runner: tuple[str, ...]
     system_packages: tuple[str, ...]
     install: Install | None
-    overrides: tuple[Override, ...]
+    overrides: tuple[Requirement, ...]
     uninstall: tuple[str, ...]
     recipes: tuple[str, ...]
     env: Pairs

@@ -1,7 +1,8 @@
 """Plan a cell's build: its Dockerfile, its context files, and its content-addressed tag.
 
-`render_plan` is pure: given the cell, the resolved base reference, the lock and the local
-wheels a mirror provides, it returns a `BuildPlan`. `plan_cell` is the thin edge that gathers
+`render_plan` decides nothing from the outside world: given the cell, the resolved base reference,
+the lock and the local wheels a mirror provides, it renders the templates and recipe files of
+this checkout into a `BuildPlan`. `plan_cell` is the thin edge that gathers
 those inputs (reads the lock, hashes local wheels, resolves a base that is another cell).
 """
 
@@ -89,7 +90,7 @@ def plan_cell(matrix: Matrix, cell: Cell, site: SiteSettings, images_dir: Path) 
     elif isinstance(base, BootstrapBase):
         from pipeline.bootstrap import base_tag
 
-        base_ref, python = base_tag(base, images_dir), base.python
+        base_ref, python = base_tag(base), base.python
     else:
         base_ref, python = base.reference, base.python
     lock = read_lock(cell) if cell.install else None
@@ -115,7 +116,7 @@ def render_plan(
     venv: str | None,
     images_dir: Path,
 ) -> BuildPlan:
-    """Pure: the Dockerfile and context files for `cell`."""
+    """The Dockerfile and context files for `cell`, from this checkout's templates and recipes."""
     # Overridden packages stay in the lock install and the override reinstalls them on top: the
     # locked layer (gigabytes) then never changes when an override is added or moved, and recipes
     # that run between the two (the tiny model needs tqdm) see a complete stack.

@@ -1,4 +1,4 @@
-"""Site-local settings that never belong in matrix.yaml: index mirrors and the CA bundle.
+"""Site-local settings that never belong in matrix.yaml: index mirrors, the CA bundle, the Debian mirror.
 
 Air-gapped GPU runners and corporate networks point index names at mirrors or local wheel
 directories, and intercept TLS with their own CA. Both come from the environment:
@@ -10,7 +10,8 @@ directories, and intercept TLS with their own CA. Both come from the environment
 - `STACKPROOF_DEBIAN_MIRROR`: the Debian mirror for bootstrap bases. Default: the first one in
   the host's apt sources.
 
-Both reach builds only as BuildKit secrets, so neither lands in a layer or a log line.
+Mirrors and the CA bundle reach builds only as BuildKit secrets, so neither lands in a layer or a
+log line; the Debian mirror is a debootstrap argument on the host, never inside an image.
 """
 
 from __future__ import annotations

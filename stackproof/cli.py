@@ -162,11 +162,11 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=_build)
 
     p = commands.add_parser(
-        "run", parents=[common, load_opts], help="build + verify every available stage: the main job"
+        "run", parents=[common, load_opts], help="build + verify every stage: the main job"
     )
     p.add_argument("cell")
     p.add_argument("--arm", default=None)
-    p.add_argument("--stages", default=None, help="comma-separated stages (default: all available)")
+    p.add_argument("--stages", default=None, help="comma-separated stages (default: all)")
     p.add_argument("--out", type=Path, default=Path("stackproof-out"))
     p.add_argument("--previous", type=Path, default=None, help="an earlier report.json: diff autotune winners")
     p.add_argument("--no-preflight", action="store_true", help=NO_PREFLIGHT_HELP)
@@ -176,7 +176,7 @@ def _parser() -> argparse.ArgumentParser:
     p = commands.add_parser("verify", parents=[common, load_opts], help="run stages against a cell's built image")
     p.add_argument("cell")
     p.add_argument("--arm", default=None)
-    p.add_argument("--stages", default=None, help="comma-separated stages (default: all available)")
+    p.add_argument("--stages", default=None, help="comma-separated stages (default: all)")
     p.add_argument("--out", type=Path, default=Path("stackproof-out"))
     p.add_argument("--previous", type=Path, default=None, help="an earlier report.json: diff autotune winners")
     p.add_argument("--no-preflight", action="store_true", help=NO_PREFLIGHT_HELP)

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from pipeline.build import build_cell, built_image
 from pipeline.engine import Engine
@@ -153,17 +155,20 @@ def _ensure_model(matrix: Matrix, cell: Cell, stages: tuple[str, ...], fetch_mod
     ensure_model(cell.serve.model, where=where, allow_fetch=fetch_model)
 
 
-def _host_expectations(matrix: Matrix, cell: Cell) -> CheckResult | None:
+def _host_expectations(
+    matrix: Matrix, cell: Cell, *, this_host: Callable[[], dict[str, Any]] | None = None
+) -> CheckResult | None:
     """A cell made by `stackproof repro` records the reporter's host facts (driver, kernel, GPU, host
     cuDNN) in a `# stackproof-host:` comment: not image content, so checked against this host (WARN
-    on a difference) and reported with the first stage that runs."""
+    on a difference) and reported with the first stage that runs. `this_host`: the doctor document
+    of this host (default: the doctor probe run here, only when the cell has expectations)."""
     from stackproof.doctor import Fingerprint, check_host_expectations, doctor_host, host_expectations
 
     expected = host_expectations(matrix.file.read_text(), cell)
     if not expected:
         return None
-    here = Fingerprint.parse(doctor_host(sys.executable, imports=False), source="this host")
-    return check_host_expectations(expected, here)
+    document = this_host() if this_host else doctor_host(sys.executable, imports=False)
+    return check_host_expectations(expected, Fingerprint.parse(document, source="this host"))
 
 
 def _run_dir(out_root: Path, cell: Cell) -> Path:
