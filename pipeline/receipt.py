@@ -16,17 +16,174 @@ from __future__ import annotations
 import json
 import os
 import xml.etree.ElementTree as ET
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pipeline
+from pipeline.host import HostFingerprint
 from pipeline.jsonfile import jsonable
 from pipeline.model import STAGES
-from pipeline.result import Status, worst
+from pipeline.result import CheckResult, Outcome, StageResult, Status, worst
 
-__all__ = ["RECEIPT_KIND", "RECEIPT_SCHEMA_VERSION", "receipt_problems", "render_junit", "render_markdown", "write_all"]
+__all__ = [
+    "RECEIPT_KIND",
+    "RECEIPT_SCHEMA_VERSION",
+    "SCHEMA_FILE",
+    "ImageRef",
+    "Receipt",
+    "Runtime",
+    "receipt_problems",
+    "render_junit",
+    "render_markdown",
+    "write_all",
+]
 
-RECEIPT_SCHEMA_VERSION = 1
+RECEIPT_SCHEMA_VERSION = 1  # bump on a change that breaks readers; docs/receipt.schema.json follows it
 RECEIPT_KIND = "stackproof.receipt"
+CLAIMS = "this image id, verified on this host geometry; nothing about other images or hosts"
+SCHEMA_FILE = Path(__file__).resolve().parents[1] / "docs" / "receipt.schema.json"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ImageRef:
+    ref: str  # the local tag
+    id: str  # the image id as the verifying daemon reported it
+    # Which digest `id` is: the config digest on docker's classic image store, the manifest (or
+    # index) digest on the containerd image store. Receipts without it bind the config.
+    id_is: str = "config"
+    repo_digests: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Runtime:
+    """What the image's own stack saw on this host (the imports probe)."""
+
+    python: str
+    torch: str | None
+    cuda: str | None
+    cudnn: int | str | None
+    gpus_seen_by_torch: tuple[dict[str, Any], ...]
+    distributions: dict[str, str]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Receipt:
+    """One verification of one image on one host: built once from the stages' typed results,
+    serialised once (`to_json`), read back with `parse`. Its JSON Schema is docs/receipt.schema.json."""
+
+    status: str  # PASS | FAIL | INCONCLUSIVE | NOT_REPRODUCED
+    status_reason: str
+    cell: str
+    arm: str | None
+    image: ImageRef
+    matrix_digest: str
+    host: HostFingerprint
+    started_at: str  # UTC, ISO 8601
+    finished_at: str
+    seconds: float
+    outcome: Outcome
+    stages: tuple[StageResult, ...]
+    runtime: Runtime | None = None
+    load: dict[str, Any] | None = None  # the load stage's summary (load.json)
+    autotune: tuple[dict[str, Any], ...] | None = None  # the winners table
+    servers: dict[str, Any] = field(default_factory=dict)
+    tool_version: str = pipeline.__version__
+    schema_version: int = RECEIPT_SCHEMA_VERSION
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema_version": self.schema_version,
+            "kind": RECEIPT_KIND,
+            "status": self.status,
+            "status_reason": self.status_reason,
+            "claims": CLAIMS,
+            "cell": self.cell,
+            "arm": self.arm,
+            "image": {**asdict(self.image), "repo_digests": list(self.image.repo_digests)},
+            "matrix_digest": self.matrix_digest,
+            "host": self.host.to_json(),
+            "tool": {"name": "stackproof", "version": self.tool_version},
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "seconds": self.seconds,
+            "outcome": asdict(self.outcome),
+            "stages": [_stage_json(s) for s in self.stages],
+            "runtime": {**asdict(self.runtime), "gpus_seen_by_torch": list(self.runtime.gpus_seen_by_torch)}
+            if self.runtime
+            else None,
+            "load": self.load,
+            "autotune": list(self.autotune) if self.autotune else None,
+            "server_starts": self.servers.get("started"),
+            "servers": self.servers,
+        }
+
+    @classmethod
+    def parse(cls, document: Any) -> Receipt:
+        """A receipt read back (a file, a registry): ValueError saying what is wrong with it."""
+        if not isinstance(document, dict) or document.get("kind") != RECEIPT_KIND:
+            raise ValueError(f"it is not a stackproof receipt (kind {_kind(document)!r})")
+        if document.get("schema_version") != RECEIPT_SCHEMA_VERSION:
+            raise ValueError(f"it has schema_version {document.get('schema_version')!r}; this tool reads 1")
+        try:
+            return _parse(document)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ValueError(f"it does not hold together: {type(exc).__name__}: {exc}") from None
+
+
+def _kind(document: Any) -> object:
+    return document.get("kind") if isinstance(document, dict) else type(document).__name__
+
+
+def _stage_json(stage: StageResult) -> dict[str, Any]:
+    checks = [
+        {"name": c.name, "status": str(c.status), "message": c.message, "evidence": c.evidence} for c in stage.checks
+    ]
+    return {"stage": stage.stage, "status": str(stage.status), "seconds": stage.seconds, "checks": checks,
+            "artifacts": stage.artifacts}  # fmt: skip
+
+
+def _parse(d: dict[str, Any]) -> Receipt:
+    image, runtime, outcome = d["image"], d.get("runtime"), d["outcome"]
+    return Receipt(
+        status=str(d["status"]),
+        status_reason=str(d["status_reason"]),
+        cell=str(d["cell"]),
+        arm=d.get("arm"),
+        image=ImageRef(
+            ref=str(image["ref"]),
+            id=str(image["id"]),
+            id_is=str(image.get("id_is", "config")),
+            repo_digests=tuple(image.get("repo_digests") or ()),
+        ),
+        matrix_digest=str(d["matrix_digest"]),
+        host=HostFingerprint.parse(d["host"]),
+        started_at=str(d["started_at"]),
+        finished_at=str(d["finished_at"]),
+        seconds=float(d["seconds"]),
+        outcome=Outcome(
+            passed=bool(outcome["passed"]),
+            summary=str(outcome["summary"]),
+            expected_failure=outcome.get("expected_failure"),
+            not_reproduced=bool(outcome.get("not_reproduced", False)),
+        ),
+        stages=tuple(_parse_stage(s) for s in d["stages"]),
+        runtime=Runtime(**{**runtime, "gpus_seen_by_torch": tuple(runtime["gpus_seen_by_torch"])}) if runtime else None,
+        load=d.get("load"),
+        autotune=tuple(d["autotune"]) if d.get("autotune") else None,
+        servers=dict(d.get("servers") or {}),
+        tool_version=str((d.get("tool") or {}).get("version", "")),
+    )
+
+
+def _parse_stage(s: dict[str, Any]) -> StageResult:
+    checks = tuple(
+        CheckResult(name=str(c["name"]), status=Status(c["status"]), message=str(c["message"]),
+                    evidence=dict(c.get("evidence") or {}))
+        for c in s["checks"]
+    )  # fmt: skip
+    return StageResult(stage=str(s["stage"]), status=Status(s["status"]), checks=checks,
+                       seconds=float(s["seconds"]), artifacts=dict(s.get("artifacts") or {}))  # fmt: skip
 
 
 def receipt_problems(receipt: dict[str, Any]) -> list[str]:
@@ -68,49 +225,46 @@ def receipt_problems(receipt: dict[str, Any]) -> list[str]:
 # -- JUnit XML -------------------------------------------------------------------------------------
 
 
-def render_junit(receipt: dict[str, Any]) -> str:
+def render_junit(receipt: Receipt) -> str:
     """One testsuite per stage, one testcase per check: FAIL/ERROR fail, SKIP skips, INCONCLUSIVE fails.
 
     INCONCLUSIVE is reported as a failure so CI viewers do not show green for a check that proved
     nothing; its message says so.
     """
-    suites = ET.Element("testsuites", name=f"stackproof {receipt['cell']}")
+    cell = receipt.cell
+    suites = ET.Element("testsuites", name=f"stackproof {cell}")
     total = failures = skipped = 0
-    for stage in receipt["stages"]:
-        suite = ET.SubElement(
-            suites,
-            "testsuite",
-            name=f"{receipt['cell']}{'/' + receipt['arm'] if receipt['arm'] else ''}.{stage['stage']}",
-            time=f"{stage['seconds']:.2f}",
-        )
+    for stage in receipt.stages:
+        name = f"{cell}{'/' + receipt.arm if receipt.arm else ''}.{stage.stage}"
+        suite = ET.SubElement(suites, "testsuite", name=name, time=f"{stage.seconds:.2f}")
         counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
-        for check in stage["checks"]:
+        for check in stage.checks:
             counts["tests"] += 1
-            case = ET.SubElement(suite, "testcase", classname=f"{receipt['cell']}.{stage['stage']}", name=check["name"])
-            status = check["status"]
-            if status in ("FAIL", "INCONCLUSIVE"):
+            case = ET.SubElement(suite, "testcase", classname=f"{cell}.{stage.stage}", name=check.name)
+            status = check.status
+            if status in (Status.FAIL, Status.INCONCLUSIVE):
                 counts["failures"] += 1
-                failure = ET.SubElement(case, "failure", message=f"{status}: {check['message']}"[:1000], type=status)
-                failure.text = json.dumps(check["evidence"], indent=1, default=str)[:20000]
-            elif status == "ERROR":
+                failure = ET.SubElement(case, "failure", message=f"{status}: {check.message}"[:1000], type=status)
+                failure.text = json.dumps(check.evidence, indent=1, default=str)[:20000]
+            elif status is Status.ERROR:
                 counts["errors"] += 1
-                ET.SubElement(case, "error", message=check["message"][:1000], type=status)
-            elif status == "SKIP":
+                ET.SubElement(case, "error", message=check.message[:1000], type=status)
+            elif status is Status.SKIP:
                 counts["skipped"] += 1
-                ET.SubElement(case, "skipped", message=check["message"][:1000])
+                ET.SubElement(case, "skipped", message=check.message[:1000])
             else:
                 out = ET.SubElement(case, "system-out")
-                out.text = f"{status}: {check['message']}"
+                out.text = f"{status}: {check.message}"
         for key, value in counts.items():
             suite.set(key, str(value))
         total += counts["tests"]
         failures += counts["failures"] + counts["errors"]
         skipped += counts["skipped"]
-    if receipt["status"] == "NOT_REPRODUCED":
+    if receipt.status == "NOT_REPRODUCED":
         # Neither red nor green in a CI viewer: the known bug did not show on this host.
-        suite = ET.SubElement(suites, "testsuite", name=f"{receipt['cell']}.expectation", tests="1", skipped="1")
-        case = ET.SubElement(suite, "testcase", classname=f"{receipt['cell']}.expectation", name="expected-failure")
-        ET.SubElement(case, "skipped", message=receipt["status_reason"][:1000], type="NOT_REPRODUCED")
+        suite = ET.SubElement(suites, "testsuite", name=f"{cell}.expectation", tests="1", skipped="1")
+        case = ET.SubElement(suite, "testcase", classname=f"{cell}.expectation", name="expected-failure")
+        ET.SubElement(case, "skipped", message=receipt.status_reason[:1000], type="NOT_REPRODUCED")
         total += 1
         skipped += 1
     suites.set("tests", str(total))
@@ -132,39 +286,35 @@ _ICON = {
 }
 
 
-def render_markdown(receipt: dict[str, Any]) -> str:
-    arm = f" / arm `{receipt['arm']}`" if receipt["arm"] else ""
-    host = receipt["host"]
+def render_markdown(receipt: Receipt) -> str:
+    arm = f" / arm `{receipt.arm}`" if receipt.arm else ""
+    host = receipt.host
     lines = [
-        f"### {_ICON.get(receipt['status'], '')} stackproof `{receipt['cell']}`{arm}: {receipt['status']}",
+        f"### {_ICON.get(receipt.status, '')} stackproof `{receipt.cell}`{arm}: {receipt.status}",
         "",
-        f"{receipt['status_reason']}",
+        f"{receipt.status_reason}",
         "",
-        f"- image `{receipt['image']['ref']}` id `{receipt['image']['id']}`",
-        f"- host: {host['summary']} (key `{host['key']}`), docker {host['docker']}",
-        f"- {receipt['seconds']:.0f}s, stackproof {receipt['tool']['version']}, "
-        f"matrix `{receipt['matrix_digest'][:19]}`",
+        f"- image `{receipt.image.ref}` id `{receipt.image.id}`",
+        f"- host: {host.describe()} (key `{host.key}`), docker {host.docker}",
+        f"- {receipt.seconds:.0f}s, stackproof {receipt.tool_version}, matrix `{receipt.matrix_digest[:19]}`",
         "",
         "| stage | status | seconds | checks |",
         "|---|---|---|---|",
     ]
-    for stage in receipt["stages"]:
+    for stage in receipt.stages:
         counted: dict[str, int] = {}
-        for check in stage["checks"]:
-            counted[check["status"]] = counted.get(check["status"], 0) + 1
+        for check in stage.checks:
+            counted[check.status] = counted.get(check.status, 0) + 1
         summary = ", ".join(f"{n} {s}" for s, n in sorted(counted.items()))
-        icon = _ICON.get(stage["status"], "")
-        lines.append(f"| {stage['stage']} | {icon} {stage['status']} | {stage['seconds']:.1f} | {summary} |")
-    bad = [
-        (stage["stage"], c)
-        for stage in receipt["stages"]
-        for c in stage["checks"]
-        if c["status"] in ("FAIL", "ERROR", "INCONCLUSIVE", "WARN")
-    ]
+        lines.append(
+            f"| {stage.stage} | {_ICON.get(stage.status, '')} {stage.status} | {stage.seconds:.1f} | {summary} |"
+        )
+    shown = (Status.FAIL, Status.ERROR, Status.INCONCLUSIVE, Status.WARN)
+    bad = [(stage.stage, c) for stage in receipt.stages for c in stage.checks if c.status in shown]
     if bad:
         lines += ["", "**Findings**", ""]
-        lines += [f"- {_ICON.get(c['status'], '')} `{s}` {c['name']}: {_one_line(c['message'])}" for s, c in bad[:30]]
-    load = receipt.get("load")
+        lines += [f"- {_ICON.get(c.status, '')} `{s}` {c.name}: {_one_line(c.message)}" for s, c in bad[:30]]
+    load = receipt.load
     if load:
         ttft, tpot = load["latency_ms"]["ttft"], load["latency_ms"]["tpot"]
         q = load["questions"]
@@ -181,12 +331,12 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())[:300].replace("|", "\\|")
 
 
-def write_all(receipt: dict[str, Any], out_dir: Path) -> dict[str, Path]:
+def write_all(receipt: Receipt, out_dir: Path) -> dict[str, Path]:
     """receipt.json, junit.xml and summary.md in `out_dir`; the summary also to $GITHUB_STEP_SUMMARY."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"receipt": out_dir / "receipt.json", "junit": out_dir / "junit.xml", "summary": out_dir / "summary.md"}
     # Strict JSON: a NaN or an infinity (which strict parsers reject) is written as null.
-    paths["receipt"].write_text(json.dumps(jsonable(receipt), indent=2, default=str, allow_nan=False) + "\n")
+    paths["receipt"].write_text(json.dumps(jsonable(receipt.to_json()), indent=2, default=str, allow_nan=False) + "\n")
     paths["junit"].write_text(render_junit(receipt))
     markdown = render_markdown(receipt)
     paths["summary"].write_text(markdown)

@@ -142,7 +142,7 @@ def _verify_with_receipt(
         image_store=engine.image_store(),
     )
     paths = write_all(receipt, out_dir)
-    print(f"{cell.id}: receipt {receipt['status']}: {paths['receipt']} (+ junit.xml, summary.md)", file=sys.stderr)
+    print(f"{cell.id}: receipt {receipt.status}: {paths['receipt']} (+ junit.xml, summary.md)", file=sys.stderr)
     return report
 
 

@@ -9,10 +9,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pipeline
 from pipeline.host import HostFingerprint
 from pipeline.model import STAGES
-from pipeline.receipt import RECEIPT_KIND, RECEIPT_SCHEMA_VERSION
+from pipeline.receipt import ImageRef, Receipt, Runtime
 from pipeline.result import Status, VerifyReport
 from verify.probe import ProbeReport
 
@@ -49,63 +48,38 @@ def build_receipt(
     finished_at: float,
     repo_digests: tuple[str, ...] = (),
     image_store: str = "classic",
-) -> dict[str, Any]:
+) -> Receipt:
     status, reason = receipt_status(report)
-    stages = [
-        {
-            "stage": s.stage,
-            "status": str(s.status),
-            "seconds": s.seconds,
-            "checks": [
-                {"name": c.name, "status": str(c.status), "message": c.message, "evidence": c.evidence}
-                for c in s.checks
-            ],
-            "artifacts": s.artifacts,
-        }
-        for s in report.stages
-    ]
-    return {
-        "schema_version": RECEIPT_SCHEMA_VERSION,
-        "kind": RECEIPT_KIND,
-        "status": status,
-        "status_reason": reason,
-        "claims": "this image id, verified on this host geometry; nothing about other images or hosts",
-        "cell": report.cell,
-        "arm": report.arm,
-        "image": {
-            "ref": report.image,
-            "id": report.image_id,
-            # which digest `id` is: the config digest on docker's classic image store, the manifest (or
-            # index) digest on the containerd image store. Receipts without this key bind the config.
-            "id_is": "manifest" if image_store == "containerd" else "config",
-            "repo_digests": list(repo_digests),
-        },
-        "matrix_digest": matrix_digest,
-        "host": host.to_json(),
-        "tool": {"name": "stackproof", "version": pipeline.__version__},
-        "started_at": _iso(started_at),
-        "finished_at": _iso(finished_at),
-        "seconds": round(finished_at - started_at, 2),
-        "outcome": {
-            "passed": report.outcome.passed,
-            "summary": report.outcome.summary,
-            "expected_failure": report.outcome.expected_failure,
-            "not_reproduced": report.outcome.not_reproduced,
-        },
-        "stages": stages,
-        "runtime": _runtime(report),
-        "load": _load_summary(report),
-        "autotune": _autotune_winners(report),
-        "server_starts": report.servers.get("started"),
-        "servers": report.servers,
-    }
+    return Receipt(
+        status=status,
+        status_reason=reason,
+        cell=report.cell,
+        arm=report.arm,
+        image=ImageRef(
+            ref=report.image,
+            id=report.image_id,
+            id_is="manifest" if image_store == "containerd" else "config",
+            repo_digests=repo_digests,
+        ),
+        matrix_digest=matrix_digest,
+        host=host,
+        started_at=_iso(started_at),
+        finished_at=_iso(finished_at),
+        seconds=round(finished_at - started_at, 2),
+        outcome=report.outcome,
+        stages=report.stages,
+        runtime=_runtime(report),
+        load=_load_summary(report),
+        autotune=_autotune_winners(report),
+        servers=report.servers,
+    )
 
 
 def _iso(epoch: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
 
 
-def _runtime(report: VerifyReport) -> dict[str, Any] | None:
+def _runtime(report: VerifyReport) -> Runtime | None:
     """What the image's own stack saw on this host (the imports probe): torch, CUDA, cuDNN, GPUs."""
     stage = next((s for s in report.stages if s.stage == "imports" and "probe" in s.artifacts), None)
     if stage is None or not Path(stage.artifacts["probe"]).is_file():
@@ -113,14 +87,14 @@ def _runtime(report: VerifyReport) -> dict[str, Any] | None:
     probe = ProbeReport.parse(json.loads(Path(stage.artifacts["probe"]).read_text()))
     versions = {name: d.version for name in RUNTIME_DISTS if (d := probe.dist(name)) is not None}
     torch = probe.torch
-    return {
-        "python": probe.python_version,
-        "torch": torch.version if torch else None,
-        "cuda": torch.cuda if torch else None,
-        "cudnn": torch.cudnn if torch else None,
-        "gpus_seen_by_torch": list(torch.gpus) if torch else [],
-        "distributions": versions,
-    }
+    return Runtime(
+        python=probe.python_version,
+        torch=torch.version if torch else None,
+        cuda=torch.cuda if torch else None,
+        cudnn=torch.cudnn if torch else None,
+        gpus_seen_by_torch=tuple(torch.gpus) if torch else (),
+        distributions=versions,
+    )
 
 
 def _load_summary(report: VerifyReport) -> dict[str, Any] | None:
@@ -131,10 +105,10 @@ def _load_summary(report: VerifyReport) -> dict[str, Any] | None:
     return summary
 
 
-def _autotune_winners(report: VerifyReport) -> list[dict[str, Any]] | None:
+def _autotune_winners(report: VerifyReport) -> tuple[dict[str, Any], ...] | None:
     stage = next((s for s in report.stages if s.stage == "autotune"), None)
     if stage is None:
         return None
     check = next((c for c in stage.checks if c.name == "autotune-cache"), None)
     winners = check.evidence.get("winners") if check else None
-    return list(winners) if winners else None
+    return tuple(winners) if winners else None

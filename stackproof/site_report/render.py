@@ -138,6 +138,7 @@ def _delta(pair: tuple[float | None, float | None]) -> str:
 def _receipt_files(receipt: Receipt, out: dict[str, bytes]) -> Links:
     """The receipt as it was, and what the run left beside it; JUnit and the summary are rendered from
     the receipt when the run directory is not at hand (they are pure functions of it)."""
+    from pipeline.receipt import Receipt as ReceiptDocument
     from pipeline.receipt import render_junit, render_markdown
 
     base = f"receipts/{receipt.id}"
@@ -147,7 +148,7 @@ def _receipt_files(receipt: Receipt, out: dict[str, bytes]) -> Links:
         data = receipt.files.get(name)
         if data is None:
             try:
-                data = renderer(dict(receipt.document)).encode()
+                data = renderer(ReceiptDocument.parse(dict(receipt.document))).encode()
             except (KeyError, TypeError, AttributeError, ValueError):
                 data = None  # a receipt of another writer may lack a field the renderer needs
         if data is not None:

@@ -240,7 +240,7 @@ def test_not_reproduced_reaches_receipt_junit_and_summary() -> None:
         arch="x86_64", kernel="6.1", os="Debian 12", docker="26.1", gpus=(), driver="none", cuda_driver="none"
     )
     receipt = build_receipt(report, matrix_digest="sha256:" + "2" * 64, host=host, started_at=0.0, finished_at=1.0)
-    assert receipt["status"] == "NOT_REPRODUCED"
+    assert receipt.status == "NOT_REPRODUCED"
     junit = ET.fromstring(render_junit(receipt))
     skipped = [s for s in junit.iter("skipped") if s.get("type") == "NOT_REPRODUCED"]
     assert len(skipped) == 1 and "NOT_REPRODUCED" in (skipped[0].get("message") or "")

@@ -229,7 +229,7 @@ def test_an_index_resolves_to_the_platform_never_to_an_attestation() -> None:
 
 def _receipt(status: Status = Status.PASS, *, passed: bool = True) -> dict[str, Any]:
     report = _report(*(status,) * 4, passed=passed)
-    return build_receipt(report, matrix_digest="sha256:m", host=CPU, started_at=0, finished_at=1)
+    return build_receipt(report, matrix_digest="sha256:m", host=CPU, started_at=0, finished_at=1).to_json()
 
 
 def _gate(receipt: dict[str, Any], report: dict[str, Any] | None = None, **kw: str) -> list[str]:
