@@ -42,6 +42,7 @@ def lint(session: nox.Session) -> None:
     _install(session)
     session.run("ruff", "check", ".")
     session.run("mypy")
+    session.run("lint-imports")  # the layers: commands above checks above the floor (pyproject.toml)
 
 
 @nox.session(python=PYTHON)

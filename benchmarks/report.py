@@ -45,7 +45,7 @@ def main() -> int:
     parser.add_argument("--with-raw", action="store_true", help="a run directory's raw load series beside each")
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
-    from pipeline.cli import main as stackproof
+    from stackproof.cli import main as stackproof
     from verify.autotune import read_cache
     from verify.autotune_stage import winners_table
 

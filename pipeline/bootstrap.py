@@ -26,7 +26,7 @@ __all__ = ["base_tag", "ensure_base"]
 RECIPE_REVISION = 1
 
 
-def base_tag(base: BootstrapBase, images_dir: Path) -> str:
+def base_tag(base: BootstrapBase) -> str:
     """`stackproof/base-NAME:<digest of the recipe>`; the mirror is not part of it."""
     recipe = base.recipe
     spec = {
@@ -42,7 +42,7 @@ def base_tag(base: BootstrapBase, images_dir: Path) -> str:
 
 def ensure_base(engine: Engine, base: BootstrapBase, site: SiteSettings, images_dir: Path) -> tuple[str, bool]:
     """Build the base unless its tag exists. Returns (tag, built_now)."""
-    tag = base_tag(base, images_dir)
+    tag = base_tag(base)
     if engine.image(tag) is not None:
         print(f"base {tag} exists, reusing it", file=sys.stderr)
         return tag, False

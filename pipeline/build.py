@@ -22,7 +22,7 @@ from typing import TextIO
 
 from pipeline.bootstrap import ensure_base
 from pipeline.cache import cache_dir, locked
-from pipeline.engine import Engine
+from pipeline.engine import Engine, ImageInfo
 from pipeline.errors import InfraError, InputError
 from pipeline.fleet import cache_ref, fetch_built, push_built, registry_credentials
 from pipeline.gc import job_labels
@@ -32,7 +32,7 @@ from pipeline.redact import redact
 from pipeline.registry import Credentials
 from pipeline.site import Mirror, SiteSettings
 
-__all__ = ["BuildResult", "build_cell", "index_options", "write_context"]
+__all__ = ["BuildResult", "build_cell", "built_image", "index_options", "write_context"]
 
 MATRIX_DIGEST_LABEL = "io.stackproof.matrix.digest"
 _RESOLVED_BASE = re.compile(r"resolve (?:docker-image://)?(\S+@sha256:[0-9a-f]{64})")
@@ -54,6 +54,18 @@ class BuildResult:
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
+
+
+def built_image(
+    engine: Engine, matrix: Matrix, cell: Cell, site: SiteSettings, images_dir: Path, *, builds_it: str = "build"
+) -> tuple[BuildPlan, ImageInfo]:
+    """The cell's plan (its content tag) and the image docker has under that tag: the one answer to
+    "is this cell built?". Not built: bad input (exit 2), naming the command that builds it."""
+    plan = plan_cell(matrix, cell, site, images_dir)
+    image = engine.image(plan.tag)
+    if image is None:
+        raise InputError(f"{cell.id}: image {plan.tag} is not built: run `stackproof {builds_it} {cell.id}`")
+    return plan, image
 
 
 def build_cell(

@@ -14,7 +14,7 @@
 - `expect`: the stage a known-bad cell must fail at (`expect.stage`), or null
 
 `changed_cells` compares the matrix at an older commit with this one, given the files that
-changed since; `pipeline.cli_ci` gathers those inputs from git.
+changed since; `stackproof.cli_ci` gathers those inputs from git.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import InputError
-from pipeline.model import Cell, CellBase, Matrix
+from pipeline.model import Cell, Matrix
 from pipeline.runners import RunnerLabels
 
 __all__ = [
@@ -147,21 +147,14 @@ def changed_cells(
             hits = sorted(f for f in changed if f == path or path in f.parents)
             reasons += [f"{_shown(f, root)} changed" for f in hits]
 
-    by_id = {c.id: c for c in new.cells}
-    selected: dict[str, tuple[str, ...]] = {}
-
-    def reasons_of(cell: Cell, seen: tuple[str, ...]) -> tuple[str, ...]:
-        if cell.id in selected:
-            return selected[cell.id]
+    def reasons_of(cell: Cell) -> tuple[str, ...]:
         reasons = list(direct[cell.id])
-        base = cell.base
-        parent = by_id.get(base.cell) if isinstance(base, CellBase) else None
-        if parent is not None and parent.id not in seen and reasons_of(parent, (*seen, cell.id)):
-            reasons.append(f"built on cell {parent.id}, which is selected")
-        selected[cell.id] = tuple(reasons)
-        return selected[cell.id]
+        below = new.lineage(cell)[1:]  # a cell whose base is rebuilt is rebuilt too
+        if any(direct[c.id] for c in below):
+            reasons.append(f"built on cell {below[0].id}, which is selected")
+        return tuple(reasons)
 
-    return tuple(Change(cell=c.id, reasons=reasons_of(c, ())) for c in new.cells if reasons_of(c, ()))
+    return tuple(Change(cell=c.id, reasons=reasons_of(c)) for c in new.cells if reasons_of(c))
 
 
 def cell_definition(matrix: Matrix, cell: Cell) -> str:

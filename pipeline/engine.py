@@ -1,5 +1,8 @@
 """Docker at the edge: find a BuildKit-capable CLI, build, inspect, run and remove containers.
 
+The only module that puts a docker command line together: everything else says what it wants as
+typed operations (`Container` + `Engine.start`/`run_to_end`/`exec`/`remove_container`, ...), and
+every container it starts is named, labelled with its role and owner, and removed on every path.
 Every call goes through `pipeline.cmd`. Real GPU runners have `docker buildx`; the development
 machines have Debian's docker 20.10, whose built-in BuildKit is reached with DOCKER_BUILDKIT=1
 (a newer static client earlier on PATH, without buildx, cannot build with BuildKit at all).
@@ -25,11 +28,25 @@ from packaging.version import InvalidVersion, Version
 
 from pipeline import cmd
 from pipeline.errors import CheckFailed, InfraError
+from pipeline.gc import OWNER_HOST_LABEL, OWNER_PID_LABEL, OWNER_START_LABEL, Owned, owner_labels
 
 if TYPE_CHECKING:
     from pipeline.registry import Credentials
 
-__all__ = ["CLASSIC_STORE", "CONTAINERD_STORE", "DockerCli", "Engine", "ImageInfo", "detect_cli"]
+__all__ = [
+    "CLASSIC_STORE",
+    "CONTAINERD_STORE",
+    "ROLE_LABEL",
+    "Container",
+    "DockerCli",
+    "Engine",
+    "ImageInfo",
+    "Mount",
+    "detect_cli",
+    "run_argv",
+]
+
+ROLE_LABEL = "io.stackproof.role"  # server | probe | doctor | kernels | sidecar
 
 # What `docker inspect .Id` is depends on the daemon's image store: the config digest on the classic
 # (graphdriver) store, the manifest (or index) digest on the containerd image store, which current
@@ -144,6 +161,64 @@ class ImageInfo:
     env: tuple[tuple[str, str], ...] = ()  # the image config's ENV, as the container starts with it
 
 
+@dataclass(frozen=True, kw_only=True)
+class Mount:
+    """A host path bind-mounted into a container (read-only unless said otherwise)."""
+
+    source: Path | str
+    target: str
+    read_only: bool = True
+
+
+@dataclass(frozen=True, kw_only=True)
+class Container:
+    """One container of ours, as data: what `docker run` is told, and nothing else.
+
+    `command[0]` is the entrypoint (an image's own ENTRYPOINT never wraps ours). `env` values reach
+    argv, so they are never secrets: a secret is passed by name only (`env_from_host`, `--env NAME`),
+    its value taken from this process's environment by docker itself. `volumes` are anonymous
+    volumes (container paths), removed with the container."""
+
+    image: str
+    name: str
+    role: str
+    command: tuple[str, ...]
+    labels: tuple[tuple[str, str], ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    env_from_host: tuple[str, ...] = ()
+    mounts: tuple[Mount, ...] = ()
+    volumes: tuple[str, ...] = ()
+    network: str = "host"  # "none" for probes: importing must not need a network
+    gpus: str | None = None
+    shm_size: str | None = None
+    pid: str | None = None  # `container:NAME`: share that container's PID namespace (a debugging sidecar)
+    cap_add: tuple[str, ...] = ()
+
+
+def run_argv(container: Container, *, detach: bool) -> list[str]:
+    """The `docker run` arguments (after the CLI's path) for `container`: pure."""
+    argv = ["run", *(["--detach"] if detach else []), "--name", container.name, "--network", container.network]
+    labels = [f"{ROLE_LABEL}={container.role}", *(f"{k}={v}" for k, v in container.labels), *owner_labels()]
+    argv += [arg for label in labels for arg in ("--label", label)]  # owner: `stackproof gc` finds orphans
+    if container.pid:
+        argv += ["--pid", container.pid]
+    argv += [arg for cap in container.cap_add for arg in ("--cap-add", cap)]
+    if container.shm_size:
+        argv += ["--shm-size", container.shm_size]
+    if container.gpus:
+        argv += ["--gpus", container.gpus]
+    for key, value in sorted(container.env):
+        argv += ["--env", f"{key}={value}"]
+    for name in container.env_from_host:
+        argv += ["--env", name]
+    for mount in container.mounts:
+        argv += ["--volume", f"{mount.source}:{mount.target}{':ro' if mount.read_only else ''}"]
+    for path in container.volumes:
+        argv += ["--volume", path]
+    entrypoint, *args = container.command
+    return [*argv, "--entrypoint", entrypoint, container.image, *args]
+
+
 class Engine:
     """The docker operations the pipeline needs, on one CLI."""
 
@@ -164,11 +239,90 @@ class Engine:
             )
         return engine
 
-    def docker(self, *args: str, timeout: float = 120, check: bool = True, quiet: bool = False) -> cmd.CommandResult:
+    def _docker(self, *args: str, timeout: float = 120, check: bool = True, quiet: bool = False) -> cmd.CommandResult:
         return cmd.run([self.cli.path, *args], timeout=timeout, check=check, quiet=quiet)
 
+    # -- containers -------------------------------------------------------------------------------
+
+    def start(self, container: Container, *, timeout: float = 120) -> None:
+        """`docker run --detach`; the caller removes it (`remove_container`) on every path."""
+        self._docker(*run_argv(container, detach=True), timeout=timeout)
+
+    def run(self, container: Container, *, timeout: float, check: bool = True) -> cmd.CommandResult:
+        """Run `container` attached until it exits and keep it (to copy out of it): inside `removing`."""
+        return self._docker(*run_argv(container, detach=False), timeout=timeout, check=check)
+
+    def run_to_end(self, container: Container, *, timeout: float) -> cmd.CommandResult:
+        """Run `container` attached until it exits, then remove it, interrupted or not: its output,
+        whatever its exit code (the caller judges it)."""
+        with self.removing(container.name):
+            return self.run(container, timeout=timeout, check=False)
+
+    @contextlib.contextmanager
+    def removing(self, name: str) -> Iterator[str]:
+        """Remove the container `name` (and its anonymous volumes) when the block ends, on every path."""
+        try:
+            yield name
+        finally:
+            self.remove_container(name)
+
+    def remove_container(self, name: str) -> None:
+        """Remove a container and its anonymous volumes; nothing when it is not there."""
+        self._docker("rm", "--force", "--volumes", name, check=False, quiet=True, timeout=60)
+
+    def container_state(self, name: str) -> tuple[str, int]:
+        """(status, exit code) from docker inspect; ('missing', -1) when the container is gone."""
+        fmt = "{{.State.Status}} {{.State.ExitCode}}"
+        result = self._docker("inspect", "--format", fmt, name, check=False, quiet=True, timeout=30)
+        if result.returncode != 0:
+            return "missing", -1
+        status, _, code = result.stdout.strip().partition(" ")
+        return status, int(code or -1)
+
+    def follow_logs(self, name: str, on_line: Callable[[str], None], *, timeout: float) -> None:
+        """Stream the container's output, line by line, until it is removed (then it returns)."""
+        with contextlib.suppress(Exception):  # `docker logs` fails once the container is gone
+            cmd.stream([self.cli.path, "logs", "--follow", name], on_line=on_line, timeout=timeout)
+
+    def exec(self, name: str, argv: Sequence[str], *, timeout: float = 30) -> cmd.CommandResult:
+        """Run `argv` inside the running container `name`; its result, whatever its exit code."""
+        return self._docker("exec", name, *argv, check=False, quiet=True, timeout=timeout)
+
+    def owned_containers(self) -> list[Owned] | None:
+        """Every container that names an owner (see pipeline/gc.py); None when docker cannot say."""
+        labels = (OWNER_HOST_LABEL, OWNER_PID_LABEL, OWNER_START_LABEL)
+        fmt = "\t".join(["{{.ID}}", "{{.Names}}", *(f'{{{{.Label "{k}"}}}}' for k in labels)])
+        argv = ["ps", "--all", "--no-trunc", "--filter", f"label={OWNER_PID_LABEL}", "--format", fmt]
+        result = self._docker(*argv, quiet=True, timeout=60, check=False)
+        if result.returncode != 0:
+            return None
+        rows = [line.split("\t") for line in result.stdout.splitlines()]
+        return [Owned(id=p[0], name=p[1], host=p[2], pid=p[3], start=p[4]) for p in rows if len(p) == 5]
+
+    # -- the daemon and images --------------------------------------------------------------------
+
+    def info(self) -> dict[str, Any] | str:
+        """`docker info` as JSON; the CLI's error text when the daemon does not answer."""
+        result = self._docker("info", "--format", "{{json .}}", check=False, quiet=True, timeout=30)
+        if result.returncode != 0:
+            return (result.stderr or result.stdout).strip()
+        try:
+            document = json.loads(result.stdout)
+        except ValueError:
+            return result.stdout.strip()[-500:]
+        return document if isinstance(document, dict) else str(document)
+
+    def image_config(self, ref: str, *, timeout: float = 60) -> dict[str, Any] | None:
+        """`docker image inspect` of one image as JSON; None when it is not here."""
+        argv = ("image", "inspect", "--format", "{{json .}}", ref)
+        result = self._docker(*argv, check=False, quiet=True, timeout=timeout)
+        if result.returncode != 0:
+            return None
+        document = json.loads(result.stdout)
+        return document if isinstance(document, dict) else None
+
     def image(self, ref: str) -> ImageInfo | None:
-        result = self.docker("image", "inspect", ref, check=False, quiet=True)
+        result = self._docker("image", "inspect", ref, check=False, quiet=True)
         if result.returncode != 0:
             return None
         data: dict[str, Any] = json.loads(result.stdout)[0]
@@ -213,20 +367,20 @@ class Engine:
         return match.group(1)
 
     def tag(self, source: str, target: str) -> None:
-        self.docker("tag", source, target, quiet=True)
+        self._docker("tag", source, target, quiet=True)
 
     def remove_image(self, ref: str) -> None:
         """Remove a tag (or digest reference); nothing when it is not there."""
-        self.docker("rmi", ref, check=False, quiet=True)
+        self._docker("rmi", ref, check=False, quiet=True)
 
     def image_store(self) -> str:
         """CONTAINERD_STORE when the daemon keeps images in containerd (`.Id` = manifest digest), else CLASSIC_STORE."""
-        result = self.docker("info", "--format", "{{json .DriverStatus}}", check=False, quiet=True, timeout=30)
+        result = self._docker("info", "--format", "{{json .DriverStatus}}", check=False, quiet=True, timeout=30)
         return CONTAINERD_STORE if "io.containerd.snapshotter" in result.stdout else CLASSIC_STORE
 
     def platform(self) -> str:
         """The daemon's platform as OCI writes it (`linux/amd64`)."""
-        result = self.docker("version", "--format", "{{.Server.Os}}/{{.Server.Arch}}", quiet=True, timeout=30)
+        result = self._docker("version", "--format", "{{.Server.Os}}/{{.Server.Arch}}", quiet=True, timeout=30)
         return result.stdout.strip() or "linux/amd64"
 
     def copy_out(self, container: str, path: str, dest: Path, *, timeout: float = 300) -> bool:
@@ -235,20 +389,16 @@ class Engine:
         Files a container writes belong to its user (root, with FlashInfer's 0600 modes): read
         through docker, they land owned by whoever runs this, so an ordinary runner user can read
         and delete them. False when the container has no such path."""
-        result = self.docker("cp", f"{container}:{path}", str(dest), check=False, quiet=True, timeout=timeout)
+        result = self._docker("cp", f"{container}:{path}", str(dest), check=False, quiet=True, timeout=timeout)
         missing = ("No such container:path", "Could not find the file")  # docker 20.10, docker 26
         if result.returncode != 0 and not any(text in result.stderr for text in missing):
             raise InfraError(f"docker cp {container}:{path} failed: {result.stderr.strip()[-500:]}")
         return result.returncode == 0
 
-    def exec_in(self, container: str, argv: Sequence[str], *, timeout: float = 30) -> cmd.CommandResult:
-        """Run `argv` inside a running container (`docker exec`); the result, whatever its exit status."""
-        return self.docker("exec", container, *argv, check=False, quiet=True, timeout=timeout)
-
     def container_pids(self, container: str) -> list[int]:
         """Host PIDs of every process in a running container (`docker top`): what NVML reports per
         process. Empty when the container is gone."""
-        result = self.docker("top", container, "-eo", "pid", check=False, quiet=True, timeout=30)
+        result = self._docker("top", container, "-eo", "pid", check=False, quiet=True, timeout=30)
         if result.returncode != 0:
             return []
         return [int(word) for word in result.stdout.split() if word.isdigit()]
@@ -268,21 +418,18 @@ class Engine:
         running server without anything added to its image. `binds` are mounted read-only; no
         network. The sidecar is named before it starts and removed on every path, an interrupt too.
         """
-        name = f"{target}-sidecar-{uuid.uuid4().hex[:8]}"[:128]
-        run = ["run", "--rm", "--name", name, "--pid", f"container:{target}", "--cap-add", "SYS_PTRACE"]
-        run += ["--network", "none", "--label", "io.stackproof.role=sidecar"]
-        from pipeline.gc import owner_args  # gc builds on Engine: imported here, not at the top
-
-        run += ["--label", f"io.stackproof.target={target}", *owner_args()]
-        for key, value in sorted(labels.items()):
-            run += ["--label", f"{key}={value}"]
-        for host, inside in sorted(binds.items()):
-            run += ["--volume", f"{host}:{inside}:ro"]
-        run += ["--entrypoint", argv[0], image, *argv[1:]]
-        try:  # a timeout raises InfraError; the sidecar is removed all the same
-            return self.docker(*run, check=False, quiet=True, timeout=timeout)
-        finally:
-            self.docker("rm", "--force", name, check=False, quiet=True, timeout=60)
+        sidecar = Container(
+            image=image,
+            name=f"{target}-sidecar-{uuid.uuid4().hex[:8]}"[:128],
+            role="sidecar",
+            command=tuple(argv),
+            labels=(("io.stackproof.target", target), *sorted(labels.items())),
+            mounts=tuple(Mount(source=host, target=inside) for host, inside in sorted(binds.items())),
+            network="none",
+            pid=f"container:{target}",
+            cap_add=("SYS_PTRACE",),
+        )
+        return self.run_to_end(sidecar, timeout=timeout)  # a timeout raises; the sidecar is removed all the same
 
     def build(
         self,
@@ -321,7 +468,7 @@ class Engine:
         `docker` driver exports it only on the containerd image store, other drivers always."""
         if self.cli.mode != "buildx":
             return False, f"{self.cli.path} ({self.cli.version}) has no buildx"
-        result = self.docker("buildx", "inspect", check=False, quiet=True, timeout=60)
+        result = self._docker("buildx", "inspect", check=False, quiet=True, timeout=60)
         match = re.search(r"^Driver:\s*(\S+)", result.stdout, re.MULTILINE)
         driver = match.group(1) if match else "unknown"
         if driver == "docker" and self.image_store() != CONTAINERD_STORE:
@@ -332,12 +479,12 @@ class Engine:
         argv = ["image", "import"]
         for change in changes:
             argv += ["--change", change]
-        return self.docker(*argv, str(tarball), tag, timeout=600).stdout.strip()
+        return self._docker(*argv, str(tarball), tag, timeout=600).stdout.strip()
 
     def created_since(self, since: float, label: str) -> list[str]:
         """Names of containers carrying `label` created since `since` (epoch seconds), from the
         daemon's event log: proof of what was, or was never, started."""
-        result = self.docker(
+        result = self._docker(
             "events",
             "--since",
             f"{since:.0f}",

@@ -26,7 +26,8 @@ class InputError(PipelineError):
 
 
 class MatrixError(InputError):
-    """matrix.yaml is invalid. Carries every problem found, each located by file and line."""
+    """A YAML input is invalid (matrix.yaml, or a rule set, the signature catalog, the autotune
+    policies). Carries every problem found, each located by file and line."""
 
     def __init__(self, problems: list[str]) -> None:
         self.problems = problems

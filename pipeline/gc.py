@@ -12,8 +12,10 @@ import os
 import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from pipeline.engine import Engine
+if TYPE_CHECKING:  # the engine labels every container with `owner_labels`: it imports this module
+    from pipeline.engine import Engine
 
 __all__ = [
     "JOB_LABEL",
@@ -22,7 +24,6 @@ __all__ = [
     "collect_garbage",
     "dead_containers",
     "job_labels",
-    "owner_args",
     "owner_labels",
 ]
 
@@ -62,11 +63,6 @@ def job_labels(env: Mapping[str, str] | None = None) -> dict[str, str]:
     return {JOB_LABEL: env["STACKPROOF_JOB"][:128]} if env.get("STACKPROOF_JOB") else {}
 
 
-def owner_args() -> list[str]:
-    """`--label` arguments for `docker run`/`create`."""
-    return [arg for label in owner_labels() for arg in ("--label", label)]
-
-
 def dead_containers(containers: list[Owned], *, host: str, alive: Callable[[int, str], bool]) -> list[Owned]:
     """Pure: the containers of this host whose owner process no longer runs."""
     dead = []
@@ -80,35 +76,12 @@ def dead_containers(containers: list[Owned], *, host: str, alive: Callable[[int,
 
 def collect_garbage(engine: Engine) -> list[str]:
     """Remove the containers of dead runs on this host; return their names."""
-    fmt = "\t".join(
-        [
-            "{{.ID}}",
-            "{{.Names}}",
-            *(f'{{{{.Label "{k}"}}}}' for k in (OWNER_HOST_LABEL, OWNER_PID_LABEL, OWNER_START_LABEL)),
-        ]
-    )
-    result = engine.docker(
-        "ps",
-        "--all",
-        "--no-trunc",
-        "--filter",
-        f"label={OWNER_PID_LABEL}",
-        "--format",
-        fmt,
-        quiet=True,
-        timeout=60,
-        check=False,
-    )
-    if result.returncode != 0:  # collecting garbage never stops the run that asked for it
+    containers = engine.owned_containers()
+    if containers is None:  # collecting garbage never stops the run that asked for it
         return []
-    rows = []
-    for line in result.stdout.splitlines():
-        parts = line.split("\t")
-        if len(parts) == 5:
-            rows.append(Owned(id=parts[0], name=parts[1], host=parts[2], pid=parts[3], start=parts[4]))
     removed = []
-    for c in dead_containers(rows, host=socket.gethostname(), alive=process_alive):
-        engine.docker("rm", "--force", "--volumes", c.id, check=False, quiet=True, timeout=60)
+    for c in dead_containers(containers, host=socket.gethostname(), alive=process_alive):
+        engine.remove_container(c.id)
         removed.append(c.name)
     return removed
 

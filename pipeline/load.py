@@ -21,7 +21,7 @@ from typing import Any
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from pipeline.errors import MatrixError
+from pipeline.errors import InputError, MatrixError
 from pipeline.model import (
     STAGES,
     Arm,
@@ -41,6 +41,7 @@ from pipeline.model import (
     RegistryBase,
     Requirement,
     ServeSpec,
+    lineage,
     parse_log_rule,
 )
 from pipeline.redact import secret_arg, secret_env
@@ -427,18 +428,23 @@ class _Checker:
         return _inherit_accepted_conflicts(cells, bases)
 
     def base_chains_bounded(self, cells: list[Cell], index: dict[str, int]) -> bool:
-        """A cell on a cell on a cell...: at most MAX_CHAIN deep (each level is an image build)."""
+        """No cell is its own base, however far round, and no chain is more than MAX_CHAIN deep
+        (each level is an image build)."""
         by_id = {c.id: c for c in cells}
         ok = True
         for cell in cells:
-            current, depth, seen = cell, 0, {cell.id}
-            while isinstance(current.base, CellBase) and current.base.cell in by_id and depth <= MAX_CHAIN:
-                if current.base.cell in seen:  # a cycle: planning reports it as such, not as depth
-                    break
-                current, depth = by_id[current.base.cell], depth + 1
-                seen.add(current.id)
-            if depth > MAX_CHAIN:
-                self.problem(("cells", index[cell.id], "base"), f"more than {MAX_CHAIN} cells stacked as bases")
+            if isinstance(cell.base, CellBase) and cell.base.cell == cell.id:
+                ok = False  # said already, as "this cell's own image"
+                continue
+            where = ("cells", index[cell.id], "base")
+            try:
+                chain = lineage(cell, by_id, limit=MAX_CHAIN)
+            except InputError as exc:
+                self.problem(where, str(exc))
+                ok = False
+                continue
+            if len(chain) - 1 > MAX_CHAIN:
+                self.problem(where, f"more than {MAX_CHAIN} cells stacked as bases")
                 ok = False
         return ok
 
@@ -827,20 +833,16 @@ def _inherit_accepted_conflicts(cells: list[Cell], bases: tuple[Base, ...]) -> t
     """A cell built on another cell's image stands on that stack, so it accepts what that cell
     accepted (its own entries win). Resolved here, once, so checks see the whole list."""
     by_id = {c.id: c for c in cells}
-    resolved: dict[str, Cell] = {}
-
-    def resolve(cell: Cell, seen: tuple[str, ...] = ()) -> Cell:
-        if cell.id in resolved:
-            return resolved[cell.id]
-        base = cell.base
-        parent = by_id.get(base.cell) if isinstance(base, CellBase) else None
-        if parent is not None and parent.id not in seen:
-            merged = {**dict(resolve(parent, (*seen, cell.id)).accepted_conflicts), **dict(cell.accepted_conflicts)}
+    resolved = []
+    for cell in cells:
+        chain = lineage(cell, by_id)
+        if len(chain) > 1:
+            merged: dict[str, str] = {}
+            for layer in reversed(chain):  # the root first: each cell's entries win over those below
+                merged.update(layer.accepted_conflicts)
             cell = dataclasses.replace(cell, accepted_conflicts=tuple(sorted(merged.items())))
-        resolved[cell.id] = cell
-        return cell
-
-    return tuple(resolve(c) for c in cells)
+        resolved.append(cell)
+    return tuple(resolved)
 
 
 def _without_nulls(value: Any) -> Any:

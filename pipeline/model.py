@@ -7,8 +7,8 @@ as arguments and never reads YAML, dicts or the environment again.
 from __future__ import annotations
 
 import difflib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
 
 from pipeline.errors import InputError
@@ -28,26 +28,16 @@ __all__ = [
     "LogRule",
     "Matrix",
     "ModelSource",
-    "Override",
     "RegistryBase",
     "Requirement",
     "ServeSpec",
-    "Stage",
 ]
 
 Pairs = tuple[tuple[str, str], ...]
 
 
-class Stage(StrEnum):
-    """The check families, cheapest first; a FAIL stops the stages after it."""
-
-    IMPORTS = "imports"
-    STARTUP = "startup"
-    AUTOTUNE = "autotune"
-    LOAD = "load"
-
-
-STAGES: tuple[str, ...] = tuple(stage.value for stage in Stage)
+# The check families, cheapest first; a FAIL stops the stages after it.
+STAGES: tuple[str, ...] = ("imports", "startup", "autotune", "load")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -116,9 +106,6 @@ class Requirement:
     @property
     def pin(self) -> str:
         return f"{self.name}=={self.version}"
-
-
-Override = Requirement
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -304,7 +291,7 @@ class Cell:
     runner: tuple[str, ...]
     system_packages: tuple[str, ...]
     install: Install | None
-    overrides: tuple[Override, ...]
+    overrides: tuple[Requirement, ...]
     uninstall: tuple[str, ...]
     recipes: tuple[str, ...]
     env: Pairs
@@ -349,11 +336,43 @@ class Matrix:
                 return cell
         raise InputError(f"{self.file}: no cell {cell_id!r}{_suggest(cell_id, [c.id for c in self.cells])}")
 
+    def lineage(self, cell: Cell) -> tuple[Cell, ...]:
+        """The cell, then the cell its image is built on, and so on to the cell on a registry or
+        bootstrap base: the one walk of the base chain (the loader has rejected cycles)."""
+        return lineage(cell, {c.id: c for c in self.cells})
+
+    def root_base(self, cell: Cell) -> RegistryBase | BootstrapBase:
+        """The registry or bootstrap base at the bottom of the cell's chain."""
+        base = self.lineage(cell)[-1].base
+        if isinstance(base, CellBase):
+            raise InputError(f"{self.file}: cell {cell.id!r} stands on cell {base.cell!r}, which is not in it")
+        return base
+
+    def python_of(self, cell: Cell) -> str:
+        """The python the cell's image installs into: its root base's."""
+        return self.root_base(cell).python
+
     def index(self, name: str) -> Index:
         for index in self.indexes:
             if index.name == name:
                 return index
         raise InputError(f"{self.file}: no index {name!r}")
+
+
+def lineage(cell: Cell, by_id: Mapping[str, Cell], *, limit: int | None = None) -> tuple[Cell, ...]:
+    """`Matrix.lineage` over any cells by id (the loader uses it before the Matrix exists). A base
+    cell missing from `by_id` ends the chain there; a cycle raises, naming it. `limit`: stop after
+    that many bases (the loader's depth bound), so a hostile chain costs no more than that."""
+    chain, seen = [cell], {cell.id}
+    while isinstance(chain[-1].base, CellBase) and (parent := by_id.get(chain[-1].base.cell)) is not None:
+        if parent.id in seen:
+            names = " -> ".join(c.id for c in [*chain, parent])
+            raise InputError(f"cell {cell.id!r} is its own base through {names}")
+        if limit is not None and len(chain) - 1 > limit:  # limit + 1 bases: enough to say "too deep"
+            break
+        chain.append(parent)
+        seen.add(parent.id)
+    return tuple(chain)
 
 
 def _suggest(word: str, choices: list[str]) -> str:

@@ -76,17 +76,6 @@ class ModelMounts:
     env: tuple[tuple[str, str], ...] = ()
     env_names: tuple[str, ...] = ()  # passed by name only: docker copies the value from its own environment
 
-    def docker_args(self) -> list[str]:
-        """`docker run` arguments; they come after the cell's `--env`s so the store's settings win."""
-        args: list[str] = []
-        for host, container in self.volumes:
-            args += ["--volume", f"{host}:{container}:ro"]
-        for key, value in self.env:
-            args += ["--env", f"{key}={value}"]
-        for name in self.env_names:
-            args += ["--env", name]
-        return args
-
 
 def store_dir(environ: Mapping[str, str] | None = None) -> Path:
     environ = os.environ if environ is None else environ

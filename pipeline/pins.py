@@ -291,15 +291,13 @@ def release_of_image(image: str) -> str | None:
 Lookup = Callable[[str, str], tuple[Pins | None, str]]
 
 
-def cell_stack(matrix: Matrix, cell: Cell, lookup: Lookup, _seen: tuple[str, ...] = ()) -> Pins:
+def cell_stack(matrix: Matrix, cell: Cell, lookup: Lookup) -> Pins:
     """What `cell`'s image is known to hold: its base's pins, then lock, uninstall, overrides."""
-    if cell.id in _seen:
-        raise InputError(f"{matrix.file}:{cell.line}: cell {cell.id!r} is its own base through {' -> '.join(_seen)}")
     base = cell.base
     notes: list[str] = []
     assumed: dict[str, str] = {}
     if isinstance(base, CellBase):
-        parent = cell_stack(matrix, matrix.cell(base.cell), lookup, (*_seen, cell.id))
+        parent = cell_stack(matrix, matrix.cell(base.cell), lookup)
         pins, complete, source = parent.as_dict(), parent.complete, f"cell {base.cell}: {parent.source}"
         assumed.update(parent.assumed)
         notes += parent.notes

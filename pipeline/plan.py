@@ -1,7 +1,8 @@
 """Plan a cell's build: its Dockerfile, its context files, and its content-addressed tag.
 
-`render_plan` is pure: given the cell, the resolved base reference, the lock and the local
-wheels a mirror provides, it returns a `BuildPlan`. `plan_cell` is the thin edge that gathers
+`render_plan` decides nothing from the outside world: given the cell, the resolved base reference,
+the lock and the local wheels a mirror provides, it renders the templates and recipe files of
+this checkout into a `BuildPlan`. `plan_cell` is the thin edge that gathers
 those inputs (reads the lock, hashes local wheels, resolves a base that is another cell).
 """
 
@@ -80,20 +81,16 @@ class BuildPlan:
         return f"{TAG_REPOSITORY}/{self.cell.id}:{self.digest[:16]}"
 
 
-def plan_cell(
-    matrix: Matrix, cell: Cell, site: SiteSettings, images_dir: Path, _seen: tuple[str, ...] = ()
-) -> BuildPlan:
+def plan_cell(matrix: Matrix, cell: Cell, site: SiteSettings, images_dir: Path) -> BuildPlan:
     """Gather the cell's inputs (lock, local wheels, base) and render its plan."""
-    if cell.id in _seen:
-        raise InputError(f"{matrix.file}:{cell.line}: cell {cell.id!r} is its own base through {' -> '.join(_seen)}")
     base = cell.base
     if isinstance(base, CellBase):
-        parent = plan_cell(matrix, matrix.cell(base.cell), site, images_dir, (*_seen, cell.id))
-        base_ref, python = parent.tag, python_of(matrix, parent.cell)
+        parent = plan_cell(matrix, matrix.cell(base.cell), site, images_dir)  # its tag is our base
+        base_ref, python = parent.tag, matrix.python_of(cell)
     elif isinstance(base, BootstrapBase):
         from pipeline.bootstrap import base_tag
 
-        base_ref, python = base_tag(base, images_dir), base.python
+        base_ref, python = base_tag(base), base.python
     else:
         base_ref, python = base.reference, base.python
     lock = read_lock(cell) if cell.install else None
@@ -119,7 +116,7 @@ def render_plan(
     venv: str | None,
     images_dir: Path,
 ) -> BuildPlan:
-    """Pure: the Dockerfile and context files for `cell`."""
+    """The Dockerfile and context files for `cell`, from this checkout's templates and recipes."""
     # Overridden packages stay in the lock install and the override reinstalls them on top: the
     # locked layer (gigabytes) then never changes when an override is added or moved, and recipes
     # that run between the two (the tiny model needs tqdm) see a complete stack.
@@ -224,14 +221,6 @@ def _labels(cell: Cell, base_ref: str) -> list[tuple[str, str]]:
         ("io.stackproof.tool-version", pipeline.__version__),
     ]
     return labels
-
-
-def python_of(matrix: Matrix, cell: Cell) -> str:
-    """The python the cell's image installs into: its base's, through any chain of cell bases."""
-    base = cell.base
-    while isinstance(base, CellBase):
-        base = matrix.cell(base.cell).base
-    return base.python
 
 
 def _wanted_from_local_mirrors(cell: Cell, lock: Lock | None, site: SiteSettings) -> dict[str, set[tuple[str, str]]]:

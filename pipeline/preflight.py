@@ -19,7 +19,6 @@ where docker is needed anyway, `docker_required=True`: build, run, verify, pull)
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import re
@@ -34,7 +33,7 @@ from packaging.version import InvalidVersion, Version
 
 from pipeline.errors import InfraError
 from pipeline.model import BootstrapBase, Cell, CellBase, Matrix, RegistryBase
-from verify.result import CheckResult, Status
+from pipeline.result import CheckResult, Status
 
 if TYPE_CHECKING:
     from pipeline.engine import Engine
@@ -256,12 +255,10 @@ def gather_facts(
 
 
 def _docker_info(engine: Engine) -> tuple[dict[str, Any] | None, str | None]:
-    result = engine.docker("info", "--format", "{{json .}}", check=False, quiet=True, timeout=30)
-    try:
-        info = json.loads(result.stdout)
-    except ValueError:
-        return None, f"`docker info` printed no JSON (exit code {result.returncode}): {result.stderr.strip()[-300:]}"
-    return (info, None) if isinstance(info, dict) else (None, "`docker info` printed JSON that is not an object")
+    info = engine.info()
+    if isinstance(info, str):
+        return None, f"`docker info` printed no JSON object: {info[-300:]}"
+    return info, None
 
 
 def _image_facts(
@@ -319,14 +316,10 @@ def _image_facts(
 
 
 def _inspect(engine: Engine, ref: str) -> dict[str, Any] | None:
-    result = engine.docker("image", "inspect", "--format", "{{json .}}", ref, check=False, quiet=True, timeout=60)
-    if result.returncode != 0:
-        return None
     try:
-        data = json.loads(result.stdout)
-    except ValueError:
+        return engine.image_config(ref)
+    except ValueError:  # not JSON: nothing to learn from it
         return None
-    return data if isinstance(data, dict) else None
 
 
 def _cdi_specs(directories: Sequence[Path]) -> tuple[str, ...]:

@@ -38,6 +38,7 @@ from pipeline import attest
 from pipeline.engine import CONTAINERD_STORE, Engine, ImageInfo
 from pipeline.errors import CheckFailed, InfraError, InputError
 from pipeline.host import HostFingerprint, differences, host_fingerprint
+from pipeline.receipt import receipt_problems
 from pipeline.registry import (
     OCI_INDEX,
     OCI_MANIFEST,
@@ -47,7 +48,6 @@ from pipeline.registry import (
     sha256_digest,
 )
 from pipeline.reglayout import REPOSITORY, content_ref, docker_login, repository, resolve_platform
-from verify.receipt import receipt_problems
 
 __all__ = [
     "REPOSITORY",

@@ -1,4 +1,4 @@
-"""Site-local settings that never belong in matrix.yaml: index mirrors and the CA bundle.
+"""Site-local settings that never belong in matrix.yaml: index mirrors, the CA bundle, the Debian mirror.
 
 Air-gapped GPU runners and corporate networks point index names at mirrors or local wheel
 directories, and intercept TLS with their own CA. Both come from the environment:
@@ -16,7 +16,7 @@ directories, and intercept TLS with their own CA. Both come from the environment
   (`pipeline.runners`): ARC scale sets, for one, carry none of the default `self-hosted` labels.
 
 Mirrors and the CA bundle reach builds only as BuildKit secrets, so neither lands in a layer or a
-log line.
+log line; the Debian mirror is a debootstrap argument on the host, never inside an image.
 """
 
 from __future__ import annotations

@@ -1,1 +1,3 @@
-"""Checks run against a built image: the server lifecycle now, the verify stages on top of it."""
+"""The checks: the stages run against a built image (imports, startup, autotune, load), the server
+they start, the load test, the log rules and signatures, and the judges. Below the commands
+(stackproof/), above the floor (pipeline/); it builds no docker command line itself."""

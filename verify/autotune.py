@@ -17,8 +17,8 @@ from typing import Any
 
 from pipeline.errors import InputError, MatrixError
 from pipeline.jsonfile import read_json
+from pipeline.result import CheckResult, Status
 from pipeline.yamlsrc import load_yaml
-from verify.result import CheckResult, Status
 
 __all__ = [
     "POLICIES_FILE",
@@ -36,14 +36,6 @@ __all__ = [
 
 POLICIES_FILE = Path(__file__).with_name("autotune_policies.yaml")
 RESERVED = ("_metadata", "_generation", "_records")
-METADATA_FIELDS = (
-    "flashinfer_version",
-    "cuda_version",
-    "cublas_version",
-    "cudnn_version",
-    "cudnn_frontend_version",
-    "gpu",
-)
 
 # FlashInfer's hybrid bucket mapping (fused_moe/utils.py, identical in 0.6.16 and 0.6.18).
 _PHASE1_END, _PHASE2_STEP, _PHASE2_END, _PHASE3_STEP, _PHASE3_END = 256, 256, 2048, 512, 4096
@@ -149,7 +141,6 @@ class AutotuneCache:
     metadata: dict[str, str]
     entries: tuple[Entry, ...]
     generation: str | None
-    has_records: bool
 
     @property
     def format(self) -> str:
@@ -197,7 +188,6 @@ def read_cache(file: Path) -> AutotuneCache:
         metadata=metadata,
         entries=tuple(entries),
         generation=document.get("_generation"),
-        has_records="_records" in document,
     )
 
 

@@ -26,9 +26,9 @@ from typing import Any
 
 from pipeline.engine import Engine
 from pipeline.model import Arm, Cell
+from pipeline.result import CheckResult, StageResult, Status
 from verify.autotune import AutotuneCache, Entry, judge_cache, load_policies, read_cache, winners
 from verify.logscan import Facts, LogWatcher, catalog_for
-from verify.result import CheckResult, StageResult, Status
 from verify.server import ServerContainer, ServerFailed
 from verify.serverplan import CACHE_MOUNT, CONTROLLED_ENV, TUNING_ENV
 

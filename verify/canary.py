@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 
 from pipeline.errors import InputError
-from verify.result import CheckResult, Status
+from pipeline.result import CheckResult, Status
 
 __all__ = ["CANARIES", "Canary", "CanaryAnswer", "ask_canaries", "judge_canaries", "read_canaries", "score"]
 

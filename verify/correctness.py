@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.model import Arm, Cell, LoadSpec
+from pipeline.result import CheckResult, Status
 from verify.baselines import baseline_key, path_of, read_baseline, record_baseline
 from verify.canary import CanaryAnswer, ask_canaries, judge_canaries, read_canaries
 from verify.degeneration import judge_degeneration, measure
 from verify.loadrun import LoadOutcome
-from verify.result import CheckResult, Status
 
 __all__ = ["ask_for_cell", "judge_correctness"]
 

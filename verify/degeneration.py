@@ -26,9 +26,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from pipeline.result import CheckResult, Status
 from verify.determinism import Sample
 from verify.loadclient import RequestRecord
-from verify.result import CheckResult, Status
 
 __all__ = [
     "DETECTORS",

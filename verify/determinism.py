@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from verify.result import CheckResult, Status
+from pipeline.result import CheckResult, Status
 
 __all__ = ["PROMPTS", "Divergence", "Sample", "compare", "judge_phase", "request_sample"]
 

@@ -292,7 +292,7 @@ class DockerSide:
             f'for p in {COREDUMP_DIR}/corepipe.cuda.*; do [ -p "$p" ] && (timeout 10 sh -c "printf 1 > $p" &); done; '
             f"ls {COREDUMP_DIR}"
         )
-        fired = self.engine.exec_in(self.container, ["sh", "-c", trigger], timeout=30)
+        fired = self.engine.exec(self.container, ["sh", "-c", trigger], timeout=30)
         pipes = [n for n in fired.stdout.split() if n.startswith("corepipe.cuda.")]
         if not pipes:
             return {"available": False, "reason": f"no CUDA core-dump pipe in {COREDUMP_DIR} (no CUDA context yet?)"}
@@ -315,7 +315,7 @@ class DockerSide:
         last: dict[str, int] = {}
         listing_script = f'for f in {COREDUMP_DIR}/core.cuda.*; do [ -f "$f" ] && stat -c "%n %s" "$f"; done; true'
         while time.monotonic() < deadline:
-            listing = self.engine.exec_in(self.container, ["sh", "-c", listing_script], timeout=30)
+            listing = self.engine.exec(self.container, ["sh", "-c", listing_script], timeout=30)
             if listing.returncode != 0:  # the container is no longer running
                 return last
             now = {name: int(size) for name, _, size in (line.rpartition(" ") for line in listing.stdout.splitlines())}

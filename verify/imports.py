@@ -29,8 +29,8 @@ from pipeline.cmd import CommandFailed
 from pipeline.engine import Engine
 from pipeline.errors import CheckFailed, InfraError
 from pipeline.model import Arm, Cell
+from pipeline.result import CheckResult, StageResult, Status
 from verify.probe import ProbeReport, probe_image
-from verify.result import CheckResult, StageResult, Status
 
 __all__ = [
     "BYPASS_ENV",

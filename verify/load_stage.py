@@ -17,12 +17,12 @@ from pathlib import Path
 
 from pipeline.engine import Engine
 from pipeline.model import Arm, Cell, LoadSpec
+from pipeline.result import CheckResult, StageResult, Status
 from verify.canary import CanaryAnswer
 from verify.correctness import ask_for_cell, judge_correctness
 from verify.forensics import LoadInstruments
 from verify.loadrun import LoadTarget, judge_load, run_load, summarise
 from verify.logscan import Facts, LogWatcher, catalog_for, judge, scan
-from verify.result import CheckResult, StageResult, Status
 from verify.server import ServerContainer, ServerFailed
 
 __all__ = ["load_target", "run_load_stage"]

@@ -1,4 +1,4 @@
-"""One streamed chat completion, timed and classified: the load stage's only HTTP to the model.
+"""One streamed chat completion, timed and classified: the load stage's traffic to the model.
 
 Every wait is bounded: the first chunk by `ttft_timeout`, each later one by `chunk_timeout`, so a
 hung stream ends on its own and never blocks the run. Metric definitions follow `vllm bench serve`

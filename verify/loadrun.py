@@ -27,11 +27,11 @@ import numpy as np
 
 from pipeline.errors import CheckFailed, InfraError
 from pipeline.model import LoadSpec
+from pipeline.result import CheckResult, Status
 from verify.compare import GREEDY_FILE, write_greedy
 from verify.determinism import Sample, judge_phase, request_sample
 from verify.loadclient import ErrorClass, RequestRecord, Timeouts, stream_chat
 from verify.progress import Progress, Tracker
-from verify.result import CheckResult, Status
 from verify.stats import fault_stats
 from verify.watchdog import Event, Watchdog, scrape
 from verify.workload import Question, arrival_gaps, builtin_pool, cycle, read_questions

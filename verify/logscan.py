@@ -28,8 +28,8 @@ from packaging.version import InvalidVersion, Version
 
 from pipeline.errors import MatrixError
 from pipeline.model import Arm, Cell, LogRule, parse_log_rule
+from pipeline.result import CheckResult, Status
 from pipeline.yamlsrc import Path_, YamlSource, load_yaml
-from verify.result import CheckResult, Status
 
 __all__ = [
     "CATALOG_FILE",

@@ -16,15 +16,14 @@ from typing import Any
 from packaging.utils import canonicalize_name
 
 from pipeline import cmd
-from pipeline.engine import Engine
+from pipeline.engine import Container, Engine, Mount
 from pipeline.errors import CheckFailed, InfraError
-from pipeline.gc import owner_args
 
 __all__ = ["PROBE_FILE", "Distribution", "ImportOutcome", "ProbeReport", "probe_host", "probe_image"]
 
 PROBE_FILE = Path(__file__).with_name("inimage_probe.py")
 PROBE_SCHEMA = 1
-PROBE_ROLE_LABEL = "io.stackproof.role=probe"
+PROBE_ROLE = "probe"  # the imports probe, the doctor and the kernel probe: short-lived, --network none
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -140,32 +139,18 @@ def probe_image(
     No network (`--network none`): importing must not need one. The container is named up
     front so an interrupt can still remove it.
     """
-    name = f"stackproof-probe-{uuid.uuid4().hex[:12]}"
-    argv = [
-        "run",
-        "--rm",
-        "--name",
-        name,
-        "--network",
-        "none",
-        "--label",
-        PROBE_ROLE_LABEL,
-        *owner_args(),
-        "--volume",
-        f"{PROBE_FILE}:/stackproof/probe.py:ro",
-        "--entrypoint",
-        python,
-    ]
-    if gpus:
-        argv += ["--gpus", gpus]
-    for key, value in sorted(env.items()):
-        argv += ["--env", f"{key}={value}"]
-    argv += [image, "/stackproof/probe.py", "--modules", ",".join(modules)]
+    container = Container(
+        image=image,
+        name=f"stackproof-probe-{uuid.uuid4().hex[:12]}",
+        role=PROBE_ROLE,
+        command=(python, "/stackproof/probe.py", "--modules", ",".join(modules)),
+        env=tuple(sorted(env.items())),
+        mounts=(Mount(source=PROBE_FILE, target="/stackproof/probe.py"),),
+        network="none",
+        gpus=gpus,
+    )
     print(f"imports: probing {image} ({', '.join(modules)})", file=sys.stderr)
-    try:
-        result = engine.docker(*argv, timeout=timeout, check=False)
-    finally:
-        engine.docker("rm", "--force", name, check=False, quiet=True)
+    result = engine.run_to_end(container, timeout=timeout)
     return _parse_output(result.stdout, result.stderr, result.returncode, where=image)
 
 

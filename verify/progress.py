@@ -84,7 +84,6 @@ class Tracker:
     warmup_s: float = 0.0
     last: Progress | None = None
     last_progress_at: float = 0.0
-    restarts: int = 0
 
     def __post_init__(self) -> None:
         self.last_progress_at = self.started_at
@@ -101,7 +100,6 @@ class Tracker:
             or progress.generated < before.generated
             or (before.process_start is not None and progress.process_start != before.process_start)
         ):
-            self.restarts += 1
             self.last_progress_at = at
             return StallVerdict.RESTART_DETECTED
         if progress.moved_since(before):

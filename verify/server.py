@@ -7,7 +7,6 @@ server log is streamed to a file (and the terminal) for the whole life of the co
 
 from __future__ import annotations
 
-import contextlib
 import socket
 import sys
 import threading
@@ -21,10 +20,8 @@ from types import TracebackType
 
 import httpx
 
-from pipeline import cmd
-from pipeline.engine import Engine
+from pipeline.engine import Container, Engine, Mount
 from pipeline.errors import CheckFailed
-from pipeline.gc import owner_args
 from pipeline.model import Arm, Cell, ServeSpec
 from pipeline.modelstore import model_mounts
 from verify.forensics import COREDUMP_DIR, coredump_env
@@ -34,7 +31,7 @@ __all__ = ["Readiness", "ServerContainer", "SharedServer", "free_port", "serve_a
 
 HOST = "127.0.0.1"  # servers bind loopback only; traffic never leaves this machine
 RUN_LABEL = "io.stackproof.run"
-SERVER_ROLE_LABEL = "io.stackproof.role=server"
+SERVER_ROLE = "server"
 POLL_SECONDS = 1.0
 PROGRESS_EVERY_S = 15.0
 
@@ -132,36 +129,40 @@ class ServerContainer:
 
     def start(self) -> None:
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        env = self.cell.serve_env(self.arm)
-        env.update(self.extra_env)
+        self._started = True  # from here on, remove() must run even if `docker run` is interrupted
+        if self.on_start is not None:
+            self.on_start(self)
+        self.engine.start(self.container())
+        print(f"{self.cell.id}: server container {self.name} on {self.base_url}, log: {self.log_path}", file=sys.stderr)
+        self._follower = threading.Thread(target=self._follow_logs, name=f"logs-{self.name}", daemon=True)
+        self._follower.start()
+
+    def container(self) -> Container:
+        """What this server's `docker run` says: the cell's env, its volumes, the model store."""
+        store = model_mounts(self.serve)  # hf: models: the store read-only, offline, HF_TOKEN by name
+        env = {**self.cell.serve_env(self.arm), **self.extra_env, **dict(store.env)}  # the store's settings win
         scratch = self.scratch
         if self.serve.forensics.cuda_coredump:  # ready for a user-triggered CUDA core dump (verify/forensics.py)
             env.update(coredump_env())
             scratch = (*scratch, COREDUMP_DIR)
-        labels = [f"{RUN_LABEL}={self.run_id}", f"io.stackproof.cell={self.cell.id}", SERVER_ROLE_LABEL]
-        argv = ["run", "--detach", "--name", self.name, "--network", "host", "--shm-size", self.serve.shm_size]
-        argv += [arg for label in labels for arg in ("--label", label)]
-        argv += owner_args()  # a later run or `stackproof gc` removes it if this process dies unclean
-        if self.serve.gpus:
-            argv += ["--gpus", self.serve.gpus]
-        for key, value in sorted(env.items()):
-            argv += ["--env", f"{key}={value}"]
-        for host, container in sorted(self.volumes.items()):
-            argv += ["--volume", f"{host}:{container}"]
-        for container in scratch:
-            argv += ["--volume", container]
-        argv += model_mounts(self.serve).docker_args()  # hf: models: the store read-only, offline, HF_TOKEN by name
         command = serve_argv(self.serve, self.arm, self.port)
         if self.unset_env:  # docker run cannot remove an image's ENV; `env -u` can
             command = ["env", *(arg for name in self.unset_env for arg in ("-u", name)), *command]
-        argv += ["--entrypoint", command[0], self.image, *command[1:]]
-        self._started = True  # from here on, remove() must run even if `docker run` is interrupted
-        if self.on_start is not None:
-            self.on_start(self)
-        self.engine.docker(*argv, timeout=120)
-        print(f"{self.cell.id}: server container {self.name} on {self.base_url}, log: {self.log_path}", file=sys.stderr)
-        self._follower = threading.Thread(target=self._follow_logs, name=f"logs-{self.name}", daemon=True)
-        self._follower.start()
+        mounts = [Mount(source=host, target=path, read_only=False) for host, path in sorted(self.volumes.items())]
+        mounts += [Mount(source=host, target=path) for host, path in store.volumes]
+        return Container(
+            image=self.image,
+            name=self.name,
+            role=SERVER_ROLE,
+            command=tuple(command),
+            labels=((RUN_LABEL, self.run_id), ("io.stackproof.cell", self.cell.id)),
+            env=tuple(sorted(env.items())),
+            env_from_host=store.env_names,
+            mounts=tuple(mounts),
+            volumes=scratch,
+            gpus=self.serve.gpus,
+            shm_size=self.serve.shm_size,
+        )
 
     def copy_out(self, path: str, dest: Path) -> bool:
         """Copy a path the server wrote out of its container (see `Engine.copy_out`)."""
@@ -172,7 +173,7 @@ class ServerContainer:
         if not self._started:
             return
         self._started = False
-        self.engine.docker("rm", "--force", "--volumes", self.name, check=False, quiet=True, timeout=60)
+        self.engine.remove_container(self.name)
         if self._follower is not None:
             self._follower.join(timeout=10)
         print(f"{self.cell.id}: server container {self.name} removed", file=sys.stderr)
@@ -188,27 +189,14 @@ class ServerContainer:
                     self.watcher.feed(line)
                 print(f"[server {self.cell.id}] {line}", file=sys.stderr, flush=True)
 
-            # `docker logs` fails once the container is removed; the log so far is kept.
-            with contextlib.suppress(Exception):
-                cmd.stream([self.engine.cli.path, "logs", "--follow", self.name], on_line=on_line, timeout=24 * 3600)
+            # It ends when the container is removed; the log so far is kept.
+            self.engine.follow_logs(self.name, on_line, timeout=24 * 3600)
 
     # -- state ------------------------------------------------------------------------------------
 
     def state(self) -> tuple[str, int]:
         """(status, exit code) from docker inspect; ('missing', -1) when the container is gone."""
-        result = self.engine.docker(
-            "inspect",
-            "--format",
-            "{{.State.Status}} {{.State.ExitCode}}",
-            self.name,
-            check=False,
-            quiet=True,
-            timeout=30,
-        )
-        if result.returncode != 0:
-            return "missing", -1
-        status, _, code = result.stdout.strip().partition(" ")
-        return status, int(code or -1)
+        return self.engine.container_state(self.name)
 
     def last_lines(self, n: int = 40) -> str:
         return "\n".join(list(self.tail)[-n:])

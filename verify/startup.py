@@ -14,10 +14,10 @@ from pathlib import Path
 
 from pipeline.engine import Engine
 from pipeline.model import Arm, Cell
+from pipeline.result import CheckResult, StageResult, Status
 from verify.autotune_stage import fresh_cache_server_options
 from verify.kernellog import read_kernel_log
 from verify.logscan import Facts, LogWatcher, Signature, catalog_for, judge, rules_for, scan
-from verify.result import CheckResult, StageResult, Status
 from verify.server import ServerContainer, ServerFailed, SharedServer
 
 __all__ = ["run_startup"]

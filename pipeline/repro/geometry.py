@@ -10,7 +10,7 @@ from packaging.version import Version
 
 from pipeline.errors import InputError
 from pipeline.load import KNOWN_ARCHES
-from pipeline.model import CellBase, Matrix, RegistryBase
+from pipeline.model import Matrix, RegistryBase
 from pipeline.pins import OFFICIAL_IMAGE, release_of_image
 from pipeline.repro.facts import Finding, Kind, Report, Seen
 from pipeline.repro.util import _is_dev
@@ -36,9 +36,9 @@ def image_env(matrix: Matrix, cell_id: str) -> dict[str, str]:
     """The env a cell's containers get: its image's (through any chain of cell bases) and its server's."""
     cell = matrix.cell(cell_id)
     env: dict[str, str] = {}
-    if isinstance(cell.base, CellBase):
-        env.update(image_env(matrix, cell.base.cell))
-    return {**env, **dict(cell.env), **cell.serve_env()}
+    for layer in reversed(matrix.lineage(cell)):  # the root's image first; each cell's ENV on top
+        env.update(layer.env)
+    return {**env, **cell.serve_env()}
 
 
 def arch_of_gpu(name: str, capability: str | None) -> str | None:

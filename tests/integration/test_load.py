@@ -21,10 +21,10 @@ import pytest
 from pipeline.engine import Engine
 from pipeline.load import load_matrix
 from pipeline.model import LoadSpec
+from pipeline.result import StageResult, Status
+from tests.faults import signal_engine_core
 from tests.integration.conftest import IMAGES, MATRIX, containers, stackproof, write_matrix
-from verify.faults import signal_engine_core
 from verify.load_stage import run_load_stage
-from verify.result import StageResult, Status
 from verify.server import ServerContainer
 
 pytestmark = pytest.mark.integration

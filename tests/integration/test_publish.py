@@ -36,12 +36,13 @@ from pipeline.load import load_matrix
 from pipeline.model import STAGES
 from pipeline.plan import plan_cell
 from pipeline.publish import RECEIPT_MEDIA_TYPE, legacy_receipt_tag, referrers_tag
+from pipeline.receipt import write_all
 from pipeline.registry import OCI_INDEX, OCI_MANIFEST, Credentials, RegistryClient
+from pipeline.result import CheckResult, Outcome, StageResult, Status, VerifyReport
 from pipeline.site import load_site
 from tests.integration.conftest import IMAGES, REPO, Daemon, write_matrix
 from tests.integration.registries import USER, Registry, TokenIssuer, start_registry
-from verify.receipt import build_receipt, write_all
-from verify.result import CheckResult, Outcome, StageResult, Status, VerifyReport
+from verify.receipt import build_receipt
 
 pytestmark = pytest.mark.integration
 

@@ -2,7 +2,7 @@
 
 The test image is cpu-tiny plus the test-only recipe in tests/recipes/stall (a .pth hook that
 makes EngineCore's step wait in `_stackproof_test_stall` while /tmp/stackproof-stall exists). The
-test creates the flag inside the server once the load is under way (`Engine.exec_in`): the engine
+test creates the flag inside the server once the load is under way (`Engine.exec`): the engine
 stops stepping, the API keeps answering, and the watchdog must conclude ENGINE_STALL_API_ALIVE
 with a py-spy dump, taken from a sidecar sharing the server's PID namespace, that names the
 blocked frame. The same run proves the CPU cell's cost fields say why they are empty, and that
@@ -24,9 +24,9 @@ import pytest
 from pipeline.engine import Engine
 from pipeline.load import load_matrix
 from pipeline.model import LoadSpec
+from pipeline.result import Status
 from tests.integration.conftest import IMAGES, JOB, MATRIX, containers
 from verify.load_stage import run_load_stage
-from verify.result import Status
 from verify.server import ServerContainer
 
 pytestmark = pytest.mark.integration
@@ -74,7 +74,7 @@ def test_a_blocked_engine_step_is_a_stall_with_its_stack(
                 if requests.exists() and len(requests.read_text().splitlines()) >= 10:
                     break
                 time.sleep(0.05)
-            injected["rc"] = engine.exec_in(server.name, ["touch", FLAG]).returncode
+            injected["rc"] = engine.exec(server.name, ["touch", FLAG]).returncode
             injected["at"] = time.monotonic()
 
         threading.Thread(target=inject, daemon=True).start()

@@ -97,7 +97,7 @@ def main() -> int:
     server = QuietServer(("127.0.0.1", 0), Hostile)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     port = server.server_address[1]
-    from pipeline.cli import main as cli
+    from stackproof.cli import main as cli
 
     signal.signal(signal.SIGALRM, _alarm)
     results = {}

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.audit.checks import (
+from verify.audit.checks import (
     Status,
     capability_findings,
     check_kernel,
@@ -21,8 +21,8 @@ from pipeline.audit.checks import (
     check_variable,
     kernel_literals,
 )
-from pipeline.audit.index import PackageIndex, index_wheel, load_or_build
-from pipeline.audit.wheels import Target, Unavailable, fetch_wheel
+from verify.audit.index import PackageIndex, index_wheel, load_or_build
+from verify.audit.wheels import Target, Unavailable, fetch_wheel
 
 VLLM_INIT = """
 import logging

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.audit import Sources, audit_matrix
-from pipeline.audit.checks import Status
 from pipeline.load import load_matrix
 from pipeline.pins import ReleaseLookup
+from verify.audit import Sources, audit_matrix
+from verify.audit.checks import Status
 
 REPO = Path(__file__).resolve().parents[2]
 MATRIX = """\

@@ -8,7 +8,9 @@ from typing import Any
 
 import pytest
 
-from pipeline.cli import main
+from pipeline.result import Status
+from stackproof.cli import main
+from stackproof.kernels import arch_of, judge_probe
 from verify.autotune import (
     hybrid_buckets,
     judge_cache,
@@ -19,9 +21,7 @@ from verify.autotune import (
     winners,
 )
 from verify.autotune_stage import CACHE_MOUNT, diff_winners, judge_fresh_cache, winners_table
-from verify.kernels import arch_of, judge_probe
 from verify.logscan import Facts
-from verify.result import Status
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 TWO_SHAPES = FIXTURES / "autotune" / "h200-fi0.6.18.post1-cudnn9.19-two-shapes.json"

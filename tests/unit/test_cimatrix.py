@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 from pipeline.cimatrix import ENTRY_KEYS, changed_cells, include_entries
-from pipeline.cli import main
 from pipeline.model import Matrix
+from stackproof.cli import main
 from tests.unit.conftest import line_of
 
 REPO = Path(__file__).resolve().parents[2]

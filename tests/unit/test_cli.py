@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.cli import main
+from stackproof.cli import main
 
 FIXED = "sm120-vllm-0.28.0-fi-0.6.18.post1-cu130"
 SPARK = "sm121-vllm-0.28.0-fi-0.6.18.post1-cu130"

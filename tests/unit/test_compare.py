@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.cli import main
 from pipeline.model import LoadSpec
+from stackproof.cli import main
 from verify import watchdog
 from verify.compare import compare_runs, find_greedy, read_greedy, render_table, write_greedy
 from verify.determinism import Sample

@@ -14,13 +14,13 @@ import pytest
 
 from pipeline.errors import InputError
 from pipeline.model import Cell, LoadSpec
+from pipeline.result import CheckResult, Status
 from verify import watchdog
 from verify.baselines import baseline_key, path_of, read_baseline
 from verify.canary import Canary, CanaryAnswer, ask_canaries, judge_canaries, read_canaries, score
 from verify.correctness import ask_for_cell, judge_correctness
 from verify.degeneration import MARGIN, Rates, judge_degeneration, loop_period, measure
 from verify.loadrun import LoadOutcome, LoadTarget, judge_load, run_load, summarise
-from verify.result import CheckResult, Status
 
 from .fake_vllm import FakeVllm
 
@@ -283,7 +283,7 @@ def test_unanswered_canaries_are_an_error_not_a_score() -> None:
 
 
 def test_the_summary_line_shows_rates_beside_the_baseline_and_the_canary_score() -> None:
-    from verify.receipt import _correctness_line
+    from pipeline.receipt import _correctness_line
 
     section = {
         "rates": {"loop": 1.0, "empty": 0.0, "length": None, "collapse": 1.0},

@@ -9,8 +9,8 @@ from typing import Any
 import httpx
 import pytest
 
+from pipeline.result import Status
 from verify.determinism import PROMPTS, Divergence, Sample, compare, judge_phase, request_sample
-from verify.result import Status
 
 
 def sample(

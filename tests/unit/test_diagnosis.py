@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.cli import main
 from pipeline.errors import MatrixError
+from stackproof.cli import main
 from tests.unit.test_logscan import CPU_LOG, SAMPLES
 from verify.diagnosis import CLASSES_FILE, Fact, diagnose, load_classes
 from verify.logscan import load_catalog, load_rulesets, open_log

@@ -20,13 +20,14 @@ from typing import Any
 import pytest
 
 from pipeline import cmd
-from pipeline.cli import main
+from pipeline.engine import Container, run_argv
 from pipeline.errors import CheckFailed
 from pipeline.load import load_matrix
 from pipeline.model import Matrix
 from pipeline.pins import ReleaseLookup
-from verify import doctor_probe
-from verify.doctor import (
+from pipeline.result import Status
+from stackproof.cli import main
+from stackproof.doctor import (
     DOCTOR_FILE,
     Fingerprint,
     check_host_expectations,
@@ -37,7 +38,7 @@ from verify.doctor import (
     match_registry,
     matrix_key,
 )
-from verify.result import Status
+from verify import doctor_probe
 
 REPO = Path(__file__).resolve().parents[2]
 H200 = REPO / "tests" / "fixtures" / "doctor" / "h200-host.json"
@@ -305,13 +306,15 @@ def test_registry_receipts_say_which_cells_were_never_verified() -> None:
 
 
 class FakeEngine:
+    """Records the containers it is asked to run (the real engine removes each one afterwards)."""
+
     def __init__(self, stdout: str) -> None:
         self.stdout = stdout
-        self.calls: list[tuple[str, ...]] = []
+        self.containers: list[Container] = []
 
-    def docker(self, *args: str, **_: Any) -> cmd.CommandResult:
-        self.calls.append(args)
-        return cmd.CommandResult(argv=args, returncode=0, stdout=self.stdout, stderr="", seconds=0.1)
+    def run_to_end(self, container: Container, *, timeout: float) -> cmd.CommandResult:
+        self.containers.append(container)
+        return cmd.CommandResult(argv=(), returncode=0, stdout=self.stdout, stderr="", seconds=0.1)
 
 
 def test_doctor_image_mounts_both_scripts_read_only_with_no_network() -> None:
@@ -324,14 +327,15 @@ def test_doctor_image_mounts_both_scripts_read_only_with_no_network() -> None:
         gpus=None,
     )
     assert document["doctor_schema"] == 1
-    run, remove = engine.calls
+    (container,) = engine.containers
+    run = run_argv(container, detach=False)
     at = run.index("--network")
-    assert run[:2] == ("run", "--rm") and run[at : at + 2] == ("--network", "none")
+    assert run[0] == "run" and run[at : at + 2] == ["--network", "none"]
     assert f"{DOCTOR_FILE}:/stackproof/doctor_probe.py:ro" in run
     assert any(a.endswith("inimage_probe.py:/stackproof/inimage_probe.py:ro") for a in run)
-    assert run[-2:] == ("stackproof/cpu-tiny:abc", "/stackproof/doctor_probe.py")
+    assert run[-2:] == ["stackproof/cpu-tiny:abc", "/stackproof/doctor_probe.py"]
     assert "VLLM_HOST_IP=127.0.0.1" in run and "--gpus" not in run
-    assert remove[:2] == ("rm", "--force")
+    assert container.name in run and "io.stackproof.role=probe" in run
 
 
 def test_cli_doctor_on_a_reporters_json(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:

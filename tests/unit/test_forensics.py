@@ -17,6 +17,7 @@ import pytest
 
 from pipeline.errors import InfraError
 from pipeline.load import load_matrix
+from tests.unit.fake_engine import RecordingEngine
 from verify.costreceipt import cost_and_forensics
 from verify.forensics import StallForensics, coredump_env, gpu_windows, parse_stacks
 from verify.gpucost import (
@@ -393,25 +394,22 @@ def test_cuda_coredump_opt_in_on_a_gpu_cell_loads(tmp_path: Path) -> None:
 # -- the sidecar's docker line and its removal -------------------------------------------------------
 
 
-class _RecordingEngine:
-    """Engine.pid_sidecar over a recorder of docker calls (no daemon); `fail` is raised by `run`."""
+class _SidecarEngine(RecordingEngine):
+    """The real Engine over a recorder of docker calls (no daemon); `fail` is raised by `docker run`."""
 
     def __init__(self, fail: BaseException | None = None) -> None:
-        self.calls: list[tuple[str, ...]] = []
+        super().__init__(stdout="[]")
         self.fail = fail
 
-    def docker(self, *args: str, **_: Any) -> Any:
-        self.calls.append(args)
+    def _docker(self, *args: str, **kwargs: Any) -> Any:
         if args[0] == "run" and self.fail is not None:
+            self.calls.append(args)
             raise self.fail
-        return SimpleNamespace(returncode=0, stdout="[]", stderr="")
+        return super()._docker(*args, **kwargs)
 
 
-def _sidecar(engine: _RecordingEngine) -> Any:
-    from pipeline.engine import Engine
-
-    return Engine.pid_sidecar(
-        engine,  # type: ignore[arg-type]
+def _sidecar(engine: _SidecarEngine) -> Any:
+    return engine.pid_sidecar(
         "stackproof-cpu-tiny-abc",
         image="img:1",
         argv=["python3", "-c", "pass"],
@@ -422,7 +420,7 @@ def _sidecar(engine: _RecordingEngine) -> Any:
 
 
 def test_the_sidecar_shares_the_pid_namespace_read_only_and_is_removed() -> None:
-    engine = _RecordingEngine()
+    engine = _SidecarEngine()
     _sidecar(engine)
     run, remove = engine.calls
     name = run[run.index("--name") + 1]
@@ -430,11 +428,11 @@ def test_the_sidecar_shares_the_pid_namespace_read_only_and_is_removed() -> None
     assert run[run.index("--pid") + 1] == "container:stackproof-cpu-tiny-abc"
     assert run[run.index("--cap-add") + 1] == "SYS_PTRACE" and run[run.index("--network") + 1] == "none"
     assert "/cache/py-spy:/stackproof-tools/py-spy:ro" in run and "io.stackproof.role=sidecar" in run
-    assert remove == ("rm", "--force", name)
+    assert remove[:3] == ("rm", "--force", "--volumes") and remove[-1] == name
 
 
 def test_the_sidecar_is_removed_when_interrupted() -> None:
-    engine = _RecordingEngine(fail=KeyboardInterrupt())
+    engine = _SidecarEngine(fail=KeyboardInterrupt())
     with pytest.raises(KeyboardInterrupt):
         _sidecar(engine)
     assert engine.calls[-1][:2] == ("rm", "--force")
@@ -460,7 +458,7 @@ def test_the_nvidia_smi_fallback_reads_memory_per_server_process(tmp_path: Path)
 
 
 class _CoredumpEngine:
-    """exec_in/copy_out of a server whose engine aborts after its dump (as measured on the H200)."""
+    """exec/copy_out of a server whose engine aborts after its dump (as measured on the H200)."""
 
     def __init__(self, pipes: str) -> None:
         self.pipes = pipes
@@ -472,7 +470,7 @@ class _CoredumpEngine:
             ]
         )
 
-    def exec_in(self, container: str, argv: list[str], *, timeout: float = 30) -> Any:
+    def exec(self, container: str, argv: list[str], *, timeout: float = 30) -> Any:
         self.execs.append(argv)
         if len(self.execs) == 1:
             return SimpleNamespace(returncode=0, stdout=self.pipes, stderr="")

@@ -14,11 +14,12 @@ import pytest
 
 from pipeline.host import HostFingerprint
 from pipeline.model import Expectation, Matrix
+from pipeline.receipt import render_junit, render_markdown
+from pipeline.result import CheckResult, StageResult, Status, VerifyReport, evaluate
 from verify.autotune import read_cache, winners
 from verify.autotune_stage import diff_winners, winners_table
 from verify.logscan import Facts, catalog_for, judge, rules_for, scan
-from verify.receipt import build_receipt, receipt_status, render_junit, render_markdown
-from verify.result import CheckResult, StageResult, Status, VerifyReport, evaluate
+from verify.receipt import build_receipt, receipt_status
 
 RELEASE = "sm120-vllm-0.28.0-release"
 FIXED = "sm120-vllm-0.28.0-fi-0.6.18.post1-cu130"
@@ -239,7 +240,7 @@ def test_not_reproduced_reaches_receipt_junit_and_summary() -> None:
         arch="x86_64", kernel="6.1", os="Debian 12", docker="26.1", gpus=(), driver="none", cuda_driver="none"
     )
     receipt = build_receipt(report, matrix_digest="sha256:" + "2" * 64, host=host, started_at=0.0, finished_at=1.0)
-    assert receipt["status"] == "NOT_REPRODUCED"
+    assert receipt.status == "NOT_REPRODUCED"
     junit = ET.fromstring(render_junit(receipt))
     skipped = [s for s in junit.iter("skipped") if s.get("type") == "NOT_REPRODUCED"]
     assert len(skipped) == 1 and "NOT_REPRODUCED" in (skipped[0].get("message") or "")

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from pipeline.model import Cell, Expectation, Requirement
+from pipeline.result import CheckResult, StageResult, Status, evaluate, worst
 from verify import inimage_probe
 from verify.imports import (
     BaseProbe,
@@ -22,7 +23,6 @@ from verify.imports import (
     requirement_findings,
 )
 from verify.probe import ProbeReport
-from verify.result import CheckResult, StageResult, Status, evaluate, worst
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "probe"
 

@@ -391,40 +391,6 @@ def test_cell_base_resolves_to_another_cell(load, header: str) -> None:
 # -- validation errors, each with its location ------------------------------------------------------
 
 
-def test_unknown_cell_key_with_did_you_mean(invalid, header: str) -> None:
-    r = invalid(
-        header
-        + doc("""\
-        cells:
-          - id: a
-            base: img
-            platform: linux/amd64
-            arhc: none
-    """)
-    )
-    assert r.problems == [
-        f"{r.at('arhc:')}: cells[0].arhc: unknown key, did you mean 'arch'?",
-        f"{r.at('- id: a')}: cells[0]: missing required key 'arch' {ANYWHERE}",
-    ]
-
-
-def test_unknown_nested_key_with_did_you_mean(invalid, header: str) -> None:
-    r = invalid(
-        header
-        + doc(
-            CELL,
-            """\
-            serve:
-              model: {source: "path:/m"}
-              readiness_timout: 10
-    """,
-        )
-    )
-    assert r.problems == [
-        f"{r.at('readiness_timout')}: cells[0].serve.readiness_timout: unknown key, did you mean 'readiness_timeout'?"
-    ]
-
-
 def test_unknown_top_level_key(invalid, header: str) -> None:
     r = invalid(header + "defualts: {}\n" + CELL)
     assert r.problems == [f"{r.at('defualts')}: defualts: unknown key, did you mean 'defaults'?"]
@@ -449,34 +415,6 @@ def test_duplicate_cell_id_names_the_first(invalid, header: str) -> None:
     assert r.problems == [
         f"{r.at('- id: a', nth=2)}: cells[2].id: duplicate cell id 'a' (first defined at line {first})"
     ]
-
-
-def test_duplicate_yaml_mapping_key(invalid, header: str) -> None:
-    r = invalid(
-        header
-        + doc(
-            CELL,
-            """\
-            arch: sm90
-    """,
-        )
-    )
-    assert r.problems == [f"{r.at('arch: sm90')}: cells[0].arch: duplicate key"]
-
-
-def test_duplicate_key_in_nested_mapping(invalid, header: str) -> None:
-    r = invalid(
-        header
-        + doc(
-            CELL,
-            """\
-            env:
-              A: "one"
-              A: "two"
-    """,
-        )
-    )
-    assert r.problems == [f"{r.at('two')}: cells[0].env.A: duplicate key"]
 
 
 def test_not_yaml_is_located(invalid, header: str) -> None:
@@ -505,57 +443,6 @@ def test_extends_unknown_cell_with_did_you_mean(invalid, header: str) -> None:
     assert r.problems == [f"{r.at('extends: aa')}: cells[1].extends: no cell 'aa', did you mean 'a'?"]
 
 
-def test_extends_cycle(invalid, header: str) -> None:
-    r = invalid(
-        header
-        + doc("""\
-        cells:
-          - id: a
-            extends: b
-          - id: b
-            extends: a
-            base: img
-            platform: linux/amd64
-            arch: none
-    """)
-    )
-    assert r.problems == [
-        f"{r.at('extends: a')}: cells[1].extends: extends cycle: a -> b -> a",
-        f"{r.at('extends: b')}: cells[0].extends: extends cycle: b -> a -> b",
-    ]
-
-
-def test_extends_itself(invalid, header: str) -> None:
-    r = invalid(
-        header
-        + doc(
-            CELL,
-            """\
-            extends: a
-    """,
-        )
-    )
-    assert r.problems == [f"{r.at('extends: a')}: cells[0].extends: extends cycle: a -> a"]
-
-
-def test_undeclared_index_in_overrides(invalid, header: str) -> None:
-    r = invalid(
-        header
-        + doc(
-            CELL,
-            """\
-            overrides:
-              six:
-                version: "1.16.0"
-                index: pypy
-    """,
-        )
-    )
-    assert r.problems == [
-        f"{r.at('index: pypy')}: cells[0].overrides.six.index: undeclared index 'pypy', did you mean 'pypi'?"
-    ]
-
-
 @pytest.mark.parametrize("version", ['">=0.6"', '"0.6.*"', "latest", '"==0.6"', '"0.6, 0.7"'])
 def test_versions_must_be_exact(invalid, header: str, version: str) -> None:
     r = invalid(
@@ -577,47 +464,11 @@ def test_versions_must_be_exact(invalid, header: str, version: str) -> None:
     ]
 
 
-def test_install_requirement_versions_must_be_exact(invalid, header: str) -> None:
-    r = invalid(
-        header
-        + doc(
-            CELL,
-            """\
-            install:
-              requirements:
-                torch: {version: "~=2.0", index: pypi}
-              lock: a.lock.json
-    """,
-        )
-    )
-    assert r.problems == [
-        f"{r.at('torch:')}: cells[0].install.requirements.torch.version: '~=2.0' is not an exact version "
-        "(write one version, e.g. '0.6.18.post1')"
-    ]
-
-
 @pytest.mark.parametrize(("written", "shown"), [("2", "2"), ('"1"', "'1'"), ("1.1", "1.1")])
 def test_unsupported_schema_version(invalid, written: str, shown: str) -> None:
     r = invalid(f"schema_version: {written}\ncells: []\n")
     assert r.problems == [
         f"{r.at('schema_version')}: schema_version: unsupported schema_version {shown} (this tool reads 1)"
-    ]
-
-
-def test_unknown_arch_and_platform_reported_together(invalid, header: str) -> None:
-    r = invalid(
-        header
-        + doc("""\
-        cells:
-          - id: a
-            base: img
-            platform: linux/arm46
-            arch: sm90a
-    """)
-    )
-    assert r.problems == [
-        f"{r.at('platform:')}: cells[0].platform: unknown platform 'linux/arm46', did you mean 'linux/arm64'?",
-        f"{r.at('arch:')}: cells[0].arch: unknown arch 'sm90a', did you mean 'sm90'?",
     ]
 
 
@@ -735,21 +586,6 @@ def test_tool_owned_serve_args(invalid, header: str, arg: str) -> None:
     ]
 
 
-def test_tool_owned_arm_args(invalid, header: str) -> None:
-    r = invalid(
-        header
-        + doc(
-            CELL,
-            """\
-            arms:
-              fast:
-                args: [--enforce-eager, --port=1]
-    """,
-        )
-    )
-    assert r.problems == [f"{r.at('--port=1')}: cells[0].arms.fast.args[1]: '--port=1': {TOOL_OWNED}"]
-
-
 def test_unknown_recipe_with_did_you_mean(invalid, header: str, tmp_path: Path) -> None:
     images = tmp_path / "imgs"
     for name in ("tiny-model", "vllm-dist-alias"):
@@ -781,117 +617,6 @@ def test_known_recipe_in_images_dir_loads(load, header: str, tmp_path: Path) -> 
     assert matrix.cell("a").recipes == ("mine",)
 
 
-def test_base_naming_unknown_cell(invalid, header: str) -> None:
-    r = invalid(
-        header
-        + doc(
-            """\
-          on-b: {cell: aa}
-          on-c: {cell: zzz}
-    """,
-            CELL,
-        )
-    )
-    assert r.problems == [
-        f"{r.at('on-b:')}: bases.on-b.cell: no cell 'aa', did you mean 'a'?",
-        f"{r.at('on-c:')}: bases.on-c.cell: no cell 'zzz'",
-    ]
-
-
-def test_cell_unknown_base_with_did_you_mean(invalid, header: str) -> None:
-    r = invalid(
-        header
-        + doc("""\
-        cells:
-          - id: a
-            base: imgg
-            platform: linux/amd64
-            arch: none
-    """)
-    )
-    assert r.problems == [f"{r.at('base: imgg')}: cells[0].base: no base 'imgg', did you mean 'img'?"]
-
-
-def test_cell_whose_base_is_its_own_image(invalid, header: str) -> None:
-    r = invalid(
-        header
-        + doc("""\
-          self: {cell: a}
-        cells:
-          - id: a
-            base: self
-            platform: linux/amd64
-            arch: none
-    """)
-    )
-    assert r.problems == [f"{r.at('base: self')}: cells[0].base: base 'self' is this cell's own image"]
-
-
-def test_invalid_ids_env_names_and_model_sources(invalid, header: str) -> None:
-    r = invalid(
-        header
-        + doc("""\
-        cells:
-          - id: Bad_Id
-            base: img
-            platform: linux/amd64
-            arch: none
-            env: {"1BAD": x}
-            serve:
-              model: {source: "s3://bucket/model"}
-              readiness_timeout: -5
-    """)
-    )
-    assert r.problems == [
-        f"{r.at('Bad_Id')}: cells[0].id: 'Bad_Id' is not a valid cell id",
-        f"{r.at('s3://')}: cells[0].serve.model.source: 's3://bucket/model' is not a valid model source "
-        "(hf:org/name or path:/dir/in/image)",
-        f"{r.at('readiness_timeout')}: cells[0].serve.readiness_timeout: must be a positive number of seconds, got -5",
-        f"{r.at('1BAD')}: cells[0].env.1BAD: '1BAD' is not a valid environment variable name",
-    ]
-
-
-def test_wrong_types_are_located(invalid, header: str) -> None:
-    r = invalid(
-        header
-        + doc(
-            CELL,
-            """\
-            runner: self-hosted
-            env: [A]
-            expect: {outcome: pass, stage: autotuning, reason: x, match: x}
-    """,
-        )
-    )
-    assert r.problems == [
-        f"{r.at('outcome:')}: cells[0].expect.outcome: unknown expected outcome 'pass'",
-        f"{r.at('outcome:')}: cells[0].expect.stage: unknown stage 'autotuning', did you mean 'autotune'?",
-        f"{r.at('runner:')}: cells[0].runner: must be a list, got a string",
-        f"{r.at('env: [A]')}: cells[0].env: must be a mapping of NAME: value, got a list",
-    ]
-
-
-def test_error_in_value_from_defaults_points_at_defaults(invalid, header: str) -> None:
-    r = invalid(
-        header
-        + doc("""\
-        defaults:
-          arch: sm999
-          serve:
-            model: {source: "path:/m"}
-            args: [--port, "1"]
-        cells:
-          - id: a
-            base: img
-            platform: linux/amd64
-    """)
-    )
-    assert r.problems == [
-        f"{r.at('--port')}: defaults.serve.args[0]: '--port': {TOOL_OWNED}",
-        f"{r.at('arch: sm999')}: defaults.arch: unknown arch 'sm999', did you mean 'sm90'?",
-    ]
-
-
 def test_error_in_inherited_value_points_at_the_ancestor(invalid, header: str) -> None:
     r = invalid(
         header
@@ -909,68 +634,6 @@ def test_error_in_inherited_value_points_at_the_ancestor(invalid, header: str) -
     # Both cells inherit the bad index; the report names the line where it was written.
     where = f"{r.at('pypy')}: cells[0].overrides.six.index: undeclared index 'pypy', did you mean 'pypi'?"
     assert set(r.problems) == {where}
-
-
-def test_override_in_leaf_is_located_in_the_leaf(invalid, header: str) -> None:
-    r = invalid(
-        header
-        + doc(
-            CELL,
-            """\
-            overrides:
-              six: {version: "1.0", index: pypi}
-          - id: b
-            extends: a
-            overrides:
-              six: {version: "1.*"}
-    """,
-        )
-    )
-    assert r.problems == [
-        f"{r.at('1.*')}: cells[1].overrides.six.version: '1.*' is not an exact version "
-        "(write one version, e.g. '0.6.18.post1')"
-    ]
-
-
-def test_several_problems_reported_at_once(invalid, header: str) -> None:
-    r = invalid(
-        header
-        + doc("""\
-        cells:
-          - id: a
-            base: img
-            platform: linux/amd64
-            arch: sm90x
-            overrides:
-              six: {version: latest, index: pypy}
-          - id: b
-            extends: c
-    """)
-    )
-    assert r.problems == [
-        f"{r.at('six:')}: cells[0].overrides.six.version: 'latest' is not an exact version "
-        "(write one version, e.g. '0.6.18.post1')",
-        f"{r.at('six:')}: cells[0].overrides.six.index: undeclared index 'pypy', did you mean 'pypi'?",
-        f"{r.at('arch:')}: cells[0].arch: unknown arch 'sm90x', did you mean 'sm90'?",
-        f"{r.at('extends: c')}: cells[1].extends: no cell 'c'",
-    ]
-
-
-def test_unknown_base_does_not_hide_other_problems(invalid, header: str) -> None:
-    r = invalid(
-        header
-        + doc("""\
-        cells:
-          - id: a
-            base: nope
-            platform: linux/amd46
-            arch: none
-    """)
-    )
-    assert r.problems == [
-        f"{r.at('base: nope')}: cells[0].base: no base 'nope'",
-        f"{r.at('platform:')}: cells[0].platform: unknown platform 'linux/amd46', did you mean 'linux/amd64'?",
-    ]
 
 
 def test_null_removes_even_when_nothing_was_inherited(load, header: str) -> None:
@@ -1001,3 +664,347 @@ def test_unreadable_file_is_a_matrix_error(tmp_path: Path) -> None:
         load_matrix(missing)
     assert info.value.problems == [f"{missing}: cannot read: No such file or directory"]
     assert info.value.exit_code == 2
+
+
+def test_lineage_is_the_one_walk_of_the_base_chain(real_matrix) -> None:
+    cells = {c.id: c for c in real_matrix.cells}
+    on_cell = next(c for c in cells.values() if not isinstance(c.base, RegistryBase | BootstrapBase))
+    chain = real_matrix.lineage(on_cell)
+    assert chain[0] is on_cell and len(chain) >= 2
+    assert isinstance(chain[-1].base, RegistryBase | BootstrapBase)
+    assert real_matrix.python_of(on_cell) == chain[-1].base.python
+
+
+# Each an invalid matrix and every problem it must give, each located: (the matrix text after the
+# header, [(a marker on the line, the message after `FILE:LINE: `), ...]).
+INVALID = [
+    pytest.param(
+        doc("""\
+        cells:
+          - id: a
+            base: img
+            platform: linux/amd64
+            arhc: none
+    """),
+        [
+            ("arhc:", "cells[0].arhc: unknown key, did you mean 'arch'?"),
+            ("- id: a", f"cells[0]: missing required key 'arch' {ANYWHERE}"),
+        ],
+        id="unknown_cell_key_with_did_you_mean",
+    ),
+    pytest.param(
+        doc(
+            CELL,
+            """\
+            serve:
+              model: {source: "path:/m"}
+              readiness_timout: 10
+    """,
+        ),
+        [
+            ("readiness_timout", "cells[0].serve.readiness_timout: unknown key, did you mean 'readiness_timeout'?"),
+        ],
+        id="unknown_nested_key_with_did_you_mean",
+    ),
+    pytest.param(
+        doc(
+            CELL,
+            """\
+            arch: sm90
+    """,
+        ),
+        [
+            ("arch: sm90", "cells[0].arch: duplicate key"),
+        ],
+        id="duplicate_yaml_mapping_key",
+    ),
+    pytest.param(
+        doc(
+            CELL,
+            """\
+            env:
+              A: "one"
+              A: "two"
+    """,
+        ),
+        [
+            ("two", "cells[0].env.A: duplicate key"),
+        ],
+        id="duplicate_key_in_nested_mapping",
+    ),
+    pytest.param(
+        doc("""\
+        cells:
+          - id: a
+            extends: b
+          - id: b
+            extends: a
+            base: img
+            platform: linux/amd64
+            arch: none
+    """),
+        [
+            ("extends: a", "cells[1].extends: extends cycle: a -> b -> a"),
+            ("extends: b", "cells[0].extends: extends cycle: b -> a -> b"),
+        ],
+        id="extends_cycle",
+    ),
+    pytest.param(
+        doc(
+            CELL,
+            """\
+            extends: a
+    """,
+        ),
+        [
+            ("extends: a", "cells[0].extends: extends cycle: a -> a"),
+        ],
+        id="extends_itself",
+    ),
+    pytest.param(
+        doc(
+            CELL,
+            """\
+            overrides:
+              six:
+                version: "1.16.0"
+                index: pypy
+    """,
+        ),
+        [
+            ("index: pypy", "cells[0].overrides.six.index: undeclared index 'pypy', did you mean 'pypi'?"),
+        ],
+        id="undeclared_index_in_overrides",
+    ),
+    pytest.param(
+        doc(
+            CELL,
+            """\
+            install:
+              requirements:
+                torch: {version: "~=2.0", index: pypi}
+              lock: a.lock.json
+    """,
+        ),
+        [
+            (
+                "torch:",
+                "cells[0].install.requirements.torch.version: '~=2.0' is not an exact version (write one version, e.g. '0.6.18.post1')",
+            ),
+        ],
+        id="install_requirement_versions_must_be_exact",
+    ),
+    pytest.param(
+        doc("""\
+        cells:
+          - id: a
+            base: img
+            platform: linux/arm46
+            arch: sm90a
+    """),
+        [
+            ("platform:", "cells[0].platform: unknown platform 'linux/arm46', did you mean 'linux/arm64'?"),
+            ("arch:", "cells[0].arch: unknown arch 'sm90a', did you mean 'sm90'?"),
+        ],
+        id="unknown_arch_and_platform_reported_together",
+    ),
+    pytest.param(
+        doc(
+            CELL,
+            """\
+            arms:
+              fast:
+                args: [--enforce-eager, --port=1]
+    """,
+        ),
+        [
+            ("--port=1", f"cells[0].arms.fast.args[1]: '--port=1': {TOOL_OWNED}"),
+        ],
+        id="tool_owned_arm_args",
+    ),
+    pytest.param(
+        doc(
+            """\
+          on-b: {cell: aa}
+          on-c: {cell: zzz}
+    """,
+            CELL,
+        ),
+        [
+            ("on-b:", "bases.on-b.cell: no cell 'aa', did you mean 'a'?"),
+            ("on-c:", "bases.on-c.cell: no cell 'zzz'"),
+        ],
+        id="base_naming_unknown_cell",
+    ),
+    pytest.param(
+        doc("""\
+        cells:
+          - id: a
+            base: imgg
+            platform: linux/amd64
+            arch: none
+    """),
+        [
+            ("base: imgg", "cells[0].base: no base 'imgg', did you mean 'img'?"),
+        ],
+        id="cell_unknown_base_with_did_you_mean",
+    ),
+    pytest.param(
+        doc("""\
+          self: {cell: a}
+        cells:
+          - id: a
+            base: self
+            platform: linux/amd64
+            arch: none
+    """),
+        [
+            ("base: self", "cells[0].base: base 'self' is this cell's own image"),
+        ],
+        id="cell_whose_base_is_its_own_image",
+    ),
+    pytest.param(
+        doc("""\
+        cells:
+          - id: Bad_Id
+            base: img
+            platform: linux/amd64
+            arch: none
+            env: {"1BAD": x}
+            serve:
+              model: {source: "s3://bucket/model"}
+              readiness_timeout: -5
+    """),
+        [
+            ("Bad_Id", "cells[0].id: 'Bad_Id' is not a valid cell id"),
+            (
+                "s3://",
+                "cells[0].serve.model.source: 's3://bucket/model' is not a valid model source (hf:org/name or path:/dir/in/image)",
+            ),
+            ("readiness_timeout", "cells[0].serve.readiness_timeout: must be a positive number of seconds, got -5"),
+            ("1BAD", "cells[0].env.1BAD: '1BAD' is not a valid environment variable name"),
+        ],
+        id="invalid_ids_env_names_and_model_sources",
+    ),
+    pytest.param(
+        doc(
+            CELL,
+            """\
+            runner: self-hosted
+            env: [A]
+            expect: {outcome: pass, stage: autotuning, reason: x, match: x}
+    """,
+        ),
+        [
+            ("outcome:", "cells[0].expect.outcome: unknown expected outcome 'pass'"),
+            ("outcome:", "cells[0].expect.stage: unknown stage 'autotuning', did you mean 'autotune'?"),
+            ("runner:", "cells[0].runner: must be a list, got a string"),
+            ("env: [A]", "cells[0].env: must be a mapping of NAME: value, got a list"),
+        ],
+        id="wrong_types_are_located",
+    ),
+    pytest.param(
+        doc("""\
+        defaults:
+          arch: sm999
+          serve:
+            model: {source: "path:/m"}
+            args: [--port, "1"]
+        cells:
+          - id: a
+            base: img
+            platform: linux/amd64
+    """),
+        [
+            ("--port", f"defaults.serve.args[0]: '--port': {TOOL_OWNED}"),
+            ("arch: sm999", "defaults.arch: unknown arch 'sm999', did you mean 'sm90'?"),
+        ],
+        id="error_in_value_from_defaults_points_at_defaults",
+    ),
+    pytest.param(
+        doc(
+            CELL,
+            """\
+            overrides:
+              six: {version: "1.0", index: pypi}
+          - id: b
+            extends: a
+            overrides:
+              six: {version: "1.*"}
+    """,
+        ),
+        [
+            (
+                "1.*",
+                "cells[1].overrides.six.version: '1.*' is not an exact version (write one version, e.g. '0.6.18.post1')",
+            ),
+        ],
+        id="override_in_leaf_is_located_in_the_leaf",
+    ),
+    pytest.param(
+        doc("""\
+        cells:
+          - id: a
+            base: img
+            platform: linux/amd64
+            arch: sm90x
+            overrides:
+              six: {version: latest, index: pypy}
+          - id: b
+            extends: c
+    """),
+        [
+            (
+                "six:",
+                "cells[0].overrides.six.version: 'latest' is not an exact version (write one version, e.g. '0.6.18.post1')",
+            ),
+            ("six:", "cells[0].overrides.six.index: undeclared index 'pypy', did you mean 'pypi'?"),
+            ("arch:", "cells[0].arch: unknown arch 'sm90x', did you mean 'sm90'?"),
+            ("extends: c", "cells[1].extends: no cell 'c'"),
+        ],
+        id="several_problems_reported_at_once",
+    ),
+    pytest.param(
+        doc("""\
+        cells:
+          - id: a
+            base: nope
+            platform: linux/amd46
+            arch: none
+    """),
+        [
+            ("base: nope", "cells[0].base: no base 'nope'"),
+            ("platform:", "cells[0].platform: unknown platform 'linux/amd46', did you mean 'linux/amd64'?"),
+        ],
+        id="unknown_base_does_not_hide_other_problems",
+    ),
+    # A base cycle round two cells: `matrix validate` says so (exit 2), not only a later `render`.
+    pytest.param(
+        doc("""\
+          on-a: {cell: a}
+          on-b: {cell: b}
+        cells:
+          - id: a
+            base: on-b
+            platform: linux/amd64
+            arch: none
+          - id: b
+            base: on-a
+            platform: linux/amd64
+            arch: none
+    """),
+        [
+            ("base: on-b", "cells[0].base: cell 'a' is its own base through a -> b -> a"),
+            ("base: on-a", "cells[1].base: cell 'b' is its own base through b -> a -> b"),
+        ],
+        id="two_cells_that_are_each_others_base_are_rejected_with_a_location",
+    ),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), INVALID)
+def test_an_invalid_matrix_gives_every_problem_located(
+    invalid, header: str, text: str, expected: list[tuple[str, str]]
+) -> None:
+    r = invalid(header + text)
+    assert r.problems == [f"{r.at(marker)}: {message}" for marker, message in expected]

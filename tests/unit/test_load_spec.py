@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from pipeline.cli import main
 from pipeline.model import LoadSpec
+from stackproof.cli import main
 
 SOURCE_INDENT = " " * 8
 CELL = """\
@@ -267,7 +267,7 @@ def test_a_bad_baseline_rate_is_a_usage_error(capsys: pytest.CaptureFixture[str]
 
 
 def test_command_line_options_override_only_what_they_set(tmp_path: Path) -> None:
-    from pipeline.cli import _load_spec, _parser
+    from stackproof.cli import _load_spec, _parser
 
     file = tmp_path / "q.jsonl"
     file.write_text('{"id": "a", "turns": ["x", "y"]}\n')
@@ -287,7 +287,7 @@ def test_command_line_options_override_only_what_they_set(tmp_path: Path) -> Non
 
 
 def test_determinism_repeats_may_be_zero_but_not_negative(capsys: pytest.CaptureFixture[str]) -> None:
-    from pipeline.cli import _load_spec, _parser
+    from stackproof.cli import _load_spec, _parser
 
     args = _parser().parse_args(["load", "--url", "http://127.0.0.1:9", "--determinism-repeats", "0"])
     assert _load_spec(args, LoadSpec()).determinism_repeats == 0

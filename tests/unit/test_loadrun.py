@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 
 from pipeline.model import LoadSpec
+from pipeline.result import CheckResult, Status
 from verify import watchdog
 from verify.determinism import Sample
 from verify.loadclient import ErrorClass, RequestRecord
 from verify.loadrun import LoadOutcome, LoadTarget, _percentiles, judge_load, run_load, summarise
 from verify.progress import Progress, StallVerdict
-from verify.result import CheckResult, Status
 from verify.watchdog import Event
 from verify.workload import builtin_pool
 
@@ -475,7 +475,7 @@ def test_fake_backed_cli_load_writes_load_json(
 ) -> None:
     import signal
 
-    from pipeline.cli import main
+    from stackproof.cli import main
 
     handler = signal.getsignal(signal.SIGTERM)
     try:

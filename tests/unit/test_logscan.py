@@ -7,13 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.cli import main
-from pipeline.cmd import CommandResult
 from pipeline.errors import CheckFailed, MatrixError
 from pipeline.model import LogRule
+from pipeline.result import Status
+from stackproof.cli import main
 from verify import logscan
 from verify.logscan import Facts, LogWatcher, judge, load_catalog, load_rulesets, open_log, rules_for, scan
-from verify.result import Status
 
 FIXTURE_LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"  # copies of shared/fixtures/logs
 CPU_LOG = FIXTURE_LOGS / "vllm-0.28.0-cpu-startup.log"
@@ -264,18 +263,12 @@ def test_watcher_remembers_the_first_fatal_line_only() -> None:
 
 
 def test_a_fatal_signature_ends_the_readiness_wait_while_the_container_runs(real_matrix, tmp_path: Path) -> None:
+    from tests.unit.fake_engine import RecordingEngine
     from verify.server import ServerContainer, ServerFailed
-
-    class RunningForever:
-        class cli:
-            path = "docker"
-
-        def docker(self, *args: str, **kwargs: object) -> CommandResult:
-            return CommandResult(argv=args, returncode=0, stdout="running 0", stderr="", seconds=0.0)
 
     watcher = LogWatcher(load_catalog())
     server = ServerContainer(
-        RunningForever(),
+        RecordingEngine(stdout="running 0"),  # the container runs forever
         real_matrix.cell("cpu-tiny"),
         "img",
         out_dir=tmp_path,  # type: ignore[arg-type]

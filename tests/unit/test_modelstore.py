@@ -13,11 +13,12 @@ from typing import Any
 import pytest
 
 from pipeline import cmd, modelstore
-from pipeline.cli import main
 from pipeline.errors import InfraError, InputError
 from pipeline.load import load_matrix
 from pipeline.model import ModelSource, ServeSpec
+from stackproof.cli import main
 from tests.standin_hub import StandInHub, stand_in_hub
+from tests.unit.fake_engine import RecordingEngine
 from verify.server import ServerContainer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -111,27 +112,13 @@ def test_hf_model_mounts_the_store_read_only_offline_and_the_token_by_name(tmp_p
         "TRANSFORMERS_OFFLINE": "1",
     }
     assert "HF_HOME" not in dict(mounts.env), "HF_HOME stays writable inside the container"
-    args = mounts.docker_args()
-    assert args[:2] == ["--volume", f"{tmp_path.resolve()}:/stackproof/models:ro"]
-    assert args[-2:] == ["--env", "HF_TOKEN"] and CANARY not in " ".join(args)
+    assert mounts.env_names == ("HF_TOKEN",) and CANARY not in repr(mounts), "the token by name, never its value"
     without = modelstore.model_mounts(_serve("hf:org/name", COMMIT), store=tmp_path, environ={})
-    assert "HF_TOKEN" not in without.docker_args(), "no token on the host: none named"
+    assert without.env_names == (), "no token on the host: none named"
 
 
 def test_path_model_gets_no_store() -> None:
-    assert modelstore.model_mounts(_serve("path:/models/x"), environ={"HF_TOKEN": CANARY}).docker_args() == []
-
-
-class _RecordingEngine:
-    """Records `docker` calls; its CLI is `true`, so the log follower ends at once."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, ...]] = []
-        self.cli = type("Cli", (), {"path": "true"})()
-
-    def docker(self, *args: str, **_: Any) -> cmd.CommandResult:
-        self.calls.append(args)
-        return cmd.CommandResult(argv=args, returncode=0, stdout="", stderr="", seconds=0.0)
+    assert modelstore.model_mounts(_serve("path:/models/x"), environ={"HF_TOKEN": CANARY}) == modelstore.ModelMounts()
 
 
 @pytest.mark.parametrize("source", ["hf:org/name", "path:/models/tiny-llama"])
@@ -143,9 +130,9 @@ def test_server_argv_carries_the_store_for_hf_models_only(
     cell = load_matrix(REPO / "matrix.yaml").cell("cpu-tiny")
     model = ModelSource(source=source, revision=COMMIT if "hf" in source else None)
     serve = dataclasses.replace(cell.serve, model=model, env=(("HF_HUB_OFFLINE", "0"),))  # type: ignore[arg-type]
-    engine = _RecordingEngine()
+    engine = RecordingEngine()
     cell = dataclasses.replace(cell, serve=serve)
-    server = ServerContainer(engine, cell, "img", out_dir=tmp_path / "out")  # type: ignore[arg-type]
+    server = ServerContainer(engine, cell, "img", out_dir=tmp_path / "out")
     server.start()
     server.remove()
     run = next(c for c in engine.calls if c[0] == "run")
@@ -153,9 +140,9 @@ def test_server_argv_carries_the_store_for_hf_models_only(
     assert CANARY not in text + capsys.readouterr().err
     if source.startswith("hf:"):
         assert f"--volume {(tmp_path / 'store').resolve()}:/stackproof/models:ro" in text
-        assert "--env HF_HUB_OFFLINE=1" in text and "--env HF_TOKEN --entrypoint" in text
-        # after the cell's own env (docker keeps the last), so a cell cannot switch the hub back on by accident
-        assert text.index("--env HF_HUB_OFFLINE=0") < text.index("--env HF_HUB_OFFLINE=1")
+        assert "--env HF_HUB_OFFLINE=1" in text and "--env HF_TOKEN" in text
+        # the store's settings win over the cell's own env: a cell cannot switch the hub back on by accident
+        assert "HF_HUB_OFFLINE=0" not in text
         assert run[run.index("--revision") + 1] == COMMIT
     else:
         assert "/stackproof/models" not in text and "HF_TOKEN" not in text

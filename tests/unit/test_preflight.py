@@ -13,8 +13,6 @@ from typing import Any
 import pytest
 
 from pipeline import preflight
-from pipeline.cli import main
-from pipeline.cmd import CommandResult
 from pipeline.errors import InfraError
 from pipeline.load import load_matrix
 from pipeline.model import Cell, Matrix
@@ -27,7 +25,8 @@ from pipeline.preflight import (
     judge_preflight,
     parse_require_cuda,
 )
-from verify.result import CheckResult, Status
+from pipeline.result import CheckResult, Status
+from stackproof.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "preflight"
@@ -334,12 +333,9 @@ class FakeEngine:
         self.images = images
         self.calls: list[tuple[str, ...]] = []
 
-    def docker(self, *args: str, **_: Any) -> CommandResult:
-        self.calls.append(args)
-        ref = args[-1]
-        if args[:2] == ("image", "inspect") and ref in self.images:
-            return CommandResult(argv=args, returncode=0, stdout=json.dumps(self.images[ref]), stderr="", seconds=0)
-        return CommandResult(argv=args, returncode=1, stdout="", stderr="No such image", seconds=0)
+    def image_config(self, ref: str, **_: Any) -> dict[str, Any] | None:
+        self.calls.append(("image", "inspect", ref))
+        return self.images.get(ref)
 
 
 def test_a_local_base_images_config_wins_over_the_declaration(real: Matrix) -> None:
@@ -393,7 +389,7 @@ def h200_host(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(preflight, "connect", lambda: (None, NO_DOCKER))
     monkeypatch.setattr(preflight, "gather_facts", lambda *a, **k: h200())
     document = json.loads((REPO / "tests" / "fixtures" / "doctor" / "h200-host.json").read_text())
-    monkeypatch.setattr("verify.doctor.doctor_host", lambda *a, **k: document)
+    monkeypatch.setattr("stackproof.doctor.doctor_host", lambda *a, **k: document)
 
     def no_docker() -> None:
         raise AssertionError("docker was asked for after a failing preflight")

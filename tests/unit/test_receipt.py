@@ -7,16 +7,20 @@ from __future__ import annotations
 
 import json
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import jsonschema
 import pytest
 
 from pipeline.errors import InputError
 from pipeline.host import HostFingerprint, differences
 from pipeline.publish import legacy_receipt_tag, referrers_tag
+from pipeline.receipt import SCHEMA_FILE, Receipt, render_junit, render_markdown, write_all
 from pipeline.registry import split_registry
-from verify.receipt import build_receipt, receipt_status, render_junit, render_markdown, write_all
-from verify.result import CheckResult, Outcome, StageResult, Status, VerifyReport
+from pipeline.result import CheckResult, Outcome, StageResult, Status, VerifyReport
+from verify.receipt import build_receipt, receipt_status
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "receipt-cpu-tiny.json"
 CPU = HostFingerprint(
@@ -69,7 +73,7 @@ def test_receipt_status(
     assert receipt_status(_report(*statuses, passed=passed, expected=expected))[0] == status
 
 
-def _receipt(*statuses: Status, passed: bool = True) -> dict[str, object]:
+def _receipt(*statuses: Status, passed: bool = True) -> Receipt:
     return build_receipt(
         _report(*statuses, passed=passed),
         matrix_digest="sha256:" + "2" * 64,
@@ -116,7 +120,7 @@ def test_the_committed_example_is_a_real_passing_cpu_tiny_receipt() -> None:
     deltas = checks["token-accounting"]["evidence"]["server_deltas"]
     assert deltas["generation_tokens"] == checks["token-accounting"]["evidence"]["client_output_tokens"]
     assert load["questions"]["clean"] == load["questions"]["attempted"] > 0
-    ET.fromstring(render_junit(receipt))  # renders again from the stored form
+    ET.fromstring(render_junit(Receipt.parse(receipt)))  # renders again from the stored form
 
 
 def test_host_key_and_differences() -> None:
@@ -147,3 +151,48 @@ def test_real_h200_fingerprint_and_nvml_snapshot() -> None:
     assert differences(h200, CPU) == ["GPUs 1x NVIDIA H200 (cc 9.0) vs no GPU", "driver 580.159.04 vs none"]
     idle, busy = data["gpu_idle"]["devices"][0], data["gpu_busy"]["devices"][0]
     assert idle["util_percent"] < busy["util_percent"] == 100 and busy["power_w"] > 5 * idle["power_w"]
+
+
+# -- the typed receipt and its JSON Schema ----------------------------------------------------------
+
+
+def _validator() -> jsonschema.Draft202012Validator:
+    schema = json.loads(SCHEMA_FILE.read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator(schema)
+
+
+def test_receipts_written_now_and_the_committed_example_meet_the_schema(tmp_path: Path) -> None:
+    validator = _validator()
+    for receipt in (_receipt(Status.PASS, Status.PASS), _receipt(Status.PASS, Status.FAIL, passed=False)):
+        written = json.loads(write_all(receipt, tmp_path / receipt.status)["receipt"].read_text())
+        assert list(validator.iter_errors(written)) == []
+        assert Receipt.parse(written) == receipt, "read back, it is the receipt that was written"
+    assert list(validator.iter_errors(json.loads(EXAMPLE.read_text()))) == []
+
+
+@pytest.mark.parametrize(
+    ("edit", "where"),
+    [
+        (lambda d: d.update(status="VERIFIED"), "status"),
+        (lambda d: d.pop("stages"), "stages"),
+        (lambda d: d["image"].update(id="latest"), "id"),
+        (lambda d: d["stages"][0]["checks"][0].update(status="OK"), "status"),
+        (lambda d: d.update(schema_version=2), "schema_version"),
+    ],
+)
+def test_the_schema_rejects_a_receipt_that_is_not_one(edit: Callable[[dict[str, Any]], object], where: str) -> None:
+    document = _receipt(Status.PASS, Status.PASS).to_json()
+    edit(document)
+    errors = list(_validator().iter_errors(document))
+    assert errors and any(where in (list(e.path) + list(e.schema_path) + [e.message]).__repr__() for e in errors)
+
+
+def test_parse_says_what_is_wrong_with_a_document() -> None:
+    document = _receipt(Status.PASS).to_json()
+    with pytest.raises(ValueError, match="not a stackproof receipt"):
+        Receipt.parse({"kind": "something.else"})
+    with pytest.raises(ValueError, match="schema_version 2"):
+        Receipt.parse({**document, "schema_version": 2})
+    with pytest.raises(ValueError, match="does not hold together"):
+        Receipt.parse({**document, "stages": [{"stage": "imports", "status": "OK", "checks": [], "seconds": 0}]})

@@ -18,10 +18,11 @@ from pipeline import attest
 from pipeline.engine import _docker_config
 from pipeline.errors import InfraError, InputError
 from pipeline.publish import publishable_problems
+from pipeline.receipt import receipt_problems
 from pipeline.registry import Credentials, RegistryClient, find_credentials, parse_challenge, platform_manifest
+from pipeline.result import Status
 from tests.unit.test_receipt import CPU, _report
-from verify.receipt import build_receipt, receipt_problems
-from verify.result import Status
+from verify.receipt import build_receipt
 
 CANARY = "CANARY-s3cret-pw"
 HOST = "127.0.0.1:5000"
@@ -228,7 +229,7 @@ def test_an_index_resolves_to_the_platform_never_to_an_attestation() -> None:
 
 def _receipt(status: Status = Status.PASS, *, passed: bool = True) -> dict[str, Any]:
     report = _report(*(status,) * 4, passed=passed)
-    return build_receipt(report, matrix_digest="sha256:m", host=CPU, started_at=0, finished_at=1)
+    return build_receipt(report, matrix_digest="sha256:m", host=CPU, started_at=0, finished_at=1).to_json()
 
 
 def _gate(receipt: dict[str, Any], report: dict[str, Any] | None = None, **kw: str) -> list[str]:
@@ -327,7 +328,7 @@ def test_cli_password_stdin_and_signature_flags_are_bad_input(
 ) -> None:
     import io
 
-    from pipeline.cli import main
+    from stackproof.cli import main
 
     monkeypatch.delenv("STACKPROOF_REGISTRY_USER", raising=False)
     pull = ["pull", "cpu-tiny", "--registry", "127.0.0.1:1", "--no-preflight"]

@@ -10,7 +10,7 @@ import pytest
 from pipeline.build import _build_log
 from pipeline.errors import InputError
 from pipeline.model import Matrix
-from pipeline.runjob import _run_dir, exclusive_dir
+from stackproof.runjob import _run_dir, exclusive_dir
 from verify.runner import parse_stages
 
 

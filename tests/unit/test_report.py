@@ -19,11 +19,11 @@ from typing import Any, ClassVar
 
 import pytest
 
-from pipeline.cli import main
 from pipeline.errors import InputError
-from pipeline.site_report.model import ORIGIN_RECEIPT_ONLY, build_site, parse_receipt, winner_changes
-from pipeline.site_report.render import render_site
-from pipeline.site_report.sources import receipts_from_dirs, receipts_from_registry
+from stackproof.cli import main
+from stackproof.site_report.model import ORIGIN_RECEIPT_ONLY, build_site, parse_receipt, winner_changes
+from stackproof.site_report.render import render_site
+from stackproof.site_report.sources import receipts_from_dirs, receipts_from_registry
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures"

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.cli import main
+from stackproof.cli import main
 from tests.conftest import in_ci
 
 REPO = Path(__file__).resolve().parents[2]

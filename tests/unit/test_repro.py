@@ -21,8 +21,6 @@ import pytest
 import yaml
 from packaging.utils import canonicalize_name
 
-from pipeline.cli import main
-from pipeline.cli_repro import make_cell, write_cell
 from pipeline.errors import InputError, MatrixError
 from pipeline.load import load_matrix
 from pipeline.model import Matrix
@@ -36,6 +34,8 @@ from pipeline.pins import (
 from pipeline.plan import BuildPlan, plan_cell
 from pipeline.repro import Kind, ReproCell, arch_of_gpu, parse_source
 from pipeline.site import SiteSettings
+from stackproof.cli import main
+from stackproof.cli_repro import make_cell, write_cell
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures"

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.model import Matrix
-from verify.runner import AVAILABLE_STAGES
+from pipeline.model import STAGES, Matrix
 from verify.serverplan import plan_servers
 
 FIXED = "sm120-vllm-0.28.0-fi-0.6.18.post1-cu130"
@@ -17,7 +16,7 @@ RELEASE_IMAGE_ENV = {"PATH": "/usr/local/sbin:/usr/bin", "NVIDIA_REQUIRE_CUDA": 
 
 @pytest.mark.parametrize("cell_id", [FIXED, RELEASE, SPARK])
 def test_a_gpu_cell_starts_one_server_for_every_stage(real_matrix: Matrix, cell_id: str) -> None:
-    plan = plan_servers(real_matrix.cell(cell_id), None, AVAILABLE_STAGES, RELEASE_IMAGE_ENV)
+    plan = plan_servers(real_matrix.cell(cell_id), None, STAGES, RELEASE_IMAGE_ENV)
     assert plan.starts == 1  # before: startup, autotune and load each started one (3)
     assert plan.startup_tunes and plan.keep_startup and not plan.autotune_own and not plan.load_fresh
 
@@ -25,28 +24,28 @@ def test_a_gpu_cell_starts_one_server_for_every_stage(real_matrix: Matrix, cell_
 @pytest.mark.parametrize("arm", ["default", "cutlass-kernel", "skip-fp8-tuning", "eager"])
 def test_every_arm_of_the_fix_cell_starts_one_server(real_matrix: Matrix, arm: str) -> None:
     cell = real_matrix.cell(FIXED)
-    assert plan_servers(cell, cell.arm(arm), AVAILABLE_STAGES, RELEASE_IMAGE_ENV).starts == 1
+    assert plan_servers(cell, cell.arm(arm), STAGES, RELEASE_IMAGE_ENV).starts == 1
 
 
 def test_an_image_that_sets_a_kernel_variable_gets_its_own_autotune_server(real_matrix: Matrix) -> None:
     cell = real_matrix.cell(FIXED)
     env = {**RELEASE_IMAGE_ENV, "VLLM_DISABLED_KERNELS": "FlashInferFP8ScaledMMLinearKernel"}
-    plan = plan_servers(cell, None, AVAILABLE_STAGES, env)
+    plan = plan_servers(cell, None, STAGES, env)
     assert (plan.startup_tunes, plan.autotune_own, plan.load_fresh, plan.starts) == (False, True, True, 3)
     assert "VLLM_DISABLED_KERNELS" in plan.reason
     # ... unless the arm sets it itself: then both servers run with the arm's value
     arm = cell.arm("cutlass-kernel")
-    assert plan_servers(cell, arm, AVAILABLE_STAGES, env).starts == 1
+    assert plan_servers(cell, arm, STAGES, env).starts == 1
 
 
 def test_an_image_that_chooses_its_cache_location_is_not_overridden_silently(real_matrix: Matrix) -> None:
     env = {"VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR": "/opt/tuned"}
-    plan = plan_servers(real_matrix.cell(FIXED), None, AVAILABLE_STAGES, env)
+    plan = plan_servers(real_matrix.cell(FIXED), None, STAGES, env)
     assert plan.autotune_own and not plan.startup_tunes
 
 
 def test_cpu_cell_shares_startup_with_load_and_never_tunes(real_matrix: Matrix) -> None:
-    plan = plan_servers(real_matrix.cell("cpu-tiny"), None, AVAILABLE_STAGES, {})
+    plan = plan_servers(real_matrix.cell("cpu-tiny"), None, STAGES, {})
     assert (plan.starts, plan.startup_tunes, plan.keep_startup, plan.load_fresh) == (1, False, True, False)
 
 
@@ -67,4 +66,4 @@ def test_partial_stage_selections(real_matrix: Matrix, stages: tuple[str, ...], 
 
 
 def test_import_only_cell_starts_nothing(real_matrix: Matrix) -> None:
-    assert plan_servers(real_matrix.cell("fi-mismatch"), None, AVAILABLE_STAGES, {}).starts == 0
+    assert plan_servers(real_matrix.cell("fi-mismatch"), None, STAGES, {}).starts == 0

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from pipeline.cli import main
 from pipeline.errors import InputError
+from stackproof.cli import main
 from verify.stats import clean_questions_needed, compare_arms, fault_stats, parse_rate
 
 P0 = 1 / 450

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from pipeline.cimatrix import ENTRY_KEYS
-from pipeline.cli import main
+from stackproof.cli import main
 from tests.conftest import in_ci
 from tests.unit.test_cimatrix import CPU, MISMATCH, ON_CPU_TINY, SPARK, make_repo
 

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pipeline.cliutil import emit, jsonable, load
+from stackproof.cliutil import emit, jsonable, load
 
 __all__ = ["add_commands"]
 

@@ -30,7 +30,7 @@ from enum import StrEnum
 from functools import cache
 from typing import Any
 
-from pipeline.audit.index import Hole, Message, PackageIndex
+from verify.audit.index import Hole, Message, PackageIndex
 
 __all__ = [
     "Evidence",

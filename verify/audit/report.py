@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from pipeline.audit import AuditReport
-from pipeline.audit.checks import Status
+from verify.audit import AuditReport
+from verify.audit.checks import Status
 
 __all__ = ["render_json", "render_text"]
 

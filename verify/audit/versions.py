@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 from packaging.utils import canonicalize_name
 
-from pipeline.audit.wheels import Target
 from pipeline.model import BootstrapBase, Cell, CellBase, Matrix, RegistryBase
 from pipeline.pins import FI_CUBIN, FI_JIT, Lookup, release_of_image
+from verify.audit.wheels import Target
 
 __all__ = ["TEXT_PACKAGES", "VERSION_PACKAGES", "PackagePin", "cell_packages", "target_of"]
 

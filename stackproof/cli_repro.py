@@ -3,7 +3,7 @@
 `repro SOURCE` parses what a reporter pasted (pipeline/repro/), finds the base's pins
 (pipeline/pins.py) and prints a new cell; `--write` appends it to matrix.yaml as text (comments and
 formatting kept), validates the file, and restores it unchanged when the result does not load.
-`doctor` fingerprints this host or a cell's image (verify/doctor.py) and lists the cells that match.
+`doctor` fingerprints this host or a cell's image (stackproof/doctor.py) and lists the cells that match.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.cliutil import NO_PREFLIGHT_HELP, emit, jsonable, load
 from pipeline.errors import InfraError, InputError, MatrixError
 from pipeline.model import Matrix
+from stackproof.cliutil import NO_PREFLIGHT_HELP, emit, jsonable, load
 
 if TYPE_CHECKING:  # kept out of the CLI's start-up: only these commands need them
     from pipeline.pins import Lookup, Pins, ReleaseLookup
@@ -209,7 +209,7 @@ def _insert(text: str, key: str, entries: str, file: Path) -> str:
 
 def _doctor(args: argparse.Namespace) -> int:
     from pipeline.site import load_site
-    from verify.doctor import (
+    from stackproof.doctor import (
         Fingerprint,
         doctor_host,
         doctor_image,
@@ -232,7 +232,7 @@ def _doctor(args: argparse.Namespace) -> int:
 
         document = read_json(args.input, "doctor JSON (--input)")
     elif args.cell:
-        from pipeline.plan import plan_cell, python_of
+        from pipeline.plan import plan_cell
         from pipeline.preflight import PreflightFailed, connect, gather_facts, judge_preflight
 
         assert matrix is not None and images is not None
@@ -264,7 +264,7 @@ def _doctor(args: argparse.Namespace) -> int:
             gpus = args.gpus or (cell.serve.gpus if cell.serve else None)
             env = {**dict(cell.env), **cell.serve_env()}
             document = doctor_image(
-                engine, tag, python=python_of(matrix, cell), env=env, gpus=gpus, imports=not args.no_imports
+                engine, tag, python=matrix.python_of(cell), env=env, gpus=gpus, imports=not args.no_imports
             )
             document["stackproof"] = {"cell": cell.id, "image": tag}
     else:

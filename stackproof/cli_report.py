@@ -58,10 +58,10 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from pipeline.cliutil import emit
-    from pipeline.site_report.model import build_site
-    from pipeline.site_report.render import render_site
-    from pipeline.site_report.sources import read_fixtures, receipts_from_dirs, receipts_from_registry
+    from stackproof.cliutil import emit
+    from stackproof.site_report.model import build_site
+    from stackproof.site_report.render import render_site
+    from stackproof.site_report.sources import read_fixtures, receipts_from_dirs, receipts_from_registry
 
     started = time.perf_counter()
     if args.out.exists() and not args.out.is_dir():
@@ -69,7 +69,7 @@ def _report(args: argparse.Namespace) -> int:
     if args.receipts:
         receipts = receipts_from_dirs(args.receipts)
     else:
-        from pipeline.cli_publish import _credentials
+        from stackproof.cli_publish import _credentials
 
         credentials = _credentials(args, args.registry)
         receipts = receipts_from_registry(args.registry, ca_bundle=_ca_bundle(args), credentials=credentials)
@@ -105,8 +105,8 @@ def _rows(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
         return list(args.cells), {}
     if not args.matrix.is_file():
         return [], {}
-    from pipeline.cliutil import load
     from pipeline.errors import MatrixError
+    from stackproof.cliutil import load
 
     try:
         matrix, _ = load(args)

@@ -21,7 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.audit.checks import (
+from pipeline.errors import InfraError
+from pipeline.model import Cell, LogRule, Matrix
+from pipeline.pins import Lookup
+from verify.audit.checks import (
     Evidence,
     Finding,
     Status,
@@ -31,12 +34,9 @@ from pipeline.audit.checks import (
     check_variable,
     kernel_literals,
 )
-from pipeline.audit.index import PackageIndex, load_or_build
-from pipeline.audit.versions import PackagePin, cell_packages, target_of
-from pipeline.audit.wheels import Unavailable, fetch_wheel
-from pipeline.errors import InfraError
-from pipeline.model import Cell, LogRule, Matrix
-from pipeline.pins import Lookup
+from verify.audit.index import PackageIndex, load_or_build
+from verify.audit.versions import PackagePin, cell_packages, target_of
+from verify.audit.wheels import Unavailable, fetch_wheel
 
 __all__ = ["AuditReport", "CellAudit", "PackageStatus", "audit_matrix"]
 

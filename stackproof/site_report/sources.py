@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import InputError
-from pipeline.site_report.model import (
+from stackproof.site_report.model import (
     ORIGIN_REGISTRY,
     ORIGIN_RUN_DIR,
     LoadRaw,

@@ -1,6 +1,6 @@
 """What every command handler shares: load the matrix named by the common options, print a result.
 
-Kept apart from `pipeline.cli` so that command groups in their own modules (publish, ci-matrix,
+Kept apart from `stackproof.cli` so that command groups in their own modules (publish, ci-matrix,
 repro) use it without importing the parser that imports them.
 """
 

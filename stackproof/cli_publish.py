@@ -7,9 +7,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pipeline.cliutil import NO_PREFLIGHT_HELP
 from pipeline.errors import InputError, MatrixError
 from pipeline.model import Cell, Matrix
+from stackproof.cliutil import NO_PREFLIGHT_HELP
 
 __all__ = ["add_commands"]
 
@@ -103,12 +103,12 @@ def _credentials(args: argparse.Namespace, registry: str) -> Any:
 
 def _publish(args: argparse.Namespace) -> int:
     """Exit 1 when the receipt is not PASS (the image and receipt are pushed; no tag is moved)."""
-    from pipeline.cliutil import emit as _emit
-    from pipeline.cliutil import load as _load
     from pipeline.engine import Engine
     from pipeline.plan import plan_cell
     from pipeline.publish import find_receipt, publish
     from pipeline.site import load_site
+    from stackproof.cliutil import emit as _emit
+    from stackproof.cliutil import load as _load
 
     credentials = _credentials(args, args.registry)  # bad input (exit 2) before any docker or registry
     matrix, images = _load(args)
@@ -147,9 +147,9 @@ def _publish(args: argparse.Namespace) -> int:
 
 def _pull(args: argparse.Namespace) -> int:
     from pipeline.attest import parse_identity
-    from pipeline.cliutil import emit as _emit
     from pipeline.engine import Engine
     from pipeline.publish import pull
+    from stackproof.cliutil import emit as _emit
 
     credentials = _credentials(args, args.registry)
     identity = parse_identity(args.identity) if args.identity else None
@@ -189,7 +189,7 @@ def _pull(args: argparse.Namespace) -> int:
 def _cell_of(args: argparse.Namespace) -> tuple[Matrix, Cell] | None:
     """The cell a pull names, when the local matrix declares it: `pull` works without a matrix too,
     and then has no cell to preflight (said on stderr, never silently)."""
-    from pipeline.cliutil import load as _load
+    from stackproof.cliutil import load as _load
 
     if not args.matrix.is_file():
         print(f"note: {args.matrix}: no matrix here; no preflight of {args.cell}", file=sys.stderr)

@@ -10,18 +10,20 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from pipeline.build import build_cell
+from pipeline.build import build_cell, built_image
 from pipeline.engine import Engine
-from pipeline.errors import InfraError, InputError
+from pipeline.errors import InfraError
 from pipeline.host import host_fingerprint
 from pipeline.model import Arm, Cell, LoadSpec, Matrix
 from pipeline.modelstore import ensure_model
-from pipeline.plan import plan_cell, python_of
+from pipeline.receipt import write_all
+from pipeline.result import CheckResult, VerifyReport
 from pipeline.site import SiteSettings
-from verify.receipt import build_receipt, write_all
-from verify.result import CheckResult, VerifyReport
+from verify.receipt import build_receipt
 from verify.runner import verify_image
 
 __all__ = ["exclusive_dir", "run_cell", "verify_cell"]
@@ -77,11 +79,8 @@ def verify_cell(
 ) -> VerifyReport:
     """Verify the cell's already-built image (its content tag); nothing is built."""
     arm = cell.arm(arm_name) if arm_name else None
-    plan = plan_cell(matrix, cell, site, images_dir)
+    plan, image = built_image(engine, matrix, cell, site, images_dir)
     tag = plan.tag
-    image = engine.image(tag)
-    if image is None:
-        raise InputError(f"{cell.id}: image {tag} is not built: run `stackproof build {cell.id}` (or `stackproof run`)")
     _ensure_model(matrix, cell, stages, fetch_model)
     print(f"{cell.id}: verifying {tag} ({image.id[:19]})", file=sys.stderr)
     return _verify_with_receipt(
@@ -122,7 +121,7 @@ def _verify_with_receipt(
         cell,
         image=image,
         image_id=image_id,
-        python=python_of(matrix, cell),
+        python=matrix.python_of(cell),
         stages=stages,
         arm=arm,
         out_dir=out_dir,
@@ -143,7 +142,7 @@ def _verify_with_receipt(
         image_store=engine.image_store(),
     )
     paths = write_all(receipt, out_dir)
-    print(f"{cell.id}: receipt {receipt['status']}: {paths['receipt']} (+ junit.xml, summary.md)", file=sys.stderr)
+    print(f"{cell.id}: receipt {receipt.status}: {paths['receipt']} (+ junit.xml, summary.md)", file=sys.stderr)
     return report
 
 
@@ -156,17 +155,20 @@ def _ensure_model(matrix: Matrix, cell: Cell, stages: tuple[str, ...], fetch_mod
     ensure_model(cell.serve.model, where=where, allow_fetch=fetch_model)
 
 
-def _host_expectations(matrix: Matrix, cell: Cell) -> CheckResult | None:
+def _host_expectations(
+    matrix: Matrix, cell: Cell, *, this_host: Callable[[], dict[str, Any]] | None = None
+) -> CheckResult | None:
     """A cell made by `stackproof repro` records the reporter's host facts (driver, kernel, GPU, host
     cuDNN) in a `# stackproof-host:` comment: not image content, so checked against this host (WARN
-    on a difference) and reported with the first stage that runs."""
-    from verify.doctor import Fingerprint, check_host_expectations, doctor_host, host_expectations
+    on a difference) and reported with the first stage that runs. `this_host`: the doctor document
+    of this host (default: the doctor probe run here, only when the cell has expectations)."""
+    from stackproof.doctor import Fingerprint, check_host_expectations, doctor_host, host_expectations
 
     expected = host_expectations(matrix.file.read_text(), cell)
     if not expected:
         return None
-    here = Fingerprint.parse(doctor_host(sys.executable, imports=False), source="this host")
-    return check_host_expectations(expected, here)
+    document = this_host() if this_host else doctor_host(sys.executable, imports=False)
+    return check_host_expectations(expected, Fingerprint.parse(document, source="this host"))
 
 
 def _run_dir(out_root: Path, cell: Cell) -> Path:

@@ -29,15 +29,14 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from pipeline import cmd
-from pipeline.engine import Engine
+from pipeline.engine import Container, Engine, Mount
 from pipeline.errors import CheckFailed, InfraError, InputError
-from pipeline.gc import owner_args
 from pipeline.host import HostFingerprint, differences
 from pipeline.model import Cell, Matrix
 from pipeline.pins import FI_CUBIN, FI_JIT, FI_PYTHON, Lookup, cell_stack
 from pipeline.repro import arch_of_gpu, cudnn_version_text
-from verify.probe import PROBE_FILE, PROBE_ROLE_LABEL, ProbeReport
-from verify.result import CheckResult, Status
+from pipeline.result import CheckResult, Status
+from verify.probe import PROBE_FILE, PROBE_ROLE, ProbeReport
 
 __all__ = [
     "DOCTOR_FILE",
@@ -55,7 +54,7 @@ __all__ = [
     "registry_fetcher",
 ]
 
-DOCTOR_FILE = Path(__file__).with_name("doctor_probe.py")
+DOCTOR_FILE = PROBE_FILE.with_name("doctor_probe.py")  # a stdlib script beside the in-image probe it runs
 DOCTOR_SCHEMA = 1
 HOST_MARKER = "# stackproof-host:"
 TOOLING = frozenset({"pip", "setuptools", "wheel", "distribute"})
@@ -84,20 +83,21 @@ def doctor_image(
 ) -> dict[str, Any]:
     """doctor_probe.py (and the in-image probe beside it) bind-mounted read-only into a
     `--network none` container of `image`, run with the image's own python and the server's env."""
-    name = f"stackproof-doctor-{uuid.uuid4().hex[:12]}"
-    argv = ["run", "--rm", "--name", name, "--network", "none", "--label", PROBE_ROLE_LABEL, *owner_args()]
-    argv += ["--volume", f"{DOCTOR_FILE}:/stackproof/doctor_probe.py:ro"]
-    argv += ["--volume", f"{PROBE_FILE}:/stackproof/inimage_probe.py:ro", "--entrypoint", python]
-    if gpus:
-        argv += ["--gpus", gpus]
-    for key, value in sorted(env.items()):
-        argv += ["--env", f"{key}={value}"]
-    argv += [image, "/stackproof/doctor_probe.py", *(["--no-imports"] if not imports else [])]
+    container = Container(
+        image=image,
+        name=f"stackproof-doctor-{uuid.uuid4().hex[:12]}",
+        role=PROBE_ROLE,
+        command=(python, "/stackproof/doctor_probe.py", *(["--no-imports"] if not imports else [])),
+        env=tuple(sorted(env.items())),
+        mounts=(
+            Mount(source=DOCTOR_FILE, target="/stackproof/doctor_probe.py"),
+            Mount(source=PROBE_FILE, target="/stackproof/inimage_probe.py"),
+        ),
+        network="none",
+        gpus=gpus,
+    )
     print(f"doctor: fingerprinting {image}", file=sys.stderr)
-    try:
-        result = engine.docker(*argv, timeout=timeout, check=False)
-    finally:
-        engine.docker("rm", "--force", name, check=False, quiet=True)
+    result = engine.run_to_end(container, timeout=timeout)
     return _document(result.stdout, result.stderr, result.returncode, where=image)
 
 

@@ -3,7 +3,7 @@
 The API server and the engine are separate processes in vLLM V1; the engine's process title is
 `VLLM::EngineCore`. Freezing it (SIGSTOP) is the "engine wedged, API alive" failure; killing it
 (SIGKILL) is the "engine dead" one. The image has no `ps` or `kill`, so both go through the image's
-own Python via `docker exec`. Used by the integration tests and `benchmarks/failfast.py`.
+own Python via `docker exec`. A test helper: used by the integration tests only.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import signal
 from pipeline.engine import Engine
 from pipeline.errors import CheckFailed
 
-__all__ = ["ENGINE_CORE_TITLE", "engine_core_pids", "signal_engine_core"]
+__all__ = ["ENGINE_CORE_TITLE", "signal_engine_core"]
 
 ENGINE_CORE_TITLE = "VLLM::EngineCore"
 
@@ -39,25 +39,10 @@ print(" ".join(map(str, pids)))
 
 
 def _run(engine: Engine, container: str, python: str, signo: int) -> list[int]:
-    result = engine.docker(
-        "exec",
-        container,
-        python,
-        "-c",
-        _FIND_AND_SIGNAL,
-        ENGINE_CORE_TITLE,
-        str(signo),
-        check=False,
-        quiet=True,
-        timeout=30,
-    )
+    result = engine.exec(container, [python, "-c", _FIND_AND_SIGNAL, ENGINE_CORE_TITLE, str(signo)])
     if result.returncode != 0:
         raise CheckFailed(f"cannot look for {ENGINE_CORE_TITLE} in {container}: {result.stderr.strip()[-300:]}")
     return [int(p) for p in result.stdout.split()]
-
-
-def engine_core_pids(engine: Engine, container: str, *, python: str = "python3") -> list[int]:
-    return _run(engine, container, python, 0)
 
 
 def signal_engine_core(engine: Engine, container: str, sig: signal.Signals, *, python: str = "python3") -> list[int]:

@@ -15,13 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import cmd
-from pipeline.engine import Engine
+from pipeline.engine import Container, Engine, Mount
 from pipeline.errors import CheckFailed
-from pipeline.gc import owner_args
+from pipeline.result import CheckResult, Status
 from verify.autotune import judge_cache, load_policies, read_cache
 from verify.autotune_stage import winners_table
-from verify.probe import PROBE_ROLE_LABEL
-from verify.result import CheckResult, Status
+from verify.probe import PROBE_ROLE
 
 __all__ = ["KERNEL_PROBE_FILE", "KernelProbeResult", "arch_of", "judge_probe", "probe_kernels"]
 
@@ -102,19 +101,27 @@ def _probe_in_container(
     """The probe in a named GPU container whose outputs stay inside it (an anonymous volume) and are
     read out with `docker cp`: the image runs as root and FlashInfer writes its cache 0600, which an
     ordinary runner user could not read through a bind mount. Removed on every path, Ctrl-C too."""
-    name = f"stackproof-kernels-{uuid.uuid4().hex[:12]}"
-    argv = ["run", "--name", name, "--network", "none", "--gpus", gpus or "all", "--label", PROBE_ROLE_LABEL]
-    argv += owner_args()
-    argv += ["--volume", f"{KERNEL_PROBE_FILE}:/stackproof/kernel_probe.py:ro"]
-    argv += ["--volume", f"{config.resolve()}:/stackproof/config.json:ro", "--volume", "/stackproof/out"]
-    argv += ["--entrypoint", python, image, "/stackproof/kernel_probe.py", "--config", "/stackproof/config.json"]
-    argv += ["--cache", "/stackproof/out/autotune.json", "--report", "/stackproof/out/kernel-probe.json", *args]
-    try:
-        engine.docker(*argv, timeout=3600)
+    out = "/stackproof/out"
+    container = Container(
+        image=image,
+        name=f"stackproof-kernels-{uuid.uuid4().hex[:12]}",
+        role=PROBE_ROLE,
+        command=(
+            *(python, "/stackproof/kernel_probe.py", "--config", "/stackproof/config.json"),
+            *("--cache", f"{out}/autotune.json", "--report", f"{out}/kernel-probe.json", *args),
+        ),
+        mounts=(
+            Mount(source=KERNEL_PROBE_FILE, target="/stackproof/kernel_probe.py"),
+            Mount(source=config.resolve(), target="/stackproof/config.json"),
+        ),
+        volumes=(out,),
+        network="none",
+        gpus=gpus or "all",
+    )
+    with engine.removing(container.name):
+        engine.run(container, timeout=3600)  # a non-zero exit raises, with the output's tail
         for file in ("autotune.json", "kernel-probe.json"):
-            engine.copy_out(name, f"/stackproof/out/{file}", out_dir / file)
-    finally:
-        engine.docker("rm", "--force", "--volumes", name, check=False, quiet=True)
+            engine.copy_out(container.name, f"{out}/{file}", out_dir / file)
 
 
 def judge_probe(report: dict[str, Any], cache_file: Path, *, arch: str | None, seconds: float) -> KernelProbeResult:

@@ -16,8 +16,8 @@ from typing import Any
 import jinja2
 from markupsafe import Markup
 
-from pipeline.site_report import plots
-from pipeline.site_report.model import (
+from stackproof.site_report import plots
+from stackproof.site_report.model import (
     NUMBERS,
     STATUS_LABELS,
     TRIO,
@@ -30,7 +30,7 @@ from pipeline.site_report.model import (
     prefer,
     winner_changes,
 )
-from pipeline.site_report.sources import Fixtures
+from stackproof.site_report.sources import Fixtures
 
 __all__ = ["INDEX_KIND", "render_site"]
 
@@ -103,7 +103,7 @@ def slug(text: str) -> str:
 
 def _environment() -> jinja2.Environment:
     env = jinja2.Environment(
-        loader=jinja2.PackageLoader("pipeline.site_report", "templates"),
+        loader=jinja2.PackageLoader("stackproof.site_report", "templates"),
         autoescape=True,
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
@@ -138,7 +138,8 @@ def _delta(pair: tuple[float | None, float | None]) -> str:
 def _receipt_files(receipt: Receipt, out: dict[str, bytes]) -> Links:
     """The receipt as it was, and what the run left beside it; JUnit and the summary are rendered from
     the receipt when the run directory is not at hand (they are pure functions of it)."""
-    from verify.receipt import render_junit, render_markdown
+    from pipeline.receipt import Receipt as ReceiptDocument
+    from pipeline.receipt import render_junit, render_markdown
 
     base = f"receipts/{receipt.id}"
     out[f"{base}/receipt.json"] = (json.dumps(receipt.document, indent=2, default=str) + "\n").encode()
@@ -147,7 +148,7 @@ def _receipt_files(receipt: Receipt, out: dict[str, bytes]) -> Links:
         data = receipt.files.get(name)
         if data is None:
             try:
-                data = renderer(dict(receipt.document)).encode()
+                data = renderer(ReceiptDocument.parse(dict(receipt.document))).encode()
             except (KeyError, TypeError, AttributeError, ValueError):
                 data = None  # a receipt of another writer may lack a field the renderer needs
         if data is not None:

@@ -21,13 +21,13 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import pipeline
-from pipeline.cliutil import NO_PREFLIGHT_HELP
-from pipeline.cliutil import emit as _emit
-from pipeline.cliutil import jsonable as _jsonable
-from pipeline.cliutil import load as _load
 from pipeline.errors import InputError, Interrupted, MatrixError, PipelineError
 from pipeline.load import MAX_CONCURRENCY, MAX_COUNT, MAX_SECONDS
 from pipeline.model import Cell, LoadSpec, Matrix
+from stackproof.cliutil import NO_PREFLIGHT_HELP
+from stackproof.cliutil import emit as _emit
+from stackproof.cliutil import jsonable as _jsonable
+from stackproof.cliutil import load as _load
 
 if TYPE_CHECKING:
     from pipeline.engine import Engine
@@ -170,11 +170,11 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=_build)
 
     p = commands.add_parser(
-        "run", parents=[common, load_opts], help="build + verify every available stage: the main job"
+        "run", parents=[common, load_opts], help="build + verify every stage: the main job"
     )
     p.add_argument("cell")
     p.add_argument("--arm", default=None)
-    p.add_argument("--stages", default=None, help="comma-separated stages (default: all available)")
+    p.add_argument("--stages", default=None, help="comma-separated stages (default: all)")
     p.add_argument("--out", type=Path, default=Path("stackproof-out"))
     p.add_argument("--previous", type=Path, default=None, help="an earlier report.json: diff autotune winners")
     p.add_argument("--no-preflight", action="store_true", help=NO_PREFLIGHT_HELP)
@@ -184,7 +184,7 @@ def _parser() -> argparse.ArgumentParser:
     p = commands.add_parser("verify", parents=[common, load_opts], help="run stages against a cell's built image")
     p.add_argument("cell")
     p.add_argument("--arm", default=None)
-    p.add_argument("--stages", default=None, help="comma-separated stages (default: all available)")
+    p.add_argument("--stages", default=None, help="comma-separated stages (default: all)")
     p.add_argument("--out", type=Path, default=Path("stackproof-out"))
     p.add_argument("--previous", type=Path, default=None, help="an earlier report.json: diff autotune winners")
     p.add_argument("--no-preflight", action="store_true", help=NO_PREFLIGHT_HELP)
@@ -253,22 +253,22 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=Path("stackproof-out/kernel-probe"))
     p.set_defaults(handler=_probe_kernels)
 
-    from pipeline.cli_publish import add_commands as add_publish_commands
+    from stackproof.cli_publish import add_commands as add_publish_commands
 
     add_publish_commands(commands, common)
-    from pipeline.cli_ci import add_commands as add_ci_commands
+    from stackproof.cli_ci import add_commands as add_ci_commands
 
     add_ci_commands(commands, common)
-    from pipeline.cli_repro import add_commands as add_repro_commands
+    from stackproof.cli_repro import add_commands as add_repro_commands
 
     add_repro_commands(commands, common)
-    from pipeline.cli_model import add_commands as add_model_commands
+    from stackproof.cli_model import add_commands as add_model_commands
 
     add_model_commands(commands, common)
-    from pipeline.cli_report import add_commands as add_report_commands
+    from stackproof.cli_report import add_commands as add_report_commands
 
     add_report_commands(commands, common)
-    from pipeline.cli_compare import add_commands as add_compare_commands
+    from stackproof.cli_compare import add_commands as add_compare_commands
 
     add_compare_commands(commands, common)
     return parser
@@ -334,11 +334,11 @@ def _add_matrix_audit(matrix: Any, common: argparse.ArgumentParser) -> None:
 
 
 def _matrix_audit(args: argparse.Namespace) -> int:
-    from pipeline.audit import Sources, audit_matrix
-    from pipeline.audit.report import render_json, render_text
     from pipeline.cache import cache_dir
     from pipeline.pins import ReleaseLookup
     from pipeline.site import load_site
+    from verify.audit import Sources, audit_matrix
+    from verify.audit.report import render_json, render_text
     from verify.logscan import load_catalog, load_rulesets, rules_for
 
     matrix, _ = _load(args)
@@ -467,8 +467,8 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _verify_or_run(args: argparse.Namespace, *, build: bool) -> int:
-    from pipeline.runjob import run_cell, verify_cell
     from pipeline.site import load_site
+    from stackproof.runjob import run_cell, verify_cell
     from verify.runner import parse_stages
 
     matrix, images = _load(args)
@@ -552,8 +552,8 @@ def _load_url(args: argparse.Namespace) -> int:
     """Exit 1 when a question faulted, the watchdog reached a verdict, or determinism failed."""
     from urllib.parse import urlsplit
 
+    from pipeline.result import Status
     from verify.loadrun import LoadTarget, judge_load, run_load, summarise
-    from verify.result import Status
 
     try:
         parts = urlsplit(args.url)
@@ -586,11 +586,11 @@ def _load_url(args: argparse.Namespace) -> int:
 
 def _soak(args: argparse.Namespace) -> int:
     """Exit 1 when any arm saw a fault."""
+    from pipeline.build import built_image
     from pipeline.engine import Engine
-    from pipeline.plan import plan_cell
-    from pipeline.runjob import exclusive_dir
     from pipeline.site import load_site
-    from verify.soak import DEFAULT_ARM, soak
+    from stackproof.runjob import exclusive_dir
+    from stackproof.soak import DEFAULT_ARM, soak
 
     matrix, images = _load(args)
     cell = matrix.cell(args.cell)
@@ -604,10 +604,8 @@ def _soak(args: argparse.Namespace) -> int:
         raise InputError(f"--arms {args.arms}: name each arm once")
     spec = _load_spec(args, cell.serve.load)
     duration = args.duration or spec.duration_s
-    tag = plan_cell(matrix, cell, load_site(matrix), images).tag
     engine = Engine.connect()
-    if engine.image(tag) is None:
-        raise InputError(f"{cell.id}: image {tag} is not built: run `stackproof build {cell.id}`")
+    tag = built_image(engine, matrix, cell, load_site(matrix), images)[0].tag
     from pipeline.modelstore import ensure_model
 
     ensure_model(cell.serve.model, where=f"{matrix.file}:{cell.line}: cells[{cell.id}].serve.model")
@@ -662,9 +660,9 @@ def _inspect_log(args: argparse.Namespace) -> int:
     preconditions are shown, the facts and the last exception; docs/inspect-log.md is the JSON.
     Without --cell no expectation applies; with it, the cell's rules (and built-in sets) do.
     """
+    from pipeline.result import CheckResult, Status
     from verify.diagnosis import cell_facts, diagnose
     from verify.logscan import Facts, judge, open_log, rules_for, scan
-    from verify.result import CheckResult, Status
 
     cell = arm = None
     if args.cell:
@@ -784,9 +782,9 @@ def _diagnosis_text(name: str, verdict: str, diagnosis: Any, checks: list[Any]) 
 
 def _inspect_autotune(args: argparse.Namespace) -> int:
     """Exit 1 when a policy is violated."""
+    from pipeline.result import Status
     from verify.autotune import judge_cache, load_policies, map_to_hybrid_bucket, read_cache, winners
     from verify.autotune_stage import winners_table
-    from verify.result import Status
 
     cache = read_cache(args.file)
     policies = load_policies()
@@ -833,8 +831,8 @@ def _inspect_autotune(args: argparse.Namespace) -> int:
 
 def _probe_kernels(args: argparse.Namespace) -> int:
     """Exit 1 when the autotune policy is violated."""
-    from verify.kernels import probe_kernels
-    from verify.result import Status
+    from pipeline.result import Status
+    from stackproof.kernels import probe_kernels
 
     if args.host == bool(args.cell):
         raise InputError("probe kernels: give a CELL, or --host")
@@ -843,17 +841,15 @@ def _probe_kernels(args: argparse.Namespace) -> int:
     engine = image = gpus = None
     python = args.python
     if args.cell:
+        from pipeline.build import built_image
         from pipeline.engine import Engine
-        from pipeline.plan import plan_cell, python_of
         from pipeline.site import load_site
 
         matrix, images = _load(args)
         cell = matrix.cell(args.cell)
-        image = plan_cell(matrix, cell, load_site(matrix), images).tag
         engine = Engine.connect()
-        if engine.image(image) is None:
-            raise InputError(f"{cell.id}: image {image} is not built: run `stackproof build {cell.id}`")
-        python, gpus = python_of(matrix, cell), (cell.serve.gpus if cell.serve else None) or "all"
+        image = built_image(engine, matrix, cell, load_site(matrix), images)[0].tag
+        python, gpus = matrix.python_of(cell), (cell.serve.gpus if cell.serve else None) or "all"
     result = probe_kernels(
         config=args.config,
         out_dir=args.out,
@@ -918,18 +914,16 @@ def _probe_imports(args: argparse.Namespace) -> int:
         modules = tuple((args.modules or "torch?,flashinfer?,vllm?").split(","))
         report = probe_host(args.python, modules=modules)
     else:
+        from pipeline.build import built_image
         from pipeline.engine import Engine
-        from pipeline.plan import plan_cell, python_of
         from pipeline.site import load_site
         from verify.probe import probe_image
 
         matrix, images = _load(args)
         cell = matrix.cell(args.cell)
-        tag = plan_cell(matrix, cell, load_site(matrix), images).tag
         engine = Engine.connect()
-        if engine.image(tag) is None:
-            raise InputError(f"{cell.id}: image {tag} is not built: run `stackproof build {cell.id}`")
+        tag = built_image(engine, matrix, cell, load_site(matrix), images)[0].tag
         modules = tuple(args.modules.split(",")) if args.modules else cell.imports
-        report = probe_image(engine, tag, python=python_of(matrix, cell), modules=modules, env=cell.serve_env())
+        report = probe_image(engine, tag, python=matrix.python_of(cell), modules=modules, env=cell.serve_env())
     print(json.dumps(report.raw, indent=1, sort_keys=True))
     return 0

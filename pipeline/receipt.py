@@ -1,0 +1,372 @@
+"""The receipt as a document: its kind and version, whether one read back holds together, and its
+JUnit XML and Markdown renderings. It sits below the checks (which build receipts, verify/receipt.py)
+and the registry work (which gates publishing on them), so both read it without reaching up.
+
+A receipt names the image by its id and the host by its fingerprint; it never claims more. Its
+`status` is what publish gates on: PASS only when every stage ran and passed (WARN counts as
+passed; SKIP with its reason, e.g. autotune on a CPU cell) and the cell is not a known-bad one kept
+to prove a check (`expect: fail`); INCONCLUSIVE when a stage proved nothing either way or only some
+stages ran; FAIL otherwise, including a known-bad cell that failed as expected, which is a pipeline
+success but never a verified image; NOT_REPRODUCED when a known-bad cell's failure depends on the
+host (`may_not_reproduce`) and it did not happen here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import xml.etree.ElementTree as ET
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pipeline
+from pipeline.host import HostFingerprint
+from pipeline.jsonfile import jsonable
+from pipeline.model import STAGES
+from pipeline.result import CheckResult, Outcome, StageResult, Status, worst
+
+__all__ = [
+    "RECEIPT_KIND",
+    "RECEIPT_SCHEMA_VERSION",
+    "SCHEMA_FILE",
+    "ImageRef",
+    "Receipt",
+    "Runtime",
+    "receipt_problems",
+    "render_junit",
+    "render_markdown",
+    "write_all",
+]
+
+RECEIPT_SCHEMA_VERSION = 1  # bump on a change that breaks readers; docs/receipt.schema.json follows it
+RECEIPT_KIND = "stackproof.receipt"
+CLAIMS = "this image id, verified on this host geometry; nothing about other images or hosts"
+SCHEMA_FILE = Path(__file__).resolve().parents[1] / "docs" / "receipt.schema.json"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ImageRef:
+    ref: str  # the local tag
+    id: str  # the image id as the verifying daemon reported it
+    # Which digest `id` is: the config digest on docker's classic image store, the manifest (or
+    # index) digest on the containerd image store. Receipts without it bind the config.
+    id_is: str = "config"
+    repo_digests: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Runtime:
+    """What the image's own stack saw on this host (the imports probe)."""
+
+    python: str
+    torch: str | None
+    cuda: str | None
+    cudnn: int | str | None
+    gpus_seen_by_torch: tuple[dict[str, Any], ...]
+    distributions: dict[str, str]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Receipt:
+    """One verification of one image on one host: built once from the stages' typed results,
+    serialised once (`to_json`), read back with `parse`. Its JSON Schema is docs/receipt.schema.json."""
+
+    status: str  # PASS | FAIL | INCONCLUSIVE | NOT_REPRODUCED
+    status_reason: str
+    cell: str
+    arm: str | None
+    image: ImageRef
+    matrix_digest: str
+    host: HostFingerprint
+    started_at: str  # UTC, ISO 8601
+    finished_at: str
+    seconds: float
+    outcome: Outcome
+    stages: tuple[StageResult, ...]
+    runtime: Runtime | None = None
+    load: dict[str, Any] | None = None  # the load stage's summary (load.json)
+    autotune: tuple[dict[str, Any], ...] | None = None  # the winners table
+    servers: dict[str, Any] = field(default_factory=dict)
+    # What the verification cost (GPU memory, energy, GPU-seconds: each a value or a reason it is
+    # empty) and the stalls documented with their forensics (docs/stall-forensics.md).
+    cost: dict[str, Any] | None = None
+    forensics: tuple[dict[str, Any], ...] = ()
+    tool_version: str = pipeline.__version__
+    schema_version: int = RECEIPT_SCHEMA_VERSION
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema_version": self.schema_version,
+            "kind": RECEIPT_KIND,
+            "status": self.status,
+            "status_reason": self.status_reason,
+            "claims": CLAIMS,
+            "cell": self.cell,
+            "arm": self.arm,
+            "image": {**asdict(self.image), "repo_digests": list(self.image.repo_digests)},
+            "matrix_digest": self.matrix_digest,
+            "host": self.host.to_json(),
+            "tool": {"name": "stackproof", "version": self.tool_version},
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "seconds": self.seconds,
+            "outcome": asdict(self.outcome),
+            "stages": [_stage_json(s) for s in self.stages],
+            "runtime": {**asdict(self.runtime), "gpus_seen_by_torch": list(self.runtime.gpus_seen_by_torch)}
+            if self.runtime
+            else None,
+            "load": self.load,
+            "autotune": list(self.autotune) if self.autotune else None,
+            "server_starts": self.servers.get("started"),
+            "servers": self.servers,
+            "cost": self.cost,
+            "forensics": list(self.forensics),
+        }
+
+    @classmethod
+    def parse(cls, document: Any) -> Receipt:
+        """A receipt read back (a file, a registry): ValueError saying what is wrong with it."""
+        if not isinstance(document, dict) or document.get("kind") != RECEIPT_KIND:
+            raise ValueError(f"it is not a stackproof receipt (kind {_kind(document)!r})")
+        if document.get("schema_version") != RECEIPT_SCHEMA_VERSION:
+            raise ValueError(f"it has schema_version {document.get('schema_version')!r}; this tool reads 1")
+        try:
+            return _parse(document)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ValueError(f"it does not hold together: {type(exc).__name__}: {exc}") from None
+
+
+def _kind(document: Any) -> object:
+    return document.get("kind") if isinstance(document, dict) else type(document).__name__
+
+
+def _stage_json(stage: StageResult) -> dict[str, Any]:
+    checks = [
+        {"name": c.name, "status": str(c.status), "message": c.message, "evidence": c.evidence} for c in stage.checks
+    ]
+    return {"stage": stage.stage, "status": str(stage.status), "seconds": stage.seconds, "checks": checks,
+            "artifacts": stage.artifacts}  # fmt: skip
+
+
+def _parse(d: dict[str, Any]) -> Receipt:
+    image, runtime, outcome = d["image"], d.get("runtime"), d["outcome"]
+    return Receipt(
+        status=str(d["status"]),
+        status_reason=str(d["status_reason"]),
+        cell=str(d["cell"]),
+        arm=d.get("arm"),
+        image=ImageRef(
+            ref=str(image["ref"]),
+            id=str(image["id"]),
+            id_is=str(image.get("id_is", "config")),
+            repo_digests=tuple(image.get("repo_digests") or ()),
+        ),
+        matrix_digest=str(d["matrix_digest"]),
+        host=HostFingerprint.parse(d["host"]),
+        started_at=str(d["started_at"]),
+        finished_at=str(d["finished_at"]),
+        seconds=float(d["seconds"]),
+        outcome=Outcome(
+            passed=bool(outcome["passed"]),
+            summary=str(outcome["summary"]),
+            expected_failure=outcome.get("expected_failure"),
+            not_reproduced=bool(outcome.get("not_reproduced", False)),
+        ),
+        stages=tuple(_parse_stage(s) for s in d["stages"]),
+        runtime=Runtime(**{**runtime, "gpus_seen_by_torch": tuple(runtime["gpus_seen_by_torch"])}) if runtime else None,
+        load=d.get("load"),
+        autotune=tuple(d["autotune"]) if d.get("autotune") else None,
+        servers=dict(d.get("servers") or {}),
+        cost=d.get("cost"),
+        forensics=tuple(d.get("forensics") or ()),
+        tool_version=str((d.get("tool") or {}).get("version", "")),
+    )
+
+
+def _parse_stage(s: dict[str, Any]) -> StageResult:
+    checks = tuple(
+        CheckResult(name=str(c["name"]), status=Status(c["status"]), message=str(c["message"]),
+                    evidence=dict(c.get("evidence") or {}))
+        for c in s["checks"]
+    )  # fmt: skip
+    return StageResult(stage=str(s["stage"]), status=Status(s["status"]), checks=checks,
+                       seconds=float(s["seconds"]), artifacts=dict(s.get("artifacts") or {}))  # fmt: skip
+
+
+def receipt_problems(receipt: dict[str, Any]) -> list[str]:
+    """Why a receipt read back from a file does not hold together, judged from its own stages.
+
+    A receipt is data anyone can edit: its `status` is believed only when the stages it carries
+    give that same status by the rules above (every stage the status of its worst check, the stages
+    of a PASS exactly STAGES in order, none FAIL/ERROR/INCONCLUSIVE, the outcome passed, no
+    expected failure). Empty: consistent."""
+    problems: list[str] = []
+    stages = receipt.get("stages")
+    if not isinstance(stages, list) or not all(isinstance(s, dict) for s in stages):
+        return ["it has no list of stages"]
+    for stage in stages:
+        try:
+            checks = [Status(c["status"]) for c in stage.get("checks") or []]
+            claimed = Status(stage["status"])
+        except (KeyError, ValueError, TypeError):
+            problems.append(f"stage {stage.get('stage')!r} has an unknown status")
+            continue
+        if checks and worst(checks) is not claimed and not (claimed is Status.PASS and worst(checks) is Status.WARN):
+            problems.append(f"stage {stage.get('stage')} says {claimed} but its checks say {worst(checks)}")
+    if receipt.get("status") != "PASS":
+        return problems
+    names = [s.get("stage") for s in stages]
+    if names != list(STAGES):
+        problems.append(f"a PASS receipt must carry the stages {', '.join(STAGES)} in order, not {names}")
+    bad = [f"{s.get('stage')} {s.get('status')}" for s in stages if s.get("status") not in ("PASS", "WARN", "SKIP")]
+    if bad:
+        problems.append(f"PASS, but stages {', '.join(bad)}")
+    if all(s.get("status") == "SKIP" for s in stages):
+        problems.append("PASS, but every stage was skipped")
+    outcome = receipt.get("outcome") or {}
+    if outcome.get("passed") is not True or outcome.get("expected_failure") or outcome.get("not_reproduced"):
+        problems.append("PASS, but its outcome is not a plain pass")
+    return problems
+
+
+# -- JUnit XML -------------------------------------------------------------------------------------
+
+
+def render_junit(receipt: Receipt) -> str:
+    """One testsuite per stage, one testcase per check: FAIL/ERROR fail, SKIP skips, INCONCLUSIVE fails.
+
+    INCONCLUSIVE is reported as a failure so CI viewers do not show green for a check that proved
+    nothing; its message says so.
+    """
+    cell = receipt.cell
+    suites = ET.Element("testsuites", name=f"stackproof {cell}")
+    total = failures = skipped = 0
+    for stage in receipt.stages:
+        name = f"{cell}{'/' + receipt.arm if receipt.arm else ''}.{stage.stage}"
+        suite = ET.SubElement(suites, "testsuite", name=name, time=f"{stage.seconds:.2f}")
+        counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+        for check in stage.checks:
+            counts["tests"] += 1
+            case = ET.SubElement(suite, "testcase", classname=f"{cell}.{stage.stage}", name=check.name)
+            status = check.status
+            if status in (Status.FAIL, Status.INCONCLUSIVE):
+                counts["failures"] += 1
+                failure = ET.SubElement(case, "failure", message=f"{status}: {check.message}"[:1000], type=status)
+                failure.text = json.dumps(check.evidence, indent=1, default=str)[:20000]
+            elif status is Status.ERROR:
+                counts["errors"] += 1
+                ET.SubElement(case, "error", message=check.message[:1000], type=status)
+            elif status is Status.SKIP:
+                counts["skipped"] += 1
+                ET.SubElement(case, "skipped", message=check.message[:1000])
+            else:
+                out = ET.SubElement(case, "system-out")
+                out.text = f"{status}: {check.message}"
+        for key, value in counts.items():
+            suite.set(key, str(value))
+        total += counts["tests"]
+        failures += counts["failures"] + counts["errors"]
+        skipped += counts["skipped"]
+    if receipt.status == "NOT_REPRODUCED":
+        # Neither red nor green in a CI viewer: the known bug did not show on this host.
+        suite = ET.SubElement(suites, "testsuite", name=f"{cell}.expectation", tests="1", skipped="1")
+        case = ET.SubElement(suite, "testcase", classname=f"{cell}.expectation", name="expected-failure")
+        ET.SubElement(case, "skipped", message=receipt.status_reason[:1000], type="NOT_REPRODUCED")
+        total += 1
+        skipped += 1
+    suites.set("tests", str(total))
+    suites.set("failures", str(failures))
+    ET.indent(suites)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
+
+
+# -- Markdown ---------------------------------------------------------------------------------------
+
+_ICON = {
+    "PASS": "✅",
+    "WARN": "⚠️",
+    "FAIL": "❌",
+    "ERROR": "❌",
+    "INCONCLUSIVE": "❔",
+    "SKIP": "⏭️",
+    "NOT_REPRODUCED": "⭕",
+}
+
+
+def render_markdown(receipt: Receipt) -> str:
+    arm = f" / arm `{receipt.arm}`" if receipt.arm else ""
+    host = receipt.host
+    lines = [
+        f"### {_ICON.get(receipt.status, '')} stackproof `{receipt.cell}`{arm}: {receipt.status}",
+        "",
+        f"{receipt.status_reason}",
+        "",
+        f"- image `{receipt.image.ref}` id `{receipt.image.id}`",
+        f"- host: {host.describe()} (key `{host.key}`), docker {host.docker}",
+        f"- {receipt.seconds:.0f}s, stackproof {receipt.tool_version}, matrix `{receipt.matrix_digest[:19]}`",
+        "",
+        "| stage | status | seconds | checks |",
+        "|---|---|---|---|",
+    ]
+    for stage in receipt.stages:
+        counted: dict[str, int] = {}
+        for check in stage.checks:
+            counted[check.status] = counted.get(check.status, 0) + 1
+        summary = ", ".join(f"{n} {s}" for s, n in sorted(counted.items()))
+        lines.append(
+            f"| {stage.stage} | {_ICON.get(stage.status, '')} {stage.status} | {stage.seconds:.1f} | {summary} |"
+        )
+    shown = (Status.FAIL, Status.ERROR, Status.INCONCLUSIVE, Status.WARN)
+    bad = [(stage.stage, c) for stage in receipt.stages for c in stage.checks if c.status in shown]
+    if bad:
+        lines += ["", "**Findings**", ""]
+        lines += [f"- {_ICON.get(c.status, '')} `{s}` {c.name}: {_one_line(c.message)}" for s, c in bad[:30]]
+    load = receipt.load
+    if load:
+        ttft, tpot = load["latency_ms"]["ttft"], load["latency_ms"]["tpot"]
+        q = load["questions"]
+        lines += [
+            "",
+            f"**Load**: {q['clean']}/{q['attempted']} questions clean, "
+            f"{load['throughput']['output_tok_s']:.0f} output tok/s, TTFT p50/p99 {ttft['p50']}/{ttft['p99']} ms, "
+            f"TPOT p50 {tpot['p50']} ms",
+        ]
+        if load.get("correctness"):
+            lines.append(_correctness_line(load["correctness"]))
+    return "\n".join(lines) + "\n"
+
+
+def _correctness_line(section: dict[str, Any]) -> str:
+    """Each detector's rate beside the cell's baseline, and the canary score (verify/correctness.py)."""
+    rates, base = section["rates"], (section["baseline"]["rates"] or {})
+    parts = [
+        f"{name} {rates[name]:.0%}" + (f" (baseline {base[name]:.0%})" if base.get(name) is not None else "")
+        for name in ("loop", "empty", "length", "collapse")
+        if rates.get(name) is not None
+    ]
+    canary = section.get("canary") or {}
+    if canary.get("asked"):
+        parts.append(f"canary {canary['right']}/{canary['asked']} right (floor {canary['floor']:.0%})")
+    note = " (baseline recorded by this run)" if section["baseline"]["recorded_now"] else ""
+    return "\n**Correctness**: " + ", ".join(parts) + note
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())[:300].replace("|", "\\|")
+
+
+def write_all(receipt: Receipt, out_dir: Path) -> dict[str, Path]:
+    """receipt.json, junit.xml and summary.md in `out_dir`; the summary also to $GITHUB_STEP_SUMMARY."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"receipt": out_dir / "receipt.json", "junit": out_dir / "junit.xml", "summary": out_dir / "summary.md"}
+    # Strict JSON: a NaN or an infinity (which strict parsers reject) is written as null.
+    paths["receipt"].write_text(json.dumps(jsonable(receipt.to_json()), indent=2, default=str, allow_nan=False) + "\n")
+    paths["junit"].write_text(render_junit(receipt))
+    markdown = render_markdown(receipt)
+    paths["summary"].write_text(markdown)
+    step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if step_summary:
+        with open(step_summary, "a", encoding="utf-8") as f:
+            f.write(markdown + "\n")
+    return paths
