@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import httpx
 import numpy as np
@@ -106,240 +106,276 @@ async def _model(client: httpx.AsyncClient) -> str:
 
 
 async def _run(target: LoadTarget, spec: LoadSpec, out_dir: Path, *, soak: bool) -> LoadOutcome:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    origin = time.monotonic()
+    return await _LoadRun(target, spec, out_dir, soak=soak).run()
 
-    def clock() -> float:
-        return time.monotonic() - origin
 
-    pool = _questions(spec)
-    live = Live()
-    stop = asyncio.Event()
-    limits = httpx.Limits(max_connections=spec.concurrency + 4, max_keepalive_connections=spec.concurrency + 4)
-    timeouts = Timeouts(ttft=spec.ttft_timeout_s, chunk=spec.chunk_timeout_s)
-    # httpx's own read timeout is a backstop only: the per-chunk waits are bounded in stream_chat.
-    http_timeout = httpx.Timeout(max(timeouts.ttft, timeouts.chunk) + 5, connect=timeouts.connect)
-    requests_path, scrapes_path = out_dir / "requests.jsonl", out_dir / "scrapes.jsonl"
-    async with (
-        httpx.AsyncClient(base_url=target.base_url, timeout=http_timeout, limits=limits) as load_client,
-        httpx.AsyncClient(base_url=target.base_url, timeout=10) as probe_client,
-    ):
-        model = await _model(probe_client)
-        records: list[RequestRecord] = []
-        with requests_path.open("w") as requests_log, scrapes_path.open("w") as scrapes_log:
-            # Greedy determinism: every prompt, `determinism_repeats` times, per phase.
-            prompts = [p for _ in range(spec.determinism_repeats) for p in range(spec.determinism_prompts)]
+class _LoadRun:
+    """One load run, as named steps over explicit state: greedy phase A alone, the baseline scrape,
+    the workers (closed loop, or open loop at a rate) beside greedy phase B and the watchdog, then the
+    conclusion. The state the steps share is the attributes set here; `Live` is what the watchdog
+    and the progress line read while the run goes on."""
 
-            async def greedy(prompt: int, phase: str) -> tuple[Sample, int, int]:
-                return await request_sample(
-                    load_client,
-                    model=model,
-                    prompt=prompt,
-                    phase=phase,
-                    max_tokens=spec.determinism_max_tokens,
-                    timeout=spec.ttft_timeout_s,
+    def __init__(self, target: LoadTarget, spec: LoadSpec, out_dir: Path, *, soak: bool) -> None:
+        self.target, self.spec, self.out_dir, self.soak = target, spec, out_dir, soak
+        self.origin = time.monotonic()
+        self.pool = _questions(spec)
+        self.live = Live()
+        self.stop = asyncio.Event()
+        self.timeouts = Timeouts(ttft=spec.ttft_timeout_s, chunk=spec.chunk_timeout_s)
+        self.records: list[RequestRecord] = []
+        self.questions: dict[str, bool | None] = {}  # id -> clean (True), faulted (False), incomplete (None)
+        # Greedy determinism: every prompt, `determinism_repeats` times, per phase.
+        self.prompts = [p for _ in range(spec.determinism_repeats) for p in range(spec.determinism_prompts)]
+        self.phase_b: list[Sample] = []
+        self.b_tokens = (0, 0)  # (prompt, completion) tokens of phase B
+        self.load_tasks: list[asyncio.Task[None]] = []
+        self.source: Iterator[Question] = cycle(self.pool) if soak else iter(self.pool)
+        self.requests_path, self.scrapes_path = out_dir / "requests.jsonl", out_dir / "scrapes.jsonl"
+
+    def clock(self) -> float:
+        return time.monotonic() - self.origin
+
+    async def run(self) -> LoadOutcome:
+        spec, target = self.spec, self.target
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        limits = httpx.Limits(max_connections=spec.concurrency + 4, max_keepalive_connections=spec.concurrency + 4)
+        # httpx's own read timeout is a backstop only: the per-chunk waits are bounded in stream_chat.
+        http_timeout = httpx.Timeout(max(self.timeouts.ttft, self.timeouts.chunk) + 5, connect=self.timeouts.connect)
+        async with (
+            httpx.AsyncClient(base_url=target.base_url, timeout=http_timeout, limits=limits) as self.load_client,
+            httpx.AsyncClient(base_url=target.base_url, timeout=10) as self.probe_client,
+        ):
+            self.model = await _model(self.probe_client)
+            with self.requests_path.open("w") as self.requests_log, self.scrapes_path.open("w") as scrapes_log:
+                phase_a = [(await self.greedy(prompt, "A"))[0] for prompt in self.prompts]  # alone, before any load
+                before, _ = await scrape(self.probe_client)
+                self.load_started = self.clock()
+                self.deadline = self.load_started + spec.duration_s
+                self.tracker = Tracker(
+                    stall_seconds=spec.stall_seconds, started_at=self.load_started, warmup_s=spec.warmup_s
                 )
+                self.watchdog = self._watchdog(scrapes_log)
+                results = await self._load()
+                crashed = await self._conclude(results)
+                fatal = self.watchdog.fatal
+                after = None
+                if fatal is None:
+                    after = await _settled_scrape(self.probe_client, before, self.records, self.b_tokens[1])
+                seconds = self.clock() - self.load_started
+        print(f"{target.label}: load ended after {seconds:.1f}s: {self.live.stop_reason}", file=sys.stderr)
+        # The greedy answers alone, per prompt, for `stackproof compare` across cells and arms.
+        greedy_path = write_greedy(
+            self.out_dir / GREEDY_FILE, model=self.model, max_tokens=spec.determinism_max_tokens, label=target.label,
+            samples=phase_a,
+        )  # fmt: skip
+        return LoadOutcome(
+            config=_config(spec, self.soak),
+            model=self.model,
+            records=self.records,
+            questions=self.questions,
+            events=self.watchdog.events,
+            determinism_a=phase_a,
+            determinism_b=self.phase_b,
+            before=before,
+            after=after,
+            seconds=seconds,
+            stop_reason=self.live.stop_reason or "",
+            determinism_tokens=self.b_tokens,
+            scrapes=len(self.watchdog.scrapes),
+            files={"requests": str(self.requests_path), "scrapes": str(self.scrapes_path), "greedy": str(greedy_path)},
+            crashed=crashed,
+        )
 
-            phase_a = [(await greedy(prompt, "A"))[0] for prompt in prompts]  # alone, before any load
-            before, _ = await scrape(probe_client)
-            load_started = clock()
-            tracker = Tracker(stall_seconds=spec.stall_seconds, started_at=load_started, warmup_s=spec.warmup_s)
-            watchdog = Watchdog(
-                client=probe_client,
-                tracker=tracker,
-                clock=clock,
-                in_flight=lambda: live.in_flight,
-                stop=stop,
-                interval_s=spec.scrape_interval_s,
-                series=scrapes_log,
-                server_alive=target.server_alive,
-                last_log_lines=target.last_log_lines,
-                check_gpu=target.gpu,
-                on_stall=target.on_stall,
-            )
+    def _watchdog(self, series: TextIO) -> Watchdog:
+        target = self.target
+        return Watchdog(
+            client=self.probe_client,
+            tracker=self.tracker,
+            clock=self.clock,
+            in_flight=lambda: self.live.in_flight,
+            stop=self.stop,
+            interval_s=self.spec.scrape_interval_s,
+            series=series,
+            server_alive=target.server_alive,
+            last_log_lines=target.last_log_lines,
+            check_gpu=target.gpu,
+            on_stall=target.on_stall,
+        )
 
-            def on_chunk() -> None:
-                tracker.chunk(clock())
+    # -- the load and what runs beside it ----------------------------------------------------------
 
-            questions: dict[str, bool | None] = {}
+    async def _load(self) -> list[BaseException | None]:
+        """Run the workers, greedy phase B, the watchdog and the progress line until the workers end
+        or something stops the run; what each worker ended with (an exception, or None)."""
+        spec = self.spec
+        # At most one worker per question: 10**6 workers for 5 questions cost a gigabyte (issue 16).
+        workers_wanted = spec.concurrency if self.soak else min(spec.concurrency, len(self.pool))
+        self.load_tasks = (
+            [asyncio.create_task(self.open_loop())]
+            if spec.rate
+            else [asyncio.create_task(self.closed_loop_worker()) for _ in range(workers_wanted)]
+        )
+        workers = [*self.load_tasks, asyncio.create_task(self.determinism_under_load())]
+        watch = asyncio.create_task(self.watchdog.run())
+        reporter = asyncio.create_task(
+            _report_progress(self.target, self.live, self.tracker, self.clock, spec, self.stop)
+        )
+        stopper = asyncio.create_task(self.stop.wait())
+        try:
+            pending: set[asyncio.Task[Any]] = set(workers)
+            while pending:
+                done, pending = await asyncio.wait(pending | {stopper}, return_when=asyncio.FIRST_COMPLETED)
+                pending.discard(stopper)
+                if stopper in done:
+                    break
+        finally:
+            for task in workers:
+                task.cancel()
+            results = await asyncio.gather(*workers, return_exceptions=True)
+            self.stop.set()
+            for helper in (watch, reporter, stopper):
+                helper.cancel()
+            await asyncio.gather(watch, reporter, stopper, return_exceptions=True)
+        return results
 
-            def keep(record: RequestRecord) -> None:
-                records.append(record)
-                requests_log.write(json.dumps(record.to_json()) + "\n")
-                if record.ok:
-                    live.output_tokens += record.output_tokens
-                elif record.error_class is not ErrorClass.ABORTED:
-                    live.requests_failed += 1
-                    if record.error_class in _SERVER_CLASSES:
-                        watchdog.probe_requested = True
-                    if live.requests_failed >= spec.max_errors and not stop.is_set():
-                        live.stop_reason = f"{live.requests_failed} failed requests (max_errors {spec.max_errors})"
-                        stop.set()
+    async def _conclude(self, results: list[BaseException | None]) -> str | None:
+        """Why the run stopped (`live.stop_reason`), and the worker crash that makes it prove nothing."""
+        live, watchdog = self.live, self.watchdog
+        # A worker that raised did not finish its questions: say so, never "all questions answered".
+        errors = [r for r in results if isinstance(r, Exception) and not isinstance(r, asyncio.CancelledError)]
+        crashed = f"load worker failed: {type(errors[0]).__name__}: {str(errors[0])[:300]}" if errors else None
+        if crashed:
+            live.stop_reason = crashed
+        if live.requests_failed and watchdog.fatal is None:
+            await watchdog.final_check()
+        fatal = watchdog.fatal
+        if fatal is not None:
+            live.stop_reason = f"{fatal.type}: {fatal.reason}"
+            # The questions in flight when the server failed are what a user would have seen fail.
+            self.questions.update({qid: False for qid, clean in self.questions.items() if clean is None})
+        elif live.stop_reason is None:
+            live.stop_reason = "duration reached" if self.clock() >= self.deadline else "all questions answered"
+        return crashed
 
-            async def ask(question: Question) -> None:
-                questions[question.id] = None
-                messages: list[dict[str, str]] = []
-                for turn, text in enumerate(question.turns):
-                    messages.append({"role": "user", "content": text})
-                    record = RequestRecord(question_id=question.id, turn=turn)
-                    live.in_flight += 1
-                    try:
-                        await stream_chat(
-                            load_client,
-                            model=model,
-                            messages=messages,
-                            max_tokens=spec.max_tokens,
-                            ignore_eos=spec.ignore_eos,
-                            timeouts=timeouts,
-                            record=record,
-                            clock=clock,
-                            on_chunk=on_chunk,
-                        )
-                    finally:
-                        live.in_flight -= 1
-                        keep(record)
-                    if not record.ok:
-                        questions[question.id] = False
-                        live.questions_done += 1
-                        return
-                    messages.append({"role": "assistant", "content": record.text})
-                questions[question.id] = True
-                live.questions_done += 1
-                live.questions_clean += 1
+    async def greedy(self, prompt: int, phase: str) -> tuple[Sample, int, int]:
+        return await request_sample(
+            self.load_client,
+            model=self.model,
+            prompt=prompt,
+            phase=phase,
+            max_tokens=self.spec.determinism_max_tokens,
+            timeout=self.spec.ttft_timeout_s,
+        )
 
-            deadline = load_started + spec.duration_s
-            source: Iterator[Question] = cycle(pool) if soak else iter(pool)
+    def keep(self, record: RequestRecord) -> None:
+        live, spec = self.live, self.spec
+        self.records.append(record)
+        self.requests_log.write(json.dumps(record.to_json()) + "\n")
+        if record.ok:
+            live.output_tokens += record.output_tokens
+        elif record.error_class is not ErrorClass.ABORTED:
+            live.requests_failed += 1
+            if record.error_class in _SERVER_CLASSES:
+                self.watchdog.probe_requested = True
+            if live.requests_failed >= spec.max_errors and not self.stop.is_set():
+                live.stop_reason = f"{live.requests_failed} failed requests (max_errors {spec.max_errors})"
+                self.stop.set()
 
-            def next_question() -> Question | None:
-                if stop.is_set() or clock() >= deadline:
-                    return None
-                return next(source, None)
-
-            async def closed_loop_worker() -> None:
-                while (question := next_question()) is not None:
-                    await ask(question)
-
-            async def open_loop() -> None:
-                slots = asyncio.Semaphore(spec.concurrency)
-
-                def gaps() -> Iterator[float]:  # a soak outlasts one pass: each pass draws its own gaps
-                    for pass_no in itertools.count():
-                        yield from arrival_gaps(
-                            len(pool), rate=spec.rate or 1.0, burstiness=spec.burstiness, seed=spec.seed + pass_no
-                        )
-                        if not soak:
-                            return
-
-                running: set[asyncio.Task[None]] = set()
-
-                async def one(question: Question) -> None:
-                    try:
-                        await ask(question)
-                    finally:
-                        slots.release()
-
-                try:
-                    for gap in gaps():
-                        with contextlib.suppress(TimeoutError):
-                            await asyncio.wait_for(stop.wait(), gap)
-                        question = next_question()
-                        if question is None:
-                            break
-                        await slots.acquire()
-                        task = asyncio.create_task(one(question))
-                        running.add(task)
-                        task.add_done_callback(running.discard)
-                    await asyncio.gather(*running)
-                finally:
-                    for task in running:
-                        task.cancel()
-
-            phase_b: list[Sample] = []
-            b_tokens = [0, 0]
-
-            async def determinism_under_load() -> None:
-                # Wait until the load has filled its slots, so these requests share batches with it.
-                while live.in_flight < min(spec.concurrency, 2) and not stop.is_set():
-                    if all(task.done() for task in load_tasks):
-                        break  # the load ended first: the samples run alone, still compared
-                    await asyncio.sleep(0.05)
-                for prompt in prompts:
-                    if stop.is_set():
-                        return
-                    live.in_flight += 1
-                    try:
-                        sample, p_tokens, c_tokens = await greedy(prompt, "B")
-                    finally:
-                        live.in_flight -= 1
-                    tracker.chunk(clock())
-                    phase_b.append(sample)
-                    b_tokens[0] += p_tokens
-                    b_tokens[1] += c_tokens
-
-            # At most one worker per question: 10**6 workers for 5 questions cost a gigabyte (issue 16).
-            workers_wanted = spec.concurrency if soak else min(spec.concurrency, len(pool))
-            load_tasks = (
-                [asyncio.create_task(open_loop())]
-                if spec.rate
-                else [asyncio.create_task(closed_loop_worker()) for _ in range(workers_wanted)]
-            )
-            workers = [*load_tasks, asyncio.create_task(determinism_under_load())]
-            watch = asyncio.create_task(watchdog.run())
-            reporter = asyncio.create_task(_report_progress(target, live, tracker, clock, spec, stop))
-            stopper = asyncio.create_task(stop.wait())
+    async def ask(self, question: Question) -> None:
+        live = self.live
+        self.questions[question.id] = None
+        messages: list[dict[str, str]] = []
+        for turn, text in enumerate(question.turns):
+            messages.append({"role": "user", "content": text})
+            record = RequestRecord(question_id=question.id, turn=turn)
+            live.in_flight += 1
             try:
-                pending: set[asyncio.Task[Any]] = set(workers)
-                while pending:
-                    done, pending = await asyncio.wait(pending | {stopper}, return_when=asyncio.FIRST_COMPLETED)
-                    pending.discard(stopper)
-                    if stopper in done:
-                        break
+                await stream_chat(
+                    self.load_client,
+                    model=self.model,
+                    messages=messages,
+                    max_tokens=self.spec.max_tokens,
+                    ignore_eos=self.spec.ignore_eos,
+                    timeouts=self.timeouts,
+                    record=record,
+                    clock=self.clock,
+                    on_chunk=lambda: self.tracker.chunk(self.clock()),
+                )
             finally:
-                for task in workers:
-                    task.cancel()
-                results = await asyncio.gather(*workers, return_exceptions=True)
-                stop.set()
-                for helper in (watch, reporter, stopper):
-                    helper.cancel()
-                await asyncio.gather(watch, reporter, stopper, return_exceptions=True)
-            # A worker that raised did not finish its questions: say so, never "all questions answered".
-            errors = [r for r in results if isinstance(r, Exception) and not isinstance(r, asyncio.CancelledError)]
-            crashed = f"load worker failed: {type(errors[0]).__name__}: {str(errors[0])[:300]}" if errors else None
-            if crashed:
-                live.stop_reason = crashed
-            if live.requests_failed and watchdog.fatal is None:
-                await watchdog.final_check()
-            fatal = watchdog.fatal
-            if fatal is not None:
-                live.stop_reason = f"{fatal.type}: {fatal.reason}"
-                # The questions in flight when the server failed are what a user would have seen fail.
-                questions.update({qid: False for qid, clean in questions.items() if clean is None})
-            elif live.stop_reason is None:
-                live.stop_reason = "duration reached" if clock() >= deadline else "all questions answered"
-            after = await _settled_scrape(probe_client, before, records, b_tokens[1]) if fatal is None else None
-            seconds = clock() - load_started
-    print(f"{target.label}: load ended after {seconds:.1f}s: {live.stop_reason}", file=sys.stderr)
-    # The greedy answers alone, per prompt, for `stackproof compare` across cells and arms.
-    greedy_path = write_greedy(
-        out_dir / GREEDY_FILE, model=model, max_tokens=spec.determinism_max_tokens, label=target.label, samples=phase_a
-    )
-    return LoadOutcome(
-        config=_config(spec, soak),
-        model=model,
-        records=records,
-        questions=questions,
-        events=watchdog.events,
-        determinism_a=phase_a,
-        determinism_b=phase_b,
-        before=before,
-        after=after,
-        seconds=seconds,
-        stop_reason=live.stop_reason,
-        determinism_tokens=(b_tokens[0], b_tokens[1]),
-        scrapes=len(watchdog.scrapes),
-        files={"requests": str(requests_path), "scrapes": str(scrapes_path), "greedy": str(greedy_path)},
-        crashed=crashed,
-    )
+                live.in_flight -= 1
+                self.keep(record)
+            if not record.ok:
+                self.questions[question.id] = False
+                live.questions_done += 1
+                return
+            messages.append({"role": "assistant", "content": record.text})
+        self.questions[question.id] = True
+        live.questions_done += 1
+        live.questions_clean += 1
+
+    def next_question(self) -> Question | None:
+        if self.stop.is_set() or self.clock() >= self.deadline:
+            return None
+        return next(self.source, None)
+
+    async def closed_loop_worker(self) -> None:
+        while (question := self.next_question()) is not None:
+            await self.ask(question)
+
+    def gaps(self) -> Iterator[float]:
+        """The open loop's arrival gaps; a soak outlasts one pass: each pass draws its own."""
+        spec = self.spec
+        for pass_no in itertools.count():
+            yield from arrival_gaps(
+                len(self.pool), rate=spec.rate or 1.0, burstiness=spec.burstiness, seed=spec.seed + pass_no
+            )
+            if not self.soak:
+                return
+
+    async def open_loop(self) -> None:
+        slots = asyncio.Semaphore(self.spec.concurrency)
+        running: set[asyncio.Task[None]] = set()
+
+        async def one(question: Question) -> None:
+            try:
+                await self.ask(question)
+            finally:
+                slots.release()
+
+        try:
+            for gap in self.gaps():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.stop.wait(), gap)
+                question = self.next_question()
+                if question is None:
+                    break
+                await slots.acquire()
+                task = asyncio.create_task(one(question))
+                running.add(task)
+                task.add_done_callback(running.discard)
+            await asyncio.gather(*running)
+        finally:
+            for task in running:
+                task.cancel()
+
+    async def determinism_under_load(self) -> None:
+        live, stop = self.live, self.stop
+        # Wait until the load has filled its slots, so these requests share batches with it.
+        while live.in_flight < min(self.spec.concurrency, 2) and not stop.is_set():
+            if all(task.done() for task in self.load_tasks):
+                break  # the load ended first: the samples run alone, still compared
+            await asyncio.sleep(0.05)
+        for prompt in self.prompts:
+            if stop.is_set():
+                return
+            live.in_flight += 1
+            try:
+                sample, p_tokens, c_tokens = await self.greedy(prompt, "B")
+            finally:
+                live.in_flight -= 1
+            self.tracker.chunk(self.clock())
+            self.phase_b.append(sample)
+            self.b_tokens = (self.b_tokens[0] + p_tokens, self.b_tokens[1] + c_tokens)
 
 
 async def _settled_scrape(
