@@ -95,6 +95,209 @@ def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+@dataclasses.dataclass(frozen=True)
+class Arg:
+    """One `add_argument` call: its flags (or positional name) and keywords."""
+
+    flags: tuple[str, ...]
+    options: dict[str, Any]
+
+
+def arg(*flags: str, **options: Any) -> Arg:
+    return Arg(flags, options)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Command:
+    """A row of the command table: `stackproof PATH...`, its options and the function that runs it."""
+
+    path: tuple[str, ...]  # ("render",) or ("matrix", "validate")
+    help: str
+    handler: Callable[[argparse.Namespace], int]
+    args: tuple[Arg, ...] = ()
+    load_options: bool = False  # takes the overrides of the cell's serve.load
+
+
+# Groups of subcommands: `stackproof matrix validate`, `stackproof inspect log`, ...
+GROUPS = {"matrix": "validate, list and show cells", "inspect": "inspect a file", "probe": "run an in-image probe"}
+
+
+def _load_options() -> tuple[Arg, ...]:
+    """Overrides of the cell's `serve.load` (the load stage, `load` and `soak`); unset = the cell's value."""
+    return (
+        arg("--questions", type=_positive_int, default=None, help="questions in a short run"),
+        arg("--questions-file", type=Path, default=None, help="JSONL of {id, turns: [2-3 strings]}"),
+        arg("--concurrency", type=_concurrency, default=None, help="questions in flight (closed loop)"),
+        arg("--rate", type=_positive_float, default=None, help="open loop: questions started per second"),
+        arg("--burstiness", type=_positive_float, default=None, help="gamma shape of arrivals (1 = Poisson)"),
+        arg("--max-tokens", type=_positive_int, default=None, help="output tokens per turn"),
+        arg("--duration", type=_seconds, default=None, help="seconds after which no question starts"),
+        arg("--stall-seconds", type=_seconds, default=None, help="no progress this long = stall"),
+        arg("--chunk-timeout", type=_seconds, default=None, help="seconds one stream may be silent"),
+        arg("--scrape-interval", type=_seconds, default=None, help="seconds between /metrics scrapes"),
+        arg("--baseline-rate", default=None, help="fault probability per question: 1/450 or 0.00222"),
+        arg("--determinism-repeats", type=_count, default=None, help="greedy samples per prompt and phase (0 = off)"),
+    )
+
+
+# `run` and `verify` take the same options: one is the other with a build first.
+VERIFY_OPTIONS = (
+    arg("cell"),
+    arg("--arm", default=None),
+    arg("--stages", default=None, help="comma-separated stages (default: all)"),
+    arg("--out", type=Path, default=Path("stackproof-out")),
+    arg("--previous", type=Path, default=None, help="an earlier report.json: diff autotune winners"),
+    arg("--no-preflight", action="store_true", help=NO_PREFLIGHT_HELP),
+    arg("--no-fetch", action="store_true", help="never ask the hub: an hf: model must be in the store"),
+)
+
+PULL_ONLY_HELP = "never build: take the image from STACKPROOF_REGISTRY or fail (exit 3)"
+MODULES_HELP = "modules to import (default: the cell's, or torch?,flashinfer?,vllm?)"
+
+
+def _commands() -> tuple[Command, ...]:
+    """The command table (the commands of cli_*.py register themselves beside it)."""
+    return (
+        Command(
+            path=("matrix", "validate"), help="check matrix.yaml; FILE:LINE: path: message", handler=_matrix_validate
+        ),
+        Command(path=("matrix", "list"), help="cell ids, arch, base, runner labels", handler=_matrix_list),
+        Command(path=("matrix", "show"), help="the fully resolved cell", handler=_matrix_show, args=(arg("cell"),)),
+        Command(
+            path=("matrix", "audit"),
+            help="can each cell's rules match, its variables act, its kernels exist (wheels)",
+            handler=_matrix_audit,
+            args=(arg("cells", nargs="*", help="cells to audit (default: all)"),),
+        ),
+        Command(
+            path=("render",),
+            help="write Dockerfiles and per-index requirement files",
+            handler=_render,
+            args=(
+                arg("cells", nargs="*", help="cells to render (default: all)"),
+                arg("--out", type=Path, default=Path("stackproof-out/render")),
+            ),
+        ),
+        Command(
+            path=("lock",),
+            help="resolve a cell's install into its hash-locked file",
+            handler=_lock,
+            args=(arg("cells", nargs="+"),),
+        ),
+        Command(
+            path=("build",),
+            help="build a cell's image (skipped when its content tag exists; pulled when STACKPROOF_REGISTRY has it)",
+            handler=_build,
+            args=(
+                arg("cell"),
+                arg("--out", type=Path, default=Path("stackproof-out")),
+                arg("--no-cache", action="store_true", help="rebuild every step"),
+                arg("--force", action="store_true", help="build even when the content tag is here or in the registry"),
+                arg("--push", action="store_true", help="push the image to STACKPROOF_REGISTRY under its content tag"),
+                arg("--pull-only", action="store_true", help=PULL_ONLY_HELP),
+                arg("--no-preflight", action="store_true", help=NO_PREFLIGHT_HELP),
+            ),
+        ),
+        Command(
+            path=("run",),
+            help="build + verify every stage: the main job",
+            handler=_run,
+            args=VERIFY_OPTIONS,
+            load_options=True,
+        ),
+        Command(
+            path=("verify",),
+            help="run stages against a cell's built image",
+            handler=_verify,
+            args=VERIFY_OPTIONS,
+            load_options=True,
+        ),
+        Command(
+            path=("load",),
+            help="load a server already running on this machine (no cell needed)",
+            handler=_load_url,
+            load_options=True,
+            args=(
+                arg("--url", required=True, help="the server's base URL, e.g. http://127.0.0.1:8000 (loopback only)"),
+                arg("--cell", default=None, help="take the load spec from this cell's serve.load"),
+                arg("--soak", action="store_true", help="cycle the questions until --duration instead of stopping"),
+                arg("--out", type=Path, default=Path("stackproof-out/load")),
+            ),
+        ),
+        Command(
+            path=("soak",),
+            help="alternate arms of a cell on this host for --duration seconds",
+            handler=_soak,
+            load_options=True,
+            args=(
+                arg("cell"),
+                arg("--arms", default="default", help="comma-separated arm names; `default` = the cell without arm"),
+                arg("--slice", type=_seconds, default=300.0, help="seconds of load per arm per round"),
+                arg("--out", type=Path, default=Path("stackproof-out")),
+            ),
+        ),
+        Command(
+            path=("inspect", "log"),
+            help="what failed in a log: class, incident, facts, last exception",
+            handler=_inspect_log,
+            args=(
+                arg("file", type=Path, help="a log file, a pipe or FIFO, or - for standard input"),
+                arg("--cell", default=None, help="also apply this cell's rules (and its built-in rule sets)"),
+                arg("--arm", default=None),
+            ),
+        ),
+        Command(
+            path=("inspect", "autotune"),
+            help="winners per op, shape and M bucket + policy verdict",
+            handler=_inspect_autotune,
+            args=(
+                arg("file", type=Path),
+                arg("--arch", default="", help="the GPU arch the cache is judged for (sm90, sm120, sm121...)"),
+                arg("--policy", action="append", default=None, help="apply only these policies (by id)"),
+                arg("--m", type=int, action="append", default=[], help="also say which bucket serves this M"),
+            ),
+        ),
+        Command(path=("gc",), help="remove containers of dead runs on this host (owner gone)", handler=_gc),
+        Command(
+            path=("stats",),
+            help="what a fault count over N questions proves",
+            handler=_stats,
+            args=(
+                arg("--baseline-rate", required=True, help="fault probability per question: 1/450 or 0.00222"),
+                arg("--questions", type=int, required=True),
+                arg("--faults", type=int, default=0),
+                arg("--other-questions", type=int, default=None, help="a second arm to compare against"),
+                arg("--other-faults", type=int, default=None),
+            ),
+        ),
+        Command(
+            path=("probe", "imports"),
+            help="installed distributions, imports, torch, env (JSON)",
+            handler=_probe_imports,
+            args=(
+                arg("cell", nargs="?", help="probe this cell's built image"),
+                arg("--host", action="store_true", help="probe this host's Python environment instead"),
+                arg("--python", default=sys.executable, help="with --host: the interpreter to probe"),
+                arg("--modules", default=None, help=MODULES_HELP),
+            ),
+        ),
+        Command(
+            path=("probe", "kernels"),
+            help="FlashInfer bmm_fp8 autotune on a model's linear shapes",
+            handler=_probe_kernels,
+            args=(
+                arg("cell", nargs="?", help="run in a GPU container of this cell's built image"),
+                arg("--host", action="store_true", help="run on this host's Python environment instead"),
+                arg("--python", default=sys.executable, help="with --host: the interpreter to use"),
+                arg("--config", type=Path, required=True, help="the model's HF config.json (no weights needed)"),
+                arg("--max-num-batched-tokens", type=int, default=8192),
+                arg("--arch", default=None, help="judge for this arch (default: from the GPU's compute capability)"),
+                arg("--out", type=Path, default=Path("stackproof-out/kernel-probe")),
+            ),
+        ),
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
@@ -107,170 +310,34 @@ def _parser() -> argparse.ArgumentParser:
         "--images", type=Path, default=None, help="templates and recipes directory (default: images/ beside the matrix)"
     )
     common.add_argument("--json", action="store_true", help="print one JSON document on stdout")
-
-    # Overrides of the cell's `serve.load` (the load stage, `load` and `soak`); unset = the cell's value.
     load_opts = argparse.ArgumentParser(add_help=False)
     group = load_opts.add_argument_group("load (overrides serve.load)")
-    group.add_argument("--questions", type=_positive_int, default=None, help="questions in a short run")
-    group.add_argument("--questions-file", type=Path, default=None, help="JSONL of {id, turns: [2-3 strings]}")
-    group.add_argument("--concurrency", type=_concurrency, default=None, help="questions in flight (closed loop)")
-    group.add_argument("--rate", type=_positive_float, default=None, help="open loop: questions started per second")
-    group.add_argument("--burstiness", type=_positive_float, default=None, help="gamma shape of arrivals (1 = Poisson)")
-    group.add_argument("--max-tokens", type=_positive_int, default=None, help="output tokens per turn")
-    group.add_argument("--duration", type=_seconds, default=None, help="seconds after which no question starts")
-    group.add_argument("--stall-seconds", type=_seconds, default=None, help="no progress this long = stall")
-    group.add_argument("--chunk-timeout", type=_seconds, default=None, help="seconds one stream may be silent")
-    group.add_argument("--scrape-interval", type=_seconds, default=None, help="seconds between /metrics scrapes")
-    group.add_argument("--baseline-rate", default=None, help="fault probability per question: 1/450 or 0.00222")
-    group.add_argument(
-        "--determinism-repeats", type=_count, default=None, help="greedy samples per prompt and phase (0 = off)"
-    )
+    for option in _load_options():
+        group.add_argument(*option.flags, **option.options)
 
     parser = argparse.ArgumentParser(prog="stackproof", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"stackproof {pipeline.__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
+    groups: dict[str, Any] = {}  # made where the table first names them, so `--help` lists commands in its order
+    for command in _commands():
+        *within, name = command.path
+        where = commands
+        if within:
+            if within[0] not in groups:
+                group_parser = commands.add_parser(within[0], help=GROUPS[within[0]])
+                groups[within[0]] = group_parser.add_subparsers(dest="sub", required=True)
+            where = groups[within[0]]
+        parents = [common, load_opts] if command.load_options else [common]
+        p = where.add_parser(name, parents=parents, help=command.help)
+        for option in command.args:
+            p.add_argument(*option.flags, **option.options)
+        p.set_defaults(handler=command.handler)
 
-    matrix = commands.add_parser("matrix", help="validate, list and show cells").add_subparsers(
-        dest="sub", required=True
-    )
-    p = matrix.add_parser("validate", parents=[common], help="check matrix.yaml; FILE:LINE: path: message")
-    p.set_defaults(handler=_matrix_validate)
-    p = matrix.add_parser("list", parents=[common], help="cell ids, arch, base, runner labels")
-    p.set_defaults(handler=_matrix_list)
-    p = matrix.add_parser("show", parents=[common], help="the fully resolved cell")
-    p.add_argument("cell")
-    p.set_defaults(handler=_matrix_show)
-    _add_matrix_audit(matrix, common)
+    # The commands of the other command modules register themselves.
+    from stackproof import cli_ci, cli_compare, cli_model, cli_publish, cli_report, cli_repro
 
-    p = commands.add_parser("render", parents=[common], help="write Dockerfiles and per-index requirement files")
-    p.add_argument("cells", nargs="*", help="cells to render (default: all)")
-    p.add_argument("--out", type=Path, default=Path("stackproof-out/render"))
-    p.set_defaults(handler=_render)
-
-    p = commands.add_parser("lock", parents=[common], help="resolve a cell's install into its hash-locked file")
-    p.add_argument("cells", nargs="+")
-    p.set_defaults(handler=_lock)
-
-    p = commands.add_parser(
-        "build",
-        parents=[common],
-        help="build a cell's image (skipped when its content tag exists; pulled when STACKPROOF_REGISTRY has it)",
-    )
-    p.add_argument("cell")
-    p.add_argument("--out", type=Path, default=Path("stackproof-out"))
-    p.add_argument("--no-cache", action="store_true", help="rebuild every step")
-    p.add_argument(
-        "--force", action="store_true", help="build even when the content tag exists here or in the registry"
-    )
-    p.add_argument("--push", action="store_true", help="push the image to STACKPROOF_REGISTRY under its content tag")
-    p.add_argument(
-        "--pull-only", action="store_true", help="never build: take the image from STACKPROOF_REGISTRY or fail (exit 3)"
-    )
-    p.add_argument("--no-preflight", action="store_true", help=NO_PREFLIGHT_HELP)
-    p.set_defaults(handler=_build)
-
-    p = commands.add_parser(
-        "run", parents=[common, load_opts], help="build + verify every stage: the main job"
-    )
-    p.add_argument("cell")
-    p.add_argument("--arm", default=None)
-    p.add_argument("--stages", default=None, help="comma-separated stages (default: all)")
-    p.add_argument("--out", type=Path, default=Path("stackproof-out"))
-    p.add_argument("--previous", type=Path, default=None, help="an earlier report.json: diff autotune winners")
-    p.add_argument("--no-preflight", action="store_true", help=NO_PREFLIGHT_HELP)
-    p.add_argument("--no-fetch", action="store_true", help="never ask the hub: an hf: model must be in the store")
-    p.set_defaults(handler=_run)
-
-    p = commands.add_parser("verify", parents=[common, load_opts], help="run stages against a cell's built image")
-    p.add_argument("cell")
-    p.add_argument("--arm", default=None)
-    p.add_argument("--stages", default=None, help="comma-separated stages (default: all)")
-    p.add_argument("--out", type=Path, default=Path("stackproof-out"))
-    p.add_argument("--previous", type=Path, default=None, help="an earlier report.json: diff autotune winners")
-    p.add_argument("--no-preflight", action="store_true", help=NO_PREFLIGHT_HELP)
-    p.add_argument("--no-fetch", action="store_true", help="never ask the hub: an hf: model must be in the store")
-    p.set_defaults(handler=_verify)
-
-    p = commands.add_parser(
-        "load", parents=[common, load_opts], help="load a server already running on this machine (no cell needed)"
-    )
-    p.add_argument("--url", required=True, help="the server's base URL, e.g. http://127.0.0.1:8000 (loopback only)")
-    p.add_argument("--cell", default=None, help="take the load spec from this cell's serve.load")
-    p.add_argument("--soak", action="store_true", help="cycle the questions until --duration instead of stopping")
-    p.add_argument("--out", type=Path, default=Path("stackproof-out/load"))
-    p.set_defaults(handler=_load_url)
-
-    p = commands.add_parser(
-        "soak", parents=[common, load_opts], help="alternate arms of a cell on this host for --duration seconds"
-    )
-    p.add_argument("cell")
-    p.add_argument("--arms", default="default", help="comma-separated arm names; `default` = the cell without arm")
-    p.add_argument("--slice", type=_seconds, default=300.0, help="seconds of load per arm per round")
-    p.add_argument("--out", type=Path, default=Path("stackproof-out"))
-    p.set_defaults(handler=_soak)
-
-    inspect = commands.add_parser("inspect", help="inspect a file").add_subparsers(dest="sub", required=True)
-    p = inspect.add_parser("log", parents=[common], help="what failed in a log: class, incident, facts, last exception")
-    p.add_argument("file", type=Path, help="a log file, a pipe or FIFO, or - for standard input")
-    p.add_argument("--cell", default=None, help="also apply this cell's rules (and its built-in rule sets)")
-    p.add_argument("--arm", default=None)
-    p.set_defaults(handler=_inspect_log)
-
-    p = inspect.add_parser("autotune", parents=[common], help="winners per op, shape and M bucket + policy verdict")
-    p.add_argument("file", type=Path)
-    p.add_argument("--arch", default="", help="the GPU arch the cache is judged for (sm90, sm120, sm121...)")
-    p.add_argument("--policy", action="append", default=None, help="apply only these policies (by id)")
-    p.add_argument("--m", type=int, action="append", default=[], help="also say which bucket serves this M")
-    p.set_defaults(handler=_inspect_autotune)
-
-    p = commands.add_parser("gc", parents=[common], help="remove containers of dead runs on this host (owner gone)")
-    p.set_defaults(handler=_gc)
-
-    p = commands.add_parser("stats", parents=[common], help="what a fault count over N questions proves")
-    p.add_argument("--baseline-rate", required=True, help="fault probability per question: 1/450 or 0.00222")
-    p.add_argument("--questions", type=int, required=True)
-    p.add_argument("--faults", type=int, default=0)
-    p.add_argument("--other-questions", type=int, default=None, help="a second arm to compare against")
-    p.add_argument("--other-faults", type=int, default=None)
-    p.set_defaults(handler=_stats)
-
-    probe = commands.add_parser("probe", help="run an in-image probe").add_subparsers(dest="sub", required=True)
-    p = probe.add_parser("imports", parents=[common], help="installed distributions, imports, torch, env (JSON)")
-    p.add_argument("cell", nargs="?", help="probe this cell's built image")
-    p.add_argument("--host", action="store_true", help="probe this host's Python environment instead")
-    p.add_argument("--python", default=sys.executable, help="with --host: the interpreter to probe")
-    p.add_argument(
-        "--modules", default=None, help="modules to import (default: the cell's, or torch?,flashinfer?,vllm?)"
-    )
-    p.set_defaults(handler=_probe_imports)
-    p = probe.add_parser("kernels", parents=[common], help="FlashInfer bmm_fp8 autotune on a model's linear shapes")
-    p.add_argument("cell", nargs="?", help="run in a GPU container of this cell's built image")
-    p.add_argument("--host", action="store_true", help="run on this host's Python environment instead")
-    p.add_argument("--python", default=sys.executable, help="with --host: the interpreter to use")
-    p.add_argument("--config", type=Path, required=True, help="the model's HF config.json (no weights needed)")
-    p.add_argument("--max-num-batched-tokens", type=int, default=8192)
-    p.add_argument("--arch", default=None, help="judge for this arch (default: from the GPU's compute capability)")
-    p.add_argument("--out", type=Path, default=Path("stackproof-out/kernel-probe"))
-    p.set_defaults(handler=_probe_kernels)
-
-    from stackproof.cli_publish import add_commands as add_publish_commands
-
-    add_publish_commands(commands, common)
-    from stackproof.cli_ci import add_commands as add_ci_commands
-
-    add_ci_commands(commands, common)
-    from stackproof.cli_repro import add_commands as add_repro_commands
-
-    add_repro_commands(commands, common)
-    from stackproof.cli_model import add_commands as add_model_commands
-
-    add_model_commands(commands, common)
-    from stackproof.cli_report import add_commands as add_report_commands
-
-    add_report_commands(commands, common)
-    from stackproof.cli_compare import add_commands as add_compare_commands
-
-    add_compare_commands(commands, common)
+    for module in (cli_publish, cli_ci, cli_repro, cli_model, cli_report, cli_compare):
+        module.add_commands(commands, common)
     return parser
 
 
@@ -323,14 +390,6 @@ def _matrix_show(args: argparse.Namespace) -> int:
 
 
 # -- matrix audit (issue 13): one block, registration and handler -----------------------------------
-
-
-def _add_matrix_audit(matrix: Any, common: argparse.ArgumentParser) -> None:
-    p = matrix.add_parser(
-        "audit", parents=[common], help="can each cell's rules match, its variables act, its kernels exist (wheels)"
-    )
-    p.add_argument("cells", nargs="*", help="cells to audit (default: all)")
-    p.set_defaults(handler=_matrix_audit)
 
 
 def _matrix_audit(args: argparse.Namespace) -> int:
