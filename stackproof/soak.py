@@ -22,7 +22,7 @@ from verify.forensics import LoadInstruments
 from verify.load_stage import load_target
 from verify.loadrun import run_load, summarise
 from verify.logscan import LogWatcher, load_catalog
-from verify.server import ServerContainer, ServerFailed
+from verify.server import ServerContainer, ServerFactory, ServerFailed
 from verify.stats import compare_arms, fault_stats
 
 __all__ = ["ArmTally", "soak"]
@@ -52,6 +52,7 @@ def soak(
     duration_s: float,
     slice_s: float,
     out_dir: Path,
+    new_server: ServerFactory = ServerContainer,
 ) -> dict[str, Any]:
     chosen: list[Arm | None] = [None if name == DEFAULT_ARM else cell.arm(name) for name in arms]
     tallies = {name: ArmTally(name=name) for name in arms}
@@ -69,7 +70,7 @@ def soak(
                 f"{tally.faults} faulted, {left:.0f}s of {duration_s:.0f}s left",
                 file=sys.stderr,
             )
-            _one_slice(engine, cell, image, arm, replace(spec, duration_s=slice_s), slice_dir, tally)
+            _one_slice(engine, cell, image, arm, replace(spec, duration_s=slice_s), slice_dir, tally, new_server)
         round_no += 1
     document: dict[str, Any] = {
         "cell": cell.id,
@@ -102,9 +103,16 @@ def soak(
 
 
 def _one_slice(
-    engine: Engine, cell: Cell, image: str, arm: Arm | None, spec: LoadSpec, out_dir: Path, tally: ArmTally
+    engine: Engine,
+    cell: Cell,
+    image: str,
+    arm: Arm | None,
+    spec: LoadSpec,
+    out_dir: Path,
+    tally: ArmTally,
+    new_server: ServerFactory,
 ) -> None:
-    server = ServerContainer(engine, cell, image, out_dir=out_dir, arm=arm, watcher=LogWatcher(load_catalog()))
+    server = new_server(engine, cell, image, out_dir=out_dir, arm=arm, watcher=LogWatcher(load_catalog()))
     with server:
         try:
             server.wait_ready()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -151,10 +151,12 @@ def verify_image(
     extra_checks: dict[str, list[CheckResult]] | None = None,
     image_env: tuple[tuple[str, str], ...] = (),
     base_ref: str | None = None,
+    runners: Mapping[str, StageRunner] = STAGE_RUNNERS,
 ) -> VerifyReport:
     """Run `stages` in order; `extra_checks` are judged with the stage they are keyed by (e.g. host
     expectations with imports), so they count toward its status. `image_env` is the image's ENV,
-    which decides whether the startup server can also serve autotune (verify.serverplan)."""
+    which decides whether the startup server can also serve autotune (verify.serverplan). `runners`:
+    the stage table (stand-ins in unit tests)."""
     plan = plan_servers(cell, arm, stages, dict(image_env))
     print(f"{cell.id}: {plan.starts} server start(s) planned: {plan.reason}", file=sys.stderr)
     share = SharedServer()  # the run owns the kept server: removed here whatever happens
@@ -176,7 +178,7 @@ def verify_image(
                 base_ref=base_ref,
                 facts=facts,
             )
-            result = STAGE_RUNNERS[stage](context)
+            result = runners[stage](context)
             if result.stage == "imports":
                 facts = stage_facts(cell, result)
             if extra_checks and extra_checks.get(stage):

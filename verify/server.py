@@ -27,7 +27,7 @@ from pipeline.modelstore import model_mounts
 from verify.forensics import COREDUMP_DIR, coredump_env
 from verify.logscan import LogWatcher
 
-__all__ = ["Readiness", "ServerContainer", "SharedServer", "free_port", "serve_argv"]
+__all__ = ["Readiness", "ServerContainer", "ServerFactory", "SharedServer", "free_port", "serve_argv"]
 
 HOST = "127.0.0.1"  # servers bind loopback only; traffic never leaves this machine
 RUN_LABEL = "io.stackproof.run"
@@ -278,6 +278,10 @@ class ServerContainer:
             "finish_reason": body["choices"][0].get("finish_reason"),
             "seconds": round(time.monotonic() - started, 2),
         }
+
+
+# What makes a stage's server: `ServerContainer` itself, or a stand-in with its signature (unit tests).
+ServerFactory = Callable[..., ServerContainer]
 
 
 class SharedServer:

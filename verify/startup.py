@@ -18,7 +18,7 @@ from pipeline.result import CheckResult, StageResult, Status
 from verify.autotune_stage import fresh_cache_server_options
 from verify.kernellog import read_kernel_log
 from verify.logscan import Facts, LogWatcher, Signature, catalog_for, judge, rules_for, scan
-from verify.server import ServerContainer, ServerFailed, SharedServer
+from verify.server import ServerContainer, ServerFactory, ServerFailed, SharedServer
 
 __all__ = ["run_startup"]
 
@@ -36,6 +36,7 @@ def run_startup(
     share: SharedServer | None = None,
     keep: bool = False,
     tune: bool = False,
+    new_server: ServerFactory = ServerContainer,
 ) -> StageResult:
     """With `keep`, a server that passed is kept running in `share` for later stages (autotune,
     load) instead of removed; the log is then judged as it stands (the load stage judges the rest).
@@ -48,7 +49,7 @@ def run_startup(
     checks: list[CheckResult] = []
     since = time.time()
     watcher = LogWatcher(signatures)
-    server = ServerContainer(
+    server = new_server(
         engine,
         cell,
         image,

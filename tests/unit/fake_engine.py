@@ -22,3 +22,20 @@ class RecordingEngine(Engine):
 
     def follow_logs(self, name: str, on_line: Callable[[str], None], *, timeout: float) -> None:
         """No container, so no log: the follower ends at once."""
+
+
+class ReplayEngine(RecordingEngine):
+    """A RecordingEngine whose one container is running (`docker inspect` says so) and whose log is
+    `log`'s lines, replayed to whoever follows it: a server container without docker, for the
+    stages' unit tests (the HTTP side is tests/unit/fake_vllm.py)."""
+
+    def __init__(self, log: str) -> None:
+        super().__init__(stdout="running 0")
+        self.log = log
+
+    def follow_logs(self, name: str, on_line: Callable[[str], None], *, timeout: float) -> None:
+        for line in self.log.splitlines():
+            on_line(line)
+
+    def container_pids(self, container: str) -> list[int]:
+        return []

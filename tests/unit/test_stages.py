@@ -1,0 +1,204 @@
+"""The stage runner, the startup stage and soak, with stand-ins: stage functions that return what
+they are told (the runner), and for startup and soak a stand-in server container (ReplayEngine:
+no docker; the log is the real vLLM 0.28.0 CPU server log) answering HTTP through the fake vLLM
+server (tests/unit/fake_vllm.py). The real thing runs in tests/integration."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipeline.model import STAGES, Arm, LoadSpec, Matrix
+from pipeline.result import CheckResult, StageResult, Status
+from stackproof.soak import soak
+from tests.unit.fake_engine import ReplayEngine
+from tests.unit.fake_vllm import FakeVllm
+from verify.runner import StageContext, verify_image
+from verify.server import ServerContainer, SharedServer
+from verify.startup import run_startup
+
+REPO = Path(__file__).resolve().parents[2]
+CPU_LOG = (REPO / "tests/fixtures/logs/vllm-0.28.0-cpu-startup.log").read_text()
+PROBE = REPO / "tests/fixtures/probe/cpu-fi-0.6.13-matched.json"
+
+
+def _check(status: Status, name: str = "check") -> CheckResult:
+    return CheckResult(name=name, status=status, message=f"{name} said {status}")
+
+
+class Stages:
+    """Stand-in stage functions: each returns the status it was given and records what it saw."""
+
+    def __init__(self, **statuses: Status) -> None:
+        self.statuses = statuses
+        self.seen: dict[str, StageContext] = {}
+
+    def runners(self) -> dict[str, Any]:
+        return {stage: partial(self._run, stage) for stage in STAGES}
+
+    def _run(self, stage: str, ctx: StageContext) -> StageResult:
+        self.seen[stage] = ctx
+        status = self.statuses.get(stage, Status.PASS)
+        artifacts = {"probe": str(PROBE)} if stage == "imports" else {}
+        return StageResult.of(stage, [_check(status, stage)], 0.1, **artifacts)
+
+
+def _verify(real_matrix: Matrix, tmp_path: Path, stages: Stages, **kw: Any) -> Any:
+    return verify_image(
+        ReplayEngine(""),
+        real_matrix.cell("cpu-tiny"),
+        image="img",
+        image_id="sha256:" + "0" * 64,
+        python="python3",
+        stages=STAGES,
+        arm=None,
+        out_dir=tmp_path,
+        runners=stages.runners(),
+        **kw,
+    )
+
+
+def test_the_runner_runs_every_stage_in_order_and_writes_the_report(real_matrix: Matrix, tmp_path: Path) -> None:
+    stages = Stages()
+    report = _verify(real_matrix, tmp_path, stages)
+    assert [s.stage for s in report.stages] == list(STAGES) and report.outcome.passed
+    assert json.loads((tmp_path / "report.json").read_text())["stages"][0]["stage"] == "imports"
+    # the imports stage's probe feeds the facts of the stages after it (the log rule sets use them)
+    assert stages.seen["imports"].facts.vllm is None and stages.seen["startup"].facts.vllm is not None
+
+
+def test_the_runner_stops_at_the_first_failure(real_matrix: Matrix, tmp_path: Path) -> None:
+    stages = Stages(startup=Status.FAIL)
+    report = _verify(real_matrix, tmp_path, stages)
+    assert [s.stage for s in report.stages] == ["imports", "startup"], "nothing runs after a FAIL"
+    assert set(stages.seen) == {"imports", "startup"} and not report.outcome.passed
+
+
+def test_extra_checks_count_toward_their_stage(real_matrix: Matrix, tmp_path: Path) -> None:
+    report = _verify(real_matrix, tmp_path, Stages(), extra_checks={"imports": [_check(Status.WARN, "host")]})
+    assert report.stages[0].status is Status.WARN and [c.name for c in report.stages[0].checks] == ["imports", "host"]
+    failing = _verify(real_matrix, tmp_path / "b", Stages(), extra_checks={"imports": [_check(Status.FAIL, "host")]})
+    assert [s.stage for s in failing.stages] == ["imports"] and not failing.outcome.passed
+
+
+def test_a_kept_server_is_removed_when_a_later_stage_raises(real_matrix: Matrix, tmp_path: Path) -> None:
+    removed: list[str] = []
+
+    class Kept:
+        name = "kept-server"
+
+        def remove(self) -> None:
+            removed.append(self.name)
+
+    def startup(ctx: StageContext) -> StageResult:
+        ctx.share.keep(Kept())  # type: ignore[arg-type]
+        return StageResult.of("startup", [_check(Status.PASS)], 0.1)
+
+    def autotune(ctx: StageContext) -> StageResult:
+        raise KeyboardInterrupt
+
+    stages = Stages()
+    runners = {**stages.runners(), "startup": startup, "autotune": autotune}
+    with pytest.raises(KeyboardInterrupt):
+        verify_image(
+            ReplayEngine(""), real_matrix.cell("cpu-tiny"), image="img", image_id="sha256:" + "0" * 64,
+            python="python3", stages=STAGES, arm=None, out_dir=tmp_path, runners=runners,
+        )  # fmt: skip
+    assert removed == ["kept-server"]
+
+
+# -- the startup stage over a stand-in server container ------------------------------------------------
+
+
+def _server_on(fake: FakeVllm, log: str) -> Any:
+    """ServerContainer, but on the fake's port, over an engine that replays `log`."""
+    port = int(fake.url.rsplit(":", 1)[1])
+
+    def make(engine: Any, cell: Any, image: str, **kw: Any) -> ServerContainer:
+        return ServerContainer(ReplayEngine(log), cell, image, port=port, **kw)
+
+    return make
+
+
+def _startup(
+    real_matrix: Matrix, tmp_path: Path, fake: FakeVllm, log: str, *, readiness_s: float | None = None, **kw: Any
+) -> StageResult:
+    from verify.runner import stage_facts
+
+    cell = real_matrix.cell("cpu-tiny")
+    if readiness_s is not None and cell.serve is not None:
+        cell = dataclasses.replace(cell, serve=dataclasses.replace(cell.serve, readiness_timeout_s=readiness_s))
+    return run_startup(
+        ReplayEngine(log), cell, "img", arm=None, out_dir=tmp_path, facts=stage_facts(cell, None),
+        new_server=_server_on(fake, log), **kw,
+    )  # fmt: skip
+
+
+def test_startup_passes_on_a_real_cpu_server_log_and_an_answering_server(real_matrix: Matrix, tmp_path: Path) -> None:
+    with FakeVllm() as fake:
+        result = _startup(real_matrix, tmp_path, fake, CPU_LOG)
+    checks = {c.name: c for c in result.checks}
+    assert result.status in (Status.PASS, Status.WARN), [(c.name, c.status, c.message) for c in result.checks]
+    assert checks["readiness"].status is Status.PASS and checks["completion"].status is Status.PASS
+    assert fake.completion_requests, "the stage asked for one completion"
+
+
+def test_startup_fails_on_a_dead_engine_and_on_a_fatal_log_line(real_matrix: Matrix, tmp_path: Path) -> None:
+    with FakeVllm(dead=True) as fake:
+        dead = _startup(real_matrix, tmp_path / "dead", fake, CPU_LOG, readiness_s=2.0)
+    assert dead.status is Status.FAIL
+    assert next(c for c in dead.checks if c.name == "readiness").message.startswith("not ready after 2s")
+    fatal = CPU_LOG + "\ntorch.AcceleratorError: CUDA error: an illegal memory access was encountered\n"
+    with FakeVllm() as fake:
+        failed = _startup(real_matrix, tmp_path / "fatal", fake, fatal)
+    assert failed.status is Status.FAIL
+    assert any("illegal memory access" in (c.message + json.dumps(c.evidence)) for c in failed.checks)
+
+
+def test_startup_keeps_a_passing_server_for_the_next_stage(real_matrix: Matrix, tmp_path: Path) -> None:
+    share = SharedServer()
+    with FakeVllm() as fake:
+        _startup(real_matrix, tmp_path, fake, CPU_LOG, share=share, keep=True)
+        kept = share.peek()
+        assert kept is not None and kept.base_url == fake.url
+        share.close()
+    assert share.peek() is None
+
+
+# -- soak over stand-in servers ---------------------------------------------------------------------
+
+
+def test_soak_alternates_two_arms_and_compares_them(real_matrix: Matrix, tmp_path: Path) -> None:
+    other = Arm(name="other", description="an arm of other env", env=(("VLLM_LOGGING_LEVEL", "DEBUG"),), args=())
+    cell = dataclasses.replace(real_matrix.cell("cpu-tiny"), arms=(other,))
+    spec = LoadSpec(questions=4, concurrency=2, max_tokens=4, determinism_prompts=1, determinism_repeats=1)
+    with FakeVllm() as fake:
+        document = soak(
+            ReplayEngine(CPU_LOG), cell, "img", arms=["default", "other"], spec=spec, duration_s=0.1, slice_s=1.0,
+            out_dir=tmp_path, new_server=_server_on(fake, CPU_LOG),
+        )  # fmt: skip
+    assert set(document["arms"]) == {"default", "other"} and document["config"]["rounds"] == 1
+    for tally in document["arms"].values():
+        assert tally["questions"] > 0 and tally["clean"] == tally["questions"] and tally["faults"] == 0
+    assert document["comparison"]["a"] == "default" and document["comparison"]["b"] == "other"
+    written = json.loads((tmp_path / "soak.json").read_text())
+    assert written["comparison"] == json.loads(json.dumps(document["comparison"]))
+
+
+def test_soak_counts_a_server_that_never_became_ready_as_a_fault(real_matrix: Matrix, tmp_path: Path) -> None:
+    cell = real_matrix.cell("cpu-tiny")
+    spec = LoadSpec(questions=2, concurrency=1, max_tokens=4, determinism_prompts=1, determinism_repeats=1)
+    fatal = CPU_LOG + "\ntorch.AcceleratorError: CUDA error: an illegal memory access was encountered\n"
+    with FakeVllm(dead=True) as fake:
+        document = soak(
+            ReplayEngine(fatal), cell, "img", arms=["default"], spec=spec, duration_s=0.1, slice_s=1.0,
+            out_dir=tmp_path, new_server=_server_on(fake, fatal),
+        )  # fmt: skip
+    tally, rounds = document["arms"]["default"], document["config"]["rounds"]
+    assert rounds >= 1 and tally["faults"] == tally["questions"] == rounds, "each failed start counts one fault"
+    assert {e["type"] for e in tally["events"]} == {"SERVER_START_FAILED"} and tally["clean"] == 0
