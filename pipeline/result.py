@@ -51,15 +51,22 @@ class StageResult:
     checks: tuple[CheckResult, ...]
     seconds: float
     artifacts: dict[str, str] = field(default_factory=dict)  # name -> path of a kept file
+    # What the stage found, handed in memory to the stages after it and to the receipt (the imports
+    # probe's report, the load summary): never read back from its files, and not serialised here
+    # (the files in `artifacts` are its serialised form).
+    found: Any = field(default=None, compare=False, repr=False)
 
     @classmethod
-    def of(cls, stage: str, checks: list[CheckResult], seconds: float, **artifacts: str) -> StageResult:
+    def of(
+        cls, stage: str, checks: list[CheckResult], seconds: float, *, found: Any = None, **artifacts: str
+    ) -> StageResult:
         return cls(
             stage=stage,
             status=worst([c.status for c in checks]),
             checks=tuple(checks),
             seconds=round(seconds, 2),
             artifacts=artifacts,
+            found=found,
         )
 
     def failures(self) -> list[CheckResult]:
@@ -90,7 +97,10 @@ class VerifyReport:
     schema_version: int = REPORT_SCHEMA_VERSION
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        document = asdict(self)
+        for stage in document["stages"]:
+            del stage["found"]  # kept in memory only; its serialised form is the stage's artifact file
+        return document
 
 
 def evaluate(expect: Expectation | None, stages: list[StageResult]) -> Outcome:

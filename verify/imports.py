@@ -92,7 +92,7 @@ def run_imports(
     checks = judge(cell, report, base)
     if base_note:
         checks.append(CheckResult(name="base-probe", status=Status.WARN, message=base_note))
-    return StageResult.of(STAGE, checks, time.monotonic() - started, probe=str(probe_file))
+    return StageResult.of(STAGE, checks, time.monotonic() - started, found=report, probe=str(probe_file))
 
 
 def probe_base(engine: Engine, cell: Cell, base_ref: str, *, python: str) -> tuple[BaseProbe | None, str | None]:

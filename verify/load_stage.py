@@ -14,6 +14,7 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from pipeline.engine import Engine
 from pipeline.model import Arm, Cell, LoadSpec
@@ -122,6 +123,7 @@ def run_load_stage(
     finally:
         instruments.stop()  # the GPU sampler ends with the load, on every path
         server.remove()
+    summary: dict[str, Any] | None = None
     if outcome is not None:
         summary = summarise(outcome, spec)
         summary["cost"] = instruments.finish(
@@ -138,4 +140,4 @@ def run_load_stage(
     log = server.log_path.read_bytes() if server.log_path.exists() else b""
     server_signatures = [s for s in signatures if s.source == "server"]
     checks += [c for c in judge(scan(log, (), server_signatures), ()) if c.name == "signatures"]
-    return StageResult.of(STAGE, checks, time.monotonic() - started, **artifacts)
+    return StageResult.of(STAGE, checks, time.monotonic() - started, found=summary, **artifacts)

@@ -4,9 +4,7 @@ consistency, JUnit and Markdown) is pipeline/receipt.py."""
 
 from __future__ import annotations
 
-import json
 import time
-from pathlib import Path
 from typing import Any
 
 from pipeline.host import HostFingerprint
@@ -85,10 +83,10 @@ def _iso(epoch: float) -> str:
 
 def _runtime(report: VerifyReport) -> Runtime | None:
     """What the image's own stack saw on this host (the imports probe): torch, CUDA, cuDNN, GPUs."""
-    stage = next((s for s in report.stages if s.stage == "imports" and "probe" in s.artifacts), None)
-    if stage is None or not Path(stage.artifacts["probe"]).is_file():
+    stage = next((s for s in report.stages if s.stage == "imports"), None)
+    if stage is None or not isinstance(stage.found, ProbeReport):
         return None
-    probe = ProbeReport.parse(json.loads(Path(stage.artifacts["probe"]).read_text()))
+    probe = stage.found
     versions = {name: d.version for name in RUNTIME_DISTS if (d := probe.dist(name)) is not None}
     torch = probe.torch
     return Runtime(
@@ -102,11 +100,9 @@ def _runtime(report: VerifyReport) -> Runtime | None:
 
 
 def _load_summary(report: VerifyReport) -> dict[str, Any] | None:
-    stage = next((s for s in report.stages if s.stage == "load" and "summary" in s.artifacts), None)
-    if stage is None or not Path(stage.artifacts["summary"]).is_file():
-        return None
-    summary: dict[str, Any] = json.loads(Path(stage.artifacts["summary"]).read_text())
-    return summary
+    """The load stage's summary, as it handed it on (its file is load.json)."""
+    stage = next((s for s in report.stages if s.stage == "load"), None)
+    return stage.found if stage is not None and isinstance(stage.found, dict) else None
 
 
 def _autotune_winners(report: VerifyReport) -> tuple[dict[str, Any], ...] | None:

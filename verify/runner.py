@@ -48,12 +48,12 @@ class StageContext:
 
 
 def stage_facts(cell: Cell, imports: StageResult | None) -> Facts:
-    """Facts for the log rule sets: from the imports probe when it ran, else from the cell. Read once
-    per verification, when the imports stage has run."""
+    """Facts for the log rule sets: from the imports probe when it ran, else from the cell. Taken
+    once per verification, when the imports stage has run, from what it found (never its file)."""
     flashinfer = next((o.version for o in cell.overrides if o.name == "flashinfer-python"), None)
     cudnn = vllm = None
-    if imports is not None and "probe" in imports.artifacts:
-        report = ProbeReport.parse(json.loads(Path(imports.artifacts["probe"]).read_text()))
+    if imports is not None and isinstance(imports.found, ProbeReport):
+        report = imports.found
         dist = report.dist("flashinfer-python")
         flashinfer = dist.version if dist else None
         cudnn = report.torch.cudnn if report.torch else None
@@ -183,7 +183,7 @@ def verify_image(
                 facts = stage_facts(cell, result)
             if extra_checks and extra_checks.get(stage):
                 checks = [*result.checks, *extra_checks[stage]]
-                result = StageResult.of(stage, checks, result.seconds, **result.artifacts)
+                result = StageResult.of(stage, checks, result.seconds, found=result.found, **result.artifacts)
             results.append(result)
             _print_stage(cell, result)
             if result.status in (Status.FAIL, Status.ERROR):

@@ -18,6 +18,7 @@ from pipeline.result import CheckResult, StageResult, Status
 from stackproof.soak import soak
 from tests.unit.fake_engine import ReplayEngine
 from tests.unit.fake_vllm import FakeVllm
+from verify.probe import ProbeReport
 from verify.runner import StageContext, verify_image
 from verify.server import ServerContainer, SharedServer
 from verify.startup import run_startup
@@ -44,8 +45,8 @@ class Stages:
     def _run(self, stage: str, ctx: StageContext) -> StageResult:
         self.seen[stage] = ctx
         status = self.statuses.get(stage, Status.PASS)
-        artifacts = {"probe": str(PROBE)} if stage == "imports" else {}
-        return StageResult.of(stage, [_check(status, stage)], 0.1, **artifacts)
+        found = ProbeReport.parse(json.loads(PROBE.read_text())) if stage == "imports" else None
+        return StageResult.of(stage, [_check(status, stage)], 0.1, found=found)
 
 
 def _verify(real_matrix: Matrix, tmp_path: Path, stages: Stages, **kw: Any) -> Any:
