@@ -38,7 +38,7 @@ from pipeline import attest
 from pipeline.engine import CONTAINERD_STORE, Engine, ImageInfo
 from pipeline.errors import CheckFailed, InfraError, InputError
 from pipeline.host import HostFingerprint, differences, host_fingerprint
-from pipeline.receipt import receipt_problems
+from pipeline.receipt import RECEIPT_KIND, RECEIPT_SCHEMA_VERSION, receipt_problems
 from pipeline.registry import (
     OCI_INDEX,
     OCI_MANIFEST,
@@ -196,8 +196,8 @@ def publish(
             "built from this cell (`stackproof build`), never another one under its name"
         )
     receipt = _read_json(receipt_path, "the receipt")
-    if receipt.get("kind") != "stackproof.receipt" or receipt.get("schema_version") != 1:
-        raise InputError(f"{receipt_path}: not a stackproof receipt of schema_version 1")
+    if receipt.get("kind") != RECEIPT_KIND or receipt.get("schema_version") != RECEIPT_SCHEMA_VERSION:
+        raise InputError(f"{receipt_path}: not a stackproof receipt of schema_version {RECEIPT_SCHEMA_VERSION}")
     report_path = receipt_path.parent / "report.json"
     report = _read_json(report_path, "the run's report") if report_path.is_file() else None
     problems = publishable_problems(
@@ -579,7 +579,7 @@ def _receipt_problem(
     receipt: Any, manifest: Manifest, subject: str | None, cell_id: str, index_digest: str
 ) -> str | None:
     """Why this receipt does not vouch for `manifest` (pure), or None."""
-    if not isinstance(receipt, dict) or receipt.get("kind") != "stackproof.receipt":
+    if not isinstance(receipt, dict) or receipt.get("kind") != RECEIPT_KIND:
         return "not a stackproof receipt"
     if subject != manifest.digest:
         return f"its subject names {subject}, not {manifest.digest}"

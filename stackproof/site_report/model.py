@@ -18,6 +18,7 @@ from typing import Any
 
 from pipeline.errors import InputError
 from pipeline.model import STAGES
+from pipeline.receipt import RECEIPT_KIND, RECEIPT_SCHEMA_VERSION
 
 __all__ = [
     "ORIGIN_BENCHMARK",
@@ -168,10 +169,11 @@ def parse_receipt(
     """A receipt's JSON -> Receipt, or InputError naming the source and the field that is wrong."""
     if not isinstance(document, dict):
         raise InputError(f"{source}: not a receipt (a JSON {type(document).__name__}, not an object)")
-    if document.get("kind") != "stackproof.receipt":
-        raise InputError(f"{source}: kind: {document.get('kind')!r}, not 'stackproof.receipt'")
-    if document.get("schema_version") != 1:
-        raise InputError(f"{source}: schema_version: {document.get('schema_version')!r}; this report reads 1")
+    if document.get("kind") != RECEIPT_KIND:
+        raise InputError(f"{source}: kind: {document.get('kind')!r}, not {RECEIPT_KIND!r}")
+    if document.get("schema_version") != RECEIPT_SCHEMA_VERSION:
+        version = document.get("schema_version")
+        raise InputError(f"{source}: schema_version: {version!r}; this report reads {RECEIPT_SCHEMA_VERSION}")
     get = _Getter(document, source)
     status = get.text("status")
     if status not in STATUSES[:4]:
