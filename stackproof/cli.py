@@ -527,7 +527,7 @@ def _verify(args: argparse.Namespace) -> int:
 
 def _verify_or_run(args: argparse.Namespace, *, build: bool) -> int:
     from pipeline.site import load_site
-    from stackproof.runjob import run_cell, verify_cell
+    from stackproof.runjob import run_cell
     from verify.runner import parse_stages
 
     matrix, images = _load(args)
@@ -536,7 +536,6 @@ def _verify_or_run(args: argparse.Namespace, *, build: bool) -> int:
         cell.arm(args.arm)  # a bad arm name is a usage error before anything is built or run
     stages = parse_stages(args.stages)
     site = load_site(matrix)
-    job = run_cell if build else verify_cell
     if args.previous is not None:
         from pipeline.jsonfile import read_json
 
@@ -544,12 +543,13 @@ def _verify_or_run(args: argparse.Namespace, *, build: bool) -> int:
     load = _load_spec(args, cell.serve.load) if cell.serve else None
     engine = _engine(args, matrix, cell, images, site)  # bad input is exit 2 before any host check
     _remove_dead_runs(engine)
-    report = job(
+    report = run_cell(
         engine,
         matrix,
         cell,
         site,
         images,
+        build=build,
         out_root=args.out,
         stages=stages,
         arm_name=args.arm,

@@ -26,7 +26,7 @@ from pipeline.site import SiteSettings
 from verify.receipt import build_receipt
 from verify.runner import verify_image
 
-__all__ = ["exclusive_dir", "run_cell", "verify_cell"]
+__all__ = ["exclusive_dir", "run_cell"]
 
 SERVER_STAGES = {"startup", "autotune", "load"}  # the stages that start a server container
 
@@ -38,6 +38,7 @@ def run_cell(
     site: SiteSettings,
     images_dir: Path,
     *,
+    build: bool,
     out_root: Path,
     stages: tuple[str, ...],
     arm_name: str | None = None,
@@ -45,51 +46,25 @@ def run_cell(
     load: LoadSpec | None = None,
     fetch_model: bool = True,
 ) -> VerifyReport:
+    """`stackproof run` (`build`: build the cell, then verify it) and `stackproof verify` (verify
+    the cell's already-built image, its content tag; nothing is built)."""
     arm = cell.arm(arm_name) if arm_name else None
-    _ensure_model(matrix, cell, stages, fetch_model)  # a wrong revision ends the run before a long build
-    build = build_cell(engine, matrix, cell, site, images_dir, out_dir=out_root / cell.id)
-    return _verify_with_receipt(
-        engine,
-        matrix,
-        cell,
-        image=build.tag,
-        image_id=build.image_id,
-        base_ref=build.base_ref,
-        stages=stages,
-        arm=arm,
-        out_dir=_run_dir(out_root, cell),
-        previous=previous,
-        load=load,
-    )
-
-
-def verify_cell(
-    engine: Engine,
-    matrix: Matrix,
-    cell: Cell,
-    site: SiteSettings,
-    images_dir: Path,
-    *,
-    out_root: Path,
-    stages: tuple[str, ...],
-    arm_name: str | None = None,
-    previous: Path | None = None,
-    load: LoadSpec | None = None,
-    fetch_model: bool = True,
-) -> VerifyReport:
-    """Verify the cell's already-built image (its content tag); nothing is built."""
-    arm = cell.arm(arm_name) if arm_name else None
-    plan, image = built_image(engine, matrix, cell, site, images_dir)
-    tag = plan.tag
-    _ensure_model(matrix, cell, stages, fetch_model)
-    print(f"{cell.id}: verifying {tag} ({image.id[:19]})", file=sys.stderr)
+    if build:
+        _ensure_model(matrix, cell, stages, fetch_model)  # a wrong revision ends the run before a long build
+        built = build_cell(engine, matrix, cell, site, images_dir, out_dir=out_root / cell.id)
+        tag, image_id, base_ref = built.tag, built.image_id, built.base_ref
+    else:
+        plan, image = built_image(engine, matrix, cell, site, images_dir)
+        _ensure_model(matrix, cell, stages, fetch_model)
+        print(f"{cell.id}: verifying {plan.tag} ({image.id[:19]})", file=sys.stderr)
+        tag, image_id, base_ref = plan.tag, image.id, plan.base_ref
     return _verify_with_receipt(
         engine,
         matrix,
         cell,
         image=tag,
-        image_id=image.id,
-        base_ref=plan.base_ref,
+        image_id=image_id,
+        base_ref=base_ref,
         stages=stages,
         arm=arm,
         out_dir=_run_dir(out_root, cell),
