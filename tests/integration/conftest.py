@@ -131,7 +131,17 @@ def engine(pytestconfig: pytest.Config) -> Iterator[Engine]:
             pytest.fail(f"CI must provide a docker daemon: {exc}")
         pytest.skip(f"no docker daemon: {exc}")
     before = stackproof_images()
-    yield _ENGINE
+    # The tool, run inside this process too (the load and stall tests call the stages directly),
+    # labels its containers with this session's job, so "no container left" is about them.
+    previous_job = os.environ.get("STACKPROOF_JOB")
+    os.environ["STACKPROOF_JOB"] = JOB
+    try:
+        yield _ENGINE
+    finally:
+        if previous_job is None:
+            os.environ.pop("STACKPROOF_JOB", None)
+        else:
+            os.environ["STACKPROOF_JOB"] = previous_job
     for tag in sorted(stackproof_images() - before):
         # Only what this session built (its job label), or what carries no job at all (bootstrap
         # bases): an image a concurrent session built while this one ran is that session's.
