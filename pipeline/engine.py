@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import re
+import socket
 import sys
 import tempfile
 import time
@@ -28,7 +29,15 @@ from packaging.version import InvalidVersion, Version
 
 from pipeline import cmd
 from pipeline.errors import CheckFailed, InfraError
-from pipeline.gc import OWNER_HOST_LABEL, OWNER_PID_LABEL, OWNER_START_LABEL, Owned, owner_labels
+from pipeline.gc import (
+    OWNER_HOST_LABEL,
+    OWNER_PID_LABEL,
+    OWNER_START_LABEL,
+    Owned,
+    dead_containers,
+    owner_labels,
+    process_alive,
+)
 
 if TYPE_CHECKING:
     from pipeline.registry import Credentials
@@ -298,6 +307,17 @@ class Engine:
             return None
         rows = [line.split("\t") for line in result.stdout.splitlines()]
         return [Owned(id=p[0], name=p[1], host=p[2], pid=p[3], start=p[4]) for p in rows if len(p) == 5]
+
+    def collect_garbage(self) -> list[str]:
+        """Remove the containers of dead runs on this host (pipeline/gc.py); return their names."""
+        containers = self.owned_containers()
+        if containers is None:  # collecting garbage never stops the run that asked for it
+            return []
+        removed = []
+        for c in dead_containers(containers, host=socket.gethostname(), alive=process_alive):
+            self.remove_container(c.id)
+            removed.append(c.name)
+        return removed
 
     # -- the daemon and images --------------------------------------------------------------------
 

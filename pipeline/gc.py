@@ -1,5 +1,6 @@
 """Containers of dead runs: every container the tool creates names its owner (host, pid and the
-pid's start time), so a later run, or `stackproof gc`, can remove those whose owner is gone.
+pid's start time), so a later run, or `stackproof gc`, can remove those whose owner is gone
+(`Engine.collect_garbage`: the labels and the rule are here, the docker calls in the engine).
 
 A run killed with SIGKILL cleans nothing: its server container (and the `docker logs -f` that
 followed it, which ends with the container) would stay forever. The owner's start time guards
@@ -12,19 +13,15 @@ import os
 import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # the engine labels every container with `owner_labels`: it imports this module
-    from pipeline.engine import Engine
 
 __all__ = [
     "JOB_LABEL",
     "OWNER_PID_LABEL",
     "Owned",
-    "collect_garbage",
     "dead_containers",
     "job_labels",
     "owner_labels",
+    "process_alive",
 ]
 
 OWNER_HOST_LABEL = "io.stackproof.owner-host"
@@ -72,18 +69,6 @@ def dead_containers(containers: list[Owned], *, host: str, alive: Callable[[int,
         if not alive(int(c.pid), c.start):
             dead.append(c)
     return dead
-
-
-def collect_garbage(engine: Engine) -> list[str]:
-    """Remove the containers of dead runs on this host; return their names."""
-    containers = engine.owned_containers()
-    if containers is None:  # collecting garbage never stops the run that asked for it
-        return []
-    removed = []
-    for c in dead_containers(containers, host=socket.gethostname(), alive=process_alive):
-        engine.remove_container(c.id)
-        removed.append(c.name)
-    return removed
 
 
 def process_alive(pid: int, start: str) -> bool:

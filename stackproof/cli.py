@@ -565,9 +565,7 @@ def _verify_or_run(args: argparse.Namespace, *, build: bool) -> int:
 
 def _remove_dead_runs(engine: Engine) -> list[str]:
     """Containers left by runs that died unclean (SIGKILL) on this host go before this run starts."""
-    from pipeline.gc import collect_garbage
-
-    removed = collect_garbage(engine)
+    removed = engine.collect_garbage()
     for name in removed:
         print(f"stackproof: removed {name}: its run is gone", file=sys.stderr)
     return removed
