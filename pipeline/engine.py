@@ -398,6 +398,11 @@ class Engine:
         result = self._docker("info", "--format", "{{json .DriverStatus}}", check=False, quiet=True, timeout=30)
         return CONTAINERD_STORE if "io.containerd.snapshotter" in result.stdout else CLASSIC_STORE
 
+    def server_version(self) -> str | None:
+        """The daemon's version (`26.1.5`), None when it does not answer."""
+        result = self._docker("version", "--format", "{{.Server.Version}}", check=False, quiet=True, timeout=30)
+        return result.stdout.strip() or None
+
     def platform(self) -> str:
         """The daemon's platform as OCI writes it (`linux/amd64`)."""
         result = self._docker("version", "--format", "{{.Server.Os}}/{{.Server.Arch}}", quiet=True, timeout=30)

@@ -68,7 +68,9 @@ class HostFingerprint:
         )
 
 
-def host_fingerprint(docker_cli: str | None = None) -> HostFingerprint:
+def host_fingerprint(docker_version: str | None = None) -> HostFingerprint:
+    """This host: its GPUs and driver (nvidia-smi), kernel, OS, and the docker daemon's version as
+    the engine reported it (`Engine.server_version`; None: no docker asked)."""
     gpus: tuple[dict[str, str], ...] = ()
     driver = cuda_driver = "none"
     if shutil.which("nvidia-smi"):
@@ -85,12 +87,7 @@ def host_fingerprint(docker_cli: str | None = None) -> HostFingerprint:
         banner = cmd.run(["nvidia-smi"], check=False, quiet=True, timeout=30)
         if match := re.search(r"CUDA Version:\s*([\d.]+)", banner.stdout):
             cuda_driver = match.group(1)
-    docker = "none"
-    if docker_cli:
-        version = cmd.run(
-            [docker_cli, "version", "--format", "{{.Server.Version}}"], check=False, quiet=True, timeout=30
-        )
-        docker = version.stdout.strip() or "none"
+    docker = docker_version or "none"
     return HostFingerprint(
         arch=platform.machine(),
         kernel=platform.release(),

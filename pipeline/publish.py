@@ -620,7 +620,7 @@ def pull(
             "or --identity ISSUER/SUBJECT (keyless)"
         )
     public_key = attest.load_public_key(key) if key is not None else None
-    here = here or host_fingerprint(engine.cli.path)
+    here = here or host_fingerprint(engine.server_version())
     platform = platform or engine.platform()
     host, repo = _repo(registry)
     with RegistryClient(host, credentials=credentials, ca_bundle=ca_bundle) as client:

@@ -110,7 +110,7 @@ def _verify_with_receipt(
     receipt = build_receipt(
         report,
         matrix_digest=matrix.digest,
-        host=host_fingerprint(engine.cli.path),
+        host=host_fingerprint(engine.server_version()),
         started_at=started,
         finished_at=time.time(),
         repo_digests=info.repo_digests if info else (),

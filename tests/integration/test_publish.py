@@ -121,7 +121,7 @@ class Bench:
         receipt = build_receipt(
             report,
             matrix_digest=version.digest,
-            host=host or host_fingerprint(self.daemon.cli),
+            host=host or host_fingerprint(self.daemon.docker("version", "--format", "{{.Server.Version}}").strip()),
             started_at=time.time() - 1,
             finished_at=time.time(),
             image_store=self.daemon.store,
@@ -461,7 +461,7 @@ def test_two_hosts_receipts_side_by_side_and_require_same_gpu_chooses(bench: Ben
     elsewhere = bench.publish(version, bench.receipt(version, host=ELSEWHERE))
     assert elsewhere.returncode == 0, elsewhere.stderr[-3000:]
     digest = elsewhere.json()["manifest_digest"]
-    here = host_fingerprint(bench.daemon.cli)
+    here = host_fingerprint(bench.daemon.docker("version", "--format", "{{.Server.Version}}").strip())
 
     strict = bench.pull("--require-same-gpu")
     assert strict.returncode == 1
