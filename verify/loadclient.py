@@ -103,67 +103,8 @@ async def stream_chat(
     if ignore_eos:
         body["ignore_eos"] = True  # vLLM's extension: fixed output lengths
     record.start = started = clock()
-    last = started
-    done = False
     try:
-        async with client.stream("POST", "/v1/chat/completions", json=body) as response:
-            record.status_code = response.status_code
-            if response.status_code != 200:
-                text = (await response.aread()).decode(errors="replace")[:500]
-                record.error = f"HTTP {response.status_code}: {text}"
-                record.error_class = _http_class(response.status_code, text)
-                return record
-            lines = response.aiter_lines()
-            while True:
-                limit, on_timeout = (
-                    (timeouts.chunk, ErrorClass.CHUNK_TIMEOUT)
-                    if record.chunks
-                    else (timeouts.ttft, ErrorClass.TTFT_TIMEOUT)
-                )
-                try:
-                    async with asyncio.timeout(limit):  # no task per line, unlike wait_for
-                        line = await anext(lines, None)
-                except TimeoutError:
-                    record.error_class = on_timeout
-                    record.error = f"no stream data for {limit:g}s after {record.chunks} chunks"
-                    return record
-                if line is None:
-                    break
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    done = True
-                    break
-                payload = json.loads(data)
-                error = payload.get("error") or (payload if payload.get("object") == "error" else None)
-                if error:
-                    message = str(error.get("message", error)) if isinstance(error, dict) else str(error)
-                    record.error = f"error in stream: {message[:500]}"
-                    dead = any(marker in message for marker in _DEAD_MARKERS)
-                    record.error_class = ErrorClass.ENGINE_DEAD if dead else ErrorClass.HTTP_5XX
-                    return record
-                if usage := payload.get("usage"):
-                    record.prompt_tokens = usage.get("prompt_tokens")
-                    record.output_tokens = _count(usage.get("completion_tokens"))
-                for choice in payload.get("choices") or ():
-                    delta = choice.get("delta") or {}
-                    content = delta.get("content") or ""
-                    piece = content or delta.get("reasoning_content") or ""
-                    if piece or (choice.get("finish_reason") and not record.chunks):
-                        now = clock()
-                        if record.chunks == 0:
-                            record.ttft = now - started
-                        else:
-                            record.itl.append(now - last)
-                        last = now
-                        record.chunks += 1
-                        record.text += piece
-                        if not content:
-                            record.reasoning += piece
-                        on_chunk()
-                    if choice.get("finish_reason"):
-                        record.finish_reason = choice["finish_reason"]
+        done = await _read_stream(client, body, timeouts, record, clock, on_chunk)
     except asyncio.CancelledError:
         record.error_class = ErrorClass.ABORTED
         record.error = "cancelled: the run ended while this request was in flight"
@@ -171,7 +112,7 @@ async def stream_chat(
     except httpx.ConnectError as exc:
         record.error_class, record.error = ErrorClass.CONNECT, f"connect: {exc}"
         return record
-    except httpx.TimeoutException as exc:  # connect/write/pool timeouts; reads are bounded above
+    except httpx.TimeoutException as exc:  # connect/write/pool timeouts; reads are bounded in _read_stream
         cls = (
             ErrorClass.CONNECT
             if isinstance(exc, httpx.ConnectTimeout | httpx.PoolTimeout)
@@ -187,6 +128,8 @@ async def stream_chat(
         return record
     finally:
         record.e2el = clock() - started
+    if done is None:  # the server said what went wrong: recorded already
+        return record
     if record.output_tokens == 0:
         record.output_tokens = record.chunks
     if not done or record.finish_reason is None:
@@ -195,6 +138,87 @@ async def stream_chat(
             f"the stream ended without {'[DONE]' if not done else 'a finish reason'} after {record.chunks} chunks"
         )
     return record
+
+
+async def _read_stream(
+    client: httpx.AsyncClient,
+    body: dict[str, Any],
+    timeouts: Timeouts,
+    record: RequestRecord,
+    clock: Callable[[], float],
+    on_chunk: Callable[[], None],
+) -> bool | None:
+    """Read the SSE stream into `record`: True when it ended with [DONE], False when it just ended,
+    None when the server answered an error (an HTTP status, an error payload, a silent stream)."""
+    async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+        record.status_code = response.status_code
+        if response.status_code != 200:
+            text = (await response.aread()).decode(errors="replace")[:500]
+            record.error = f"HTTP {response.status_code}: {text}"
+            record.error_class = _http_class(response.status_code, text)
+            return None
+        lines = response.aiter_lines()
+        last = record.start
+        while True:
+            limit, on_timeout = (
+                (timeouts.chunk, ErrorClass.CHUNK_TIMEOUT)
+                if record.chunks
+                else (timeouts.ttft, ErrorClass.TTFT_TIMEOUT)
+            )
+            try:
+                async with asyncio.timeout(limit):  # no task per line, unlike wait_for
+                    line = await anext(lines, None)
+            except TimeoutError:
+                record.error_class = on_timeout
+                record.error = f"no stream data for {limit:g}s after {record.chunks} chunks"
+                return None
+            if line is None:
+                return False
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                return True
+            took = _take_payload(json.loads(data), record, clock=clock, last=last, on_chunk=on_chunk)
+            if took is None:
+                return None
+            last = took
+
+
+def _take_payload(
+    payload: Any, record: RequestRecord, *, clock: Callable[[], float], last: float, on_chunk: Callable[[], None]
+) -> float | None:
+    """One SSE payload into `record`: usage, text pieces and their timing, the finish reason. The
+    time of the last chunk so far; None when the payload was an error (recorded)."""
+    error = payload.get("error") or (payload if payload.get("object") == "error" else None)
+    if error:
+        message = str(error.get("message", error)) if isinstance(error, dict) else str(error)
+        record.error = f"error in stream: {message[:500]}"
+        dead = any(marker in message for marker in _DEAD_MARKERS)
+        record.error_class = ErrorClass.ENGINE_DEAD if dead else ErrorClass.HTTP_5XX
+        return None
+    if usage := payload.get("usage"):
+        record.prompt_tokens = usage.get("prompt_tokens")
+        record.output_tokens = _count(usage.get("completion_tokens"))
+    for choice in payload.get("choices") or ():
+        delta = choice.get("delta") or {}
+        content = delta.get("content") or ""
+        piece = content or delta.get("reasoning_content") or ""
+        if piece or (choice.get("finish_reason") and not record.chunks):
+            now = clock()
+            if record.chunks == 0:
+                record.ttft = now - record.start
+            else:
+                record.itl.append(now - last)
+            last = now
+            record.chunks += 1
+            record.text += piece
+            if not content:
+                record.reasoning += piece
+            on_chunk()
+        if choice.get("finish_reason"):
+            record.finish_reason = choice["finish_reason"]
+    return last
 
 
 def _count(value: object) -> int:
