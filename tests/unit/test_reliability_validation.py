@@ -196,9 +196,8 @@ def test_readiness_timeout_is_finite(invalid: Callable[..., Invalid], header: st
 # -- 9: linear in the number of cells, bounded in size, depth and aliases ------------------------
 
 
-def test_ten_thousand_cells_validate_in_under_two_seconds(tmp_path: Path, header: str, images_dir: Path) -> None:
-    import time
-
+def test_ten_thousand_cells_validate(tmp_path: Path, header: str, images_dir: Path) -> None:
+    """All of them, each its own cell (the time it takes is benchmarks/validation.py's, not a test's)."""
     from pipeline.load import load_matrix
 
     cells = "".join(
@@ -207,11 +206,8 @@ def test_ten_thousand_cells_validate_in_under_two_seconds(tmp_path: Path, header
     )
     path = tmp_path / "big.yaml"
     path.write_text(header + "cells:\n" + cells)
-    started = time.process_time()  # CPU time: the test machine's load does not count
     matrix = load_matrix(path, images_dir=images_dir)
-    seconds = time.process_time() - started
-    assert len(matrix.cells) == 10_000
-    assert seconds < 2.0, f"{seconds:.2f}s of CPU for 10,000 cells"
+    assert len(matrix.cells) == 10_000 and matrix.cell("c9999").env == (("VLLM_X", "9999"),)
 
 
 def test_many_problems_are_reported_in_linear_time(invalid: Callable[..., Invalid], header: str) -> None:
