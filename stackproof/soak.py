@@ -122,13 +122,7 @@ def _one_slice(
             tally.questions += 1
             return
         # GPU cost and stall forensics per slice, as in the load stage (verify/forensics.py).
-        instruments = LoadInstruments(
-            engine=engine,
-            run_dir=out_dir,
-            forensics_dir=out_dir / "forensics",
-            gpu=cell.is_gpu,
-            coredump=cell.serve is not None and cell.serve.forensics.cuda_coredump,
-        )
+        instruments = LoadInstruments.for_cell(engine, cell, run_dir=out_dir, forensics_dir=out_dir / "forensics")
         instruments.start(server.name)
         target = replace(
             load_target(server, cell, arm),
@@ -140,9 +134,7 @@ def _one_slice(
         finally:
             instruments.stop()
     summary = summarise(outcome, spec)
-    summary["cost"] = instruments.finish(
-        output_tokens=summary["tokens"]["output"] + outcome.determinism_tokens[1], seconds=outcome.seconds
-    )
+    summary["cost"] = instruments.cost_of(outcome, summary)
     (out_dir / "load.json").write_text(json.dumps(summary, indent=2) + "\n")
     q = summary["questions"]
     tally.questions += q["attempted"]

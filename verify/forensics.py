@@ -25,12 +25,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pipeline.engine import Engine
+from pipeline.model import Cell
 from verify.gpucost import GpuSample, GpuSampler, cost_section, empty_cost_section, open_reader
 from verify.pyspy import PySpy, find_py_spy
 from verify.spin import DeviceWindow, GpuStallVerdict, SpinJudgement, judge_spin
+
+if TYPE_CHECKING:  # the load run's outcome, only as a type: the load run calls back into these instruments
+    from verify.loadrun import LoadOutcome
 
 __all__ = [
     "COREDUMP_DIR",
@@ -341,6 +345,14 @@ class LoadInstruments:
     py_spy: PySpy | None = None
     samples: list[GpuSample] | None = None
 
+    @classmethod
+    def for_cell(
+        cls, engine: Engine, cell: Cell, *, run_dir: Path, forensics_dir: Path | None = None
+    ) -> LoadInstruments:
+        """The instruments a cell's load gets: GPU sampling on GPU cells, a core dump where it opts in."""
+        coredump = cell.serve is not None and cell.serve.forensics.cuda_coredump
+        return cls(engine=engine, run_dir=run_dir, forensics_dir=forensics_dir, gpu=cell.is_gpu, coredump=coredump)
+
     def start(self, container: str) -> None:
         """Before the load: find py-spy (a fetch, once per cache, must not delay a stall verdict)
         and start sampling the GPUs."""
@@ -376,6 +388,12 @@ class LoadInstruments:
     def stop(self) -> None:
         if self.sampler is not None and self.samples is None:
             self.samples = self.sampler.stop()
+
+    def cost_of(self, outcome: LoadOutcome, summary: dict[str, Any]) -> dict[str, Any]:
+        """The cost section of a finished load: every output token it counted, greedy phase B's too."""
+        return self.finish(
+            output_tokens=summary["tokens"]["output"] + outcome.determinism_tokens[1], seconds=outcome.seconds
+        )
 
     def finish(self, *, output_tokens: int, seconds: float) -> dict[str, Any]:
         """The load's cost section, from the samples taken until `stop`."""

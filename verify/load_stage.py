@@ -50,10 +50,6 @@ def load_target(server: ServerContainer, cell: Cell, arm: Arm | None) -> LoadTar
     )
 
 
-def _coredump(cell: Cell) -> bool:
-    return cell.serve is not None and cell.serve.forensics.cuda_coredump
-
-
 def run_load_stage(
     engine: Engine,
     cell: Cell,
@@ -89,7 +85,7 @@ def run_load_stage(
     outcome = None
     canaries: list[CanaryAnswer] = []
     # GPU cost sampled beside the load; stall forensics taken before the server is removed.
-    instruments = LoadInstruments(engine=engine, run_dir=out_dir, gpu=cell.is_gpu, coredump=_coredump(cell))
+    instruments = LoadInstruments.for_cell(engine, cell, run_dir=out_dir)
     try:
         if shared is not None:
             checks.append(
@@ -126,9 +122,7 @@ def run_load_stage(
     summary: dict[str, Any] | None = None
     if outcome is not None:
         summary = summarise(outcome, spec)
-        summary["cost"] = instruments.finish(
-            output_tokens=summary["tokens"]["output"] + outcome.determinism_tokens[1], seconds=outcome.seconds
-        )
+        summary["cost"] = instruments.cost_of(outcome, summary)
         load_checks = judge_load(outcome, summary, batch_invariant=target.batch_invariant)
         correctness, summary["correctness"] = judge_correctness(
             cell, arm, spec, outcome, [*checks, *load_checks], canaries, source=image

@@ -105,10 +105,6 @@ async def _model(client: httpx.AsyncClient) -> str:
     return model
 
 
-async def _run(target: LoadTarget, spec: LoadSpec, out_dir: Path, *, soak: bool) -> LoadOutcome:
-    return await _LoadRun(target, spec, out_dir, soak=soak).run()
-
-
 class _LoadRun:
     """One load run, as named steps over explicit state: greedy phase A alone, the baseline scrape,
     the workers (closed loop, or open loop at a rate) beside greedy phase B and the watchdog, then the
@@ -431,7 +427,7 @@ def run_load(target: LoadTarget, spec: LoadSpec, out_dir: Path, *, soak: bool = 
     async def bounded() -> LoadOutcome:
         try:
             async with asyncio.timeout(budget):
-                return await _run(target, spec, out_dir, soak=soak)
+                return await _LoadRun(target, spec, out_dir, soak=soak).run()
         except TimeoutError:
             raise InfraError(
                 f"{target.label}: the load run passed its {budget:.0f}s budget (duration, determinism, "

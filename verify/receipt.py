@@ -49,7 +49,8 @@ def build_receipt(
     image_store: str = "classic",
 ) -> Receipt:
     status, reason = receipt_status(report)
-    spent = cost_and_forensics(_load_summary(report), seconds=finished_at - started_at)
+    load = _load_summary(report)
+    spent = cost_and_forensics(load, seconds=finished_at - started_at)
     return Receipt(
         status=status,
         status_reason=reason,
@@ -69,7 +70,7 @@ def build_receipt(
         outcome=report.outcome,
         stages=report.stages,
         runtime=_runtime(report),
-        load=_load_summary(report),
+        load=load,
         autotune=_autotune_winners(report),
         servers=report.servers,
         cost=spent["cost"],
