@@ -23,6 +23,8 @@ from packaging.version import InvalidVersion, Version
 
 from pipeline.errors import InputError, MatrixError
 from pipeline.model import (
+    DEFAULT_ENGINE,
+    SERVING_ENGINES,
     STAGES,
     Arm,
     Base,
@@ -79,7 +81,7 @@ INHERITABLE_KEYS = tuple(k for k in CELL_KEYS if k not in ("id", "extends"))
 REQUIRED_CELL_KEYS = ("base", "platform", "arch")
 PACKAGE_KEYS = ("version", "index")
 INSTALL_KEYS = ("requirements", "lock", "python_version", "python_platform")
-SERVE_KEYS = ("model", "args", "env", "readiness_timeout", "shm_size", "gpus", "load", "forensics")
+SERVE_KEYS = ("engine", "model", "args", "env", "readiness_timeout", "shm_size", "gpus", "load", "forensics")
 FORENSICS_KEYS = ("cuda_coredump",)
 # serve.load keys: the LoadSpec field, with `_s` dropped from durations; `determinism` is a sub-mapping.
 LOAD_KEYS = (
@@ -91,7 +93,6 @@ MODEL_KEYS = ("source", "revision")
 ARM_KEYS = ("description", "env", "args", "log_rules")
 EXPECT_KEYS = ("outcome", "stage", "reason", "match", "may_not_reproduce")
 EXPECT_REQUIRED = ("outcome", "stage", "reason", "match")
-DEFAULT_IMPORTS = ("torch?", "flashinfer?", "vllm?")
 INDEX_KEYS = ("url",)
 REGISTRY_BASE_KEYS = ("image", "digest", "python", "require_cuda", "platforms")
 BOOTSTRAP_KEYS = ("suite", "variant", "include", "venv")
@@ -546,7 +547,8 @@ class _Checker:
         )
         env = self.env((*p, "env"), data.get("env"))
         arms = self.arms((*p, "arms"), data.get("arms"))
-        imports = self.texts((*p, "imports"), data["imports"]) if "imports" in data else DEFAULT_IMPORTS
+        engine = serve.engine if serve is not None else DEFAULT_ENGINE
+        imports = self.texts((*p, "imports"), data["imports"]) if "imports" in data else SERVING_ENGINES[engine]
         accepted = self.env_like((*p, "accepted_conflicts"), data.get("accepted_conflicts"), "package: reason")
         log_rules = self.log_rules((*p, "log_rules"), data.get("log_rules"), prefix=cell_id)
         forbid, allow = self.autotune((*p, "autotune"), data.get("autotune"))
@@ -625,6 +627,7 @@ class _Checker:
             source = ModelSource(source=text, revision=self.revision((*path, "model"), text, model.get("revision")))
         args = self.texts((*path, "args"), value.get("args"))
         self.tool_owned(path, args)
+        engine = self.engine((*path, "engine"), value.get("engine", DEFAULT_ENGINE))
         timeout = value.get("readiness_timeout", 600)
         if not _finite_in(timeout, 0, MAX_SECONDS):
             self.problem(
@@ -642,7 +645,17 @@ class _Checker:
             gpus=None if value.get("gpus") is None else self.text((*path, "gpus"), value["gpus"]),
             load=self.load_spec((*path, "load"), value.get("load")),
             forensics=self.forensics((*path, "forensics"), value.get("forensics")),
+            engine=engine,
         )
+
+    def engine(self, path: Path_, value: Any) -> str:
+        """`serve.engine`: one of the engines with a driver (SERVING_ENGINES), with a did-you-mean."""
+        if not isinstance(value, str) or value not in SERVING_ENGINES:
+            known = tuple(SERVING_ENGINES)
+            shown = _did_you_mean(value, known) if isinstance(value, str) else ""
+            self.problem(path, f"unknown serving engine {_shown(value)}{shown} (known: {', '.join(known)})")
+            return DEFAULT_ENGINE
+        return value
 
     def forensics(self, path: Path_, value: Any) -> ForensicsSpec:
         """`serve.forensics`: `{cuda_coredump: true|false}` (default false)."""

@@ -174,6 +174,17 @@ class ForensicsSpec:
     cuda_coredump: bool = False  # GPU cells only: run the server ready for a user-triggered CUDA core dump
 
 
+# The serving engines a cell may name (`serve.engine`, default vllm), with the modules the imports
+# stage tries when a cell declares none. Each has its driver in verify/serving/<name>.py (the
+# launch, endpoints, metrics, log and process facts); tests/unit/test_serving.py holds this table
+# equal to the drivers' own names and imports.
+SERVING_ENGINES: dict[str, tuple[str, ...]] = {
+    "vllm": ("torch?", "flashinfer?", "vllm?"),
+    "sglang": ("torch?", "flashinfer?", "sglang?", "sgl_kernel?"),
+}
+DEFAULT_ENGINE = "vllm"
+
+
 @dataclass(frozen=True, kw_only=True)
 class ServeSpec:
     model: ModelSource
@@ -184,6 +195,7 @@ class ServeSpec:
     gpus: str | None  # docker --gpus value on GPU hosts; None on CPU cells
     load: LoadSpec = field(default_factory=LoadSpec)
     forensics: ForensicsSpec = field(default_factory=ForensicsSpec)
+    engine: str = DEFAULT_ENGINE  # a key of SERVING_ENGINES: whose driver launches and reads the server
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,17 +1,20 @@
 """Stage `autotune`: a server that started with a fresh, empty autotune cache; judge what FlashInfer wrote.
 
-The cache directory is an anonymous volume at VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR inside the server
-container, and the file is read out with `docker cp` while the container still exists: FlashInfer
-writes it as the image's user (root) with mode 0600 (`tempfile.mkstemp` then `os.replace`), which an
-ordinary runner user could neither read nor delete through a bind mount.
+Where the engine takes the cache root from, how it announces the file and how the file is laid
+out are the serving driver's (`AutotuneFacts`, keyed by the engine's release); an engine without a
+FlashInfer autotune cache SKIPs this stage. The cache directory is an anonymous volume at the
+driver's cache variable inside the server container, and the file is read out with `docker cp`
+while the container still exists: FlashInfer writes it as the image's user (root) with mode 0600
+(`tempfile.mkstemp` then `os.replace`), which an ordinary runner user could neither read nor
+delete through a bind mount.
 
 The server is the startup stage's when the plan says it carried the fresh cache (the usual case,
-see `verify.serverplan`), else one of its own with VLLM_DISABLED_KERNELS and
-VLLM_FLASHINFER_AUTOTUNE_SKIP_OPS removed unless the arm sets them (what was in force is recorded).
-The file vLLM names in `Using FlashInfer autotune cache file:` (or any `autotune_configs.json` under
-the directory) is judged: the per-arch policies, the winners table, and a comparison with a previous
-report of the same cell when one is given. No file, or no entries, is INCONCLUSIVE with the reason:
-it proves nothing either way.
+see `verify.serverplan`), else one of its own with the driver's kernel-selection variables
+removed unless the arm sets them (what was in force is recorded). The file the engine names in
+its announcement line (or any file of the driver's layout under the directory) is judged: the
+per-arch policies, the winners table, and a comparison with a previous report of the same cell
+when one is given. No file, or no entries, is INCONCLUSIVE with the reason: it proves nothing
+either way.
 """
 
 from __future__ import annotations
@@ -30,18 +33,20 @@ from pipeline.result import CheckResult, StageResult, Status
 from verify.autotune import AutotuneCache, Entry, judge_cache, load_policies, read_cache, winners
 from verify.logscan import Facts, LogWatcher, catalog_for
 from verify.server import ServerContainer, ServerFailed
-from verify.serverplan import CACHE_MOUNT, CONTROLLED_ENV, TUNING_ENV
+from verify.serverplan import CACHE_MOUNT, tuning_facts
+from verify.serving import AutotuneFacts, driver_for
 
 __all__ = ["CACHE_MOUNT", "diff_winners", "fresh_cache_server_options", "run_autotune", "winners_table"]
 
 STAGE = "autotune"
-_CACHE_LINE = re.compile(r"Using FlashInfer autotune cache file: (?P<path>\S+)")
-_DISABLED = "Skipping FlashInfer autotune because it is disabled."
 
 
-def fresh_cache_server_options() -> dict[str, Any]:
+def fresh_cache_server_options(cell: Cell, version: str | None = None) -> dict[str, Any]:
     """ServerContainer options for a server that tunes into an empty, container-owned cache."""
-    return {"extra_env": {TUNING_ENV: CACHE_MOUNT}, "scratch": (CACHE_MOUNT,)}
+    tuning = tuning_facts(cell, version)
+    if tuning is None:
+        return {}
+    return {"extra_env": {tuning.cache_env: CACHE_MOUNT}, "scratch": (CACHE_MOUNT,)}
 
 
 def run_autotune(
@@ -65,11 +70,15 @@ def run_autotune(
     if cell.serve is None:
         check = CheckResult(name="autotune", status=Status.SKIP, message="the cell has no serve spec")
         return StageResult.of(STAGE, [check], 0.0)
+    tuning = tuning_facts(cell, facts.engine_version)
+    if tuning is None:
+        reason = f"the serving engine ({driver_for(cell.serve).title}) has no FlashInfer autotune cache to judge"
+        return StageResult.of(STAGE, [CheckResult(name="autotune", status=Status.SKIP, message=reason)], 0.0)
     cache_dir = out_dir / "autotune-cache"
     if cache_dir.exists():
         shutil.rmtree(cache_dir)  # copied out by docker cp: this user's own files
     arm_env = dict(arm.env) if arm else {}
-    in_force = {name: arm_env.get(name) for name in CONTROLLED_ENV}  # None: not set for this run
+    in_force = {name: arm_env.get(name) for name in tuning.controlled_env}  # None: not set for this run
     checks: list[CheckResult] = []
     if shared is not None:
         server = shared
@@ -90,9 +99,9 @@ def run_autotune(
             out_dir=out_dir / "autotune-server",
             arm=arm,
             watcher=LogWatcher(catalog_for(facts)),
-            unset_env=tuple(n for n in CONTROLLED_ENV if n not in arm_env),
+            unset_env=tuple(n for n in tuning.controlled_env if n not in arm_env),
             on_start=on_start,
-            **fresh_cache_server_options(),
+            **fresh_cache_server_options(cell, facts.engine_version),
         )
         with server:
             try:
@@ -107,7 +116,9 @@ def run_autotune(
             )
             server.copy_out(CACHE_MOUNT, cache_dir)
     log = server.log_path.read_text(errors="replace") if server.log_path.exists() else ""
-    checks += judge_fresh_cache(cell, log, cache_dir, out_dir, facts=facts, env=in_force, previous=previous)
+    checks += judge_fresh_cache(
+        cell, log, cache_dir, out_dir, facts=facts, env=in_force, previous=previous, tuning=tuning
+    )
     return StageResult.of(
         STAGE, checks, time.monotonic() - started, autotune_cache=str(out_dir / "autotune_configs.json")
     )
@@ -122,25 +133,27 @@ def judge_fresh_cache(
     facts: Facts,
     env: dict[str, str | None],
     previous: Path | None = None,
+    tuning: AutotuneFacts | None = None,
 ) -> list[CheckResult]:
     """Find the cache FlashInfer wrote during this start and judge it (pure but for reading files)."""
-    named = _CACHE_LINE.search(log)
+    tuning = tuning or tuning_facts(cell, facts.engine_version)
+    title = driver_for(cell.serve).title
+    if tuning is None:
+        reason = f"the serving engine ({title}) has no FlashInfer autotune cache to judge"
+        return [CheckResult(name="autotune-cache", status=Status.SKIP, message=reason)]
+    logged = _announced(tuning, log)
     candidates = []
-    if named:
-        path = named.group("path")
-        if path.startswith(CACHE_MOUNT):
-            candidates.append(cache_dir / path[len(CACHE_MOUNT) :].lstrip("/"))
-    candidates += sorted(cache_dir.rglob("autotune_configs.json"))
+    if logged and logged.startswith(CACHE_MOUNT):
+        candidates.append(cache_dir / logged[len(CACHE_MOUNT) :].lstrip("/"))
+    candidates += [found for pattern in tuning.files for found in sorted(cache_dir.glob(pattern))]
     found = next((c for c in candidates if c.is_file()), None)
-    evidence: dict[str, Any] = {"env": env, "logged_path": named.group("path") if named else None}
+    evidence: dict[str, Any] = {"env": env, "logged_path": logged}
     if found is None:
         reason = (
-            _DISABLED
-            if _DISABLED in log
+            tuning.disabled_line
+            if tuning.disabled_line and tuning.disabled_line in log
             else (
-                "vLLM named no autotune cache file"
-                if not named
-                else f"vLLM named {named.group('path')}, which is missing"
+                f"{title} named no autotune cache file" if not logged else f"{title} named {logged}, which is missing"
             )
         )
         return [
@@ -185,6 +198,15 @@ def judge_fresh_cache(
     if previous is not None:
         checks.append(diff_winners(table, previous))
     return checks
+
+
+def _announced(tuning: AutotuneFacts, log: str) -> str | None:
+    """The cache path or root the engine's announcement line names, first found."""
+    for pattern in tuning.announcements:
+        match = re.search(pattern, log, re.MULTILINE)
+        if match:
+            return match.group("path")
+    return None
 
 
 def winners_table(cache: AutotuneCache) -> list[dict[str, Any]]:

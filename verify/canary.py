@@ -18,10 +18,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from pipeline.errors import InputError
 from pipeline.result import CheckResult, Status
+from verify.serving import ServingDriver
+from verify.serving.openai import ServerCalls
 
 __all__ = ["CANARIES", "Canary", "CanaryAnswer", "ask_canaries", "judge_canaries", "read_canaries", "score"]
 
@@ -83,10 +83,12 @@ def score(canary: Canary, content: str) -> bool:
     return re.search(canary.expect, answer) is not None
 
 
-def ask_canaries(base_url: str, model: str, canaries: tuple[Canary, ...], *, timeout: float) -> list[CanaryAnswer]:
+def ask_canaries(
+    base_url: str, model: str, canaries: tuple[Canary, ...], *, timeout: float, driver: ServingDriver
+) -> list[CanaryAnswer]:
     """Ask each canary once: chat, temperature 0, MAX_TOKENS, EOS allowed. Never raises for server trouble."""
     answers: list[CanaryAnswer] = []
-    with httpx.Client(base_url=base_url, timeout=timeout) as client:
+    with ServerCalls(base_url, driver, timeout=timeout) as calls:
         for canary in canaries:
             body = {
                 "model": model,
@@ -94,12 +96,13 @@ def ask_canaries(base_url: str, model: str, canaries: tuple[Canary, ...], *, tim
                 "max_tokens": MAX_TOKENS,
                 "temperature": 0,
             }
+            answer = calls.chat(body)
             try:
-                response = client.post("/v1/chat/completions", json=body)
-                response.raise_for_status()
-                choice = response.json()["choices"][0]
+                if not answer.ok:
+                    raise ValueError(answer.error)
+                choice = answer.body["choices"][0]
                 content = choice["message"].get("content") or ""
-            except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
+            except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
                 answers.append(CanaryAnswer(id=canary.id, content=None, error=f"{type(exc).__name__}: {exc}"[:300]))
                 continue
             answers.append(

@@ -18,6 +18,7 @@ from verify.baselines import baseline_key, path_of, read_baseline, record_baseli
 from verify.canary import CanaryAnswer, ask_canaries, judge_canaries, read_canaries
 from verify.degeneration import judge_degeneration, measure
 from verify.loadrun import LoadOutcome
+from verify.serving import ServingDriver
 
 __all__ = ["ask_for_cell", "judge_correctness"]
 
@@ -25,12 +26,12 @@ __all__ = ["ask_for_cell", "judge_correctness"]
 _NOT_CLEAN = (Status.FAIL, Status.ERROR, Status.INCONCLUSIVE)
 
 
-def ask_for_cell(base_url: str, outcome: LoadOutcome, spec: LoadSpec) -> list[CanaryAnswer]:
+def ask_for_cell(base_url: str, outcome: LoadOutcome, spec: LoadSpec, *, driver: ServingDriver) -> list[CanaryAnswer]:
     """The canaries, asked once, when the cell declares a floor (else none: nothing is sent) and
     the load did not end on a server verdict (a stalled or dead engine would only time them out)."""
     if spec.canary_floor is None or outcome.crashed or any(e.type != "UNKNOWN" for e in outcome.events):
         return []
-    return ask_canaries(base_url, outcome.model, read_canaries(), timeout=spec.ttft_timeout_s)
+    return ask_canaries(base_url, outcome.model, read_canaries(), timeout=spec.ttft_timeout_s, driver=driver)
 
 
 def judge_correctness(

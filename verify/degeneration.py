@@ -28,7 +28,7 @@ from typing import Any
 
 from pipeline.result import CheckResult, Status
 from verify.determinism import Sample
-from verify.loadclient import RequestRecord
+from verify.serving.openai import RequestRecord
 
 __all__ = [
     "DETECTORS",

@@ -1,12 +1,13 @@
 """Greedy determinism: the same prompt at temperature 0 must give the same tokens.
 
-Fixed prompts are sent to /v1/completions with `temperature=0`, a fixed `max_tokens`,
-`ignore_eos` and `logprobs=2` (tokens returned as ids), first alone R times (phase A, batch of
-one: any difference is a bug), then R times mixed into the load (phase B: without batch
-invariance the batch changes the numerics, so a difference is a warning unless the server runs
-with `VLLM_BATCH_INVARIANT=1`). Each sample is compared with the prompt's first phase-A answer:
-exact-match rate, first divergence index, and the top-1/top-2 logprob gap there (a flip where the
-gap exceeded 1 nat is not numeric noise: suspect corruption).
+Fixed prompts are sent to the completions path with `temperature=0`, a fixed `max_tokens`,
+`ignore_eos` and `logprobs=2` (tokens returned as ids where the engine can), first alone R times
+(phase A, batch of one: any difference is a bug), then R times mixed into the load (phase B:
+without batch invariance the batch changes the numerics, so a difference is a warning unless the
+server runs with the engine's batch-invariance variable set; see the serving driver). Each sample
+is compared with the prompt's first phase-A answer: exact-match rate, first divergence index,
+and the top-1/top-2 logprob gap there (a flip where the gap exceeded 1 nat is not numeric noise:
+suspect corruption).
 """
 
 from __future__ import annotations
@@ -15,9 +16,8 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import httpx
-
 from pipeline.result import CheckResult, Status
+from verify.serving.openai import ServerAPI
 
 __all__ = ["PROMPTS", "Divergence", "Sample", "compare", "judge_phase", "request_sample"]
 
@@ -75,7 +75,12 @@ def compare(reference: Sample, other: Sample) -> Divergence | None:
 
 
 def judge_phase(
-    phase: str, references: dict[int, Sample], samples: list[Sample], *, batch_invariant: bool
+    phase: str,
+    references: dict[int, Sample],
+    samples: list[Sample],
+    *,
+    batch_invariant: bool,
+    invariance_env: str | None = None,  # the engine's variable that declares batch invariance, if any
 ) -> CheckResult:
     """Phase A: any mismatch FAILs. Phase B: a mismatch WARNs, FAILs under declared batch invariance."""
     name = "determinism-alone" if phase == "A" else "determinism-under-load"
@@ -115,40 +120,43 @@ def judge_phase(
     else:
         status = Status.FAIL if batch_invariant else Status.WARN
         if not batch_invariant:
-            message += "; the server does not declare batch invariance (VLLM_BATCH_INVARIANT=1)"
+            message += "; the server does not declare batch invariance" + (
+                f" ({invariance_env}=1)" if invariance_env else ""
+            )
     return CheckResult(name=name, status=status, message=message, evidence=evidence)
 
 
 async def request_sample(
-    client: httpx.AsyncClient, *, model: str, prompt: int, phase: str, max_tokens: int, timeout: float
+    api: ServerAPI, *, model: str, prompt: int, phase: str, max_tokens: int, timeout: float
 ) -> tuple[Sample, int, int]:
     """One greedy completion; returns the sample and the server's (prompt, completion) token counts."""
-    body = {
+    driver = api.driver
+    body: dict[str, Any] = {
         "model": model,
         "prompt": PROMPTS[prompt % len(PROMPTS)],
         "max_tokens": max_tokens,
         "temperature": 0,
-        "ignore_eos": True,
         "logprobs": 2,
-        "return_tokens_as_token_ids": True,
+        **dict(driver.greedy_extras),
     }
+    if driver.ignore_eos_field:
+        body[driver.ignore_eos_field] = True
+    answer = await api.complete(body, timeout=timeout)
+    if not answer.ok:
+        return Sample(prompt=prompt, phase=phase, tokens=(), top2_gaps=(), error=(answer.error or "")[:300]), 0, 0
     try:
-        response = await client.post("/v1/completions", json=body, timeout=timeout)
-    except httpx.HTTPError as exc:
-        return Sample(prompt=prompt, phase=phase, tokens=(), top2_gaps=(), error=f"{type(exc).__name__}: {exc}"), 0, 0
-    if response.status_code != 200:
-        error = f"HTTP {response.status_code}: {response.text[:300]}"
+        logprobs = answer.body["choices"][0].get("logprobs") or {}
+        usage = answer.body.get("usage") or {}
+        sample = Sample(
+            prompt=prompt,
+            phase=phase,
+            tokens=tuple(logprobs.get("tokens") or ()),
+            top2_gaps=tuple(_gap(top) for top in logprobs.get("top_logprobs") or ()),
+        )
+        return sample, int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+    except (KeyError, IndexError, TypeError, AttributeError, ValueError) as exc:
+        error = f"unreadable completion: {type(exc).__name__}: {exc}"[:300]
         return Sample(prompt=prompt, phase=phase, tokens=(), top2_gaps=(), error=error), 0, 0
-    body = response.json()
-    logprobs = body["choices"][0].get("logprobs") or {}
-    usage = body.get("usage") or {}
-    sample = Sample(
-        prompt=prompt,
-        phase=phase,
-        tokens=tuple(logprobs.get("tokens") or ()),
-        top2_gaps=tuple(_gap(top) for top in logprobs.get("top_logprobs") or ()),
-    )
-    return sample, int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
 
 
 def _gap(top: dict[str, float] | None) -> float | None:

@@ -4,7 +4,8 @@ When the watchdog concludes ENGINE_STALL_API_ALIVE the server is still there, we
 run ends and the container is removed, `StallForensics.collect` takes, each step on its own (one
 failing never stops the others, and none ever changes the verdict):
 
-1. a `py-spy dump --json` of every `VLLM::*` process (EngineCore, workers), from a sidecar that
+1. a `py-spy dump --json` of every engine process (the titles the serving driver names: its
+   engine core and workers), from a sidecar that
    shares the server's PID namespace (`Engine.pid_sidecar`), py-spy mounted read-only;
 2. the GPU over the stall window against the load before it, judged by the spin rule
    (verify/spin.py), from the cost sampler's NVML samples;
@@ -31,6 +32,7 @@ from pipeline.engine import Engine
 from pipeline.model import Cell
 from verify.gpucost import GpuSample, GpuSampler, cost_section, empty_cost_section, open_reader
 from verify.pyspy import PySpy, find_py_spy
+from verify.serving import driver_for
 from verify.spin import DeviceWindow, GpuStallVerdict, SpinJudgement, judge_spin
 
 if TYPE_CHECKING:  # the load run's outcome, only as a type: the load run calls back into these instruments
@@ -47,18 +49,17 @@ __all__ = [
     "parse_stacks",
 ]
 
-STACK_TITLE_PREFIX = "VLLM::"  # vLLM V1 titles its processes VLLM::EngineCore, VLLM::Worker...
 COREDUMP_DIR = "/stackproof-coredump"  # an anonymous volume of the server container
 PY_SPY_IN_SIDECAR = "/stackproof-tools/py-spy"
 PER_PROCESS_TIMEOUT_S = 20
 COREDUMP_WAIT_S = 180.0
 
-# Runs in the sidecar (the server's own image, so its python3): every VLLM:: process of the shared
+# Runs in the sidecar (the server's own image, so its python3): every engine process of the shared
 # PID namespace, dumped one at a time; a process stopped by a signal is reported, not attached to
 # (ptrace on a stopped process would wait for it).
 _DUMP_SCRIPT = """
 import json, os, subprocess, sys
-spy, prefix, limit = sys.argv[1], sys.argv[2], float(sys.argv[3])
+spy, prefixes, limit = sys.argv[1], tuple(sys.argv[2].split(",")), float(sys.argv[3])
 found = []
 for entry in sorted((e for e in os.listdir("/proc") if e.isdigit()), key=int):
     try:
@@ -68,7 +69,7 @@ for entry in sorted((e for e in os.listdir("/proc") if e.isdigit()), key=int):
             state = f.read().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
         continue
-    if not cmdline.startswith(prefix):
+    if not cmdline.startswith(prefixes):
         continue
     item = {"pid": int(entry), "cmdline": cmdline[:200], "state": state}
     if state in ("T", "t"):
@@ -191,6 +192,7 @@ class ForensicsSide(Protocol):
 class StallForensics:
     side: ForensicsSide
     run_dir: Path  # evidence paths are relative to it
+    titles: tuple[str, ...] = ()  # the engine's process titles (the serving driver's), for messages
     coredump: bool = False
     clock: Callable[[], float] = time.monotonic
     forensics_dir: Path | None = None  # default: <run>/load/forensics
@@ -223,7 +225,7 @@ class StallForensics:
         path.write_text(text)
         stacks = parse_stacks(text)
         if not stacks:
-            reason = f"no {STACK_TITLE_PREFIX}* process in the server"
+            reason = f"no {' or '.join(t + '*' for t in self.titles) or 'engine'} process in the server"
             return {"available": False, "reason": reason, "file": self._rel(path)}
         return {
             "available": True,
@@ -268,12 +270,14 @@ class DockerSide:
     sampler: GpuSampler | None
     sampler_reason: str
     load_start: float
+    titles: tuple[str, ...]  # /proc cmdline prefixes of the engine's processes (the serving driver's)
     poll_s: float = 2.0
 
     def dump_stacks(self) -> tuple[str | None, str]:
         if self.py_spy.binary is None:
             return None, self.py_spy.origin
-        argv = ["python3", "-c", _DUMP_SCRIPT, PY_SPY_IN_SIDECAR, STACK_TITLE_PREFIX, str(PER_PROCESS_TIMEOUT_S)]
+        titles = ",".join(self.titles)
+        argv = ["python3", "-c", _DUMP_SCRIPT, PY_SPY_IN_SIDECAR, titles, str(PER_PROCESS_TIMEOUT_S)]
         result = self.engine.pid_sidecar(
             self.container,
             image=self.image,
@@ -337,6 +341,7 @@ class LoadInstruments:
     engine: Engine
     run_dir: Path
     gpu: bool
+    titles: tuple[str, ...] = ()  # the engine's process titles (the serving driver's)
     coredump: bool = False
     forensics_dir: Path | None = None  # default: <run>/load/forensics (a soak slice has its own)
     sampler: GpuSampler | None = None
@@ -351,7 +356,15 @@ class LoadInstruments:
     ) -> LoadInstruments:
         """The instruments a cell's load gets: GPU sampling on GPU cells, a core dump where it opts in."""
         coredump = cell.serve is not None and cell.serve.forensics.cuda_coredump
-        return cls(engine=engine, run_dir=run_dir, forensics_dir=forensics_dir, gpu=cell.is_gpu, coredump=coredump)
+        titles = driver_for(cell.serve).process_titles
+        return cls(
+            engine=engine,
+            run_dir=run_dir,
+            forensics_dir=forensics_dir,
+            gpu=cell.is_gpu,
+            coredump=coredump,
+            titles=titles,
+        )
 
     def start(self, container: str) -> None:
         """Before the load: find py-spy (a fetch, once per cache, must not delay a stall verdict)
@@ -377,9 +390,14 @@ class LoadInstruments:
                 sampler=self.sampler,
                 sampler_reason=self.reason,
                 load_start=self.load_start,
+                titles=self.titles,
             )
             forensics = StallForensics(
-                side=side, run_dir=self.run_dir, coredump=self.coredump, forensics_dir=self.forensics_dir
+                side=side,
+                run_dir=self.run_dir,
+                titles=self.titles,
+                coredump=self.coredump,
+                forensics_dir=self.forensics_dir,
             )
             return forensics.collect(stalled_for_s)
 

@@ -31,8 +31,10 @@ __all__ = ["load_target", "run_load_stage"]
 STAGE = "load"
 
 
-def load_target(server: ServerContainer, cell: Cell, arm: Arm | None) -> LoadTarget:
-    """What the load run may know about this server beyond HTTP: its container, its log, its env."""
+def load_target(
+    server: ServerContainer, cell: Cell, arm: Arm | None, *, engine_version: str | None = None
+) -> LoadTarget:
+    """What the load run may know about this server beyond HTTP: its engine, container, log and env."""
 
     def server_alive() -> str | None:
         status, code = server.state()
@@ -43,7 +45,9 @@ def load_target(server: ServerContainer, cell: Cell, arm: Arm | None) -> LoadTar
     return LoadTarget(
         base_url=server.base_url,
         label=f"{cell.id}{'/' + arm.name if arm else ''}",
-        batch_invariant=cell.serve_env(arm).get("VLLM_BATCH_INVARIANT") == "1",
+        driver=server.driver,
+        engine_version=engine_version,
+        batch_invariant=server.driver.batch_invariant(cell.serve_env(arm)),
         gpu=cell.is_gpu,
         server_alive=server_alive,
         last_log_lines=lambda: server.last_lines(30).splitlines(),
@@ -110,9 +114,12 @@ def run_load_stage(
         if on_ready is not None:
             on_ready(server)
         instruments.start(server.name)
-        target = dataclasses.replace(load_target(server, cell, arm), on_stall=instruments.on_stall(server.name, image))
+        target = dataclasses.replace(
+            load_target(server, cell, arm, engine_version=facts.engine_version if facts else None),
+            on_stall=instruments.on_stall(server.name, image),
+        )
         outcome = run_load(target, spec, stage_dir)
-        canaries = ask_for_cell(target.base_url, outcome, spec)
+        canaries = ask_for_cell(target.base_url, outcome, spec, driver=target.driver)
     except ServerFailed as exc:
         evidence = {"last_log_lines": exc.last_lines}
         checks.append(CheckResult(name="readiness", status=Status.FAIL, message=exc.reason, evidence=evidence))

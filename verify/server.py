@@ -1,4 +1,7 @@
-"""Start a cell's vLLM OpenAI server in a container, wait for it, and always remove it.
+"""Start a cell's model server in a container, wait for it, and always remove it.
+
+What is started (the argv), what "ready" means (the health path) and how the one proof completion
+is asked are the serving engine's driver's (verify/serving/); this module is the container's life.
 
 `ServerContainer` is a context manager: the container gets a name chosen before `docker run`, so
 even an interrupt that lands while `docker run` is in flight can be cleaned up by name. The
@@ -18,14 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-import httpx
-
 from pipeline.engine import Container, Engine, Mount
 from pipeline.errors import CheckFailed
 from pipeline.model import Arm, Cell, ServeSpec
 from pipeline.modelstore import model_mounts
 from verify.forensics import COREDUMP_DIR, coredump_env
 from verify.logscan import LogWatcher
+from verify.serving import driver_for
+from verify.serving.openai import ServerCalls
 
 __all__ = ["Readiness", "ServerContainer", "ServerFactory", "SharedServer", "free_port", "serve_argv"]
 
@@ -43,12 +46,8 @@ def free_port() -> int:
 
 
 def serve_argv(serve: ServeSpec, arm: Arm | None, port: int) -> list[str]:
-    """The server command: `vllm serve MODEL --host 127.0.0.1 --port N` plus the cell's and arm's args."""
-    model = serve.model.location
-    argv = ["vllm", "serve", model, "--host", HOST, "--port", str(port)]
-    if serve.model.kind == "hf" and serve.model.revision:
-        argv += ["--revision", serve.model.revision]
-    return [*argv, *serve.args, *(arm.args if arm else ())]
+    """The server command, from the cell's engine driver, bound to 127.0.0.1 on `port`."""
+    return list(driver_for(serve).argv(serve, arm, host=HOST, port=port))
 
 
 class ServerFailed(CheckFailed):
@@ -93,6 +92,7 @@ class ServerContainer:
         self.engine = engine
         self.cell = cell
         self.serve = cell.serve
+        self.driver = driver_for(cell.serve)
         self.image = image
         self.arm = arm
         self.extra_env = extra_env or {}
@@ -202,11 +202,12 @@ class ServerContainer:
         return "\n".join(list(self.tail)[-n:])
 
     def wait_ready(self, timeout: float | None = None) -> Readiness:
-        """Poll /health until 200; fail fast when the container exits, give up at the timeout."""
+        """Poll the health path until 200; fail fast when the container exits, give up at the timeout."""
         timeout = timeout or self.serve.readiness_timeout_s
         started = time.monotonic()
         next_progress = started + PROGRESS_EVERY_S
-        with httpx.Client(timeout=httpx.Timeout(5.0)) as client:
+        health = f"{self.base_url}{self.driver.endpoints.health}"
+        with ServerCalls(self.base_url, self.driver) as calls:
             while True:
                 status, code = self.state()
                 if status not in ("running", "created"):
@@ -223,20 +224,16 @@ class ServerContainer:
                         f"after {time.monotonic() - started:.0f}s: {fatal.line.strip()[:300]}",
                         self,
                     )
-                try:
-                    if client.get(f"{self.base_url}/health").status_code == 200:
-                        seconds = time.monotonic() - started
-                        print(f"{self.cell.id}: ready in {seconds:.0f}s", file=sys.stderr)
-                        return Readiness(seconds=round(seconds, 1), url=self.base_url)
-                except httpx.TransportError:
-                    pass
+                if calls.healthy():
+                    seconds = time.monotonic() - started
+                    print(f"{self.cell.id}: ready in {seconds:.0f}s", file=sys.stderr)
+                    return Readiness(seconds=round(seconds, 1), url=self.base_url)
                 now = time.monotonic()
                 if now - started > timeout:
                     raise ServerFailed(f"not ready after {timeout:.0f}s (readiness_timeout)", self)
                 if now >= next_progress:
                     print(
-                        f"{self.cell.id}: waiting for {self.base_url}/health: {now - started:.0f}s of {timeout:.0f}s",
-                        file=sys.stderr,
+                        f"{self.cell.id}: waiting for {health}: {now - started:.0f}s of {timeout:.0f}s", file=sys.stderr
                     )
                     next_progress = now + PROGRESS_EVERY_S
                 time.sleep(POLL_SECONDS)
@@ -245,29 +242,25 @@ class ServerContainer:
         self, prompt: str = "The capital of France is", max_tokens: int = 16, timeout: float = 120
     ) -> dict[str, object]:
         """One real completion: proof that the engine, not just the API, works."""
+        with ServerCalls(self.base_url, self.driver, timeout=timeout) as calls:
+            try:
+                model = calls.model_id()
+            except CheckFailed as exc:
+                raise ServerFailed(f"completion failed: {exc}", self) from exc
+            answer = calls.complete({"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0})
+        if answer.status is None:
+            raise ServerFailed(f"completion failed: {answer.error}", self)
+        if not answer.ok:
+            raise ServerFailed(f"completion answered {answer.error}", self)
+        body = answer.body
         try:
-            with httpx.Client(timeout=httpx.Timeout(timeout, connect=5.0)) as client:
-                models = client.get(f"{self.base_url}/v1/models").json()
-                model = models["data"][0]["id"]
-                started = time.monotonic()
-                response = client.post(
-                    f"{self.base_url}/v1/completions",
-                    json={
-                        "model": model,
-                        "prompt": prompt,
-                        "max_tokens": max_tokens,
-                        "temperature": 0,
-                    },
-                )
-        except httpx.TimeoutException as exc:
-            raise ServerFailed(f"completion timed out after {timeout:.0f}s", self) from exc
-        except httpx.TransportError as exc:
-            raise ServerFailed(f"completion failed: {exc}", self) from exc
-        if response.status_code != 200:
-            raise ServerFailed(f"completion answered HTTP {response.status_code}: {response.text[:500]}", self)
-        body = response.json()
-        usage = body.get("usage") or {}
-        text = body["choices"][0]["text"]
+            usage = body.get("usage") or {}
+            choice = body["choices"][0]
+            text = choice["text"]
+        except (KeyError, IndexError, TypeError, AttributeError) as exc:
+            raise ServerFailed(
+                f"completion body unreadable ({type(exc).__name__}: {exc}): {str(body)[:300]}", self
+            ) from exc
         if not usage.get("completion_tokens"):
             raise ServerFailed(f"completion returned no tokens: {body}", self)
         return {
@@ -275,8 +268,8 @@ class ServerContainer:
             "prompt": prompt,
             "text": text,
             "completion_tokens": usage["completion_tokens"],
-            "finish_reason": body["choices"][0].get("finish_reason"),
-            "seconds": round(time.monotonic() - started, 2),
+            "finish_reason": choice.get("finish_reason"),
+            "seconds": answer.seconds,
         }
 
 

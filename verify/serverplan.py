@@ -17,16 +17,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pipeline.model import Arm, Cell
+from verify.serving import AutotuneFacts, driver_for
 
-__all__ = ["CACHE_MOUNT", "CONTROLLED_ENV", "TUNING_ENV", "ServerPlan", "plan_servers"]
+__all__ = ["CACHE_MOUNT", "ServerPlan", "plan_servers", "tuning_facts"]
 
-# vLLM reads the autotune cache location from this variable (vllm/envs.py L1714-1716; the file is
-# <dir>/<hash>/autotune_configs.json, model_executor/warmup/flashinfer_autotune_cache.py L24-41).
-TUNING_ENV = "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR"
+# Where the tuning server's cache lives: an anonymous volume, named to the engine by the driver's
+# cache variable (`AutotuneFacts.cache_env`).
 CACHE_MOUNT = "/stackproof/autotune-cache"
-# What the autotune stage removes unless the arm sets it: kernel choice (envs.py L1201-1205) and
-# skipped tuning ops (envs.py L1720-1728) change what gets tuned.
-CONTROLLED_ENV = ("VLLM_DISABLED_KERNELS", "VLLM_FLASHINFER_AUTOTUNE_SKIP_OPS")
+
+
+def tuning_facts(cell: Cell, version: str | None = None) -> AutotuneFacts | None:
+    """The cell's engine's autotune facts at `version` (None: its newest); None when it has no
+    FlashInfer autotune cache. The variables it controls are the same in every release known."""
+    return driver_for(cell.serve).autotune_at(version)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,8 +62,9 @@ def plan_servers(cell: Cell, arm: Arm | None, stages: tuple[str, ...], image_env
             starts=0,
             reason="the cell has no serve spec",
         )
-    tunes = cell.is_gpu and "autotune" in stages
-    blockers = _tuning_blockers(cell, arm, image_env)
+    tuning = tuning_facts(cell)
+    tunes = cell.is_gpu and "autotune" in stages and tuning is not None
+    blockers = _tuning_blockers(cell, arm, image_env, tuning) if tuning else []
     startup_tunes = startup and tunes and not blockers
     autotune_own = tunes and not startup_tunes
     load_fresh = load and (not startup or autotune_own)
@@ -89,11 +93,11 @@ def plan_servers(cell: Cell, arm: Arm | None, stages: tuple[str, ...], image_env
     )
 
 
-def _tuning_blockers(cell: Cell, arm: Arm | None, image_env: Mapping[str, str]) -> list[str]:
+def _tuning_blockers(cell: Cell, arm: Arm | None, image_env: Mapping[str, str], tuning: AutotuneFacts) -> list[str]:
     """Variables that make the startup server differ from a fresh-cache autotune server."""
     arm_env = dict(arm.env) if arm else {}
     set_outside_arm = {**dict(cell.env), **image_env, **dict(cell.serve.env if cell.serve else ())}
-    controlled = [name for name in CONTROLLED_ENV if name in set_outside_arm and name not in arm_env]
+    controlled = [name for name in tuning.controlled_env if name in set_outside_arm and name not in arm_env]
     # A cache location chosen by the image (or arm) would be replaced by the fresh one.
-    chosen = [TUNING_ENV] if TUNING_ENV in {**set_outside_arm, **arm_env} else []
+    chosen = [tuning.cache_env] if tuning.cache_env in {**set_outside_arm, **arm_env} else []
     return sorted(controlled + chosen)

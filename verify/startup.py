@@ -57,13 +57,13 @@ def run_startup(
         arm=arm,
         watcher=watcher,
         on_start=share.note_start if share else None,
-        **(fresh_cache_server_options() if tune else {}),
+        **(fresh_cache_server_options(cell, facts.engine_version) if tune else {}),
     )
     kept = False
     try:
         server.start()
         ready = server.wait_ready()
-        message = f"/health answered 200 after {ready.seconds:.0f}s"
+        message = f"{server.driver.endpoints.health} answered 200 after {ready.seconds:.0f}s"
         evidence: dict[str, object] = {"seconds": ready.seconds, "url": ready.url}
         checks.append(CheckResult(name="readiness", status=Status.PASS, message=message, evidence=evidence))
         completion = server.complete()

@@ -18,14 +18,13 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import IO, Any
 
-import httpx
-
 from verify.kernellog import read_kernel_log
 from verify.progress import Probe, Progress, StallVerdict, Tracker, parse_metrics, verdict_of
+from verify.serving import MetricNames
+from verify.serving.openai import ServerAPI
 
-__all__ = ["Event", "Scrape", "Watchdog", "gpu_snapshot", "probe", "scrape"]
+__all__ = ["Event", "Scrape", "Watchdog", "gpu_snapshot", "scrape"]
 
-PROBE_TIMEOUT_S = 5.0
 # A verdict ends the run: these say the server cannot serve (or restarted under the load).
 FATAL = (
     StallVerdict.ENGINE_STALL_API_ALIVE,
@@ -72,31 +71,15 @@ class Event:
         return asdict(self)
 
 
-async def scrape(client: httpx.AsyncClient) -> tuple[Progress | None, str | None]:
+async def scrape(api: ServerAPI, names: MetricNames) -> tuple[Progress | None, str | None]:
+    """One /metrics scrape reduced to progress, or why it failed (unknown, never idle)."""
+    text, error = await api.metrics_text()
+    if text is None:
+        return None, error
     try:
-        response = await client.get("/metrics", timeout=PROBE_TIMEOUT_S)
-        if response.status_code != 200:
-            return None, f"HTTP {response.status_code}"
-        return parse_metrics(response.text), None
-    except httpx.HTTPError as exc:
-        return None, f"{type(exc).__name__}: {exc}"
+        return parse_metrics(text, names), None
     except ValueError as exc:  # the parser rejected the exposition
         return None, f"unparseable /metrics: {exc}"
-
-
-async def probe(client: httpx.AsyncClient) -> Probe:
-    """/health, /v1/models, /metrics at once: a status, 0 = refused, None = timed out."""
-
-    async def status(path: str) -> int | None:
-        try:
-            return (await client.get(path, timeout=PROBE_TIMEOUT_S)).status_code
-        except httpx.TimeoutException:
-            return None
-        except httpx.TransportError:
-            return 0
-
-    health, models, metrics = await asyncio.gather(status("/health"), status("/v1/models"), status("/metrics"))
-    return Probe(health=health, models=models, metrics=metrics)
 
 
 def gpu_snapshot() -> dict[str, Any]:
@@ -137,7 +120,8 @@ def _kernel_xid(since: float) -> list[str] | str:
 class Watchdog:
     """Scrapes on a fixed tick until `stop` is set; sets `event` (and `stop`) on a fatal verdict."""
 
-    client: httpx.AsyncClient
+    api: ServerAPI  # its own connection pool: a saturated load client cannot starve it
+    names: MetricNames
     tracker: Tracker
     clock: Callable[[], float]
     in_flight: Callable[[], int]
@@ -177,7 +161,7 @@ class Watchdog:
 
     async def step(self) -> None:
         at = self.clock()
-        progress, error = await scrape(self.client)
+        progress, error = await scrape(self.api, self.names)
         record = Scrape(at=at, progress=progress, in_flight=self.in_flight(), error=error)
         self.scrapes.append(record)
         if self.series is not None:
@@ -188,7 +172,7 @@ class Watchdog:
             return
         requested, self.probe_requested = self.probe_requested, False
         if self.tracker.stalled(at, record.in_flight):
-            answers = await probe(self.client)
+            answers = await self.api.probe()
             verdict = verdict_of(answers)
             age = self.tracker.progress_age(at)
             await self.conclude(
@@ -214,7 +198,7 @@ class Watchdog:
 
     async def confirm_dead(self) -> None:
         """Requests failed the way a dead server fails them: conclude only when the probes agree."""
-        answers = await probe(self.client)
+        answers = await self.api.probe()
         verdict = verdict_of(answers)
         if verdict in (StallVerdict.ENGINE_DEAD, StallVerdict.API_UNRESPONSIVE):
             await self.conclude(verdict, "requests failed and the probes confirm the server cannot serve", answers)
@@ -223,7 +207,7 @@ class Watchdog:
         if verdict is StallVerdict.UNKNOWN and self.events and self.events[-1].type is StallVerdict.UNKNOWN:
             return  # mixed answers while stalled: recorded once, and the rule keeps watching
         if answers is None:
-            answers = await probe(self.client)
+            answers = await self.api.probe()
         at = self.clock()
         last = self.tracker.last
         gpu = await asyncio.to_thread(gpu_snapshot) if self.check_gpu else {"available": False, "reason": "CPU cell"}

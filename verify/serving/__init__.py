@@ -1,0 +1,43 @@
+"""The serving engine behind one seam: a table of drivers, chosen by a cell's `serve.engine`.
+
+A check asks `driver_for(cell.serve)` and reads what it needs from the `ServingDriver` it gets
+(verify/serving/driver.py); it never imports a driver's module (`lint-imports` holds that). Adding
+an engine is one module with one `ServingDriver`, a rule set in verify/logrules.yaml, and its name
+in `pipeline.model.SERVING_ENGINES` (the matrix loader validates `serve.engine` against that list,
+and tests/unit/test_serving.py holds the two equal).
+"""
+
+from __future__ import annotations
+
+from pipeline.model import ServeSpec
+from verify.serving.driver import AutotuneFacts, Endpoints, MetricNames, ServingDriver, Since, at_version
+from verify.serving.sglang import SGLANG
+from verify.serving.vllm import VLLM
+
+__all__ = [
+    "DRIVERS",
+    "AutotuneFacts",
+    "Endpoints",
+    "MetricNames",
+    "ServingDriver",
+    "Since",
+    "at_version",
+    "driver_for",
+    "driver_named",
+]
+
+DRIVERS: dict[str, ServingDriver] = {driver.name: driver for driver in (VLLM, SGLANG)}
+DEFAULT = VLLM
+
+
+def driver_named(name: str) -> ServingDriver:
+    """The driver for an engine name; the matrix loader has already rejected unknown names."""
+    try:
+        return DRIVERS[name]
+    except KeyError:
+        raise LookupError(f"no serving-engine driver {name!r} (known: {', '.join(sorted(DRIVERS))})") from None
+
+
+def driver_for(serve: ServeSpec | None) -> ServingDriver:
+    """The driver of a cell's serve spec (vLLM when the cell serves nothing or names no engine)."""
+    return driver_named(serve.engine) if serve is not None else DEFAULT

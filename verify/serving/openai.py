@@ -1,0 +1,456 @@
+"""The one OpenAI-compatible HTTP client to a model server: what every check sends it.
+
+`ServerAPI` (async: the load, the watchdog, determinism) and `ServerCalls` (blocking: readiness,
+the one completion of the startup stage, the canaries) speak the paths a driver names
+(`Endpoints`): health, models, completions with logprobs, streamed chat, the metrics scrape. Nothing
+else under verify/ opens a connection to the server.
+
+`stream_chat` is one streamed chat completion, timed and classified. Every wait is bounded: the
+first chunk by `ttft_timeout`, each later one by `chunk_timeout`, so a hung stream ends on its
+own and never blocks the run. Metric definitions follow vLLM's serving benchmark
+(TTFT to the first chunk that carries output, ITL = gaps between chunks, TPOT = (E2EL - TTFT) /
+(tokens - 1)); token counts come from the server's own usage block (`include_usage`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import Any
+
+import httpx
+
+from pipeline.errors import CheckFailed
+from verify.serving.driver import Endpoints, ServingDriver
+
+__all__ = [
+    "Answer",
+    "ErrorClass",
+    "ModelNotNamed",
+    "RequestRecord",
+    "ServerAPI",
+    "ServerCalls",
+    "Status",
+    "Timeouts",
+    "stream_chat",
+]
+
+
+class ErrorClass(StrEnum):
+    CONNECT = "connect"  # refused or no connection within the connect timeout
+    HTTP_4XX = "http_4xx"
+    HTTP_5XX = "http_5xx"
+    TTFT_TIMEOUT = "ttft_timeout"  # no first chunk within ttft_timeout
+    CHUNK_TIMEOUT = "chunk_timeout"  # the stream went silent for chunk_timeout
+    STREAM_TRUNCATED = "stream_truncated"  # the stream ended without a finish reason or [DONE]
+    ENGINE_DEAD = "engine_dead"  # HTTP 503 or a dead-engine marker of the driver in the stream
+    ABORTED = "aborted"  # cancelled because the run ended (a stall verdict, the duration, Ctrl-C)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Timeouts:
+    connect: float = 5.0
+    ttft: float = 120.0
+    chunk: float = 30.0
+
+
+@dataclass(kw_only=True)
+class RequestRecord:
+    """One request, as written to requests.jsonl. Times are seconds from the run's start."""
+
+    question_id: str
+    turn: int
+    kind: str = "load"  # load | determinism
+    start: float = 0.0
+    ttft: float | None = None
+    itl: list[float] = field(default_factory=list)
+    e2el: float | None = None
+    prompt_tokens: int | None = None
+    output_tokens: int = 0  # the server's usage count; the chunk count when usage never came
+    chunks: int = 0
+    finish_reason: str | None = None
+    status_code: int | None = None
+    error_class: ErrorClass | None = None
+    error: str | None = None
+    text: str = ""  # content and reasoning pieces, in arrival order
+    reasoning: str = ""  # the reasoning pieces alone: an answer with no content has text == reasoning
+
+    @property
+    def ok(self) -> bool:
+        return self.error_class is None
+
+    @property
+    def tpot(self) -> float | None:
+        if self.ttft is None or self.e2el is None or self.output_tokens < 2:
+            return None
+        return (self.e2el - self.ttft) / (self.output_tokens - 1)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["tpot"] = self.tpot
+        data["itl"] = [round(x, 6) for x in self.itl]
+        return data
+
+
+PROBE_TIMEOUT_S = 5.0
+# Bodies that answer "which model": a bad one (HTML, {"data": "x"}) is the server's fault, not ours.
+_UNREADABLE = (ValueError, KeyError, IndexError, TypeError, AttributeError, RecursionError)
+
+
+class ModelNotNamed(CheckFailed):
+    """The models endpoint did not name a model."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Status:
+    """Answers of health, models and metrics at one moment: an HTTP status, 0 = refused, None = timed out."""
+
+    health: int | None
+    models: int | None
+    metrics: int | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Answer:
+    """One non-streamed request: the HTTP status (None when no answer came), its JSON body, or why not."""
+
+    status: int | None
+    body: Any = None
+    error: str | None = None
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200 and self.error is None
+
+
+def _model_of(base_url: str, path: str, body: Any) -> str:
+    try:
+        model = body["data"][0]["id"]
+    except _UNREADABLE as exc:
+        raise ModelNotNamed(f"{base_url}{path} did not name a model: {type(exc).__name__}: {exc}") from exc
+    if not isinstance(model, str) or not model or len(model) > 1000:
+        raise ModelNotNamed(f"{base_url}{path} did not name a model: id {str(model)[:80]!r}")
+    return model
+
+
+class ServerAPI:
+    """The async client: one connection pool per instance (the load's, the watchdog's)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        driver: ServingDriver,
+        *,
+        timeout: float | httpx.Timeout = 10.0,
+        max_connections: int | None = None,
+    ) -> None:
+        self.base_url = base_url
+        self.driver = driver
+        self.paths: Endpoints = driver.endpoints
+        limits = (
+            httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+            if max_connections
+            else httpx.Limits()
+        )
+        self.client = httpx.AsyncClient(base_url=base_url, timeout=timeout, limits=limits)
+
+    async def __aenter__(self) -> ServerAPI:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.client.aclose()
+
+    async def model_id(self) -> str:
+        """The first model the server lists; ModelNotNamed when it names none."""
+        try:
+            response = await self.client.get(self.paths.models, timeout=10)
+            body = response.json()
+        except (httpx.HTTPError, *_UNREADABLE) as exc:
+            raise ModelNotNamed(
+                f"{self.base_url}{self.paths.models} did not name a model: {type(exc).__name__}: {exc}"
+            ) from exc
+        return _model_of(self.base_url, self.paths.models, body)
+
+    async def metrics_text(self) -> tuple[str | None, str | None]:
+        """(the Prometheus exposition, None) or (None, why not): a failed scrape is unknown, never idle."""
+        try:
+            response = await self.client.get(self.paths.metrics, timeout=PROBE_TIMEOUT_S)
+        except httpx.HTTPError as exc:
+            return None, f"{type(exc).__name__}: {exc}"
+        if response.status_code != 200:
+            return None, f"HTTP {response.status_code}"
+        return response.text, None
+
+    async def status(self, path: str) -> int | None:
+        """The HTTP status of GET path: 0 when refused, None when it timed out."""
+        try:
+            return (await self.client.get(path, timeout=PROBE_TIMEOUT_S)).status_code
+        except httpx.TimeoutException:
+            return None
+        except httpx.TransportError:
+            return 0
+
+    async def probe(self) -> Status:
+        """Health, models and metrics at once."""
+        paths = self.paths
+        health, models, metrics = await asyncio.gather(
+            self.status(paths.health), self.status(paths.models), self.status(paths.metrics)
+        )
+        return Status(health=health, models=models, metrics=metrics)
+
+    async def complete(self, body: dict[str, Any], *, timeout: float) -> Answer:
+        """One completion; never raises for server trouble."""
+        try:
+            response = await self.client.post(self.paths.completions, json=body, timeout=timeout)
+        except httpx.HTTPError as exc:
+            return Answer(status=None, error=f"{type(exc).__name__}: {exc}")
+        return _answer(response)
+
+    async def stream_chat(self, **kwargs: Any) -> RequestRecord:
+        """`stream_chat` on this server's chat path, with the driver's dead markers and extensions."""
+        return await stream_chat(
+            self.client,
+            path=self.paths.chat,
+            dead_markers=self.driver.dead_markers,
+            ignore_eos_field=self.driver.ignore_eos_field,
+            **kwargs,
+        )
+
+
+class ServerCalls:
+    """The blocking client, for readiness, the startup stage's one completion and the canaries."""
+
+    def __init__(self, base_url: str, driver: ServingDriver, *, timeout: float = 120.0) -> None:
+        self.base_url = base_url
+        self.driver = driver
+        self.paths = driver.endpoints
+        self.client = httpx.Client(base_url=base_url, timeout=httpx.Timeout(timeout, connect=5.0))
+
+    def __enter__(self) -> ServerCalls:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.client.close()
+
+    def healthy(self) -> bool:
+        """The health path answers 200 (False while it refuses, times out or answers otherwise)."""
+        try:
+            return self.client.get(self.paths.health, timeout=5.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def model_id(self) -> str:
+        try:
+            body = self.client.get(self.paths.models, timeout=10.0).json()
+        except (httpx.HTTPError, *_UNREADABLE) as exc:
+            raise ModelNotNamed(
+                f"{self.base_url}{self.paths.models} did not name a model: {type(exc).__name__}: {exc}"
+            ) from exc
+        return _model_of(self.base_url, self.paths.models, body)
+
+    def complete(self, body: dict[str, Any]) -> Answer:
+        return self._post(self.paths.completions, body)
+
+    def chat(self, body: dict[str, Any]) -> Answer:
+        return self._post(self.paths.chat, body)
+
+    def _post(self, path: str, body: dict[str, Any]) -> Answer:
+        started = time.monotonic()
+        try:
+            response = self.client.post(path, json=body)
+        except httpx.TimeoutException as exc:
+            return Answer(status=None, error=f"timed out: {type(exc).__name__}: {exc}")
+        except httpx.HTTPError as exc:
+            return Answer(status=None, error=f"{type(exc).__name__}: {exc}")
+        return dataclasses.replace(_answer(response), seconds=round(time.monotonic() - started, 2))
+
+
+def _answer(response: httpx.Response) -> Answer:
+    if response.status_code != 200:
+        return Answer(status=response.status_code, error=f"HTTP {response.status_code}: {response.text[:500]}")
+    try:
+        return Answer(status=200, body=response.json())
+    except ValueError as exc:
+        return Answer(status=200, error=f"not JSON: {exc}")
+
+
+async def stream_chat(
+    client: httpx.AsyncClient,
+    *,
+    path: str = "/v1/chat/completions",
+    dead_markers: tuple[str, ...] = (),
+    ignore_eos_field: str | None = "ignore_eos",
+    model: str,
+    messages: list[dict[str, str]],
+    max_tokens: int,
+    ignore_eos: bool,
+    timeouts: Timeouts,
+    record: RequestRecord,
+    clock: Callable[[], float],
+    on_chunk: Callable[[], None],
+) -> RequestRecord:
+    """Send one streamed chat completion and fill `record`; never raises for server trouble."""
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if ignore_eos and ignore_eos_field:
+        body[ignore_eos_field] = True  # the engine's extension: fixed output lengths
+    record.start = started = clock()
+    stream = _Stream(path=path, dead_markers=dead_markers)
+    try:
+        done = await _read_stream(client, stream, body, timeouts, record, clock, on_chunk)
+    except asyncio.CancelledError:
+        record.error_class = ErrorClass.ABORTED
+        record.error = "cancelled: the run ended while this request was in flight"
+        raise
+    except httpx.ConnectError as exc:
+        record.error_class, record.error = ErrorClass.CONNECT, f"connect: {exc}"
+        return record
+    except httpx.TimeoutException as exc:  # connect/write/pool timeouts; reads are bounded in _read_stream
+        cls = (
+            ErrorClass.CONNECT
+            if isinstance(exc, httpx.ConnectTimeout | httpx.PoolTimeout)
+            else ErrorClass.CHUNK_TIMEOUT
+        )
+        record.error_class, record.error = cls, f"{type(exc).__name__}: {exc}"
+        return record
+    except (httpx.TransportError, httpx.StreamError) as exc:  # the server hung up mid-stream
+        record.error_class, record.error = ErrorClass.STREAM_TRUNCATED, f"{type(exc).__name__}: {exc}"
+        return record
+    except (ValueError, AttributeError, TypeError) as exc:  # JSONDecodeError is a ValueError
+        record.error_class, record.error = ErrorClass.STREAM_TRUNCATED, f"unreadable stream data: {exc}"
+        return record
+    finally:
+        record.e2el = clock() - started
+    if done is None:  # the server said what went wrong: recorded already
+        return record
+    if record.output_tokens == 0:
+        record.output_tokens = record.chunks
+    if not done or record.finish_reason is None:
+        record.error_class = ErrorClass.STREAM_TRUNCATED
+        record.error = (
+            f"the stream ended without {'[DONE]' if not done else 'a finish reason'} after {record.chunks} chunks"
+        )
+    return record
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Stream:
+    path: str
+    dead_markers: tuple[str, ...]
+
+
+async def _read_stream(
+    client: httpx.AsyncClient,
+    stream: _Stream,
+    body: dict[str, Any],
+    timeouts: Timeouts,
+    record: RequestRecord,
+    clock: Callable[[], float],
+    on_chunk: Callable[[], None],
+) -> bool | None:
+    """Read the SSE stream into `record`: True when it ended with [DONE], False when it just ended,
+    None when the server answered an error (an HTTP status, an error payload, a silent stream)."""
+    async with client.stream("POST", stream.path, json=body) as response:
+        record.status_code = response.status_code
+        if response.status_code != 200:
+            text = (await response.aread()).decode(errors="replace")[:500]
+            record.error = f"HTTP {response.status_code}: {text}"
+            record.error_class = _http_class(response.status_code, text, stream.dead_markers)
+            return None
+        lines = response.aiter_lines()
+        last = record.start
+        while True:
+            limit, on_timeout = (
+                (timeouts.chunk, ErrorClass.CHUNK_TIMEOUT)
+                if record.chunks
+                else (timeouts.ttft, ErrorClass.TTFT_TIMEOUT)
+            )
+            try:
+                async with asyncio.timeout(limit):  # no task per line, unlike wait_for
+                    line = await anext(lines, None)
+            except TimeoutError:
+                record.error_class = on_timeout
+                record.error = f"no stream data for {limit:g}s after {record.chunks} chunks"
+                return None
+            if line is None:
+                return False
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                return True
+            took = _take_payload(
+                json.loads(data), record, clock=clock, last=last, on_chunk=on_chunk, dead_markers=stream.dead_markers
+            )
+            if took is None:
+                return None
+            last = took
+
+
+def _take_payload(
+    payload: Any,
+    record: RequestRecord,
+    *,
+    clock: Callable[[], float],
+    last: float,
+    on_chunk: Callable[[], None],
+    dead_markers: tuple[str, ...],
+) -> float | None:
+    """One SSE payload into `record`: usage, text pieces and their timing, the finish reason. The
+    time of the last chunk so far; None when the payload was an error (recorded)."""
+    error = payload.get("error") or (payload if payload.get("object") == "error" else None)
+    if error:
+        message = str(error.get("message", error)) if isinstance(error, dict) else str(error)
+        record.error = f"error in stream: {message[:500]}"
+        dead = any(marker in message for marker in dead_markers)
+        record.error_class = ErrorClass.ENGINE_DEAD if dead else ErrorClass.HTTP_5XX
+        return None
+    if usage := payload.get("usage"):
+        record.prompt_tokens = usage.get("prompt_tokens")
+        record.output_tokens = _count(usage.get("completion_tokens"))
+    for choice in payload.get("choices") or ():
+        delta = choice.get("delta") or {}
+        content = delta.get("content") or ""
+        piece = content or delta.get("reasoning_content") or ""
+        if piece or (choice.get("finish_reason") and not record.chunks):
+            now = clock()
+            if record.chunks == 0:
+                record.ttft = now - record.start
+            else:
+                record.itl.append(now - last)
+            last = now
+            record.chunks += 1
+            record.text += piece
+            if not content:
+                record.reasoning += piece
+            on_chunk()
+        if choice.get("finish_reason"):
+            record.finish_reason = choice["finish_reason"]
+    return last
+
+
+def _count(value: object) -> int:
+    """A usage count from the server: a non-negative integer, else the stream is unreadable."""
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"usage count {str(value)[:40]!r} is not a non-negative integer")
+    return value
+
+
+def _http_class(status: int, text: str, dead_markers: tuple[str, ...]) -> ErrorClass:
+    if status == 503 or any(marker in text for marker in dead_markers):
+        return ErrorClass.ENGINE_DEAD
+    return ErrorClass.HTTP_4XX if 400 <= status < 500 else ErrorClass.HTTP_5XX

