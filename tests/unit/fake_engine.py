@@ -27,7 +27,7 @@ class RecordingEngine(Engine):
 class ReplayEngine(RecordingEngine):
     """A RecordingEngine whose one container is running (`docker inspect` says so) and whose log is
     `log`'s lines, replayed to whoever follows it: a server container without docker, for the
-    stages' unit tests (the HTTP side is tests/unit/fake_vllm.py)."""
+    stages' unit tests (the HTTP side is tests/unit/fake_openai.py)."""
 
     def __init__(self, log: str) -> None:
         super().__init__(stdout="running 0")

@@ -14,7 +14,7 @@ from verify.compare import compare_runs, find_greedy, read_greedy, render_table,
 from verify.determinism import Sample
 from verify.loadrun import LoadTarget, run_load
 
-from .fake_vllm import FakeVllm
+from .fake_openai import FakeVllm
 
 
 @pytest.fixture(autouse=True)

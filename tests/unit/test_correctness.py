@@ -1,4 +1,4 @@
-"""Degeneration detectors, their per-cell baseline, and the canaries: fake-backed (tests/unit/fake_vllm.py).
+"""Degeneration detectors, their per-cell baseline, and the canaries: fake-backed (tests/unit/fake_openai.py).
 
 Every detector both ways: a fake server whose answers degenerate that way must FAIL against the
 baseline of a fake server that answers normally, and the normal server must PASS against it.
@@ -21,8 +21,11 @@ from verify.canary import Canary, CanaryAnswer, ask_canaries, judge_canaries, re
 from verify.correctness import ask_for_cell, judge_correctness
 from verify.degeneration import MARGIN, Rates, judge_degeneration, loop_period, measure
 from verify.loadrun import LoadOutcome, LoadTarget, judge_load, run_load, summarise
+from verify.serving import DRIVERS
 
-from .fake_vllm import FakeVllm
+from .fake_openai import FakeVllm
+
+VLLM = DRIVERS["vllm"]
 
 SPEC = LoadSpec(questions=6, concurrency=2, max_tokens=12, determinism_prompts=2, determinism_repeats=1)
 
@@ -251,11 +254,11 @@ def _canaries() -> tuple[Canary, ...]:
 
 def test_canaries_against_the_fake_server_both_ways() -> None:
     with FakeVllm(answers={"What is 17 + 25?": "42", "Say OK": "OK"}) as fake:
-        good = ask_canaries(fake.url, "fake/tiny-model", _canaries(), timeout=5)
+        good = ask_canaries(fake.url, "fake/tiny-model", _canaries(), timeout=5, driver=VLLM)
     assert [a.passed for a in good] == [True, True]
     assert judge_canaries(1.0, good).status is Status.PASS
     with FakeVllm(answers={"What is 17 + 25?": " one city one city"}) as fake:
-        bad = ask_canaries(fake.url, "fake/tiny-model", _canaries(), timeout=5)
+        bad = ask_canaries(fake.url, "fake/tiny-model", _canaries(), timeout=5, driver=VLLM)
     result = judge_canaries(0.5, bad)
     assert result.status is Status.FAIL and "0 of 2" in result.message and "wrong: sum, ok" in result.message
     assert result.evidence["answers"][0]["content"] == " one city one city"
@@ -271,13 +274,13 @@ def test_no_floor_skips_and_asks_nothing(tmp_path: Path) -> None:
     with FakeVllm() as fake:
         outcome = run_load(LoadTarget(base_url=fake.url, label="fake"), SPEC, tmp_path)
         asked_before = len(fake.chat_requests)
-        assert ask_for_cell(fake.url, outcome, SPEC) == []
+        assert ask_for_cell(fake.url, outcome, SPEC, driver=VLLM) == []
         assert len(fake.chat_requests) == asked_before
     assert judge_canaries(None, []).status is Status.SKIP
 
 
 def test_unanswered_canaries_are_an_error_not_a_score() -> None:
-    answers = ask_canaries("http://127.0.0.1:9", "m", _canaries(), timeout=1)
+    answers = ask_canaries("http://127.0.0.1:9", "m", _canaries(), timeout=1, driver=VLLM)
     assert all(a.error for a in answers)
     assert judge_canaries(0.5, answers).status is Status.ERROR
 

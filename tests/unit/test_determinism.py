@@ -11,6 +11,8 @@ import pytest
 
 from pipeline.result import Status
 from verify.determinism import PROMPTS, Divergence, Sample, compare, judge_phase, request_sample
+from verify.serving import DRIVERS
+from verify.serving.openai import ServerAPI
 
 
 def sample(
@@ -92,9 +94,12 @@ def test_phase_a_mismatch_fails() -> None:
 
 def test_phase_b_mismatch_warns_without_batch_invariance() -> None:
     samples = [sample("a b x d", phase="B"), sample("p q r", prompt=1, phase="B")]
-    result = judge_phase("B", REFS, samples, batch_invariant=False)
+    result = judge_phase("B", REFS, samples, batch_invariant=False, invariance_env="VLLM_BATCH_INVARIANT")
     assert (result.name, result.status) == ("determinism-under-load", Status.WARN)
     assert result.message.endswith("; the server does not declare batch invariance (VLLM_BATCH_INVARIANT=1)")
+    # an engine with no such variable: the warning names none
+    plain = judge_phase("B", REFS, samples, batch_invariant=False)
+    assert plain.message.endswith("; the server does not declare batch invariance")
 
 
 def test_phase_b_mismatch_fails_under_declared_batch_invariance() -> None:
@@ -159,8 +164,8 @@ def _completion(tokens: list[str], top: list[dict[str, float | None]]) -> dict[s
 
 def _ask(handler: Any, prompt: int = 1) -> tuple[Sample, int, int]:
     async def main() -> tuple[Sample, int, int]:
-        async with httpx.AsyncClient(transport=httpx.MockTransport(handler), base_url="http://test") as client:
-            return await request_sample(client, model="m", prompt=prompt, phase="B", max_tokens=3, timeout=5.0)
+        async with ServerAPI("http://test", DRIVERS["vllm"], transport=httpx.MockTransport(handler)) as api:
+            return await request_sample(api, model="m", prompt=prompt, phase="B", max_tokens=3, timeout=5.0)
 
     return asyncio.run(main())
 

@@ -495,6 +495,7 @@ def _docker_side(engine: Any) -> Any:
         sampler=None,
         sampler_reason="CPU cell",
         load_start=0.0,
+        titles=("VLLM::",),
         poll_s=0.0,
     )
 

@@ -59,7 +59,7 @@ STARTED = "(APIServer pid=1) INFO 11-30 10:00:05 [on.py:62] Application startup 
 def _judge_arm(real_matrix: Matrix, log: str) -> dict[str, Status]:
     cell = real_matrix.cell(SPARK)
     arm = cell.arm("cutlass-kernel")
-    rules = rules_for(cell, arm, Facts(serve=True, arch="sm121", flashinfer="0.6.18.post1", vllm="0.28.0"))
+    rules = rules_for(cell, arm, Facts(serve=True, arch="sm121", flashinfer="0.6.18.post1", engine_version="0.28.0"))
     return {c.name: c.status for c in judge(scan(log.encode(), rules, ()), rules)}
 
 
@@ -98,7 +98,7 @@ def test_cudnn_gate_rule_applies_from_flashinfer_0_6_18(flashinfer: str, applies
 
 @pytest.mark.parametrize(("vllm", "applies"), [("0.28.0", False), ("0.27.1", False), ("0.29.0", True), (None, True)])
 def test_ple_signature_is_inert_where_the_variable_does_not_exist(vllm: str | None, applies: bool) -> None:
-    ids = {s.id for s in catalog_for(Facts(serve=True, arch="sm120", vllm=vllm))}
+    ids = {s.id for s in catalog_for(Facts(serve=True, arch="sm120", engine_version=vllm))}
     assert ("ple-offload-engine-init" in ids) is applies
 
 

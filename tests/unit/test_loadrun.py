@@ -1,6 +1,6 @@
 """The load run: the summary and verdicts from hand-built outcomes, then `run_load` against a fake server.
 
-The second half are fake-backed unit tests, not integration tests: `tests/unit/fake_vllm.py` serves an
+The second half are fake-backed unit tests, not integration tests: `tests/unit/fake_openai.py` serves an
 OpenAI-compatible API and a /metrics page from a thread on 127.0.0.1; no docker, no model, no GPU.
 """
 
@@ -25,7 +25,7 @@ from verify.serving.openai import ErrorClass, RequestRecord
 from verify.watchdog import Event
 from verify.workload import builtin_pool
 
-from .fake_vllm import FakeVllm
+from .fake_openai import FakeVllm
 
 SPEC = LoadSpec()
 
@@ -512,18 +512,18 @@ def test_a_huge_concurrency_starts_one_worker_per_question(fake: FakeVllm, tmp_p
 def test_a_worker_exception_is_an_error_not_all_questions_answered(
     fake: FakeVllm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from verify import loadrun
+    from verify.serving.openai import ServerAPI
 
-    real = loadrun.stream_chat
+    real = ServerAPI.stream_chat
     calls = {"n": 0}
 
-    async def flaky(*args: object, **kwargs: object) -> RequestRecord:
+    async def flaky(self: ServerAPI, **kwargs: object) -> RequestRecord:
         calls["n"] += 1
         if calls["n"] == 2:
             raise RuntimeError("usage count 'many' is not an integer")
-        return await real(*args, **kwargs)  # type: ignore[arg-type]
+        return await real(self, **kwargs)
 
-    monkeypatch.setattr(loadrun, "stream_chat", flaky)
+    monkeypatch.setattr(ServerAPI, "stream_chat", flaky)
     spec = dataclasses.replace(SHORT, questions=4, concurrency=2, determinism_repeats=0)
     result = run_load(LoadTarget(base_url=fake.url, label="fake"), spec, tmp_path)
     assert result.crashed is not None and "RuntimeError: usage count" in result.crashed
@@ -535,12 +535,13 @@ def test_a_worker_exception_is_an_error_not_all_questions_answered(
 def test_a_load_run_cannot_outlive_its_budget(fake: FakeVllm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from pipeline.errors import InfraError
     from verify import loadrun
+    from verify.serving.openai import ServerAPI
 
     async def never(*args: object, **kwargs: object) -> RequestRecord:
         await asyncio.sleep(3600)  # a stream whose own timeouts failed
         raise AssertionError
 
-    monkeypatch.setattr(loadrun, "stream_chat", never)
+    monkeypatch.setattr(ServerAPI, "stream_chat", never)
     monkeypatch.setattr(loadrun, "time_budget", lambda spec: 1.0)
     started = time.monotonic()
     with pytest.raises(InfraError, match="passed its 1s budget"):

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from verify.serving import DRIVERS
 from verify.serving.openai import ErrorClass, RequestRecord, Timeouts, stream_chat
 
 MESSAGES = [{"role": "user", "content": "Why is the sky blue?"}]
@@ -140,6 +141,7 @@ async def chat(
     async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
         return await stream_chat(
             client,
+            dead_markers=DRIVERS["vllm"].dead_markers,
             model="m",
             messages=MESSAGES,
             max_tokens=8,

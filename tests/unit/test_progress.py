@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from verify.progress import Probe, Progress, StallVerdict, classify, parse_metrics
+from verify.serving import DRIVERS
 
 METRICS = Path(__file__).resolve().parents[1] / "fixtures" / "metrics" / "vllm-0.28.0-cpu-after-20-requests.txt"
 STALL = 60.0
@@ -15,7 +16,7 @@ STALL = 60.0
 
 @pytest.fixture
 def real() -> Progress:
-    return parse_metrics(METRICS.read_text())
+    return parse_metrics(METRICS.read_text(), DRIVERS["vllm"].metric_names("0.28.0"))
 
 
 def test_real_metrics_reduce_to_engine_progress(real: Progress) -> None:

@@ -1,7 +1,7 @@
 """The stage runner, the startup stage and soak, with stand-ins: stage functions that return what
 they are told (the runner), and for startup and soak a stand-in server container (ReplayEngine:
 no docker; the log is the real vLLM 0.28.0 CPU server log) answering HTTP through the fake vLLM
-server (tests/unit/fake_vllm.py). The real thing runs in tests/integration."""
+server (tests/unit/fake_openai.py). The real thing runs in tests/integration."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from pipeline.model import STAGES, Arm, LoadSpec, Matrix
 from pipeline.result import CheckResult, StageResult, Status
 from stackproof.soak import soak
 from tests.unit.fake_engine import ReplayEngine
-from tests.unit.fake_vllm import FakeVllm
+from tests.unit.fake_openai import FakeVllm
 from verify.probe import ProbeReport
 from verify.runner import StageContext, verify_image
 from verify.server import ServerContainer, SharedServer
@@ -70,7 +70,8 @@ def test_the_runner_runs_every_stage_in_order_and_writes_the_report(real_matrix:
     assert [s.stage for s in report.stages] == list(STAGES) and report.outcome.passed
     assert json.loads((tmp_path / "report.json").read_text())["stages"][0]["stage"] == "imports"
     # the imports stage's probe feeds the facts of the stages after it (the log rule sets use them)
-    assert stages.seen["imports"].facts.vllm is None and stages.seen["startup"].facts.vllm is not None
+    assert stages.seen["imports"].facts.engine_version is None
+    assert stages.seen["startup"].facts.engine_version is not None and stages.seen["startup"].facts.engine == "vllm"
 
 
 def test_the_runner_stops_at_the_first_failure(real_matrix: Matrix, tmp_path: Path) -> None:

@@ -149,6 +149,7 @@ class ServerAPI:
         *,
         timeout: float | httpx.Timeout = 10.0,
         max_connections: int | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,  # a stand-in server in unit tests
     ) -> None:
         self.base_url = base_url
         self.driver = driver
@@ -158,7 +159,7 @@ class ServerAPI:
             if max_connections
             else httpx.Limits()
         )
-        self.client = httpx.AsyncClient(base_url=base_url, timeout=timeout, limits=limits)
+        self.client = httpx.AsyncClient(base_url=base_url, timeout=timeout, limits=limits, transport=transport)
 
     async def __aenter__(self) -> ServerAPI:
         return self

@@ -1,10 +1,11 @@
-"""A fake OpenAI-compatible vLLM server for the load stage's fake-backed unit tests (not an integration test).
+"""A fake OpenAI-compatible model server for the fake-backed unit tests (not an integration test).
 
-A stdlib `ThreadingHTTPServer` on 127.0.0.1 (a free port), one thread per connection, HTTP/1.0
-(each response ends by closing the connection, so streams need no chunked encoding). It answers
-what `verify.loadrun.run_load` asks: GET /v1/models, /health, /metrics (Prometheus text whose
-counters move as it serves), POST /v1/chat/completions (SSE, as vLLM streams it, with a usage block)
-and POST /v1/completions (greedy tokens as `token_id:N` with top-2 logprobs). `hang=True` makes
+It speaks a serving driver's dialect (default vLLM's): the driver's paths and metric names, its
+dead-engine marker. A stdlib `ThreadingHTTPServer` on 127.0.0.1 (a free port), one thread per
+connection, HTTP/1.0 (each response ends by closing the connection, so streams need no chunked
+encoding). It answers what `verify.loadrun.run_load` asks: the models, health and metrics paths
+(Prometheus text whose counters move as it serves), the chat path (SSE, as vLLM streams it, with a
+usage block) and the completions path (greedy tokens as `token_id:N` with top-2 logprobs). `hang=True` makes
 every chat stream stop after its first content chunk while the rest keeps answering with frozen
 counters: the wedged-engine picture of vllm-project/vllm#61007; `dead=True` answers 503 as a server
 whose EngineCore died does.
@@ -19,21 +20,24 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from verify.serving import DRIVERS, ServingDriver
+
 MODEL = "fake/tiny-model"
 PROCESS_START = 1.7e9
 
 
 @dataclass
 class Counters:
-    generated: int = 0  # vllm:generation_tokens_total
-    prompt: int = 0  # vllm:prompt_tokens_total
-    steps: int = 0  # vllm:iteration_tokens_total_count
-    step_tokens: int = 0  # vllm:iteration_tokens_total_sum
+    generated: int = 0  # the driver's generated-token counter
+    prompt: int = 0
+    steps: int = 0  # engine steps, where the driver has such a counter
+    step_tokens: int = 0
     running: int = 0
 
 
 @dataclass
-class FakeVllm:
+class FakeServer:
+    driver: ServingDriver = field(default_factory=lambda: DRIVERS["vllm"])
     hang: bool = False  # chat streams go silent after their first content chunk
     chunk_delay_s: float = 0.002  # between streamed chunks
     dead: bool = False  # the engine died: chat and completions answer 503 and /health 503, /metrics still 200
@@ -68,7 +72,7 @@ class FakeVllm:
         host, port = self._server.server_address[:2]
         return f"http://{host!s}:{port}"
 
-    def start(self) -> FakeVllm:
+    def start(self) -> FakeServer:
         self._thread.start()
         return self
 
@@ -78,7 +82,7 @@ class FakeVllm:
         self._server.server_close()
         self._thread.join(timeout=5)
 
-    def __enter__(self) -> FakeVllm:
+    def __enter__(self) -> FakeServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -89,24 +93,30 @@ class FakeVllm:
     def metrics(self) -> str:
         with self.lock:
             c = Counters(**vars(self.counters))
+        names = self.driver.metric_names(None)
         labels = f'{{engine="0",model_name="{MODEL}"}}'
-        return (
+        text = (
             "# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.\n"
             "# TYPE process_start_time_seconds gauge\n"
             f"process_start_time_seconds {PROCESS_START}\n"
-            "# TYPE vllm:num_requests_running gauge\n"
-            f"vllm:num_requests_running{labels} {float(c.running)}\n"
-            "# TYPE vllm:num_requests_waiting gauge\n"
-            f"vllm:num_requests_waiting{labels} 0.0\n"
-            "# TYPE vllm:prompt_tokens_total counter\n"
-            f"vllm:prompt_tokens_total{labels} {float(c.prompt)}\n"
-            "# TYPE vllm:generation_tokens_total counter\n"
-            f"vllm:generation_tokens_total{labels} {float(c.generated)}\n"
-            "# TYPE vllm:iteration_tokens_total histogram\n"
-            f'vllm:iteration_tokens_total_bucket{{engine="0",le="+Inf",model_name="{MODEL}"}} {float(c.steps)}\n'
-            f"vllm:iteration_tokens_total_count{labels} {float(c.steps)}\n"
-            f"vllm:iteration_tokens_total_sum{labels} {float(c.step_tokens)}\n"
         )
+        for name, kind, value in (
+            (names.running, "gauge", c.running),
+            (names.waiting, "gauge", 0),
+            (names.prompt, "counter", c.prompt),
+            (names.generated, "counter", c.generated),
+        ):
+            family = name.removesuffix("_total") if kind == "counter" else name
+            text += f"# TYPE {family} {kind}\n{name}{labels} {float(value)}\n"
+        if names.steps:  # a histogram: _count is engine steps, _sum the tokens they carried
+            family = names.steps.removesuffix("_count")
+            text += (
+                f"# TYPE {family} histogram\n"
+                f'{family}_bucket{{engine="0",le="+Inf",model_name="{MODEL}"}} {float(c.steps)}\n'
+                f"{family}_count{labels} {float(c.steps)}\n"
+                f"{family}_sum{labels} {float(c.step_tokens)}\n"
+            )
+        return text
 
     def count(self, *, prompt: int = 0, generated: int = 0) -> None:
         """One engine step that prefilled `prompt` and generated `generated` tokens."""
@@ -128,7 +138,7 @@ def greedy_tokens(prompt: str, n: int) -> list[str]:
 
 
 class _Handler(BaseHTTPRequestHandler):
-    server_fake: FakeVllm
+    server_fake: FakeServer
     protocol_version = "HTTP/1.0"
 
     def log_message(self, format: str, *args: Any) -> None:  # quiet: no access log on stderr
@@ -152,11 +162,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         fake = self.server_fake
-        if self.path == "/v1/models":
+        paths = fake.driver.endpoints
+        if self.path == paths.models:
             self._json(200, {"object": "list", "data": [{"id": MODEL, "object": "model"}]})
-        elif self.path == "/health":
+        elif self.path == paths.health:
             self._text(503 if fake.dead else 200, "")
-        elif self.path == "/metrics":
+        elif self.path == paths.metrics:
             self._text(200, fake.metrics())
         else:
             self._json(404, {"error": {"message": f"no route {self.path}"}})
@@ -164,11 +175,13 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         body = json.loads(self.rfile.read(length) or b"{}")
-        if self.server_fake.dead:
-            self._json(503, {"object": "error", "message": "EngineDeadError: EngineCore encountered an issue"})
-        elif self.path == "/v1/chat/completions":
+        fake = self.server_fake
+        paths = fake.driver.endpoints
+        if fake.dead:
+            self._json(503, {"object": "error", "message": f"{': '.join(fake.driver.dead_markers[:2])}"})
+        elif self.path == paths.chat:
             self._chat(body)
-        elif self.path == "/v1/completions":
+        elif self.path == paths.completions:
             self._completion(body)
         else:
             self._json(404, {"error": {"message": f"no route {self.path}"}})
@@ -249,3 +262,6 @@ class _Handler(BaseHTTPRequestHandler):
         data = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "model": MODEL, **payload}
         self.wfile.write(f"data: {json.dumps(data)}\n\n".encode())
         self.wfile.flush()
+
+
+FakeVllm = FakeServer  # the vLLM dialect, the default

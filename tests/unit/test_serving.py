@@ -1,0 +1,245 @@
+"""The serving-engine seam: the driver table, version-keyed facts, launch argv, `serve.engine` in the
+matrix, and the load run through a toy third engine's dialect (a fake server: not an integration test).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from pipeline.model import SERVING_ENGINES, LoadSpec, Matrix
+from pipeline.result import Status
+from verify.autotune_stage import judge_fresh_cache
+from verify.loadrun import LoadTarget, judge_load, run_load, summarise
+from verify.logscan import Facts, rules_for
+from verify.progress import parse_metrics
+from verify.server import serve_argv
+from verify.serverplan import CACHE_MOUNT
+from verify.serving import DRIVERS, Since, at_version, driver_for
+
+from .conftest import Invalid
+from .fake_openai import FakeServer
+from .toy_engine import TOY
+
+REPO = Path(__file__).resolve().parents[2]
+VLLM, SGLANG = DRIVERS["vllm"], DRIVERS["sglang"]
+SHORT = LoadSpec(questions=4, concurrency=2, max_tokens=8, determinism_prompts=2, determinism_repeats=1)
+
+
+def test_the_matrix_knows_exactly_the_engines_that_have_drivers() -> None:
+    assert set(SERVING_ENGINES) == set(DRIVERS)
+    for name, driver in DRIVERS.items():
+        assert driver.name == name
+        assert SERVING_ENGINES[name] == driver.imports, "the loader's default imports are the driver's"
+
+
+@pytest.mark.parametrize("driver", list(DRIVERS.values()), ids=list(DRIVERS))
+def test_every_driver_states_its_facts(driver: object) -> None:
+    from verify.serving import ServingDriver
+
+    assert isinstance(driver, ServingDriver)
+    assert driver.distributions and driver.process_titles and driver.dead_markers and driver.metrics
+    re.compile(driver.ready_line)
+    names = driver.metric_names(None)
+    assert names.generated.endswith("_total") and names.prompt.endswith("_total")
+    assert all(n.startswith(f"{driver.name}:") for n in names.all()), "metric names carry the engine's prefix"
+
+
+def test_facts_are_taken_at_the_version_in_force() -> None:
+    facts = (Since(version="0.26.0", value="old", source="a"), Since(version="0.33.0", value="new", source="b"))
+    assert [at_version(facts, v).value for v in ("0.26.0", "0.28.0+cpu", "0.32.9", "0.33.0", "0.33.0rc1", "1.0")] == [
+        "old",
+        "old",
+        "old",
+        "new",
+        "new",
+        "new",
+    ]
+    assert at_version(facts, "0.25.1") is None, "older than every entry: nothing is known"
+    assert at_version(facts, None).value == "new" and at_version(facts, "not-a-version").value == "new"
+
+
+def test_vllm_autotune_announcement_moved_in_0_33() -> None:
+    """0.28 names the file; 0.33 appends a sentence (the old `\\S+` kept the dot), or names the managed root."""
+    old, new = VLLM.autotune_at("0.28.0"), VLLM.autotune_at("0.33.0")
+    assert old is not None and new is not None
+    line_028 = "INFO Using FlashInfer autotune cache file: /c/abc/autotune_configs.json"
+    line_033 = (
+        "INFO Using FlashInfer autotune cache file: /c/autotune_configs_dp0_rank0.json. "
+        "Pass --disable-flashinfer-autotune to skip autotuning."
+    )
+    managed = "INFO Using FlashInfer managed autotune cache (root=/c). Pass --disable-flashinfer-autotune ..."
+    assert re.search(old.announcements[0], line_028).group("path") == "/c/abc/autotune_configs.json"
+    assert re.search(new.announcements[0], line_033).group("path") == "/c/autotune_configs_dp0_rank0.json"
+    assert re.search(new.announcements[1], managed).group("path") == "/c"
+    assert re.search(new.announcements[0], line_028).group("path") == "/c/abc/autotune_configs.json"
+
+
+def test_a_vllm_0_33_legacy_cache_is_found_where_0_28s_reading_missed_it(real_matrix: Matrix, tmp_path: Path) -> None:
+    cell = real_matrix.cell("sm120-vllm-0.28.0-fi-0.6.18.post1-cu130")
+    fixture = REPO / "tests" / "fixtures" / "autotune"
+    source = next(fixture.rglob("*.json"))
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "autotune_configs_dp0_rank0.json").write_text(source.read_text())
+    log = (
+        f"INFO Using FlashInfer autotune cache file: {CACHE_MOUNT}/autotune_configs_dp0_rank0.json. "
+        "Pass --disable-flashinfer-autotune to skip autotuning.\n"
+    )
+
+    def judged(version: str) -> Status:
+        facts = Facts(serve=True, arch=cell.arch, engine_version=version)
+        checks = judge_fresh_cache(cell, log, cache, tmp_path / version, facts=facts, env={})
+        return next(c for c in checks if c.name == "autotune-cache").status
+
+    (tmp_path / "0.33.0").mkdir()
+    (tmp_path / "0.28.0").mkdir()
+    assert judged("0.33.0") is not Status.INCONCLUSIVE, "0.33's facts find the per-rank file"
+    assert judged("0.28.0") is Status.INCONCLUSIVE, "0.28's facts cannot (so the facts are what decides)"
+
+
+def test_vllm_launch_is_what_it_always_was(real_matrix: Matrix) -> None:
+    cell = real_matrix.cell("cpu-tiny")
+    assert cell.serve is not None and cell.serve.engine == "vllm" and driver_for(cell.serve) is VLLM
+    argv = serve_argv(cell.serve, None, 8123)
+    assert argv[:6] == ["vllm", "serve", cell.serve.model.location, "--host", "127.0.0.1", "--port"]
+    assert argv[6] == "8123" and argv[7:] == list(cell.serve.args)
+
+
+def test_sglang_launch_names_the_model_path_and_turns_metrics_on_once(load: Callable[..., Matrix], header: str) -> None:
+    matrix = load(
+        header
+        + """\
+cells:
+  - id: sg
+    base: img
+    platform: linux/amd64
+    arch: sm120
+    serve:
+      engine: sglang
+      model: {source: "hf:org/model", revision: "0123456789abcdef0123456789abcdef01234567"}
+      args: [--tp, "1"]
+  - id: sg-metrics-on
+    extends: sg
+    serve:
+      engine: sglang
+      model: {source: "hf:org/model", revision: "0123456789abcdef0123456789abcdef01234567"}
+      args: [--enable-metrics]
+"""
+    )
+    argv = serve_argv(matrix.cell("sg").serve, None, 30000)
+    assert argv[:5] == ["python3", "-m", "sglang.launch_server", "--model-path", "org/model"]
+    assert argv[argv.index("--revision") + 1] == "0123456789abcdef0123456789abcdef01234567"
+    assert argv.count("--enable-metrics") == 1 and argv[-2:] == ["--tp", "1"]
+    assert serve_argv(matrix.cell("sg-metrics-on").serve, None, 1).count("--enable-metrics") == 1
+    assert matrix.cell("sg").imports == SGLANG.imports
+
+
+def test_an_unknown_engine_is_a_located_error_with_a_did_you_mean(invalid: Callable[..., Invalid], header: str) -> None:
+    bad = invalid(
+        header
+        + """\
+cells:
+  - id: sg
+    base: img
+    platform: linux/amd64
+    arch: sm120
+    serve:
+      engine: sglan
+      model: {source: "path:/m"}
+"""
+    )
+    assert bad.problems == [
+        f"{bad.at('engine: sglan')}: cells[0].serve.engine: unknown serving engine 'sglan', "
+        "did you mean 'sglang'? (known: vllm, sglang)"
+    ]
+
+
+def test_the_vllm_rule_set_applies_to_vllm_cells_only(real_matrix: Matrix) -> None:
+    cell = real_matrix.cell("cpu-tiny")
+    vllm_rules = {r.id for r in rules_for(cell, None, Facts(serve=True, arch="none", engine="vllm"))}
+    sglang_rules = {r.id for r in rules_for(cell, None, Facts(serve=True, arch="none", engine="sglang"))}
+    assert "startup-complete" in vllm_rules and "startup-complete" not in sglang_rules
+    assert "sglang-ready" in sglang_rules and "sglang-ready" not in vllm_rules
+
+
+def test_the_real_vllm_metrics_through_the_driver() -> None:
+    text = (REPO / "tests" / "fixtures" / "metrics" / "vllm-0.28.0-cpu-after-20-requests.txt").read_text()
+    vllm = parse_metrics(text, VLLM.metric_names("0.28.0"))
+    assert (vllm.steps, vllm.generated) == (166.0, 640.0)
+    toy = parse_metrics(text, TOY.metric_names(None))
+    assert (toy.steps, toy.generated) == (0.0, 0.0), "another engine's names read nothing from vLLM's text"
+
+
+# -- a new engine is one file: the load through the toy engine's dialect --------------------------
+
+
+def test_the_load_runs_through_a_third_engine_it_was_never_taught(tmp_path: Path) -> None:
+    with FakeServer(driver=TOY) as fake:
+        outcome = run_load(LoadTarget(base_url=fake.url, label="toy", driver=TOY), SHORT, tmp_path)
+        assert fake.chat_requests and fake.completion_requests
+    checks = {c.name: c for c in judge_load(outcome, summarise(outcome, SHORT), batch_invariant=False)}
+    assert checks["questions"].status is Status.PASS
+    assert checks["token-accounting"].status is Status.PASS, checks["token-accounting"].message
+    assert "toy:out_tokens_total" in checks["token-accounting"].message
+    assert checks["engine-progress"].status is Status.PASS
+
+
+def test_the_same_load_with_the_wrong_dialect_fails(tmp_path: Path) -> None:
+    """The toy server answers nothing on vLLM's paths: a vLLM-speaking load cannot pass against it."""
+    from pipeline.errors import CheckFailed
+
+    with FakeServer(driver=TOY) as fake, pytest.raises(CheckFailed, match="did not name a model"):
+        run_load(LoadTarget(base_url=fake.url, label="toy", driver=VLLM), SHORT, tmp_path)
+
+
+def test_a_dead_toy_engine_is_named_dead_by_its_own_marker(tmp_path: Path) -> None:
+    with FakeServer(driver=TOY) as fake:
+        fake.dead = True
+        outcome = run_load(LoadTarget(base_url=fake.url, label="toy", driver=TOY), SHORT, tmp_path)
+    assert any(e.type == "ENGINE_DEAD" for e in outcome.events)
+
+
+# -- nothing outside the drivers names an engine's internals ----------------------------------------
+
+# vLLM metric names, its variables, its process titles and its module paths (the issue's list).
+VLLM_FACTS = re.compile(r"vllm:[a-z]|VLLM_[A-Z]|VLLM::|EngineCore|vllm\.(entrypoints|v1|model_executor|envs)")
+# Where vLLM's facts may be named: its driver; the stdlib probes run inside images, which cannot
+# import the driver and record the variables they see; the log readers, which parse any vLLM log
+# a user pastes (repro, diagnosis, the log-text prefixes); and the audit, which reads vLLM wheels.
+ALLOWED = (
+    "verify/serving/vllm.py",
+    "verify/inimage_probe.py",
+    "verify/doctor_probe.py",
+    "verify/logtext.py",
+    "verify/diagnosis.py",
+    "verify/audit/",
+    "stackproof/cli_repro.py",
+)
+
+
+def test_no_check_names_a_vllm_internal_outside_the_driver() -> None:
+    offenders = [
+        f"{name}:{number}: {line.strip()}"
+        for name in _sources("verify", "stackproof")
+        if not name.startswith(ALLOWED)
+        for number, line in enumerate((REPO / name).read_text().splitlines(), start=1)
+        if VLLM_FACTS.search(line)
+    ]
+    assert offenders == []
+
+
+def test_only_the_client_module_imports_httpx() -> None:
+    importing = [
+        name
+        for name in _sources("verify")
+        if re.search(r"^(import httpx|from httpx)", (REPO / name).read_text(), re.MULTILINE)
+    ]
+    assert importing == ["verify/serving/openai.py"]
+
+
+def _sources(*roots: str) -> list[str]:
+    return sorted(str(p.relative_to(REPO)) for root in roots for p in (REPO / root).rglob("*.py"))
