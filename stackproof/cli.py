@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import pipeline
 from pipeline.errors import InputError, Interrupted, MatrixError, PipelineError
 from pipeline.load import MAX_CONCURRENCY, MAX_COUNT, MAX_SECONDS
-from pipeline.model import Cell, LoadSpec, Matrix
+from pipeline.model import DEFAULT_ENGINE, SERVING_ENGINES, Cell, LoadSpec, Matrix
 from stackproof.cliutil import NO_PREFLIGHT_HELP
 from stackproof.cliutil import emit as _emit
 from stackproof.cliutil import jsonable as _jsonable
@@ -152,7 +152,11 @@ VERIFY_OPTIONS = (
 )
 
 PULL_ONLY_HELP = "never build: take the image from STACKPROOF_REGISTRY or fail (exit 3)"
-MODULES_HELP = "modules to import (default: the cell's, or torch?,flashinfer?,vllm?)"
+MODULES_HELP = (
+    "modules to import (default: the cell's, or the default engine's: "
+    + ",".join(SERVING_ENGINES[DEFAULT_ENGINE])
+    + ")"
+)
 
 
 def _commands() -> tuple[Command, ...]:
@@ -219,7 +223,13 @@ def _commands() -> tuple[Command, ...]:
             load_options=True,
             args=(
                 arg("--url", required=True, help="the server's base URL, e.g. http://127.0.0.1:8000 (loopback only)"),
-                arg("--cell", default=None, help="take the load spec from this cell's serve.load"),
+                arg("--cell", default=None, help="take the load spec (and the engine) from this cell's serve"),
+                arg(
+                    "--engine",
+                    default=None,
+                    choices=tuple(SERVING_ENGINES),
+                    help="the server's serving engine (its metric names, dead markers); default: the cell's, else vllm",
+                ),
                 arg("--soak", action="store_true", help="cycle the questions until --duration instead of stopping"),
                 arg("--out", type=Path, default=Path("stackproof-out/load")),
             ),
@@ -611,6 +621,7 @@ def _load_url(args: argparse.Namespace) -> int:
 
     from pipeline.result import Status
     from verify.loadrun import LoadTarget, judge_load, run_load, summarise
+    from verify.serving import driver_named
 
     try:
         parts = urlsplit(args.url)
@@ -623,13 +634,14 @@ def _load_url(args: argparse.Namespace) -> int:
         raise InputError(f"--url {args.url[:200]}: load goes to a server on this machine only (127.0.0.1)")
     if port == 0:
         raise InputError(f"--url {args.url[:200]}: port 0 is no server's port")
-    base = LoadSpec()
+    base, engine = LoadSpec(), DEFAULT_ENGINE
     if args.cell:
         matrix, _ = _load(args)
         cell = matrix.cell(args.cell)
         base = cell.serve.load if cell.serve else base
+        engine = cell.serve.engine if cell.serve else engine
     spec = _load_spec(args, base)
-    target = LoadTarget(base_url=args.url.rstrip("/"), label=args.url)
+    target = LoadTarget(base_url=args.url.rstrip("/"), label=args.url, driver=driver_named(args.engine or engine))
     outcome = run_load(target, spec, args.out, soak=args.soak)
     summary = summarise(outcome, spec)
     checks = judge_load(outcome, summary, batch_invariant=False)
@@ -968,7 +980,7 @@ def _probe_imports(args: argparse.Namespace) -> int:
     if args.host == bool(args.cell):
         raise InputError("probe imports: give a CELL, or --host")
     if args.host:
-        modules = tuple((args.modules or "torch?,flashinfer?,vllm?").split(","))
+        modules = tuple(args.modules.split(",")) if args.modules else SERVING_ENGINES[DEFAULT_ENGINE]
         report = probe_host(args.python, modules=modules)
     else:
         from pipeline.build import built_image

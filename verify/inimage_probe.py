@@ -27,7 +27,7 @@ from typing import Any
 
 PROBE_SCHEMA = 1
 DEFAULT_MODULES = ("torch", "flashinfer", "vllm")
-ENV_PREFIXES = ("FLASHINFER_", "VLLM_", "CUDA_", "NCCL_", "TORCH_")
+ENV_PREFIXES = ("FLASHINFER_", "VLLM_", "SGLANG_", "SGL_", "CUDA_", "NCCL_", "TORCH_")
 SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_?KEY|CREDENTIAL|AUTH", re.IGNORECASE)
 
 # Runs in a child interpreter: import one module and report the outcome as JSON on the last line.

@@ -244,7 +244,7 @@ def test_catalog_errors_are_located(tmp_path: Path) -> None:
 
 
 def test_builtin_rulesets_load() -> None:
-    assert [r.id for r in load_rulesets()] == ["vllm-server", "flashinfer-sm12x-cudnn-gate"]
+    assert [r.id for r in load_rulesets()] == ["vllm-server", "sglang-server", "flashinfer-sm12x-cudnn-gate"]
 
 
 # -- the live watcher and the readiness wait ---------------------------------------------------------
