@@ -12,10 +12,11 @@ import signal
 
 from pipeline.engine import Engine
 from pipeline.errors import CheckFailed
+from verify.serving import DRIVERS
 
 __all__ = ["ENGINE_CORE_TITLE", "signal_engine_core"]
 
-ENGINE_CORE_TITLE = "VLLM::EngineCore"
+ENGINE_CORE_TITLE = DRIVERS["vllm"].engine_process  # the process that runs the model loop
 
 _FIND_AND_SIGNAL = """
 import os, sys
