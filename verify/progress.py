@@ -117,9 +117,15 @@ class Tracker:
         return self.progress_age(now) > self.stall_seconds
 
 
-def verdict_of(probe: Probe) -> StallVerdict:
-    """What the probes of a stalled run say: the API alive, the engine dead, or the API unresponsive."""
+def verdict_of(probe: Probe, *, health_runs_engine: bool = False) -> StallVerdict:
+    """What the probes of a stalled run say: the API alive, the engine dead, or the API unresponsive.
+
+    Where the engine's health path runs a generation (`ServingDriver.health_runs_engine`), a health
+    probe that times out or answers 503 while models and metrics answer 200 is the engine stalled
+    with the API alive: the API answered everything that does not need the engine."""
     answers = (probe.health, probe.models, probe.metrics)
+    if health_runs_engine and probe.health in (None, 503) and probe.models == 200 and probe.metrics == 200:
+        return StallVerdict.ENGINE_STALL_API_ALIVE
     if any(a is None for a in answers):
         return StallVerdict.API_UNRESPONSIVE
     if probe.health == 503 or any(a == 0 for a in answers):

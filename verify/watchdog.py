@@ -173,7 +173,7 @@ class Watchdog:
         requested, self.probe_requested = self.probe_requested, False
         if self.tracker.stalled(at, record.in_flight):
             answers = await self.api.probe()
-            verdict = verdict_of(answers)
+            verdict = verdict_of(answers, health_runs_engine=self.api.driver.health_runs_engine)
             age = self.tracker.progress_age(at)
             await self.conclude(
                 verdict,
@@ -199,7 +199,7 @@ class Watchdog:
     async def confirm_dead(self) -> None:
         """Requests failed the way a dead server fails them: conclude only when the probes agree."""
         answers = await self.api.probe()
-        verdict = verdict_of(answers)
+        verdict = verdict_of(answers, health_runs_engine=self.api.driver.health_runs_engine)
         if verdict in (StallVerdict.ENGINE_DEAD, StallVerdict.API_UNRESPONSIVE):
             await self.conclude(verdict, "requests failed and the probes confirm the server cannot serve", answers)
 

@@ -243,3 +243,20 @@ def test_only_the_client_module_imports_httpx() -> None:
 
 def _sources(*roots: str) -> list[str]:
     return sorted(str(p.relative_to(REPO)) for root in roots for p in (REPO / root).rglob("*.py"))
+
+
+def test_a_health_path_that_runs_the_engine_reads_a_stall_as_a_stall() -> None:
+    """SGLang's /health generates a token: with the scheduler stopped it times out (or says 503) while
+    /v1/models and /metrics answer. vLLM's /health does not touch the engine: a timeout there is the API's."""
+    from verify.progress import Probe, StallVerdict, verdict_of
+
+    wedged = Probe(health=None, models=200, metrics=200)
+    assert verdict_of(wedged, health_runs_engine=SGLANG.health_runs_engine) is StallVerdict.ENGINE_STALL_API_ALIVE
+    assert verdict_of(Probe(health=503, models=200, metrics=200), health_runs_engine=True) is (
+        StallVerdict.ENGINE_STALL_API_ALIVE
+    )
+    assert verdict_of(wedged, health_runs_engine=VLLM.health_runs_engine) is StallVerdict.API_UNRESPONSIVE
+    assert verdict_of(Probe(health=0, models=0, metrics=0), health_runs_engine=True) is StallVerdict.ENGINE_DEAD
+    assert verdict_of(Probe(health=None, models=None, metrics=200), health_runs_engine=True) is (
+        StallVerdict.API_UNRESPONSIVE
+    )

@@ -120,6 +120,9 @@ class ServingDriver:
     launch: Callable[[LaunchSpec], tuple[str, ...]]  # the server's argv
     ready_line: str  # a regex on the server log: the engine says it is ready
     endpoints: Endpoints = field(default_factory=Endpoints)
+    # The health path runs a generation through the engine (so a wedged engine makes it time out or
+    # answer 503 while the models and metrics paths still answer): the stall probe reads it so.
+    health_runs_engine: bool = False
     metrics: tuple[Since[MetricNames], ...] = ()
     dead_markers: tuple[str, ...] = ()  # text of a dead engine, in an error body or the log
     process_titles: tuple[str, ...] = ()  # /proc cmdline prefixes of the engine's processes

@@ -41,6 +41,10 @@ SGLANG = ServingDriver(
     imports=("torch?", "flashinfer?", "sglang?", "sgl_kernel?"),
     launch=_launch,
     ready_line=r"The server is fired up and ready to roll!",
+    # /health runs a 1-token generation (SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION defaults to true,
+    # srt/environ.py:319 @0.5.18; http_server.py:668-675), waiting up to SGLANG_HEALTH_CHECK_TIMEOUT
+    # (20 s, http_server.py:192): with the scheduler stopped it times out, /v1/models and /metrics answer.
+    health_runs_engine=True,
     metrics=(Since(version="0.5.0", value=_METRICS, source=_METRICS.source),),
     dead_markers=("Scheduler hit an exception",),
     process_titles=("sglang::",),
