@@ -101,6 +101,8 @@ def build_cell(
             )
         if site.registry and not force:
             print(f"{cell.id}: {plan.tag} is not in {site.registry}: building it here", file=sys.stderr)
+        # Before the bases: a build pip cannot finish must not start with minutes of debootstrap.
+        site.check_reachable(matrix, plan.indexes)
         _ensure_bases(engine, matrix, cell, site, images_dir, out_dir)
         result = _build(engine, matrix, plan, site, out_dir=out_dir, no_cache=no_cache)
     if push:

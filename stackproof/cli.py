@@ -476,11 +476,10 @@ def _lock(args: argparse.Namespace) -> int:
 
 def _build(args: argparse.Namespace) -> int:
     from pipeline.build import build_cell
-    from pipeline.site import load_site
 
     matrix, images = _load(args)
     cell = matrix.cell(args.cell)
-    site = load_site(matrix)
+    site = _site(matrix)
     engine = _engine(args, matrix, cell, images, site)
     result = build_cell(
         engine,
@@ -497,6 +496,16 @@ def _build(args: argparse.Namespace) -> int:
     how = {"local": " (existing)", "registry": f" (pulled {result.registry_ref})"}.get(result.source, "")
     _emit(args, result.to_json(), f"{result.tag} {result.image_id}{how}")
     return 0
+
+
+def _site(matrix: Matrix) -> SiteSettings:
+    """This machine's site settings, saying on stderr what was found rather than set (a mirror)."""
+    from pipeline.site import load_site
+
+    site = load_site(matrix)
+    for note in site.notes:
+        print(f"site: {note}", file=sys.stderr)
+    return site
 
 
 def _engine(args: argparse.Namespace, matrix: Matrix, cell: Cell, images: Path, site: SiteSettings) -> Engine:
@@ -526,7 +535,6 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _verify_or_run(args: argparse.Namespace, *, build: bool) -> int:
-    from pipeline.site import load_site
     from stackproof.runjob import run_cell
     from verify.runner import parse_stages
 
@@ -535,7 +543,7 @@ def _verify_or_run(args: argparse.Namespace, *, build: bool) -> int:
     if args.arm:
         cell.arm(args.arm)  # a bad arm name is a usage error before anything is built or run
     stages = parse_stages(args.stages)
-    site = load_site(matrix)
+    site = _site(matrix)
     if args.previous is not None:
         from pipeline.jsonfile import read_json
 
