@@ -32,9 +32,12 @@ from pipeline.redact import redact
 from pipeline.registry import Credentials
 from pipeline.site import Mirror, SiteSettings
 
-__all__ = ["BuildResult", "build_cell", "built_image", "index_options", "write_context"]
+__all__ = ["BuildResult", "build_cell", "built_image", "index_options", "link_build_log", "write_context"]
 
 MATRIX_DIGEST_LABEL = "io.stackproof.matrix.digest"
+# The last line of a build log whose build finished: which tag it built. `build.log` points only
+# at such a log, and a skipped build finds the log that built its tag by it.
+BUILT_MARK = "# stackproof: built "
 _RESOLVED_BASE = re.compile(r"resolve (?:docker-image://)?(\S+@sha256:[0-9a-f]{64})")
 
 
@@ -92,6 +95,8 @@ def build_cell(
     out_dir.mkdir(parents=True, exist_ok=True)
     credentials = registry_credentials(site.registry) if site.registry and (push or not force) else None
     result = None if force or no_cache else _reuse(engine, plan, site, credentials)
+    if result is not None:
+        link_build_log(out_dir, plan.tag)
     if result is None:
         if pull_only:
             where = f"nor in {site.registry}" if site.registry else "and no registry is set (STACKPROOF_REGISTRY)"
@@ -219,6 +224,9 @@ def _build(
     if image is None:
         raise InfraError(f"{cell.id}: the build reported success but {plan.tag} is not in the image store")
     seconds = time.monotonic() - started
+    with log_path.open("a") as log:
+        log.write(f"{BUILT_MARK}{plan.tag} {image.id}\n")
+    link_build_log(out_dir, plan.tag, log_path)
     print(f"{cell.id}: built {plan.tag} ({image.id[:19]}) in {seconds:.0f}s", file=sys.stderr)
     base_resolved = resolved[0] if resolved and isinstance(cell.base, RegistryBase) else None
     if base_resolved and isinstance(cell.base, RegistryBase) and not cell.base.digest:
@@ -256,7 +264,7 @@ def _cache_ref(engine: Engine, site: SiteSettings, cell_id: str) -> str | None:
 
 def _build_log(out_dir: Path) -> Path:
     """A log file of this build's own (`build-STAMP[-N].log`, created exclusively: concurrent builds
-    of one cell never share one), and `build.log` pointing at the newest."""
+    of one cell never share one). `build.log` moves to it only when the build succeeds."""
     stamp = time.strftime("%Y%m%dT%H%M%S")
     for n in range(1, 10_000):
         path = out_dir / (f"build-{stamp}.log" if n == 1 else f"build-{stamp}-{n}.log")
@@ -264,12 +272,39 @@ def _build_log(out_dir: Path) -> Path:
             path.touch(exist_ok=False)
         except FileExistsError:
             continue
-        latest = out_dir / f".build.log.{os.getpid()}"
-        latest.unlink(missing_ok=True)
-        latest.symlink_to(path.name)
-        os.replace(latest, out_dir / "build.log")  # atomic: readers see the old or the new link
         return path
     raise InfraError(f"{out_dir}: 10,000 build logs this second")
+
+
+def link_build_log(out_dir: Path, tag: str, log: Path | None = None) -> Path | None:
+    """Point `build.log` at the log of the build that made `tag`: `log`, else the newest log here
+    that ends with that build's mark. None found (the image was built elsewhere, or pulled):
+    `build.log` is removed rather than left naming another build, a failed one least of all."""
+    if log is None:
+        logs = sorted(out_dir.glob("build-*.log"), key=lambda p: p.stat().st_mtime, reverse=True)
+        log = next((p for p in logs if _built_tag(p) == tag), None)
+    link = out_dir / "build.log"
+    if log is None:
+        link.unlink(missing_ok=True)
+        return None
+    latest = out_dir / f".build.log.{os.getpid()}"
+    latest.unlink(missing_ok=True)
+    latest.symlink_to(log.name)
+    os.replace(latest, link)  # atomic: readers see the old or the new link
+    return log
+
+
+def _built_tag(log: Path) -> str | None:
+    """The tag a finished build's log names on its last line; None for a failed or running one."""
+    try:
+        with log.open("rb") as f:
+            f.seek(max(0, log.stat().st_size - 4096))
+            last = f.read().decode(errors="replace").rstrip("\n").rsplit("\n", 1)[-1]
+    except OSError:
+        return None
+    if not last.startswith(BUILT_MARK):
+        return None
+    return last.removeprefix(BUILT_MARK).split(" ", 1)[0]
 
 
 def write_context(plan: BuildPlan, context: Path) -> None:

@@ -65,8 +65,8 @@ def test_an_explicit_stackproof_mirrors_wins_and_none_turns_mirrors_off(real_mat
 def test_a_matrix_without_the_cpu_torch_index_gets_no_mirror(tmp_path: Path, images_dir: Path) -> None:
     matrix_file = tmp_path / "matrix.yaml"
     matrix_file.write_text(
-        "schema_version: 1\nindexes:\n  pypi: {url: \"https://pypi.org/simple\"}\nbases:\n  img:\n"
-        "    image: \"example/img:1.0\"\n    digest: \"sha256:" + "a" * 64 + "\"\ncells: []\n"
+        'schema_version: 1\nindexes:\n  pypi: {url: "https://pypi.org/simple"}\nbases:\n  img:\n'
+        '    image: "example/img:1.0"\n    digest: "sha256:' + "a" * 64 + '"\ncells: []\n'
     )
     try:
         matrix = load_matrix(matrix_file, images_dir=images_dir)
