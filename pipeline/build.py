@@ -22,6 +22,7 @@ from typing import TextIO
 
 from pipeline.bootstrap import ensure_base
 from pipeline.cache import cache_dir, locked
+from pipeline.console import console
 from pipeline.engine import Engine, ImageInfo
 from pipeline.errors import InfraError, InputError
 from pipeline.fleet import cache_ref, fetch_built, push_built, registry_credentials
@@ -38,6 +39,8 @@ MATRIX_DIGEST_LABEL = "io.stackproof.matrix.digest"
 # The last line of a build log whose build finished: which tag it built. `build.log` points only
 # at such a log, and a skipped build finds the log that built its tag by it.
 BUILT_MARK = "# stackproof: built "
+_STEP = re.compile(r"#(\d+) \[(?:[^\]\s]+ )?(\d+)/(\d+)\]")
+_CACHED = re.compile(r"#(\d+) CACHED\b")
 _RESOLVED_BASE = re.compile(r"resolve (?:docker-image://)?(\S+@sha256:[0-9a-f]{64})")
 
 
@@ -130,7 +133,7 @@ def _ensure_bases(
         parent = matrix.cell(base.cell)
         build_cell(engine, matrix, parent, site, images_dir, out_dir=out_dir.parent / parent.id)
     elif isinstance(base, BootstrapBase):
-        ensure_base(engine, base, site, images_dir)
+        ensure_base(engine, base, site, images_dir, log_dir=out_dir)
 
 
 def _reuse(engine: Engine, plan: BuildPlan, site: SiteSettings, credentials: Credentials | None) -> BuildResult | None:
@@ -194,32 +197,36 @@ def _build(
         secrets_dir = Path(tmp) / "secrets"
         write_context(plan, context)
         secrets = _write_secrets(matrix, plan, site, secrets_dir)
-        print(
+        console().say(
             f"{cell.id}: building {plan.tag} ({len(plan.files)} context files, "
-            f"{len(plan.local_wheels)} local wheels), log: {log_path}",
-            file=sys.stderr,
+            f"{len(plan.local_wheels)} local wheels), log: {log_path}"
         )
 
         hidden = site.secrets()
+        steps = BuildSteps()
 
         def on_line(line: str, log: TextIO = log) -> None:
             line = redact(line, hidden)
             log.write(line + "\n")
-            print(f"[build {cell.id}] {line}", file=sys.stderr, flush=True)
+            if steps.feed(line):
+                phase.update(steps.counts())
+            phase.tool(line)
             match = _RESOLVED_BASE.search(line)
             if match:
                 resolved.append(match.group(1))
 
-        engine.build(
-            context,
-            tag=plan.tag,
-            platform=cell.platform,
-            secrets=secrets,
-            labels={MATRIX_DIGEST_LABEL: matrix.digest, **job_labels()},
-            on_line=on_line,
-            no_cache=no_cache,
-            cache_ref=_cache_ref(engine, site, cell.id),
-        )
+        with console().phase("build", cell.id, log=log_path) as phase:
+            engine.build(
+                context,
+                tag=plan.tag,
+                platform=cell.platform,
+                secrets=secrets,
+                labels={MATRIX_DIGEST_LABEL: matrix.digest, **job_labels()},
+                on_line=on_line,
+                no_cache=no_cache,
+                cache_ref=_cache_ref(engine, site, cell.id),
+            )
+            phase.done(steps.counts())
     image = engine.image(plan.tag)
     if image is None:
         raise InfraError(f"{cell.id}: the build reported success but {plan.tag} is not in the image store")
@@ -227,7 +234,7 @@ def _build(
     with log_path.open("a") as log:
         log.write(f"{BUILT_MARK}{plan.tag} {image.id}\n")
     link_build_log(out_dir, plan.tag, log_path)
-    print(f"{cell.id}: built {plan.tag} ({image.id[:19]}) in {seconds:.0f}s", file=sys.stderr)
+    console().say(f"{cell.id}: built {plan.tag} ({image.id[:19]}) in {seconds:.0f}s")
     base_resolved = resolved[0] if resolved and isinstance(cell.base, RegistryBase) else None
     if base_resolved and isinstance(cell.base, RegistryBase) and not cell.base.digest:
         print(
@@ -245,6 +252,36 @@ def _build(
         matrix_digest=matrix.digest,
         log=str(log_path),
     )
+
+
+@dataclass
+class BuildSteps:
+    """BuildKit's plain progress read for the build's phase line: `#7 [3/7] RUN ...` is step 3 of 7
+    (the `[internal]` steps are not counted), `#7 CACHED` a step taken from the cache."""
+
+    step: int = 0
+    total: int = 0
+    cached: int = 0
+    _current: dict[str, int] = dataclasses.field(default_factory=dict)  # BuildKit's #N -> step
+
+    def feed(self, line: str) -> bool:
+        """Read one line; True when the counts changed."""
+        if match := _STEP.match(line):
+            number, step, total = match.group(1), int(match.group(2)), int(match.group(3))
+            self._current[number] = step
+            if (step, total) != (self.step, self.total) and step >= self.step:
+                self.step, self.total = step, total
+                return True
+        elif (match := _CACHED.match(line)) and match.group(1) in self._current:
+            self.cached += 1
+            return True
+        return False
+
+    def counts(self) -> str:
+        if not self.total:
+            return "preparing"
+        cached = f", {self.cached} cached" if self.cached else ""
+        return f"step {self.step}/{self.total}{cached}"
 
 
 def _cache_ref(engine: Engine, site: SiteSettings, cell_id: str) -> str | None:

@@ -133,7 +133,7 @@ def load_site(matrix: Matrix, env: Mapping[str, str] | None = None) -> SiteSetti
     """Read the site settings from `env` (default: the process environment) and check them."""
     env = os.environ if env is None else env
     known = tuple(ix.name for ix in matrix.indexes)
-    mirrors = []
+    mirrors: list[Mirror] = []
     notes: list[str] = []
     explicit = env.get("STACKPROOF_MIRRORS", "").strip()
     if not explicit:

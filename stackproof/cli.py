@@ -21,6 +21,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import pipeline
+from pipeline.console import console
 from pipeline.errors import InputError, Interrupted, MatrixError, PipelineError
 from pipeline.load import MAX_CONCURRENCY, MAX_COUNT, MAX_SECONDS
 from pipeline.model import Cell, LoadSpec, Matrix
@@ -38,6 +39,7 @@ __all__ = ["main"]
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    console().verbose = bool(getattr(args, "verbose", False)) or console().verbose
     signal.signal(signal.SIGTERM, _raise_interrupted)
     try:
         return int(args.handler(args) or 0)
@@ -52,7 +54,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"stackproof: {len(exc.problems)} problem(s) in the matrix; nothing was built or run", file=sys.stderr)
         return _fail(args, exc.exit_code, "the matrix is invalid", exc.problems)
     except PipelineError as exc:
-        print(f"stackproof: error: {exc}", file=sys.stderr)
+        # A failed tool's last lines were printed by its phase (pipeline.console): not twice.
+        shown = str(exc).splitlines()[0] if getattr(exc, "tail_shown", False) else str(exc)
+        print(f"stackproof: error: {shown}", file=sys.stderr)
         return _fail(args, exc.exit_code, str(exc))
     # Foreseeable conditions a reader below did not name more precisely: still no traceback.
     except UnicodeDecodeError as exc:
@@ -310,6 +314,9 @@ def _parser() -> argparse.ArgumentParser:
         "--images", type=Path, default=None, help="templates and recipes directory (default: images/ beside the matrix)"
     )
     common.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    common.add_argument(
+        "-v", "--verbose", action="store_true", help="stream the tools' whole output (debootstrap, build, server)"
+    )
     load_opts = argparse.ArgumentParser(add_help=False)
     group = load_opts.add_argument_group("load (overrides serve.load)")
     for option in _load_options():

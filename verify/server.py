@@ -20,6 +20,7 @@ from types import TracebackType
 
 import httpx
 
+from pipeline.console import console
 from pipeline.engine import Container, Engine, Mount
 from pipeline.errors import CheckFailed
 from pipeline.model import Arm, Cell, ServeSpec
@@ -33,7 +34,6 @@ HOST = "127.0.0.1"  # servers bind loopback only; traffic never leaves this mach
 RUN_LABEL = "io.stackproof.run"
 SERVER_ROLE = "server"
 POLL_SECONDS = 1.0
-PROGRESS_EVERY_S = 15.0
 
 
 def free_port() -> int:
@@ -187,7 +187,7 @@ class ServerContainer:
                 self.tail.append(line)
                 if self.watcher is not None:
                     self.watcher.feed(line)
-                print(f"[server {self.cell.id}] {line}", file=sys.stderr, flush=True)
+                console().feed("server", self.cell.id, line)
 
             # It ends when the container is removed; the log so far is kept.
             self.engine.follow_logs(self.name, on_line, timeout=24 * 3600)
@@ -205,8 +205,7 @@ class ServerContainer:
         """Poll /health until 200; fail fast when the container exits, give up at the timeout."""
         timeout = timeout or self.serve.readiness_timeout_s
         started = time.monotonic()
-        next_progress = started + PROGRESS_EVERY_S
-        with httpx.Client(timeout=httpx.Timeout(5.0)) as client:
+        with console().phase("server", self.cell.id, log=self.log_path) as phase, httpx.Client(timeout=5.0) as client:
             while True:
                 status, code = self.state()
                 if status not in ("running", "created"):
@@ -226,19 +225,14 @@ class ServerContainer:
                 try:
                     if client.get(f"{self.base_url}/health").status_code == 200:
                         seconds = time.monotonic() - started
-                        print(f"{self.cell.id}: ready in {seconds:.0f}s", file=sys.stderr)
+                        phase.done(f"ready at {self.base_url}")
                         return Readiness(seconds=round(seconds, 1), url=self.base_url)
                 except httpx.TransportError:
                     pass
                 now = time.monotonic()
                 if now - started > timeout:
                     raise ServerFailed(f"not ready after {timeout:.0f}s (readiness_timeout)", self)
-                if now >= next_progress:
-                    print(
-                        f"{self.cell.id}: waiting for {self.base_url}/health: {now - started:.0f}s of {timeout:.0f}s",
-                        file=sys.stderr,
-                    )
-                    next_progress = now + PROGRESS_EVERY_S
+                phase.update(f"{phase.lines} log lines, waiting for /health (up to {timeout:.0f}s)")
                 time.sleep(POLL_SECONDS)
 
     def complete(
