@@ -8,6 +8,7 @@ and passed as BuildKit secrets, so they never enter the context, a layer or the 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -33,7 +34,15 @@ from pipeline.redact import redact
 from pipeline.registry import Credentials
 from pipeline.site import Mirror, SiteSettings
 
-__all__ = ["BuildResult", "build_cell", "built_image", "index_options", "link_build_log", "write_context"]
+__all__ = [
+    "BuildResult",
+    "build_cell",
+    "build_seconds",
+    "built_image",
+    "index_options",
+    "link_build_log",
+    "write_context",
+]
 
 MATRIX_DIGEST_LABEL = "io.stackproof.matrix.digest"
 # The last line of a build log whose build finished: which tag it built. `build.log` points only
@@ -57,6 +66,9 @@ class BuildResult:
     log: str | None
     source: str = "built"  # "built", "local" (the content tag was here) or "registry" (pulled by digest)
     registry_ref: str | None = None  # HOST/REPO@sha256:... pulled from or pushed to
+    # How long the build that made this image took: this one's, or for a skipped build the one
+    # whose log is here (its last line says); None when it was built elsewhere or pulled.
+    made_in_s: float | None = None
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
@@ -98,8 +110,8 @@ def build_cell(
     out_dir.mkdir(parents=True, exist_ok=True)
     credentials = registry_credentials(site.registry) if site.registry and (push or not force) else None
     result = None if force or no_cache else _reuse(engine, plan, site, credentials)
-    if result is not None:
-        link_build_log(out_dir, plan.tag)
+    if result is not None and link_build_log(out_dir, plan.tag) is not None:
+        result = dataclasses.replace(result, made_in_s=build_seconds(out_dir, plan.tag))
     if result is None:
         if pull_only:
             where = f"nor in {site.registry}" if site.registry else "and no registry is set (STACKPROOF_REGISTRY)"
@@ -232,7 +244,7 @@ def _build(
         raise InfraError(f"{cell.id}: the build reported success but {plan.tag} is not in the image store")
     seconds = time.monotonic() - started
     with log_path.open("a") as log:
-        log.write(f"{BUILT_MARK}{plan.tag} {image.id}\n")
+        log.write(f"{BUILT_MARK}{plan.tag} {image.id} in {seconds:.1f}s\n")
     link_build_log(out_dir, plan.tag, log_path)
     console().say(f"{cell.id}: built {plan.tag} ({image.id[:19]}) in {seconds:.0f}s")
     base_resolved = resolved[0] if resolved and isinstance(cell.base, RegistryBase) else None
@@ -251,6 +263,7 @@ def _build(
         base_resolved=base_resolved,
         matrix_digest=matrix.digest,
         log=str(log_path),
+        made_in_s=round(seconds, 1),
     )
 
 
@@ -331,8 +344,21 @@ def link_build_log(out_dir: Path, tag: str, log: Path | None = None) -> Path | N
     return log
 
 
+def build_seconds(out_dir: Path, tag: str) -> float | None:
+    """How long the build whose log `build.log` points at took to make `tag` (its last line)."""
+    link = out_dir / "build.log"
+    mark = _built_mark(link) if link.exists() else None
+    return mark[1] if mark and mark[0] == tag else None
+
+
 def _built_tag(log: Path) -> str | None:
     """The tag a finished build's log names on its last line; None for a failed or running one."""
+    mark = _built_mark(log)
+    return mark[0] if mark else None
+
+
+def _built_mark(log: Path) -> tuple[str, float | None] | None:
+    """(tag, seconds) from a finished build's last line."""
     try:
         with log.open("rb") as f:
             f.seek(max(0, log.stat().st_size - 4096))
@@ -341,7 +367,12 @@ def _built_tag(log: Path) -> str | None:
         return None
     if not last.startswith(BUILT_MARK):
         return None
-    return last.removeprefix(BUILT_MARK).split(" ", 1)[0]
+    words = last.removeprefix(BUILT_MARK).split()
+    seconds = None
+    if len(words) >= 4 and words[2] == "in" and words[3].endswith("s"):
+        with contextlib.suppress(ValueError):
+            seconds = float(words[3][:-1])
+    return words[0], seconds
 
 
 def write_context(plan: BuildPlan, context: Path) -> None:
