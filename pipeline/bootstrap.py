@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -52,6 +53,11 @@ def ensure_base(
         return tag, False
     if shutil.which("debootstrap") is None:
         raise InfraError("debootstrap is not installed: `apt-get install -y debootstrap` (needs root)")
+    if os.geteuid() != 0:  # debootstrap itself refuses, after the build has been planned and announced
+        raise InfraError(
+            f"base {tag} is not here and bootstrapping it needs root (debootstrap): run this job once as "
+            "root (e.g. `stackproof build CELL`); later runs as any user in the docker group reuse the base"
+        )
     if not site.debian_mirror:
         raise InfraError("no Debian mirror known: set STACKPROOF_DEBIAN_MIRROR or configure apt sources")
     recipe = base.recipe

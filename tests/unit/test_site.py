@@ -144,3 +144,26 @@ def test_pytest_runs_the_unit_tier_before_the_integration_tier() -> None:
         SimpleNamespace(path=tests / "unit" / "test_site.py", name="u2"),
     ]
     assert [i.name for i in unit_tier_first(items)] == ["u1", "u2", "i1", "i2"]  # type: ignore[arg-type]
+
+
+# -- a base a runner user cannot bootstrap ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("euid", "message"), [(1001, "needs root"), (0, "no Debian mirror known")])
+def test_bootstrapping_a_base_as_a_non_root_user_is_exit_3_saying_run_it_once_as_root(
+    real_matrix: Matrix, monkeypatch: pytest.MonkeyPatch, euid: int, message: str
+) -> None:
+    from pipeline import bootstrap
+    from pipeline.model import BootstrapBase
+    from tests.unit.fake_engine import RecordingEngine
+
+    class NoImages(RecordingEngine):
+        def image(self, ref: str) -> None:
+            return None
+
+    monkeypatch.setattr(bootstrap.os, "geteuid", lambda: euid)
+    monkeypatch.setattr(bootstrap.shutil, "which", lambda name: f"/usr/sbin/{name}")
+    base = next(b for b in real_matrix.bases if isinstance(b, BootstrapBase))
+    with pytest.raises(InfraError, match=message) as info:  # root goes on, to the next missing thing
+        bootstrap.ensure_base(NoImages(), base, SiteSettings(debian_mirror=None), Path("images"))
+    assert info.value.exit_code == 3
