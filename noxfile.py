@@ -1,12 +1,11 @@
 """Task runner: one session per job. `nox -l` lists them.
 
 Sessions that touch docker need a running daemon (`bash .ci/setup` starts one on a fresh machine).
+Site settings (index mirrors, the local wheel directory) are the CLI's own (pipeline/site.py): the
+sessions pass nothing, so `stackproof run cpu-tiny` alone does what `nox -s demo` does.
 """
 
 from __future__ import annotations
-
-import os
-import subprocess
 
 import nox
 
@@ -16,25 +15,10 @@ nox.options.reuse_existing_virtualenvs = True
 PYTHON = "3.11"
 
 
-def _site_env() -> dict[str, str]:
-    """Map the `pytorch-cpu` index to this machine's local wheel directory, when it has one.
-
-    That is a site setting (see README), so it lives here and in the environment, never in
-    matrix.yaml. An explicit STACKPROOF_MIRRORS wins.
-    """
-    if os.environ.get("STACKPROOF_MIRRORS"):
-        return {}
-    find_links = os.environ.get("PIP_FIND_LINKS")
-    if not find_links:
-        result = subprocess.run(["pip", "config", "get", "global.find-links"], capture_output=True, text=True)
-        find_links = result.stdout.strip()
-    if find_links and os.path.isdir(find_links.split()[0]):
-        return {"STACKPROOF_MIRRORS": f"pytorch-cpu={find_links.split()[0]}"}
-    return {}
-
-
-def _install(session: nox.Session) -> None:
-    session.install("-e", ".[dev]")
+def _install(session: nox.Session, *, dev: bool = True) -> None:
+    # The jobs that only run the tool (demo, run, verify...) skip the dev tools: a minute and a
+    # half of silent installing before a demo's first line otherwise.
+    session.install("-e", ".[dev]" if dev else ".")
 
 
 @nox.session(python=PYTHON)
@@ -49,7 +33,7 @@ def lint(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """Unit tier always; the integration tier with `-- --run-docker` (real dockerd, real builds)."""
     _install(session)
-    session.run("pytest", "-ra", "tests", *session.posargs, env=_site_env())
+    session.run("pytest", "-ra", "tests", *session.posargs)
 
 
 @nox.session(python=PYTHON)
@@ -61,14 +45,14 @@ def audit(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def render(session: nox.Session) -> None:
-    _install(session)
-    session.run("stackproof", "render", *session.posargs, env=_site_env())
+    _install(session, dev=False)
+    session.run("stackproof", "render", *session.posargs)
 
 
 @nox.session(python=PYTHON)
 def build(session: nox.Session) -> None:
-    _install(session)
-    session.run("stackproof", "build", *(session.posargs or ["cpu-tiny"]), env=_site_env())
+    _install(session, dev=False)
+    session.run("stackproof", "build", *(session.posargs or ["cpu-tiny"]))
 
 
 @nox.session(python=PYTHON)
@@ -82,26 +66,26 @@ def verify(session: nox.Session) -> None:
     if not session.posargs:
         session.error("give the cell: nox -s verify -- CELL")
     cell, *options = session.posargs
-    _install(session)
-    session.run("stackproof", "run", cell, "--out", "stackproof-out", *options, env=_site_env())
+    _install(session, dev=False)
+    session.run("stackproof", "run", cell, "--out", "stackproof-out", *options)
 
 
 @nox.session(python=PYTHON)
 def run(session: nox.Session) -> None:
     """The main job for the cells given (`nox -s run -- CELL`)."""
-    _install(session)
-    session.run("stackproof", "run", *session.posargs, env=_site_env())
+    _install(session, dev=False)
+    session.run("stackproof", "run", *session.posargs)
 
 
 @nox.session(python=PYTHON)
 def demo(session: nox.Session) -> None:
     """The main job on the embedded default: build, serve and prove `cpu-tiny` end to end."""
-    _install(session)
-    session.run("stackproof", "run", "cpu-tiny", env=_site_env())
+    _install(session, dev=False)
+    session.run("stackproof", "run", "cpu-tiny")
 
 
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
     """Measure the performance goals (benchmarks/*.py); prints numbers, asserts nothing."""
     _install(session)
-    session.run("python", "benchmarks/rebuild.py", *session.posargs, env=_site_env())
+    session.run("python", "benchmarks/rebuild.py", *session.posargs)

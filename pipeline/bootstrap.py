@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 from pipeline import cmd
+from pipeline.cache import cache_dir
+from pipeline.console import console
 from pipeline.engine import Engine
 from pipeline.errors import InfraError
 from pipeline.model import BootstrapBase
@@ -40,28 +42,50 @@ def base_tag(base: BootstrapBase) -> str:
     return f"stackproof/base-{base.name}:{digest[:16]}"
 
 
-def ensure_base(engine: Engine, base: BootstrapBase, site: SiteSettings, images_dir: Path) -> tuple[str, bool]:
-    """Build the base unless its tag exists. Returns (tag, built_now)."""
+def ensure_base(
+    engine: Engine, base: BootstrapBase, site: SiteSettings, images_dir: Path, *, log_dir: Path | None = None
+) -> tuple[str, bool]:
+    """Build the base unless its tag exists. Returns (tag, built_now). debootstrap's whole output
+    goes to `log_dir/bootstrap-<time>.log` (default: the cache), the terminal shows its phase line."""
     tag = base_tag(base)
     if engine.image(tag) is not None:
-        print(f"base {tag} exists, reusing it", file=sys.stderr)
+        console().say(f"base {tag} exists, reusing it")
         return tag, False
     if shutil.which("debootstrap") is None:
         raise InfraError("debootstrap is not installed: `apt-get install -y debootstrap` (needs root)")
+    if os.geteuid() != 0:  # debootstrap itself refuses, after the build has been planned and announced
+        raise InfraError(
+            f"base {tag} is not here and bootstrapping it needs root (debootstrap): run this job once as "
+            "root (e.g. `stackproof build CELL`); later runs as any user in the docker group reuse the base"
+        )
     if not site.debian_mirror:
         raise InfraError("no Debian mirror known: set STACKPROOF_DEBIAN_MIRROR or configure apt sources")
     recipe = base.recipe
-    started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="stackproof-bootstrap-") as tmp:
+    log_dir = log_dir or cache_dir() / "bootstrap"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / time.strftime(f"bootstrap-{base.name}-%Y%m%dT%H%M%S.log")
+    with (
+        tempfile.TemporaryDirectory(prefix="stackproof-bootstrap-") as tmp,
+        log_path.open("a") as log,
+        console().phase("bootstrap", base.name, log=log_path) as phase,
+    ):
+        packages = 0
+
+        def on_line(line: str) -> None:
+            nonlocal packages
+            log.write(line + "\n")
+            if line.startswith(("I: Unpacking ", "I: Configuring ")):
+                packages += 1
+                phase.update(f"{packages} package steps")
+            phase.tool(line)
+
         rootfs = Path(tmp) / "rootfs"
         argv = ["debootstrap", f"--variant={recipe.variant}"]
         if recipe.include:
             argv.append("--include=" + ",".join(recipe.include))
         argv += [recipe.suite, str(rootfs), site.debian_mirror]
         try:
-            cmd.stream(
-                argv, on_line=lambda line: print(f"[bootstrap {base.name}] {line}", file=sys.stderr), timeout=1800
-            )
+            cmd.stream(argv, on_line=on_line, timeout=1800)
             cmd.run(["chroot", str(rootfs), "python3", "-m", "venv", recipe.venv], timeout=300)
         finally:
             # An interrupted debootstrap leaves /proc and /sys mounted inside the rootfs; unmount
@@ -74,7 +98,7 @@ def ensure_base(engine: Engine, base: BootstrapBase, site: SiteSettings, images_
         tarball = Path(tmp) / "rootfs.tar"
         cmd.run(["tar", "-C", str(rootfs), "--numeric-owner", "-cf", str(tarball), "."], timeout=600)
         engine.import_rootfs(tarball, tag, changes=["ENV LANG=C.UTF-8"])
-    print(f"base {tag} bootstrapped in {time.monotonic() - started:.0f}s", file=sys.stderr)
+        phase.done(f"{tag}, {packages} package steps")
     return tag, True
 
 

@@ -8,6 +8,7 @@ and passed as BuildKit secrets, so they never enter the context, a layer or the 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -22,6 +23,7 @@ from typing import TextIO
 
 from pipeline.bootstrap import ensure_base
 from pipeline.cache import cache_dir, locked
+from pipeline.console import console
 from pipeline.engine import Engine, ImageInfo
 from pipeline.errors import InfraError, InputError
 from pipeline.fleet import cache_ref, fetch_built, push_built, registry_credentials
@@ -32,9 +34,22 @@ from pipeline.redact import redact
 from pipeline.registry import Credentials
 from pipeline.site import Mirror, SiteSettings
 
-__all__ = ["BuildResult", "build_cell", "built_image", "index_options", "write_context"]
+__all__ = [
+    "BuildResult",
+    "build_cell",
+    "build_seconds",
+    "built_image",
+    "index_options",
+    "link_build_log",
+    "write_context",
+]
 
 MATRIX_DIGEST_LABEL = "io.stackproof.matrix.digest"
+# The last line of a build log whose build finished: which tag it built. `build.log` points only
+# at such a log, and a skipped build finds the log that built its tag by it.
+BUILT_MARK = "# stackproof: built "
+_STEP = re.compile(r"#(\d+) \[(?:[^\]\s]+ )?(\d+)/(\d+)\]")
+_CACHED = re.compile(r"#(\d+) CACHED\b")
 _RESOLVED_BASE = re.compile(r"resolve (?:docker-image://)?(\S+@sha256:[0-9a-f]{64})")
 
 
@@ -51,6 +66,9 @@ class BuildResult:
     log: str | None
     source: str = "built"  # "built", "local" (the content tag was here) or "registry" (pulled by digest)
     registry_ref: str | None = None  # HOST/REPO@sha256:... pulled from or pushed to
+    # How long the build that made this image took: this one's, or for a skipped build the one
+    # whose log is here (its last line says); None when it was built elsewhere or pulled.
+    made_in_s: float | None = None
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
@@ -92,6 +110,8 @@ def build_cell(
     out_dir.mkdir(parents=True, exist_ok=True)
     credentials = registry_credentials(site.registry) if site.registry and (push or not force) else None
     result = None if force or no_cache else _reuse(engine, plan, site, credentials)
+    if result is not None and link_build_log(out_dir, plan.tag) is not None:
+        result = dataclasses.replace(result, made_in_s=build_seconds(out_dir, plan.tag))
     if result is None:
         if pull_only:
             where = f"nor in {site.registry}" if site.registry else "and no registry is set (STACKPROOF_REGISTRY)"
@@ -101,6 +121,8 @@ def build_cell(
             )
         if site.registry and not force:
             print(f"{cell.id}: {plan.tag} is not in {site.registry}: building it here", file=sys.stderr)
+        # Before the bases: a build pip cannot finish must not start with minutes of debootstrap.
+        site.check_reachable(matrix, plan.indexes)
         _ensure_bases(engine, matrix, cell, site, images_dir, out_dir)
         result = _build(engine, matrix, plan, site, out_dir=out_dir, no_cache=no_cache)
     if push:
@@ -123,7 +145,7 @@ def _ensure_bases(
         parent = matrix.cell(base.cell)
         build_cell(engine, matrix, parent, site, images_dir, out_dir=out_dir.parent / parent.id)
     elif isinstance(base, BootstrapBase):
-        ensure_base(engine, base, site, images_dir)
+        ensure_base(engine, base, site, images_dir, log_dir=out_dir)
 
 
 def _reuse(engine: Engine, plan: BuildPlan, site: SiteSettings, credentials: Credentials | None) -> BuildResult | None:
@@ -187,37 +209,44 @@ def _build(
         secrets_dir = Path(tmp) / "secrets"
         write_context(plan, context)
         secrets = _write_secrets(matrix, plan, site, secrets_dir)
-        print(
+        console().say(
             f"{cell.id}: building {plan.tag} ({len(plan.files)} context files, "
-            f"{len(plan.local_wheels)} local wheels), log: {log_path}",
-            file=sys.stderr,
+            f"{len(plan.local_wheels)} local wheels), log: {log_path}"
         )
 
         hidden = site.secrets()
+        steps = BuildSteps()
 
         def on_line(line: str, log: TextIO = log) -> None:
             line = redact(line, hidden)
             log.write(line + "\n")
-            print(f"[build {cell.id}] {line}", file=sys.stderr, flush=True)
+            if steps.feed(line):
+                phase.update(steps.counts())
+            phase.tool(line)
             match = _RESOLVED_BASE.search(line)
             if match:
                 resolved.append(match.group(1))
 
-        engine.build(
-            context,
-            tag=plan.tag,
-            platform=cell.platform,
-            secrets=secrets,
-            labels={MATRIX_DIGEST_LABEL: matrix.digest, **job_labels()},
-            on_line=on_line,
-            no_cache=no_cache,
-            cache_ref=_cache_ref(engine, site, cell.id),
-        )
+        with console().phase("build", cell.id, log=log_path) as phase:
+            engine.build(
+                context,
+                tag=plan.tag,
+                platform=cell.platform,
+                secrets=secrets,
+                labels={MATRIX_DIGEST_LABEL: matrix.digest, **job_labels()},
+                on_line=on_line,
+                no_cache=no_cache,
+                cache_ref=_cache_ref(engine, site, cell.id),
+            )
+            phase.done(steps.counts())
     image = engine.image(plan.tag)
     if image is None:
         raise InfraError(f"{cell.id}: the build reported success but {plan.tag} is not in the image store")
     seconds = time.monotonic() - started
-    print(f"{cell.id}: built {plan.tag} ({image.id[:19]}) in {seconds:.0f}s", file=sys.stderr)
+    with log_path.open("a") as log:
+        log.write(f"{BUILT_MARK}{plan.tag} {image.id} in {seconds:.1f}s\n")
+    link_build_log(out_dir, plan.tag, log_path)
+    console().say(f"{cell.id}: built {plan.tag} ({image.id[:19]}) in {seconds:.0f}s")
     base_resolved = resolved[0] if resolved and isinstance(cell.base, RegistryBase) else None
     if base_resolved and isinstance(cell.base, RegistryBase) and not cell.base.digest:
         print(
@@ -234,7 +263,38 @@ def _build(
         base_resolved=base_resolved,
         matrix_digest=matrix.digest,
         log=str(log_path),
+        made_in_s=round(seconds, 1),
     )
+
+
+@dataclass
+class BuildSteps:
+    """BuildKit's plain progress read for the build's phase line: `#7 [3/7] RUN ...` is step 3 of 7
+    (the `[internal]` steps are not counted), `#7 CACHED` a step taken from the cache."""
+
+    step: int = 0
+    total: int = 0
+    cached: int = 0
+    _current: dict[str, int] = dataclasses.field(default_factory=dict)  # BuildKit's #N -> step
+
+    def feed(self, line: str) -> bool:
+        """Read one line; True when the counts changed."""
+        if match := _STEP.match(line):
+            number, step, total = match.group(1), int(match.group(2)), int(match.group(3))
+            self._current[number] = step
+            if (step, total) != (self.step, self.total) and step >= self.step:
+                self.step, self.total = step, total
+                return True
+        elif (match := _CACHED.match(line)) and match.group(1) in self._current:
+            self.cached += 1
+            return True
+        return False
+
+    def counts(self) -> str:
+        if not self.total:
+            return "preparing"
+        cached = f", {self.cached} cached" if self.cached else ""
+        return f"step {self.step}/{self.total}{cached}"
 
 
 def _cache_ref(engine: Engine, site: SiteSettings, cell_id: str) -> str | None:
@@ -254,7 +314,7 @@ def _cache_ref(engine: Engine, site: SiteSettings, cell_id: str) -> str | None:
 
 def _build_log(out_dir: Path) -> Path:
     """A log file of this build's own (`build-STAMP[-N].log`, created exclusively: concurrent builds
-    of one cell never share one), and `build.log` pointing at the newest."""
+    of one cell never share one). `build.log` moves to it only when the build succeeds."""
     stamp = time.strftime("%Y%m%dT%H%M%S")
     for n in range(1, 10_000):
         path = out_dir / (f"build-{stamp}.log" if n == 1 else f"build-{stamp}-{n}.log")
@@ -262,12 +322,57 @@ def _build_log(out_dir: Path) -> Path:
             path.touch(exist_ok=False)
         except FileExistsError:
             continue
-        latest = out_dir / f".build.log.{os.getpid()}"
-        latest.unlink(missing_ok=True)
-        latest.symlink_to(path.name)
-        os.replace(latest, out_dir / "build.log")  # atomic: readers see the old or the new link
         return path
     raise InfraError(f"{out_dir}: 10,000 build logs this second")
+
+
+def link_build_log(out_dir: Path, tag: str, log: Path | None = None) -> Path | None:
+    """Point `build.log` at the log of the build that made `tag`: `log`, else the newest log here
+    that ends with that build's mark. None found (the image was built elsewhere, or pulled):
+    `build.log` is removed rather than left naming another build, a failed one least of all."""
+    if log is None:
+        logs = sorted(out_dir.glob("build-*.log"), key=lambda p: p.stat().st_mtime, reverse=True)
+        log = next((p for p in logs if _built_tag(p) == tag), None)
+    link = out_dir / "build.log"
+    if log is None:
+        link.unlink(missing_ok=True)
+        return None
+    latest = out_dir / f".build.log.{os.getpid()}"
+    latest.unlink(missing_ok=True)
+    latest.symlink_to(log.name)
+    os.replace(latest, link)  # atomic: readers see the old or the new link
+    return log
+
+
+def build_seconds(out_dir: Path, tag: str) -> float | None:
+    """How long the build whose log `build.log` points at took to make `tag` (its last line)."""
+    link = out_dir / "build.log"
+    mark = _built_mark(link) if link.exists() else None
+    return mark[1] if mark and mark[0] == tag else None
+
+
+def _built_tag(log: Path) -> str | None:
+    """The tag a finished build's log names on its last line; None for a failed or running one."""
+    mark = _built_mark(log)
+    return mark[0] if mark else None
+
+
+def _built_mark(log: Path) -> tuple[str, float | None] | None:
+    """(tag, seconds) from a finished build's last line."""
+    try:
+        with log.open("rb") as f:
+            f.seek(max(0, log.stat().st_size - 4096))
+            last = f.read().decode(errors="replace").rstrip("\n").rsplit("\n", 1)[-1]
+    except OSError:
+        return None
+    if not last.startswith(BUILT_MARK):
+        return None
+    words = last.removeprefix(BUILT_MARK).split()
+    seconds = None
+    if len(words) >= 4 and words[2] == "in" and words[3].endswith("s"):
+        with contextlib.suppress(ValueError):
+            seconds = float(words[3][:-1])
+    return words[0], seconds
 
 
 def write_context(plan: BuildPlan, context: Path) -> None:

@@ -1,7 +1,8 @@
 """The one place that starts subprocesses.
 
 Every external command (docker, debootstrap, uv, pip) goes through `run` or `stream`, which echo
-`+ argv` to stderr first, apply a timeout, and raise `CommandFailed` with the tail of the output.
+`+ argv` first (to the terminal with -v, pipeline.console), apply a timeout, and raise
+`CommandFailed` with the tail of the output.
 Values named in `redact` are replaced by `***` in every echo and error message.
 """
 
@@ -10,13 +11,13 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
-import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.console import console
 from pipeline.errors import InfraError, PipelineError
 
 __all__ = ["CommandFailed", "CommandResult", "run", "stream"]
@@ -67,7 +68,7 @@ def run(
     """
     redact = tuple(redact)
     if not quiet:
-        print(f"+ {_echo(argv, redact)}", file=sys.stderr, flush=True)
+        console().command(_echo(argv, redact))
     started = time.monotonic()
     try:
         proc = subprocess.run(
@@ -113,7 +114,7 @@ def stream(
     killed when `timeout` passes or when the caller is interrupted, so nothing is left running.
     """
     redact = tuple(redact)
-    print(f"+ {_echo(argv, redact)}", file=sys.stderr, flush=True)
+    console().command(_echo(argv, redact))
     started = time.monotonic()
     tail: deque[str] = deque(maxlen=tail_lines)
     try:

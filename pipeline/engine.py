@@ -288,6 +288,13 @@ class Engine:
         status, _, code = result.stdout.strip().partition(" ")
         return status, int(code or -1)
 
+    def container_pid(self, name: str) -> int | None:
+        """The host PID of the container's init process (`.State.Pid`), whose cgroup is the
+        container's; None when the container is gone or not running."""
+        result = self._docker("inspect", "--format", "{{.State.Pid}}", name, check=False, quiet=True, timeout=30)
+        text = result.stdout.strip()
+        return int(text) if result.returncode == 0 and text.isdigit() and int(text) > 0 else None
+
     def follow_logs(self, name: str, on_line: Callable[[str], None], *, timeout: float) -> None:
         """Stream the container's output, line by line, until it is removed (then it returns)."""
         with contextlib.suppress(Exception):  # `docker logs` fails once the container is gone

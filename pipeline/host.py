@@ -1,7 +1,8 @@
 """The geometry of the host a verification ran on: what a receipt may claim, and no more.
 
 GPU names, compute capabilities and the driver come from `nvidia-smi` (absent: `none`, a CPU
-host); the rest from the platform and the docker daemon. Two hosts with the same `key` run the
+host); the CPU model and core count from /proc/cpuinfo and the scheduler (a CPU cell's tok/s means
+something only beside them); the rest from the platform and the docker daemon. Two hosts with the same `key` run the
 same GPUs on the same driver and architecture: `stackproof pull` compares keys and fields to say
 "verified on X, you have Y".
 """
@@ -10,15 +11,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import platform
 import re
 import shutil
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from pipeline import cmd
 
-__all__ = ["HostFingerprint", "differences", "host_fingerprint"]
+__all__ = ["HostFingerprint", "cpu_model", "differences", "host_fingerprint"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -30,6 +33,8 @@ class HostFingerprint:
     gpus: tuple[dict[str, str], ...]  # {name, compute_capability, memory}; empty on a CPU host
     driver: str  # NVIDIA driver version, or "none"
     cuda_driver: str  # the highest CUDA version the driver supports, or "none"
+    cpu_model: str = ""  # /proc/cpuinfo's model name; "" in receipts made before it was recorded
+    cpu_cores: int = 0  # logical CPUs this host has; 0: not recorded
 
     @property
     def gpu_summary(self) -> str:
@@ -65,6 +70,8 @@ class HostFingerprint:
             gpus=tuple(dict(g) for g in data.get("gpus") or ()),
             driver=str(data.get("driver", "none")),
             cuda_driver=str(data.get("cuda_driver", "none")),
+            cpu_model=str(data.get("cpu_model") or ""),
+            cpu_cores=int(data.get("cpu_cores") or 0),
         )
 
 
@@ -96,7 +103,24 @@ def host_fingerprint(docker_version: str | None = None) -> HostFingerprint:
         gpus=gpus,
         driver=driver,
         cuda_driver=cuda_driver,
+        cpu_model=cpu_model(),
+        cpu_cores=os.cpu_count() or 0,
     )
+
+
+def cpu_model(cpuinfo: str | None = None) -> str:
+    """The CPU's model name (`AMD EPYC 9654 96-Core Processor`) from /proc/cpuinfo's text; on
+    machines without `model name` (some ARM kernels) its `Model`/`CPU part`, else the platform."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace")
+        except OSError:
+            cpuinfo = ""
+    for key in ("model name", "Model", "Hardware", "CPU part"):
+        match = re.search(rf"^{key}\s*:\s*(.+?)\s*$", cpuinfo, re.MULTILINE)
+        if match:
+            return " ".join(match.group(1).split())
+    return platform.processor() or platform.machine()
 
 
 def differences(verified: HostFingerprint, here: HostFingerprint) -> list[str]:

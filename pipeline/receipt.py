@@ -92,6 +92,8 @@ class Receipt:
     # empty) and the stalls documented with their forensics (docs/stall-forensics.md).
     cost: dict[str, Any] | None = None
     forensics: tuple[dict[str, Any], ...] = ()
+    # How the image came to be: built, found or pulled, the build's seconds and the image's size.
+    build: dict[str, Any] | None = None
     tool_version: str = pipeline.__version__
     schema_version: int = RECEIPT_SCHEMA_VERSION
 
@@ -122,6 +124,7 @@ class Receipt:
             "servers": self.servers,
             "cost": self.cost,
             "forensics": list(self.forensics),
+            "build": self.build,
         }
 
     @classmethod
@@ -180,6 +183,7 @@ def _parse(d: dict[str, Any]) -> Receipt:
         servers=dict(d.get("servers") or {}),
         cost=d.get("cost"),
         forensics=tuple(d.get("forensics") or ()),
+        build=d.get("build"),
         tool_version=str((d.get("tool") or {}).get("version", "")),
     )
 
@@ -303,7 +307,8 @@ def render_markdown(receipt: Receipt) -> str:
         f"{receipt.status_reason}",
         "",
         f"- image `{receipt.image.ref}` id `{receipt.image.id}`",
-        f"- host: {host.describe()} (key `{host.key}`), docker {host.docker}",
+        f"- host: {host.describe()} (key `{host.key}`), docker {host.docker}"
+        + (f", CPU {host.cpu_model} x {host.cpu_cores}" if host.cpu_cores else ""),
         f"- {receipt.seconds:.0f}s, stackproof {receipt.tool_version}, matrix `{receipt.matrix_digest[:19]}`",
         "",
         "| stage | status | seconds | checks |",
@@ -334,7 +339,38 @@ def render_markdown(receipt: Receipt) -> str:
         ]
         if load.get("correctness"):
             lines.append(_correctness_line(load["correctness"]))
+    cost = _cost_line(receipt.cost, receipt.build)
+    if cost:
+        lines += ["", cost]
     return "\n".join(lines) + "\n"
+
+
+def _cost_line(cost: dict[str, Any] | None, build: dict[str, Any] | None) -> str:
+    """The numbers of the cost and build sections that have values (CPU cells: CPU-s per token,
+    peak RSS, tok/s per core; every cell: build time and image size)."""
+    shown = [
+        ("CPU-s/token", (cost or {}).get("cpu_seconds_per_output_token"), "{:.5f}"),
+        ("peak RSS", (cost or {}).get("peak_rss_bytes"), "bytes"),
+        ("tok/s per core", (cost or {}).get("output_tok_s_per_core"), "{:.1f}"),
+        ("peak GPU memory", (cost or {}).get("peak_memory_bytes"), "bytes"),
+        ("J/token", (cost or {}).get("energy_per_output_token_j"), "{:.3f}"),
+        ("build", (build or {}).get("build_seconds"), "{:.0f} s"),
+        ("image", (build or {}).get("image_size_bytes"), "bytes"),
+    ]
+    parts = []
+    for name, measure, form in shown:
+        value = measure.get("value") if isinstance(measure, dict) else None
+        if isinstance(value, int | float):
+            parts.append(f"{name} {_bytes(value) if form == 'bytes' else form.format(value)}")
+    return "**Cost**: " + ", ".join(parts) if parts else ""
+
+
+def _bytes(value: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GiB"
 
 
 def _correctness_line(section: dict[str, Any]) -> str:

@@ -117,7 +117,7 @@ def evaluate(expect: Expectation | None, stages: list[StageResult]) -> Outcome:
         if bad:
             return Outcome(passed=False, summary=f"{bad[0].stage} {bad[0].status}: {_first_failure(bad[0])}")
         note = f" (expected failure at {expect.stage} not evaluated: stage not run)" if expect else ""
-        return Outcome(passed=True, summary="all stages passed" + note)
+        return Outcome(passed=True, summary=passed_summary(stages) + note)
     target = next(s for s in stages if s.stage == expect.stage)
     before = [s for s in stages if STAGES.index(s.stage) < STAGES.index(expect.stage)]
     record: dict[str, Any] = {"stage": expect.stage, "reason": expect.reason, "match": expect.match}
@@ -156,6 +156,30 @@ def evaluate(expect: Expectation | None, stages: list[StageResult]) -> Outcome:
         expected_failure={**record, "matched": True},
         summary=f"failed at {expect.stage} as expected: {expect.reason}",
     )
+
+
+def passed_summary(stages: list[StageResult]) -> str:
+    """What a pass is made of: "all stages passed" only when every stage ran and none was skipped;
+    otherwise which passed, which were skipped (with the first reason) and which never ran."""
+    ran = {s.stage for s in stages}
+    skipped = [s for s in stages if s.status is Status.SKIP]
+    not_run = [name for name in STAGES if name not in ran]
+    if not skipped and not not_run:
+        return "all stages passed"
+    parts = []
+    passed = [s.stage for s in stages if s.status is not Status.SKIP]
+    if passed:
+        parts.append(f"passed: {', '.join(passed)}")
+    if skipped:
+        parts.append("skipped: " + ", ".join(f"{s.stage} ({_skip_reason(s)})" for s in skipped))
+    if not_run:
+        parts.append(f"not run: {', '.join(not_run)}")
+    return "; ".join(parts)
+
+
+def _skip_reason(stage: StageResult) -> str:
+    reasons = [c.message for c in stage.checks if c.status is Status.SKIP and c.message]
+    return " ".join(reasons[0].split())[:120] if reasons else "no reason given"
 
 
 def _first_failure(stage: StageResult) -> str:

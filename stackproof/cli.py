@@ -21,6 +21,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import pipeline
+from pipeline.console import console
 from pipeline.errors import InputError, Interrupted, MatrixError, PipelineError
 from pipeline.load import MAX_CONCURRENCY, MAX_COUNT, MAX_SECONDS
 from pipeline.model import DEFAULT_ENGINE, SERVING_ENGINES, Cell, LoadSpec, Matrix
@@ -38,6 +39,7 @@ __all__ = ["main"]
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    console().verbose = bool(getattr(args, "verbose", False)) or console().verbose
     signal.signal(signal.SIGTERM, _raise_interrupted)
     try:
         return int(args.handler(args) or 0)
@@ -52,7 +54,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"stackproof: {len(exc.problems)} problem(s) in the matrix; nothing was built or run", file=sys.stderr)
         return _fail(args, exc.exit_code, "the matrix is invalid", exc.problems)
     except PipelineError as exc:
-        print(f"stackproof: error: {exc}", file=sys.stderr)
+        # A failed tool's last lines were printed by its phase (pipeline.console): not twice.
+        shown = str(exc).splitlines()[0] if getattr(exc, "tail_shown", False) else str(exc)
+        print(f"stackproof: error: {shown}", file=sys.stderr)
         return _fail(args, exc.exit_code, str(exc))
     # Foreseeable conditions a reader below did not name more precisely: still no traceback.
     except UnicodeDecodeError as exc:
@@ -320,6 +324,9 @@ def _parser() -> argparse.ArgumentParser:
         "--images", type=Path, default=None, help="templates and recipes directory (default: images/ beside the matrix)"
     )
     common.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    common.add_argument(
+        "-v", "--verbose", action="store_true", help="stream the tools' whole output (debootstrap, build, server)"
+    )
     load_opts = argparse.ArgumentParser(add_help=False)
     group = load_opts.add_argument_group("load (overrides serve.load)")
     for option in _load_options():
@@ -486,11 +493,10 @@ def _lock(args: argparse.Namespace) -> int:
 
 def _build(args: argparse.Namespace) -> int:
     from pipeline.build import build_cell
-    from pipeline.site import load_site
 
     matrix, images = _load(args)
     cell = matrix.cell(args.cell)
-    site = load_site(matrix)
+    site = _site(matrix)
     engine = _engine(args, matrix, cell, images, site)
     result = build_cell(
         engine,
@@ -507,6 +513,16 @@ def _build(args: argparse.Namespace) -> int:
     how = {"local": " (existing)", "registry": f" (pulled {result.registry_ref})"}.get(result.source, "")
     _emit(args, result.to_json(), f"{result.tag} {result.image_id}{how}")
     return 0
+
+
+def _site(matrix: Matrix) -> SiteSettings:
+    """This machine's site settings, saying on stderr what was found rather than set (a mirror)."""
+    from pipeline.site import load_site
+
+    site = load_site(matrix)
+    for note in site.notes:
+        print(f"site: {note}", file=sys.stderr)
+    return site
 
 
 def _engine(args: argparse.Namespace, matrix: Matrix, cell: Cell, images: Path, site: SiteSettings) -> Engine:
@@ -536,7 +552,6 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _verify_or_run(args: argparse.Namespace, *, build: bool) -> int:
-    from pipeline.site import load_site
     from stackproof.runjob import run_cell
     from verify.runner import parse_stages
 
@@ -545,7 +560,7 @@ def _verify_or_run(args: argparse.Namespace, *, build: bool) -> int:
     if args.arm:
         cell.arm(args.arm)  # a bad arm name is a usage error before anything is built or run
     stages = parse_stages(args.stages)
-    site = load_site(matrix)
+    site = _site(matrix)
     if args.previous is not None:
         from pipeline.jsonfile import read_json
 

@@ -143,6 +143,8 @@ class Fingerprint:
     cudnn_host: tuple[str, ...]  # libcudnn versions the dynamic loader knows
     env: tuple[tuple[str, str], ...]
     notes: tuple[str, ...] = field(default=())
+    cpu_model: str | None = None
+    cpu_cores: int | None = None
 
     @classmethod
     def parse(cls, document: dict[str, Any], source: str = "doctor output") -> Fingerprint:
@@ -186,6 +188,8 @@ class Fingerprint:
             cudnn_host=tuple((document.get("cudnn_host") or {}).get("versions") or ()),
             env=tuple(sorted(env.items())),
             notes=tuple(notes),
+            cpu_model=host.get("cpu_model"),
+            cpu_cores=host.get("cpu_cores") if isinstance(host.get("cpu_cores"), int) else None,
         )
 
     @property
@@ -219,6 +223,8 @@ class Fingerprint:
             gpus=gpus,
             driver=self.driver or "none",
             cuda_driver=self.cuda_driver or "none",
+            cpu_model=self.cpu_model or "",
+            cpu_cores=self.cpu_cores or 0,
         )
 
     def version(self, name: str) -> str | None:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pipeline.build import build_cell, built_image
+from pipeline.build import build_cell, build_seconds, built_image
 from pipeline.engine import Engine
 from pipeline.errors import InfraError
 from pipeline.host import host_fingerprint
@@ -23,7 +23,7 @@ from pipeline.modelstore import ensure_model
 from pipeline.receipt import write_all
 from pipeline.result import CheckResult, VerifyReport
 from pipeline.site import SiteSettings
-from verify.receipt import build_receipt
+from verify.receipt import build_receipt, build_section
 from verify.runner import verify_image
 
 __all__ = ["exclusive_dir", "run_cell"]
@@ -53,11 +53,13 @@ def run_cell(
         _ensure_model(matrix, cell, stages, fetch_model)  # a wrong revision ends the run before a long build
         built = build_cell(engine, matrix, cell, site, images_dir, out_dir=out_root / cell.id)
         tag, image_id, base_ref = built.tag, built.image_id, built.base_ref
+        source, made_in_s = built.source, built.made_in_s
     else:
         plan, image = built_image(engine, matrix, cell, site, images_dir)
         _ensure_model(matrix, cell, stages, fetch_model)
         print(f"{cell.id}: verifying {plan.tag} ({image.id[:19]})", file=sys.stderr)
         tag, image_id, base_ref = plan.tag, image.id, plan.base_ref
+        source, made_in_s = "local", build_seconds(out_root / cell.id, plan.tag)
     return _verify_with_receipt(
         engine,
         matrix,
@@ -70,6 +72,7 @@ def run_cell(
         out_dir=_run_dir(out_root, cell),
         previous=previous,
         load=load,
+        build=(source, made_in_s),
     )
 
 
@@ -86,6 +89,7 @@ def _verify_with_receipt(
     out_dir: Path,
     previous: Path | None,
     load: LoadSpec | None,
+    build: tuple[str, float | None] = ("local", None),
 ) -> VerifyReport:
     """The stages, then the receipt (JSON, JUnit XML, Markdown) of this image on this host."""
     started = time.time()
@@ -115,6 +119,7 @@ def _verify_with_receipt(
         finished_at=time.time(),
         repo_digests=info.repo_digests if info else (),
         image_store=engine.image_store(),
+        build=build_section(source=build[0], made_in_s=build[1], image_size=info.size if info else None),
     )
     paths = write_all(receipt, out_dir)
     print(f"{cell.id}: receipt {receipt.status}: {paths['receipt']} (+ junit.xml, summary.md)", file=sys.stderr)

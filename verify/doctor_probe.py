@@ -101,7 +101,22 @@ def host_facts() -> dict[str, Any]:
         "machine": platform.machine(),
         "libc": f"{libc} {libc_version}".strip() or None,
         "container": _container(),
+        "cpu_model": _cpu_model(),
+        "cpu_cores": os.cpu_count(),
     }
+
+
+def _cpu_model() -> str | None:
+    """/proc/cpuinfo's model name: a CPU host's tok/s compares only beside it."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("model name", "Model") and value.strip():
+                    return " ".join(value.split())
+    except OSError:
+        pass
+    return platform.processor() or None
 
 
 def _os_release() -> str | None:

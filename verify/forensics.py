@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pipeline.engine import Engine
 from pipeline.model import Cell
+from verify.cpucost import CpuSampler, cpu_cost_fields, empty_cpu_fields, reader_for
 from verify.gpucost import GpuSample, GpuSampler, cost_section, empty_cost_section, open_reader
 from verify.pyspy import PySpy, find_py_spy
 from verify.serving import driver_for
@@ -336,7 +337,8 @@ class DockerSide:
 
 @dataclass(kw_only=True)
 class LoadInstruments:
-    """What the load stage adds around `run_load`: the GPU cost sampler and the stall forensics."""
+    """What the load stage adds around `run_load`: the cost samplers (GPUs on GPU cells, the server
+    container's cgroup on CPU cells) and the stall forensics."""
 
     engine: Engine
     run_dir: Path
@@ -349,6 +351,9 @@ class LoadInstruments:
     load_start: float = 0.0
     py_spy: PySpy | None = None
     samples: list[GpuSample] | None = None
+    cpu_sampler: CpuSampler | None = None
+    cpu_reason: str = ""
+    cores: float | None = None
 
     @classmethod
     def for_cell(
@@ -373,6 +378,12 @@ class LoadInstruments:
         self.load_start = time.monotonic()
         if not self.gpu:
             self.reason = "CPU cell (arch none): no GPU is assigned to the server"
+            cgroup = reader_for(lambda: self.engine.container_pid(container))
+            if isinstance(cgroup, str):
+                self.cpu_reason = cgroup
+                return
+            self.cores = cgroup.cores()
+            self.cpu_sampler = CpuSampler(reader=cgroup).start()
             return
         reader = open_reader()
         if isinstance(reader, str):
@@ -406,6 +417,8 @@ class LoadInstruments:
     def stop(self) -> None:
         if self.sampler is not None and self.samples is None:
             self.samples = self.sampler.stop()
+        if self.cpu_sampler is not None:
+            self.cpu_sampler.stop()  # its last reading: the load's end
 
     def cost_of(self, outcome: LoadOutcome, summary: dict[str, Any]) -> dict[str, Any]:
         """The cost section of a finished load: every output token it counted, greedy phase B's too."""
@@ -415,6 +428,8 @@ class LoadInstruments:
 
     def finish(self, *, output_tokens: int, seconds: float) -> dict[str, Any]:
         """The load's cost section, from the samples taken until `stop`."""
+        if self.sampler is None and not self.gpu:
+            return {**empty_cost_section(self.reason), **self._cpu_fields(output_tokens, seconds)}
         if self.sampler is None:
             return empty_cost_section(self.reason)
         self.stop()
@@ -423,3 +438,13 @@ class LoadInstruments:
         if self.sampler.errors:
             section["sampler_errors"] = self.sampler.errors[:5]
         return section
+
+    def _cpu_fields(self, output_tokens: int, seconds: float) -> dict[str, Any]:
+        if self.cpu_sampler is None:
+            return empty_cpu_fields(self.cpu_reason or "no cgroup reading was started")
+        self.stop()
+        samples = self.cpu_sampler.samples
+        fields = cpu_cost_fields(samples, output_tokens=output_tokens, seconds=seconds, cores=self.cores)
+        if self.cpu_sampler.errors:
+            fields["cpu_sampler_errors"] = self.cpu_sampler.errors[:5]
+        return fields

@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import itertools
 import json
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -24,6 +23,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from pipeline.console import console
 from pipeline.errors import CheckFailed, InfraError
 from pipeline.model import LoadSpec
 from pipeline.result import CheckResult, Status
@@ -157,7 +157,7 @@ class _LoadRun:
                 if fatal is None:
                     after = await _settled_scrape(self.probe_api, self.names, before, self.records, self.b_tokens[1])
                 seconds = self.clock() - self.load_started
-        print(f"{target.label}: load ended after {seconds:.1f}s: {self.live.stop_reason}", file=sys.stderr)
+        console().say(f"{target.label}: load ended after {seconds:.1f}s: {self.live.stop_reason}")
         # The greedy answers alone, per prompt, for `stackproof compare` across cells and arms.
         greedy_path = write_greedy(
             self.out_dir / GREEDY_FILE, model=self.model, max_tokens=spec.determinism_max_tokens, label=target.label,
@@ -392,26 +392,31 @@ async def _settled_scrape(
 async def _report_progress(
     target: LoadTarget, live: Live, tracker: Tracker, clock: Callable[[], float], spec: LoadSpec, stop: asyncio.Event
 ) -> None:
-    """A progress line every few seconds: questions done and clean, in flight, progress age, tok/s, luck."""
-    tty = sys.stderr.isatty()
-    every = 2.0 if tty else 10.0
+    """The load's phase line, renewed every 2 s (pipeline.console rewrites it on a terminal and
+    prints it every EVERY_S elsewhere): questions done and clean, in flight, progress age, tok/s, luck."""
     last_tokens, last_at = 0, clock()
-    while not stop.is_set():
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), every)
-        now = clock()
-        rate = (live.output_tokens - last_tokens) / max(now - last_at, 1e-6)
-        last_tokens, last_at = live.output_tokens, now
+    phase = console().phase("load", target.label)
+
+    def counts() -> tuple[int, int, str]:
         done, clean = live.questions_done + target.prior[0], live.questions_clean + target.prior[1]
         luck = f"{fault_stats(spec.baseline_rate, done, 0).p_luck:.0%}" if done and done == clean else "-"
-        line = (
-            f"{target.label}: load {now:5.0f}s  questions {done} done, {clean} clean  "
-            f"in flight {live.in_flight}  progress {tracker.progress_age(now):4.1f}s ago  "
-            f"{rate:6.0f} tok/s  luck {luck}"
-        )
-        print(("\r" + line) if tty else line, end="" if tty else "\n", file=sys.stderr, flush=True)
-    if tty:
-        print(file=sys.stderr)
+        return done, clean, luck
+
+    try:
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 2.0)
+            now = clock()
+            rate = (live.output_tokens - last_tokens) / max(now - last_at, 1e-6)
+            last_tokens, last_at = live.output_tokens, now
+            done, clean, luck = counts()
+            phase.update(
+                f"questions {done} done, {clean} clean  in flight {live.in_flight}  "
+                f"progress {tracker.progress_age(now):4.1f}s ago  {rate:6.0f} tok/s  luck {luck}"
+            )
+    finally:  # the run cancels this task when it ends: the verdict is the stage's, not the line's
+        done, clean, luck = counts()
+        phase.done(f"questions {done} done, {clean} clean, {live.output_tokens} output tokens, luck {luck}")
 
 
 def _config(spec: LoadSpec, soak: bool) -> dict[str, Any]:

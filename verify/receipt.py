@@ -15,7 +15,7 @@ from verify.costreceipt import cost_and_forensics
 from verify.probe import ProbeReport
 from verify.serving import DRIVERS
 
-__all__ = ["build_receipt", "receipt_status"]
+__all__ = ["build_receipt", "build_section", "receipt_status"]
 
 # The serving engines' own distributions (each driver's), then the stack under them.
 RUNTIME_DISTS = (
@@ -52,6 +52,7 @@ def build_receipt(
     finished_at: float,
     repo_digests: tuple[str, ...] = (),
     image_store: str = "classic",
+    build: dict[str, Any] | None = None,
 ) -> Receipt:
     status, reason = receipt_status(report)
     load = _load_summary(report)
@@ -80,7 +81,27 @@ def build_receipt(
         servers=report.servers,
         cost=spent["cost"],
         forensics=tuple(spent["forensics"]),
+        build=build,
     )
+
+
+def build_section(*, source: str, made_in_s: float | None, image_size: int | None) -> dict[str, Any]:
+    """The receipt's `build`: how the image came to be (built by this run, `local`: found under its
+    content tag, `registry`: pulled), how long its build took and how large it is; an empty value
+    says why."""
+    why = {
+        "registry": "pulled from the site's registry: built elsewhere",
+        "local": "the image was here already and no log of its build is",
+    }.get(source, "the build's time was not recorded")
+    seconds: dict[str, Any] = {"value": made_in_s, "unit": "s"}
+    if made_in_s is None:
+        seconds["reason"] = why
+    size = (
+        {"value": image_size, "unit": "bytes"}
+        if image_size
+        else {"value": None, "unit": "bytes", "reason": "the daemon reported no size"}
+    )
+    return {"source": source, "build_seconds": seconds, "image_size_bytes": size}
 
 
 def _iso(epoch: float) -> str:

@@ -8,11 +8,11 @@ to `report.json` in the run's directory.
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.console import console
 from pipeline.engine import Engine
 from pipeline.errors import InputError
 from pipeline.model import STAGES, Arm, Cell, LoadSpec
@@ -166,7 +166,7 @@ def verify_image(
     which decides whether the startup server can also serve autotune (verify.serverplan). `runners`:
     the stage table (stand-ins in unit tests)."""
     plan = plan_servers(cell, arm, stages, dict(image_env))
-    print(f"{cell.id}: {plan.starts} server start(s) planned: {plan.reason}", file=sys.stderr)
+    console().say(f"{cell.id}: {plan.starts} server start(s) planned: {plan.reason}")
     share = SharedServer()  # the run owns the kept server: removed here whatever happens
     results: list[StageResult] = []
     facts = stage_facts(cell, None)
@@ -197,7 +197,7 @@ def verify_image(
             if result.status in (Status.FAIL, Status.ERROR):
                 skipped = stages[stages.index(stage) + 1 :]
                 if skipped:
-                    print(f"{cell.id}: {stage} {result.status}: not running {', '.join(skipped)}", file=sys.stderr)
+                    console().say(f"{cell.id}: {stage} {result.status}: not running {', '.join(skipped)}")
                 break
     finally:
         share.close()
@@ -216,14 +216,19 @@ def verify_image(
 
 
 def _print_stage(cell: Cell, result: StageResult) -> None:
-    print(f"{cell.id}: stage {result.stage}: {result.status} ({result.seconds:.1f}s)", file=sys.stderr)
-    for check in result.checks:
+    """The stage's verdict, then the checks a person must read: all of them with -v, otherwise only
+    those that did not pass (a stage of 13 PASS lines says "13 passed"); a SKIP says why."""
+    say = console().say
+    shown = [c for c in result.checks if console().verbose or c.status not in (Status.PASS, Status.SKIP)]
+    passed = sum(1 for c in result.checks if c.status is Status.PASS)
+    why = ""
+    if result.status is Status.SKIP:
+        reasons = [c.message for c in result.checks if c.status is Status.SKIP and c.message]
+        why = f": {' '.join(reasons[0].split())[:160]}" if reasons else ""
+    counted = f", {passed} checks passed" if passed and len(shown) < len(result.checks) else ""
+    say(f"{cell.id}: stage {result.stage}: {result.status} ({result.seconds:.1f}s){counted}{why}")
+    for check in shown:
         if check.status is not Status.SKIP:
-            print(f"  {check.status:<12} {check.name}: {check.message}", file=sys.stderr)
+            say(f"  {check.status:<12} {check.name}: {check.message}")
         if check.status in (Status.FAIL, Status.ERROR) and check.evidence.get("last_log_lines"):
-            print(
-                "  last log lines:",
-                *(f"    {line}" for line in check.evidence["last_log_lines"][-15:]),
-                sep="\n",
-                file=sys.stderr,
-            )
+            say("\n".join(["  last log lines:", *(f"    {line}" for line in check.evidence["last_log_lines"][-15:])]))

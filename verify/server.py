@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
+from pipeline.console import console
 from pipeline.engine import Container, Engine, Mount
 from pipeline.errors import CheckFailed
 from pipeline.model import Arm, Cell, ServeSpec
@@ -36,7 +37,6 @@ HOST = "127.0.0.1"  # servers bind loopback only; traffic never leaves this mach
 RUN_LABEL = "io.stackproof.run"
 SERVER_ROLE = "server"
 POLL_SECONDS = 1.0
-PROGRESS_EVERY_S = 15.0
 
 
 def free_port() -> int:
@@ -187,7 +187,7 @@ class ServerContainer:
                 self.tail.append(line)
                 if self.watcher is not None:
                     self.watcher.feed(line)
-                print(f"[server {self.cell.id}] {line}", file=sys.stderr, flush=True)
+                console().feed("server", self.cell.id, line)
 
             # It ends when the container is removed; the log so far is kept.
             self.engine.follow_logs(self.name, on_line, timeout=24 * 3600)
@@ -205,9 +205,11 @@ class ServerContainer:
         """Poll the health path until 200; fail fast when the container exits, give up at the timeout."""
         timeout = timeout or self.serve.readiness_timeout_s
         started = time.monotonic()
-        next_progress = started + PROGRESS_EVERY_S
-        health = f"{self.base_url}{self.driver.endpoints.health}"
-        with ServerCalls(self.base_url, self.driver) as calls:
+        health = self.driver.endpoints.health
+        with (
+            console().phase("server", self.cell.id, log=self.log_path) as phase,
+            ServerCalls(self.base_url, self.driver) as calls,
+        ):
             while True:
                 status, code = self.state()
                 if status not in ("running", "created"):
@@ -226,16 +228,12 @@ class ServerContainer:
                     )
                 if calls.healthy():
                     seconds = time.monotonic() - started
-                    print(f"{self.cell.id}: ready in {seconds:.0f}s", file=sys.stderr)
+                    phase.done(f"ready at {self.base_url}")
                     return Readiness(seconds=round(seconds, 1), url=self.base_url)
                 now = time.monotonic()
                 if now - started > timeout:
                     raise ServerFailed(f"not ready after {timeout:.0f}s (readiness_timeout)", self)
-                if now >= next_progress:
-                    print(
-                        f"{self.cell.id}: waiting for {health}: {now - started:.0f}s of {timeout:.0f}s", file=sys.stderr
-                    )
-                    next_progress = now + PROGRESS_EVERY_S
+                phase.update(f"{phase.lines} log lines, waiting for {health} (up to {timeout:.0f}s)")
                 time.sleep(POLL_SECONDS)
 
     def complete(

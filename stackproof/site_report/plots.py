@@ -117,8 +117,12 @@ def timeline_svg(
     ax.plot(times, [rate for _, rate, _ in timeline], color="#4c72b0", marker=".", label="output tokens/s")
     ax.set_xlabel("seconds since the load started")
     ax.set_ylabel("output tokens/s (from /metrics)")
+    ax.set_ylim(bottom=0)
     right = ax.twinx()
-    right.step(times, [n for _, _, n in timeline], where="post", color="#dd8452", label="requests in flight")
+    in_flight = [n for _, _, n in timeline]
+    right.step(times, in_flight, where="post", color="#dd8452", label="requests in flight")
+    right.set_ylim(*in_flight_limits(in_flight))
+    right.yaxis.get_major_locator().set_params(integer=True)  # requests are whole
     right.set_ylabel("requests in flight")
     right.spines["right"].set_visible(True)
     for event in events:
@@ -139,6 +143,11 @@ def timeline_svg(
     verdicts = ", ".join(f"{e.get('type')} at {e.get('at')}s" for e in events) or "no stall verdict"
     desc = f"{len(timeline)} /metrics scrapes over {max(times, default=0):.0f}s; {verdicts}"
     return _svg(fig, title=f"Engine progress: {what}", desc=desc, prefix=prefix)
+
+
+def in_flight_limits(in_flight: Sequence[int]) -> tuple[float, float]:
+    """The in-flight axis from zero: auto-scaled to 6..7, one request less looked like none at all."""
+    return 0.0, max(in_flight, default=0) + 1.0
 
 
 def heatmap_svg(tables: Sequence[Mapping[str, Any]], *, prefix: str, what: str) -> str:

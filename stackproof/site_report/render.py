@@ -230,7 +230,8 @@ def _cell_plots(cell: str, receipts: tuple[Receipt, ...]) -> dict[str, Any]:
         if r.autotune:
             out["heatmap"][r.id] = Markup(plots.heatmap_svg(r.autotune, prefix=f"hm-{r.id}", what=what))
     measured = [r for r in heads if r.tok_s is not None]
-    if measured:
+    # Bars compare receipts; one receipt's numbers are the table beside it, not a one-bar chart.
+    if len(measured) >= 2:
         rows = [
             (f"{_gpus(r)} [{r.host.key[:6]}] / {r.arm or 'no arm'}", r.tok_s, r.latency("ttft", "p50"))
             for r in measured

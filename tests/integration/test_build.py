@@ -88,8 +88,10 @@ def test_override_from_a_local_directory_mirror_installs_that_copy(engine: Engin
     _marked_wheel(wheels, "six", "1.16.0", marker="from-the-local-mirror")
     matrix = tmp_path / "matrix.yaml"
     matrix.write_text(SMOKE_MATRIX)
+    # -v streams the build: pip's own "Looking in links" line is the proof
+    args = ["build", "smoke-six", "-v", "--matrix", str(matrix), "--images", str(IMAGES), "--out", str(tmp_path)]
     result = stackproof(
-        ["build", "smoke-six", "--matrix", str(matrix), "--images", str(IMAGES), "--out", str(tmp_path), "--json"],
+        [*args, "--json"],
         env={"STACKPROOF_MIRRORS": f"pypi={wheels}"},
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -101,7 +103,7 @@ def test_override_from_a_local_directory_mirror_installs_that_copy(engine: Engin
 def test_bad_matrix_builds_nothing(engine: Engine, tmp_path: Path) -> None:
     matrix = tmp_path / "matrix.yaml"
     matrix.write_text(SMOKE_MATRIX.replace('version: "1.16.0"', 'version: ">=1.16"'))
-    result = stackproof(["build", "smoke-six", "--matrix", str(matrix), "--images", str(IMAGES)])
+    result = stackproof(["build", "smoke-six", "-v", "--matrix", str(matrix), "--images", str(IMAGES)])  # -v: echoes
     assert result.returncode == 2
     assert f"{matrix}:17: cells[0].overrides.six.version: '>=1.16' is not an exact version" in result.stderr
     assert "+ " not in result.stderr, "nothing may be run for a bad matrix"

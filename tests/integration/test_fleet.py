@@ -91,7 +91,8 @@ class Fleet:
         env = {"DOCKER_CONFIG": str(self.config)}
         if registry:
             env["STACKPROOF_REGISTRY"] = self.registry.address
-        args = ["build", CELL, "--matrix", str(matrix), "--images", str(IMAGES), "--out", str(self.tmp / "out")]
+        # -v: the build's own lines on stderr are what proves a build ran (or did not)
+        args = ["build", CELL, "-v", "--matrix", str(matrix), "--images", str(IMAGES), "--out", str(self.tmp / "out")]
         return self.daemon.stackproof([*args, "--json", *extra], env=env)
 
     def client(self) -> RegistryClient:

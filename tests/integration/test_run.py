@@ -41,6 +41,9 @@ def test_cpu_tiny_end_to_end(engine: Engine, cpu_tiny: str, runner_user: str | N
     since = time.time() - 1
     result = stackproof(["run", "cpu-tiny", "--json", "--out", str(runner_out)], user=runner_user)
     assert result.returncode == 0, result.stderr[-5000:]
+    # A terminal a person reads: phase lines and verdicts, never the server's own output.
+    assert len(result.stderr.splitlines()) < 60, result.stderr
+    assert "[server cpu-tiny]" not in result.stderr and "GET /metrics" not in result.stderr
     assert len(created_since(since, "io.stackproof.role=server")) == 1, "startup and load share one server"
     report = result.json()
     assert report["servers"]["started"] == 1 and report["servers"]["planned_starts"] == 1  # type: ignore[index]
@@ -86,6 +89,15 @@ def _assert_receipt(run_dir: Path, report: dict[str, Any]) -> None:
     assert [s["stage"] for s in receipt["stages"]] == ["imports", "startup", "autotune", "load"]
     assert receipt["load"]["questions"]["clean"] == 80 and receipt["autotune"] is None
     assert receipt["server_starts"] == 1
+    # What the CPU cell cost, measured from the server container's cgroup, and on which CPU.
+    assert receipt["host"]["cpu_model"] and receipt["host"]["cpu_cores"] >= 1
+    cost = receipt["cost"]
+    for name in ("cpu_seconds", "cpu_seconds_per_output_token", "peak_rss_bytes", "output_tok_s_per_core"):
+        assert cost[name]["value"] is not None and cost[name]["value"] > 0, (name, cost[name])
+    assert 1 <= cost["cores"]["value"] <= receipt["host"]["cpu_cores"]
+    assert cost["energy_j"]["value"] is None and "CPU cell" in cost["energy_j"]["reason"], "GPU fields say why"
+    assert receipt["build"]["image_size_bytes"]["value"] > 100 << 20
+    assert receipt["build"]["source"] in ("built", "local")
     suites = ET.parse(run_dir / "junit.xml").getroot()
     assert suites.tag == "testsuites" and int(suites.get("failures", "-1")) == 0
     for suite in suites.iter("testsuite"):

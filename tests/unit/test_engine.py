@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -177,8 +178,8 @@ def test_parse_compiled_ignores_comments_and_empty_output() -> None:
 BASE_ENV = {"STACKPROOF_CA_BUNDLE": "none", "STACKPROOF_DEBIAN_MIRROR": "http://deb.example/debian"}
 
 
-def test_no_mirrors_by_default(real_matrix: Matrix) -> None:
-    site = load_site(real_matrix, BASE_ENV)
+def test_no_mirrors_when_neither_stackproof_nor_pip_configures_one(real_matrix: Matrix) -> None:
+    site = load_site(real_matrix, {**BASE_ENV, "PIP_CONFIG_FILE": os.devnull})  # pip's "no config files"
     assert site == SiteSettings(mirrors=(), ca_bundle=None, debian_mirror="http://deb.example/debian")
     assert site.index_location(real_matrix, "flashinfer") == Mirror(
         index="flashinfer", location="https://flashinfer.ai/whl"

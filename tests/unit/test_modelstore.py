@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from pipeline import cmd, modelstore
+from pipeline.console import console
 from pipeline.errors import InfraError, InputError
 from pipeline.load import load_matrix
 from pipeline.model import ModelSource, ServeSpec
@@ -153,6 +154,7 @@ def test_cmd_passes_the_token_to_children_but_never_echoes_it(
 ) -> None:
     """`docker run --env HF_TOKEN` takes the value from docker's own environment: cmd.run must pass it on."""
     monkeypatch.setenv("HF_TOKEN", CANARY)
+    monkeypatch.setattr(console(), "verbose", True)  # the echo is shown with -v only
     result = cmd.run(["sh", "-c", 'test "$HF_TOKEN" = "$1" && echo passed', "sh", CANARY[:4] + CANARY[4:]])
     assert result.stdout.strip() == "passed"
     quiet = cmd.run(["sh", "-c", 'test -n "$HF_TOKEN"', "--env", "HF_TOKEN"])

@@ -196,3 +196,26 @@ def test_parse_says_what_is_wrong_with_a_document() -> None:
         Receipt.parse({**document, "schema_version": 2})
     with pytest.raises(ValueError, match="does not hold together"):
         Receipt.parse({**document, "stages": [{"stage": "imports", "status": "OK", "checks": [], "seconds": 0}]})
+
+
+def test_the_summary_shows_the_cost_and_build_numbers_that_have_values() -> None:
+    import dataclasses
+
+    from verify.cpucost import CpuSample, cpu_cost_fields
+    from verify.receipt import build_section
+
+    samples = [CpuSample(at=0.0, cpu_seconds=1.0, rss_bytes=300 << 20), CpuSample(at=1.0, cpu_seconds=3.0, rss_bytes=1)]
+    cost = {"energy_j": {"value": None, "unit": "J", "reason": "CPU cell"}}
+    cost.update(cpu_cost_fields(samples, output_tokens=1000, seconds=2.0, cores=2))
+    receipt = dataclasses.replace(
+        _receipt(Status.PASS), cost=cost, build=build_section(source="built", made_in_s=130.0, image_size=3 << 30)
+    )
+    line = next(line for line in render_markdown(receipt).splitlines() if line.startswith("**Cost**"))
+    assert line == "**Cost**: CPU-s/token 0.00200, peak RSS 300.0 MiB, tok/s per core 250.0, build 130 s, image 3.0 GiB"
+    assert "**Cost**" not in render_markdown(_receipt(Status.PASS)), "nothing measured: no cost line"
+    written = json.loads(receipt_json(receipt))
+    assert written["build"]["image_size_bytes"]["value"] == 3 << 30 and Receipt.parse(written).build == receipt.build
+
+
+def receipt_json(receipt: Receipt) -> str:
+    return json.dumps(receipt.to_json())

@@ -21,6 +21,7 @@ import pytest
 
 from pipeline.errors import InputError
 from stackproof.cli import main
+from stackproof.site_report import plots
 from stackproof.site_report.model import ORIGIN_RECEIPT_ONLY, build_site, parse_receipt, winner_changes
 from stackproof.site_report.render import render_site
 from stackproof.site_report.sources import receipts_from_dirs, receipts_from_registry
@@ -147,11 +148,26 @@ def test_pages_show_the_receipts_numbers_and_link_every_file() -> None:
 def test_plots_have_text_alternatives_and_ids_unique_in_their_page() -> None:
     files = render_site(build_site(receipts_from_dirs([PASS_RUN])), generated_at="now")
     cell = files["cells/cpu-tiny.html"].decode()
-    assert cell.count("<svg") == 3  # throughput/TTFT bars, latency distributions, engine-progress timeline
-    assert cell.count('role="img"') == 3 and cell.count("<title id=") == 3 and cell.count("<desc id=") == 3
+    assert cell.count("<svg") == 2  # latency distributions, engine-progress timeline (one receipt: no bars)
+    assert cell.count('role="img"') == 2 and cell.count("<title id=") == 2 and cell.count("<desc id=") == 2
     ids = re.findall(r'\bid="([^"]+)"', cell)
     assert len(ids) == len(set(ids))
     assert "Cumulative distributions of TTFT (194 requests)" in cell
+
+
+def test_one_receipt_shows_its_numbers_in_the_table_and_two_get_the_bar_chart() -> None:
+    one = render_site(build_site([_receipt(_doc())]), generated_at="now")["cells/cpu-tiny.html"].decode()
+    assert "Throughput and TTFT" not in one, "a bar chart of one bar compares nothing"
+    assert ">1,512.6<" in one, "the single value is shown as a number"
+    other = _doc()
+    other["arm"] = "b"
+    two = build_site([_receipt(_doc()), _receipt(other, source="b.json")])
+    assert "Throughput and TTFT" in render_site(two, generated_at="now")["cells/cpu-tiny.html"].decode()
+
+
+@pytest.mark.parametrize(("in_flight", "top"), [([6, 7, 6, 5], 8.0), ([], 1.0), ([0, 0], 1.0)])
+def test_the_in_flight_axis_starts_at_zero(in_flight: list[int], top: float) -> None:
+    assert plots.in_flight_limits(in_flight) == (0.0, top), "from zero: a drop of one is not a drop to zero"
 
 
 def test_a_receipt_without_run_directory_says_not_available() -> None:

@@ -204,3 +204,23 @@ def test_soak_counts_a_server_that_never_became_ready_as_a_fault(real_matrix: Ma
     tally, rounds = document["arms"]["default"], document["config"]["rounds"]
     assert rounds >= 1 and tally["faults"] == tally["questions"] == rounds, "each failed start counts one fault"
     assert {e["type"] for e in tally["events"]} == {"SERVER_START_FAILED"} and tally["clean"] == 0
+
+
+# -- what a pass says it is made of --------------------------------------------------------------------
+
+
+def _stage(name: str, status: Status, message: str = "ok") -> StageResult:
+    return StageResult.of(name, [CheckResult(name=name, status=status, message=message)], 1.0)
+
+
+def test_all_stages_passed_only_when_every_stage_ran_and_none_was_skipped() -> None:
+    from pipeline.result import evaluate
+
+    every = [_stage(s, Status.PASS) for s in ("imports", "startup", "autotune", "load")]
+    assert evaluate(None, every).summary == "all stages passed"
+    skipped = [*every[:2], _stage("autotune", Status.SKIP, "CPU cell: no autotuning"), every[3]]
+    summary = evaluate(None, skipped).summary
+    assert "all stages passed" not in summary
+    assert summary == "passed: imports, startup, load; skipped: autotune (CPU cell: no autotuning)"
+    partial = evaluate(None, every[:1]).summary
+    assert partial == "passed: imports; not run: startup, autotune, load"
