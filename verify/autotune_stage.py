@@ -8,6 +8,10 @@ while the container still exists: FlashInfer writes it as the image's user (root
 (`tempfile.mkstemp` then `os.replace`), which an ordinary runner user could neither read nor
 delete through a bind mount.
 
+What FlashInfer wrote is a legacy file (kept as autotune_configs.json) or, with vLLM 0.33 and
+FlashInfer's autotune_v2, a managed store directory (kept whole as autotune-store/<env_hash>); both
+are read by `verify.autotune.read_cache` into the same winners.
+
 The server is the startup stage's when the plan says it carried the fresh cache (the usual case,
 see `verify.serverplan`), else one of its own with the driver's kernel-selection variables
 removed unless the arm sets them (what was in force is recorded). The file the engine names in
