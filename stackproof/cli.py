@@ -265,7 +265,12 @@ def _commands() -> tuple[Command, ...]:
             help="winners per op, shape and M bucket + policy verdict",
             handler=_inspect_autotune,
             args=(
-                arg("file", type=Path),
+                arg(
+                    "file",
+                    type=Path,
+                    help="a legacy cache file (any FlashInfer 0.6-0.7 value shape, per-rank files too), or a "
+                    "managed v2 store: its directory, its manifest.json, or a root holding one v2/<hash> store",
+                ),
                 arg("--arch", default="", help="the GPU arch the cache is judged for (sm90, sm120, sm121...)"),
                 arg("--policy", action="append", default=None, help="apply only these policies (by id)"),
                 arg("--m", type=int, action="append", default=[], help="also say which bucket serves this M"),
@@ -867,10 +872,11 @@ def _diagnosis_text(name: str, verdict: str, diagnosis: Any, checks: list[Any]) 
 def _inspect_autotune(args: argparse.Namespace) -> int:
     """Exit 1 when a policy is violated."""
     from pipeline.result import Status
-    from verify.autotune import judge_cache, load_policies, map_to_hybrid_bucket, read_cache, winners
+    from verify.autotune import FORMATS, judge_cache, load_policies, map_to_hybrid_bucket, read_cache, winners
     from verify.autotune_stage import winners_table
 
     cache = read_cache(args.file)
+    written_by = next(f for f in FORMATS if f.name == cache.format)
     policies = load_policies()
     if args.policy:
         unknown = set(args.policy) - {p.id for p in policies}
@@ -880,7 +886,10 @@ def _inspect_autotune(args: argparse.Namespace) -> int:
         policies = tuple(p for p in policies if p.id in args.policy)
     checks = judge_cache(cache, arch=args.arch, policies=policies)
     table = winners(cache)
-    lines = [f"{args.file}: FlashInfer autotune cache, {len(cache.entries)} entries, format {cache.format}"]
+    lines = [
+        f"{args.file}: FlashInfer autotune cache, {len(cache.entries)} entries, format {cache.format} "
+        f"({written_by.shape}; FlashInfer {written_by.since}: {written_by.source})"
+    ]
     lines += [f"  {k}: {v}" for k, v in cache.metadata.items()]
     tables = winners_table(cache)
     buckets_for: dict[str, object] = {}
@@ -903,6 +912,8 @@ def _inspect_autotune(args: argparse.Namespace) -> int:
     document = {
         "file": str(args.file),
         "format": cache.format,
+        "layout": cache.layout,
+        "format_source": {"flashinfer": written_by.since, "shape": written_by.shape, "source": written_by.source},
         "metadata": cache.metadata,
         "tables": tables,
         "buckets_for": buckets_for,

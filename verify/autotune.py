@@ -1,16 +1,28 @@
-"""FlashInfer autotune cache files: parse them safely, map M to buckets, apply per-arch policies.
+"""FlashInfer autotune caches: parse them safely, map M to buckets, apply per-arch policies.
 
 Cache entry keys are `str((op, runner_class, nearest_profile, extras))`: a Python tuple repr that
 names torch dtypes (`torch.float8_e4m3fn`), so it is not a literal. `parse_key` reads it with
-`ast.parse` and turns names into strings; nothing is ever evaluated. Values are
-`[runner_class, tactic]` for the winning runner of that bucket: a cuBLAS int, a cuDNN
-`[engine, [[knob, value], ...]]`, a CUTLASS -1.
+`ast.parse` and turns names into strings; nothing is ever evaluated. Each key's winner is a runner
+class and a tactic: a cuBLAS int, a cuDNN `[engine, [[knob, value], ...]]`, a CUTLASS -1.
+
+Every layout FlashInfer has written (`FORMATS`, each with the FlashInfer version and file:line it
+comes from) is read into one `AutotuneCache` of `Entry` values:
+- the legacy JSON file, `_metadata` + `str(key) -> value`, where the value grew from
+  `[runner, tactic]` (0.6.x) to `[runner, tactic, profiling_policy]` (0.7.2.post1) and
+  `[runner, tactic, profiling_policy, selection]` (0.7.4). vLLM names it `autotune_configs.json`
+  under a hash folder (0.26-0.32) or `autotune_configs_dp{d}_rank{r}.json` (0.33, per rank);
+- the managed v2 store (0.7.x `autotune_v2`): `<root>/v2/<env_hash>/manifest.json` (the metadata)
+  and one `entries/<sha256(key)[:24]>.json` per key, `{"key", "runner", "tactic",
+  "profiling_policy"?, "key_fields"?}`.
 """
 
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass
+import hashlib
+import json
+import re
+from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -21,8 +33,10 @@ from pipeline.result import CheckResult, Status
 from pipeline.yamlsrc import load_yaml
 
 __all__ = [
+    "FORMATS",
     "POLICIES_FILE",
     "AutotuneCache",
+    "CacheFormat",
     "Entry",
     "Policy",
     "hybrid_buckets",
@@ -31,11 +45,60 @@ __all__ = [
     "map_to_hybrid_bucket",
     "parse_key",
     "read_cache",
+    "read_store",
     "winners",
 ]
 
 POLICIES_FILE = Path(__file__).with_name("autotune_policies.yaml")
 RESERVED = ("_metadata", "_generation", "_records")
+MANIFEST = "manifest.json"
+STORE_SCHEMA = "v2"
+
+
+@dataclass(frozen=True, kw_only=True)
+class CacheFormat:
+    """One on-disk shape of FlashInfer's autotune winners, from the release that first wrote it."""
+
+    name: str  # AutotuneCache.format
+    since: str  # the FlashInfer version read
+    shape: str
+    source: str  # FlashInfer file:line at that version
+
+
+# Read from the released wheels; the fixtures under tests/fixtures/autotune are files these writers produced.
+FORMATS = (
+    CacheFormat(
+        name="0.6.16",
+        since="0.6.16.post3",
+        shape="legacy file: _metadata + str(key) -> [runner, tactic]",
+        source="the real H200 files (tests/fixtures/autotune); 0.6.16.x writes no _generation",
+    ),
+    CacheFormat(
+        name="0.6.18+",
+        since="0.6.18.post1",
+        shape="legacy file, plus _generation (sha256 of the rest) and maybe _records",
+        source="flashinfer/autotuner/autotuner.py:2459 save_configs, values :2513,2527, _generation :2635",
+    ),
+    CacheFormat(
+        name="0.7.2+",
+        since="0.7.2.post1",
+        shape="legacy file, values [runner, tactic, profiling_policy]",
+        source="flashinfer/autotuner/autotuner.py:3471 save_configs, values :3528-3547; load :3804",
+    ),
+    CacheFormat(
+        name="0.7.4+",
+        since="0.7.4",
+        shape="legacy file, values [runner, tactic, profiling_policy?, selection?]",
+        source="flashinfer/autotuner/autotuner.py:4597 save_configs, values :4653-4681; load :4936-4945",
+    ),
+    CacheFormat(
+        name="managed-v2",
+        since="0.7.2.post1",
+        shape="<root>/v2/<sha256(manifest)[:16]>/manifest.json + entries/<sha256(key)[:24]>.json",
+        source="flashinfer/autotune_cache.py:357-388 (env hash, entry path, manifest), :432-466 publish (0.7.4); "
+        ":279-303, :343 (0.7.2.post1)",
+    ),
+)
 
 # FlashInfer's hybrid bucket mapping (fused_moe/utils.py, identical in 0.6.16 and 0.6.18).
 _PHASE1_END, _PHASE2_STEP, _PHASE2_END, _PHASE3_STEP, _PHASE3_END = 256, 256, 2048, 512, 4096
@@ -129,6 +192,12 @@ class Entry:
     extras: tuple[Any, ...]
     key: str
     profile: str | None = None  # the raw profile, for an op not read as a GEMM: entries stay apart
+    # 0.7.x provenance: how the winner was measured (`AutoTuner._profiling_policy`, e.g.
+    # ("cuda_graph_profile_replays", None, "l2_cache_policy", "hot")) and, from 0.7.4, how it was
+    # chosen (`AutoTuner._selection_record`: time_ms, runner_up_ms, margin, candidates).
+    policy: tuple[Any, ...] | None = None
+    selection: dict[str, Any] | None = None
+    source: str | None = None  # the store's entry file it came from (managed store only)
 
     @property
     def shape(self) -> str:
@@ -137,18 +206,52 @@ class Entry:
 
 @dataclass(frozen=True, kw_only=True)
 class AutotuneCache:
-    file: Path
-    metadata: dict[str, str]
+    file: Path  # the legacy file, or the managed store's manifest.json
+    metadata: dict[str, str]  # the legacy `_metadata`, or the store's manifest
     entries: tuple[Entry, ...]
     generation: str | None
+    layout: str = "legacy"  # "legacy" (one JSON file) or "managed-v2" (a store directory)
 
     @property
     def format(self) -> str:
-        """0.6.18.x writes `_generation` (and maybe `_records`); 0.6.16.x writes neither."""
+        """Which writer's shape this is (`FORMATS`): the store, else the longest value seen, else
+        `_generation` (0.6.18.x writes it, 0.6.16.x does not)."""
+        if self.layout == "managed-v2":
+            return "managed-v2"
+        if any(e.selection is not None for e in self.entries):
+            return "0.7.4+"
+        if any(e.policy is not None for e in self.entries):
+            return "0.7.2+"
         return "0.6.18+" if self.generation else "0.6.16"
 
+    @property
+    def store(self) -> Path | None:
+        """The store's environment directory (<root>/v2/<env_hash>), for a managed store."""
+        return self.file.parent if self.layout == "managed-v2" else None
 
-def read_cache(file: Path) -> AutotuneCache:
+
+def read_cache(path: Path) -> AutotuneCache:
+    """Any layout: a legacy file; a store directory, its manifest.json, or a root holding one store."""
+    if path.is_dir():
+        return read_store(_store_dir(path))
+    if path.name == MANIFEST:
+        return read_store(path.parent)
+    return _read_legacy(path)
+
+
+def _store_dir(path: Path) -> Path:
+    if (path / MANIFEST).is_file():
+        return path
+    stores = sorted(p.parent for p in path.glob(f"{STORE_SCHEMA}/*/{MANIFEST}"))
+    if len(stores) == 1:
+        return stores[0]
+    if stores:
+        names = ", ".join(str(s) for s in stores)
+        raise InputError(f"{path}: {len(stores)} managed autotune stores ({names}): name one")
+    raise InputError(f"{path}: not a FlashInfer managed autotune store (no {MANIFEST} nor {STORE_SCHEMA}/*/{MANIFEST})")
+
+
+def _read_legacy(file: Path) -> AutotuneCache:
     document = read_json(file, "autotune cache", mapping=False)
     if not isinstance(document, dict) or "_metadata" not in document:
         raise InputError(f"{file}: not a FlashInfer autotune cache (no _metadata)")
@@ -158,36 +261,102 @@ def read_cache(file: Path) -> AutotuneCache:
     for key, value in document.items():
         if key in RESERVED:
             continue
-        try:
-            parts = parse_key(key)
-            op, runner, profile, extras = parts[0], parts[1], parts[2], parts[3] if len(parts) > 3 else ()
-        except (ValueError, IndexError) as exc:
-            raise InputError(f"{file}: entry {key[:80]!r}: {exc}") from exc
-        if not (isinstance(value, list) and len(value) == 2):
-            raise InputError(f"{file}: entry {key[:80]!r}: value is not [runner, tactic]")
-        dims = _gemm_dims(str(op), profile)
-        m_bucket, n, k = dims or (-1, -1, -1)
-        entries.append(
-            Entry(
-                op=str(op),
-                runner=str(value[0]),
-                m_bucket=m_bucket,
-                n=n,
-                k=k,
-                tactic=value[1],
-                extras=tuple(extras) if isinstance(extras, tuple) else (),
-                key=key,
-                profile=None if dims else repr(profile),
-            )
-        )
-        if value[0] != runner:
-            raise InputError(f"{file}: entry {key[:80]!r}: key names {runner}, value names {value[0]}")
+        where = f"{file}: entry {key[:80]!r}"
+        # [runner, tactic] up to 0.6.x; 0.7.2.post1 appends the profiling policy, 0.7.4 the
+        # selection record after it (autotuner.py:4653-4681), and its loader takes value[2] as a
+        # tuple and value[3] only if it is a dict (autotuner.py:4941-4945).
+        if not (isinstance(value, list) and 2 <= len(value) <= 4):
+            raise InputError(f"{where}: value: not [runner, tactic, policy?, selection?]")
+        policy = value[2] if len(value) > 2 else None
+        selection = value[3] if len(value) > 3 else None
+        entries.append(_entry(where, key, value[0], value[1], policy, selection))
     metadata = {k: str(v) for k, v in (document.get("_metadata") or {}).items()}
     return AutotuneCache(
         file=file,
         metadata=metadata,
         entries=tuple(entries),
         generation=document.get("_generation"),
+    )
+
+
+def read_store(store: Path) -> AutotuneCache:
+    """The managed v2 store at <root>/v2/<env_hash> (flashinfer/autotune_cache.py, 0.7.x).
+
+    FlashInfer addresses an environment's directory by sha256 of its canonical manifest
+    (autotune_cache.py:362-369, 0.7.4) and an entry's file by sha256 of its key (:377-379); it
+    serves an entry only if its embedded key is the one looked up (:400-403). A file at another
+    name is one FlashInfer never reads, so it is malformed here, not a winner.
+    """
+    manifest_file = store / MANIFEST
+    manifest = read_json(manifest_file, "managed autotune store manifest", mapping=False)
+    if not isinstance(manifest, dict):
+        raise InputError(f"{manifest_file}: must be a JSON object (the store's environment)")
+    if manifest.get("cache_schema") != STORE_SCHEMA:
+        raise InputError(f"{manifest_file}: cache_schema: {manifest.get('cache_schema')!r}, expected {STORE_SCHEMA!r}")
+    env_hash = hashlib.sha256(json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+    # A copied store may be renamed; only a directory named like an env hash must be this one.
+    if re.fullmatch(r"[0-9a-f]{16}", store.name) and store.name != env_hash:
+        raise InputError(f"{manifest_file}: manifest hashes to {env_hash}, not to its directory {store.name}")
+    entries = []
+    for file in sorted((store / "entries").glob("*.json")):
+        document = read_json(file, "managed autotune store entry", mapping=False)
+        if not isinstance(document, dict):
+            raise InputError(f"{file}: must be a JSON object {{key, runner, tactic, profiling_policy?}}")
+        for field in ("key", "runner", "tactic"):
+            if field not in document:
+                raise InputError(f"{file}: {field}: missing")
+        key = document["key"]
+        if not isinstance(key, str):
+            raise InputError(f"{file}: key: must be a string")
+        expected = hashlib.sha256(key.encode()).hexdigest()[:24]
+        if file.stem != expected:
+            raise InputError(f"{file}: key: hashes to {expected}.json, so FlashInfer never reads this entry")
+        policy = document.get("profiling_policy")
+        entry = _entry(f"{file}", key, document["runner"], document["tactic"], policy, None, fields="field")
+        entries.append(replace(entry, source=str(file)))
+    return AutotuneCache(
+        file=manifest_file,
+        metadata={k: str(v) for k, v in manifest.items()},
+        entries=tuple(entries),
+        generation=None,
+        layout="managed-v2",
+    )
+
+
+def _entry(
+    where: str, key: str, runner: Any, tactic: Any, policy: Any, selection: Any, *, fields: str = "value"
+) -> Entry:
+    """One winner; `where` names the file (and key) and `fields` how its parts are called there."""
+    names = (
+        ("runner", "profiling_policy") if fields == "field" else ("value[0] (runner)", "value[2] (profiling policy)")
+    )
+    try:
+        parts = parse_key(key)
+        op, key_runner, profile, extras = parts[0], parts[1], parts[2], parts[3] if len(parts) > 3 else ()
+    except (ValueError, IndexError) as exc:
+        raise InputError(f"{where}: key: {exc}") from exc
+    if not isinstance(runner, str):
+        raise InputError(f"{where}: {names[0]}: must be a runner class name")
+    if runner != key_runner:
+        raise InputError(f"{where}: {names[0]}: key names {key_runner}, {fields} names {runner}")
+    if policy is not None and not isinstance(policy, list):
+        raise InputError(f"{where}: {names[1]}: must be a list")
+    if selection is not None and not isinstance(selection, dict):
+        raise InputError(f"{where}: value[3] (selection): must be an object")
+    dims = _gemm_dims(str(op), profile)
+    m_bucket, n, k = dims or (-1, -1, -1)
+    return Entry(
+        op=str(op),
+        runner=runner,
+        m_bucket=m_bucket,
+        n=n,
+        k=k,
+        tactic=tactic,
+        extras=tuple(extras) if isinstance(extras, tuple) else (),
+        key=key,
+        profile=None if dims else repr(profile),
+        policy=tuple(policy) if policy is not None else None,
+        selection=selection,
     )
 
 

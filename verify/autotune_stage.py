@@ -8,6 +8,10 @@ while the container still exists: FlashInfer writes it as the image's user (root
 (`tempfile.mkstemp` then `os.replace`), which an ordinary runner user could neither read nor
 delete through a bind mount.
 
+What FlashInfer wrote is a legacy file (kept as autotune_configs.json) or, with vLLM 0.33 and
+FlashInfer's autotune_v2, a managed store directory (kept whole as autotune-store/<env_hash>); both
+are read by `verify.autotune.read_cache` into the same winners.
+
 The server is the startup stage's when the plan says it carried the fresh cache (the usual case,
 see `verify.serverplan`), else one of its own with the driver's kernel-selection variables
 removed unless the arm sets them (what was in force is recorded). The file the engine names in
@@ -119,8 +123,10 @@ def run_autotune(
     checks += judge_fresh_cache(
         cell, log, cache_dir, out_dir, facts=facts, env=in_force, previous=previous, tuning=tuning
     )
+    judged = next((c for c in checks if c.name == "autotune-cache"), None)
+    kept = (judged.evidence or {}).get("file") if judged else None
     return StageResult.of(
-        STAGE, checks, time.monotonic() - started, autotune_cache=str(out_dir / "autotune_configs.json")
+        STAGE, checks, time.monotonic() - started, autotune_cache=str(kept or out_dir / "autotune_configs.json")
     )
 
 
@@ -144,7 +150,10 @@ def judge_fresh_cache(
     logged = _announced(tuning, log)
     candidates = []
     if logged and logged.startswith(CACHE_MOUNT):
-        candidates.append(cache_dir / logged[len(CACHE_MOUNT) :].lstrip("/"))
+        named = cache_dir / logged[len(CACHE_MOUNT) :].lstrip("/")
+        # A file (the legacy line), or the managed store's root (vLLM 0.33.0 kernel_warmup.py:485-489),
+        # under which FlashInfer keeps <root>/v2/<env_hash>/manifest.json (autotune_cache.py:367-369).
+        candidates += [named, *sorted(named.glob("v2/*/manifest.json"))] if named.is_dir() else [named]
     candidates += [found for pattern in tuning.files for found in sorted(cache_dir.glob(pattern))]
     found = next((c for c in candidates if c.is_file()), None)
     evidence: dict[str, Any] = {"env": env, "logged_path": logged}
@@ -164,8 +173,7 @@ def judge_fresh_cache(
                 message=f"no autotune cache was written ({reason}): tuning proves nothing here",
             )
         ]
-    kept = out_dir / "autotune_configs.json"
-    shutil.copyfile(found, kept)
+    kept = _keep(found, out_dir)
     cache = read_cache(kept)
     table = winners_table(cache)
     evidence.update({"file": str(kept), "metadata": cache.metadata, "entries": len(cache.entries), "winners": table})
@@ -183,7 +191,7 @@ def judge_fresh_cache(
             name="autotune-cache",
             status=Status.PASS,
             evidence=evidence,
-            message=f"{len(cache.entries)} tuned entries in {kept.name}",
+            message=f"{len(cache.entries)} tuned entries in {_named(kept)} ({cache.format})",
         )
     ]
     expected = {"flashinfer_version": facts.flashinfer, "cudnn_version": str(facts.cudnn) if facts.cudnn else None}
@@ -198,6 +206,24 @@ def judge_fresh_cache(
     if previous is not None:
         checks.append(diff_winners(table, previous))
     return checks
+
+
+def _keep(found: Path, out_dir: Path) -> Path:
+    """Copy what FlashInfer wrote into the report: a legacy file as autotune_configs.json, a
+    managed store's directory whole, under its own env-hash name (the reader checks that name)."""
+    if found.name != "manifest.json":
+        kept = out_dir / "autotune_configs.json"
+        shutil.copyfile(found, kept)
+        return kept
+    kept = out_dir / "autotune-store" / found.parent.name
+    if kept.exists():
+        shutil.rmtree(kept)
+    shutil.copytree(found.parent, kept)
+    return kept / "manifest.json"
+
+
+def _named(kept: Path) -> str:
+    return f"the managed store {kept.parent.name}" if kept.name == "manifest.json" else kept.name
 
 
 def _announced(tuning: AutotuneFacts, log: str) -> str | None:

@@ -48,6 +48,12 @@ _AUTOTUNE_0_26 = AutotuneFacts(
 # (warmup/flashinfer_autotune_cache.py:57-76); with FlashInfer's autotune_v2 and one node and rank it
 # logs the managed store's root instead (kernel_warmup.py:485-489), laid out as
 # <root>/v2/<env_hash[:16]>/manifest.json + entries/ (flashinfer/autotune_cache.py:14-17, 59, 364-379).
+# The legacy file is the leader's (rank 0) name in the announcement; every rank of the tuning group
+# averages per-tactic timings, so all ranks pick the same winners (kernel_warmup.py:442-445), and
+# save_configs writes it (:532). The managed root is VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR as given
+# (flashinfer_autotune_cache.py:114-123; "flashinfer default" in the line when it is unset), and
+# the store is chosen by use_flashinfer_autotune_v2 (:79-111): one node, one rank, no PP, no elastic EP.
+# The fixtures tests/fixtures/autotune/flashinfer-0.7.4/ hold each layout, written by FlashInfer's writers.
 _AUTOTUNE_0_33 = AutotuneFacts(
     cache_env="VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR",  # envs.py:1795 (0.33.0), also the managed root
     controlled_env=("VLLM_DISABLED_KERNELS", "VLLM_FLASHINFER_AUTOTUNE_SKIP_OPS"),  # envs.py:1219, 1801
@@ -56,7 +62,7 @@ _AUTOTUNE_0_33 = AutotuneFacts(
         r"Using FlashInfer managed autotune cache \(root=(?P<path>[^)]+)\)",
     ),
     files=("**/autotune_configs_dp*_rank*.json", "**/autotune_configs.json", "v2/*/manifest.json"),
-    disabled_line="Skipping FlashInfer autotune because it is disabled.",
+    disabled_line="Skipping FlashInfer autotune because it is disabled.",  # kernel_warmup.py:270 (0.33.0)
 )
 
 VLLM = ServingDriver(
