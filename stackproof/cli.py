@@ -654,14 +654,15 @@ def _load_url(args: argparse.Namespace) -> int:
         raise InputError(f"--url {args.url[:200]}: load goes to a server on this machine only (127.0.0.1)")
     if port == 0:
         raise InputError(f"--url {args.url[:200]}: port 0 is no server's port")
-    base, engine = LoadSpec(), DEFAULT_ENGINE
+    base, serving_engine = LoadSpec(), DEFAULT_ENGINE
     if args.cell:
         matrix, _ = _load(args)
         cell = matrix.cell(args.cell)
         base = cell.serve.load if cell.serve else base
-        engine = cell.serve.engine if cell.serve else engine
+        serving_engine = cell.serve.engine if cell.serve else serving_engine
     spec = _load_spec(args, base)
-    target = LoadTarget(base_url=args.url.rstrip("/"), label=args.url, driver=driver_named(args.engine or engine))
+    driver = driver_named(args.engine or serving_engine)
+    target = LoadTarget(base_url=args.url.rstrip("/"), label=args.url, driver=driver)
     outcome = run_load(target, spec, args.out, soak=args.soak)
     summary = summarise(outcome, spec)
     checks = judge_load(outcome, summary, batch_invariant=False)
