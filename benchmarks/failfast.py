@@ -27,9 +27,9 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
-    from pipeline.engine import Engine
+    from pipeline.docker import Docker
 
-    engine = Engine.connect()
+    docker = Docker.connect()
     out = Path(os.environ.get("TMPDIR", "/tmp")) / "stackproof-bench-failfast"
     for cell in ("cpu-tiny", "fi-mismatch"):
         stackproof("build", cell, "--out", str(out))
@@ -39,7 +39,7 @@ def main() -> int:
         since = time.time() - 1
         seconds, report = timed("verify", "fi-mismatch", "--json", "--out", str(out))
         verdicts.append(seconds)
-        server_starts.append(len(engine.created_since(since, "io.stackproof.role=server")))
+        server_starts.append(len(docker.created_since(since, "io.stackproof.role=server")))
         outcomes.append(report["stages"][0]["status"] + (" as expected" if report["outcome"]["passed"] else ""))
 
     seconds, report = timed("verify", "cpu-tiny", "--stages", "startup", "--json", "--out", str(out))

@@ -43,7 +43,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2, help="alternate the two clients this many times")
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
-    from pipeline.engine import Engine
+    from pipeline.docker import Docker
     from pipeline.load import load_matrix
     from verify.server import ServerContainer
 
@@ -56,29 +56,29 @@ def main() -> int:
         check=True,
     )
     image = json.loads(build.stdout)["tag"]
-    engine = Engine.connect()
+    docker = Docker.connect()
     cell = load_matrix(REPO / "matrix.yaml", images_dir=REPO / "images").cell("cpu-tiny")
     ours: list[dict[str, Any]] = []
     theirs: list[dict[str, Any]] = []
     site = _container_site(out / "container-site")
     volumes = {REPO: "/stackproof:ro", site: "/opt/stackproof-site:ro"}
     host: list[dict[str, Any]] = []
-    with ServerContainer(engine, cell, image, out_dir=out / "server", volumes=volumes) as server:
+    with ServerContainer(docker, cell, image, out_dir=out / "server", volumes=volumes) as server:
         server.wait_ready()
         load = _load_argv(server.base_url, questions=6, concurrency=args.concurrency, tokens=args.max_tokens)
-        warm = _ours_in(engine, server.name, load)
+        warm = _ours_in(docker, server.name, load)
         print(f"warm-up: {warm['requests']} requests", file=sys.stderr)
         template_tokens = 0.0
         for round_no in range(args.rounds):
             load = _load_argv(
                 server.base_url, questions=args.questions, concurrency=args.concurrency, tokens=args.max_tokens
             )
-            mine = _ours_in(engine, server.name, load)
+            mine = _ours_in(docker, server.name, load)
             ours.append(mine)
             host.append(_ours_host([*load, "--out", str(out / f"ours-host-{round_no}")]))
             theirs.append(
                 _vllm_bench(
-                    engine,
+                    docker,
                     server.name,
                     server.base_url,
                     requests=mine["requests"],
@@ -126,10 +126,10 @@ def _load_argv(url: str, *, questions: int, concurrency: int, tokens: int) -> li
     ]
 
 
-def _ours_in(engine: Any, container: str, load: list[str]) -> dict[str, Any]:
+def _ours_in(docker: Any, container: str, load: list[str]) -> dict[str, Any]:
     """`stackproof load` inside the server's container, from the read-only bind mount."""
     started = time.monotonic()
-    run = engine.docker(
+    run = docker.docker(
         "exec",
         "--env",
         "PYTHONPATH=/stackproof:/opt/stackproof-site",
@@ -186,7 +186,7 @@ def _row(summary: dict[str, Any], cpu: float, wall: float) -> dict[str, Any]:
 
 
 def _vllm_bench(
-    engine: Any, container: str, url: str, *, requests: int, concurrency: int, tokens: int, input_len: int
+    docker: Any, container: str, url: str, *, requests: int, concurrency: int, tokens: int, input_len: int
 ) -> dict[str, Any]:
     result_file = f"bench-{time.monotonic_ns()}.json"
     argv = [
@@ -221,12 +221,12 @@ def _vllm_bench(
         result_file,
     ]
     started = time.monotonic()
-    run = engine.docker("exec", container, "python3", "-c", CPU_WRAPPER, *argv, timeout=900, check=False)
+    run = docker.docker("exec", container, "python3", "-c", CPU_WRAPPER, *argv, timeout=900, check=False)
     wall = time.monotonic() - started
     if run.returncode != 0:
         raise SystemExit(f"vllm bench serve failed ({run.returncode}):\n{run.stdout[-2000:]}\n{run.stderr[-3000:]}")
     cpu = float(next(line.split()[1] for line in run.stdout.splitlines() if line.startswith("CPU_SECONDS")))
-    data = json.loads(engine.docker("exec", container, "cat", f"/tmp/{result_file}", quiet=True).stdout)
+    data = json.loads(docker.docker("exec", container, "cat", f"/tmp/{result_file}", quiet=True).stdout)
     return {
         "requests": data["completed"],
         "output_tok_s": data["output_throughput"],

@@ -41,12 +41,12 @@ def main() -> int:
     parser.add_argument("--skip-cold", action="store_true", help="skip the --no-cache cold build (about 3 minutes)")
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
-    from pipeline.engine import Engine
+    from pipeline.docker import Docker
     from pipeline.load import load_matrix
     from pipeline.site import load_site
 
-    engine = Engine.connect()
-    docker = engine.cli.path
+    docker = Docker.connect()
+    docker = docker.cli.path
     site = load_site(load_matrix(REPO / "matrix.yaml"))
     tags: list[str] = []
     with tempfile.TemporaryDirectory(prefix="stackproof-bench-") as tmp:

@@ -18,8 +18,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 GOAL_10K_S = 2.0
 HEADER = (
-    'schema_version: 1\nindexes:\n  pypi: {url: "https://pypi.org/simple"}\n'
-    'bases:\n  img: {image: "example/img:1.0"}\n'
+    'schema_version: 1\nindexes:\n  pypi: {url: "https://pypi.org/simple"}\nbases:\n  img: {image: "example/img:1.0"}\n'
 )
 
 

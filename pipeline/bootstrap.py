@@ -17,7 +17,7 @@ from pathlib import Path
 from pipeline import cmd
 from pipeline.cache import cache_dir
 from pipeline.console import console
-from pipeline.engine import Engine
+from pipeline.docker import Docker
 from pipeline.errors import InfraError
 from pipeline.model import BootstrapBase
 from pipeline.site import SiteSettings
@@ -43,12 +43,12 @@ def base_tag(base: BootstrapBase) -> str:
 
 
 def ensure_base(
-    engine: Engine, base: BootstrapBase, site: SiteSettings, images_dir: Path, *, log_dir: Path | None = None
+    docker: Docker, base: BootstrapBase, site: SiteSettings, images_dir: Path, *, log_dir: Path | None = None
 ) -> tuple[str, bool]:
     """Build the base unless its tag exists. Returns (tag, built_now). debootstrap's whole output
     goes to `log_dir/bootstrap-<time>.log` (default: the cache), the terminal shows its phase line."""
     tag = base_tag(base)
-    if engine.image(tag) is not None:
+    if docker.image(tag) is not None:
         console().say(f"base {tag} exists, reusing it")
         return tag, False
     if shutil.which("debootstrap") is None:
@@ -97,7 +97,7 @@ def ensure_base(
                     path.unlink()
         tarball = Path(tmp) / "rootfs.tar"
         cmd.run(["tar", "-C", str(rootfs), "--numeric-owner", "-cf", str(tarball), "."], timeout=600)
-        engine.import_rootfs(tarball, tag, changes=["ENV LANG=C.UTF-8"])
+        docker.import_rootfs(tarball, tag, changes=["ENV LANG=C.UTF-8"])
         phase.done(f"{tag}, {packages} package steps")
     return tag, True
 

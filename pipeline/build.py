@@ -24,7 +24,7 @@ from typing import TextIO
 from pipeline.bootstrap import ensure_base
 from pipeline.cache import cache_dir, locked
 from pipeline.console import console
-from pipeline.engine import Engine, ImageInfo
+from pipeline.docker import Docker, ImageInfo
 from pipeline.errors import InfraError, InputError
 from pipeline.fleet import cache_ref, fetch_built, push_built, registry_credentials
 from pipeline.gc import job_labels
@@ -75,19 +75,19 @@ class BuildResult:
 
 
 def built_image(
-    engine: Engine, matrix: Matrix, cell: Cell, site: SiteSettings, images_dir: Path, *, builds_it: str = "build"
+    docker: Docker, matrix: Matrix, cell: Cell, site: SiteSettings, images_dir: Path, *, builds_it: str = "build"
 ) -> tuple[BuildPlan, ImageInfo]:
     """The cell's plan (its content tag) and the image docker has under that tag: the one answer to
     "is this cell built?". Not built: bad input (exit 2), naming the command that builds it."""
     plan = plan_cell(matrix, cell, site, images_dir)
-    image = engine.image(plan.tag)
+    image = docker.image(plan.tag)
     if image is None:
         raise InputError(f"{cell.id}: image {plan.tag} is not built: run `stackproof {builds_it} {cell.id}`")
     return plan, image
 
 
 def build_cell(
-    engine: Engine,
+    docker: Docker,
     matrix: Matrix,
     cell: Cell,
     site: SiteSettings,
@@ -109,7 +109,7 @@ def build_cell(
     plan = plan_cell(matrix, cell, site, images_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     credentials = registry_credentials(site.registry) if site.registry and (push or not force) else None
-    result = None if force or no_cache else _reuse(engine, plan, site, credentials)
+    result = None if force or no_cache else _reuse(docker, plan, site, credentials)
     if result is not None and link_build_log(out_dir, plan.tag) is not None:
         result = dataclasses.replace(result, made_in_s=build_seconds(out_dir, plan.tag))
     if result is None:
@@ -123,13 +123,13 @@ def build_cell(
             print(f"{cell.id}: {plan.tag} is not in {site.registry}: building it here", file=sys.stderr)
         # Before the bases: a build pip cannot finish must not start with minutes of debootstrap.
         site.check_reachable(matrix, plan.indexes)
-        _ensure_bases(engine, matrix, cell, site, images_dir, out_dir)
-        result = _build(engine, matrix, plan, site, out_dir=out_dir, no_cache=no_cache)
+        _ensure_bases(docker, matrix, cell, site, images_dir, out_dir)
+        result = _build(docker, matrix, plan, site, out_dir=out_dir, no_cache=no_cache)
     if push:
         if not site.registry:
             raise InputError("--push: set STACKPROOF_REGISTRY=HOST[:PORT][/NAMESPACE] (the fleet's registry)")
         pushed = push_built(
-            engine, registry=site.registry, cell_id=cell.id, content_tag=plan.tag, credentials=credentials
+            docker, registry=site.registry, cell_id=cell.id, content_tag=plan.tag, credentials=credentials
         )
         result = dataclasses.replace(result, registry_ref=pushed)
     (out_dir / "build.json").write_text(json.dumps(result.to_json(), indent=2) + "\n")
@@ -137,28 +137,28 @@ def build_cell(
 
 
 def _ensure_bases(
-    engine: Engine, matrix: Matrix, cell: Cell, site: SiteSettings, images_dir: Path, out_dir: Path
+    docker: Docker, matrix: Matrix, cell: Cell, site: SiteSettings, images_dir: Path, out_dir: Path
 ) -> None:
     """What the cell's build stands on: its parent cell (reused, pulled or built) or its bootstrap base."""
     base = cell.base
     if isinstance(base, CellBase):
         parent = matrix.cell(base.cell)
-        build_cell(engine, matrix, parent, site, images_dir, out_dir=out_dir.parent / parent.id)
+        build_cell(docker, matrix, parent, site, images_dir, out_dir=out_dir.parent / parent.id)
     elif isinstance(base, BootstrapBase):
-        ensure_base(engine, base, site, images_dir, log_dir=out_dir)
+        ensure_base(docker, base, site, images_dir, log_dir=out_dir)
 
 
-def _reuse(engine: Engine, plan: BuildPlan, site: SiteSettings, credentials: Credentials | None) -> BuildResult | None:
+def _reuse(docker: Docker, plan: BuildPlan, site: SiteSettings, credentials: Credentials | None) -> BuildResult | None:
     """The cell's image without a build: its content tag on this daemon, else pulled from the site's
     registry by digest; None when neither has it."""
     cell = plan.cell
-    existing = engine.image(plan.tag)
+    existing = docker.image(plan.tag)
     source, reference = "local", None
     if existing is not None:
         print(f"{cell.id}: {plan.tag} exists, build skipped", file=sys.stderr)
     elif site.registry:
         fetched = fetch_built(
-            engine,
+            docker,
             registry=site.registry,
             cell_id=cell.id,
             content_tag=plan.tag,
@@ -187,7 +187,7 @@ def _reuse(engine: Engine, plan: BuildPlan, site: SiteSettings, credentials: Cre
 
 
 def _build(
-    engine: Engine,
+    docker: Docker,
     matrix: Matrix,
     plan: BuildPlan,
     site: SiteSettings,
@@ -228,7 +228,7 @@ def _build(
                 resolved.append(match.group(1))
 
         with console().phase("build", cell.id, log=log_path) as phase:
-            engine.build(
+            docker.build(
                 context,
                 tag=plan.tag,
                 platform=cell.platform,
@@ -236,10 +236,10 @@ def _build(
                 labels={MATRIX_DIGEST_LABEL: matrix.digest, **job_labels()},
                 on_line=on_line,
                 no_cache=no_cache,
-                cache_ref=_cache_ref(engine, site, cell.id),
+                cache_ref=_cache_ref(docker, site, cell.id),
             )
             phase.done(steps.counts())
-    image = engine.image(plan.tag)
+    image = docker.image(plan.tag)
     if image is None:
         raise InfraError(f"{cell.id}: the build reported success but {plan.tag} is not in the image store")
     seconds = time.monotonic() - started
@@ -297,13 +297,13 @@ class BuildSteps:
         return f"step {self.step}/{self.total}{cached}"
 
 
-def _cache_ref(engine: Engine, site: SiteSettings, cell_id: str) -> str | None:
+def _cache_ref(docker: Docker, site: SiteSettings, cell_id: str) -> str | None:
     """The registry reference of the cell's buildx layer cache, when the site has a registry and the
     CLI can export cache to it (said on stderr either way). BuildKit reaches the registry with
     docker's own login (`docker login`)."""
     if not site.registry or not site.build_cache:
         return None
-    supported, why = engine.registry_cache_supported()
+    supported, why = docker.registry_cache_supported()
     if not supported:
         print(f"{cell_id}: no registry layer cache: {why}", file=sys.stderr)
         return None

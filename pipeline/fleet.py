@@ -16,7 +16,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-from pipeline.engine import CONTAINERD_STORE, Engine, ImageInfo
+from pipeline.docker import CONTAINERD_STORE, Docker, ImageInfo
 from pipeline.errors import CheckFailed
 from pipeline.registry import Credentials, RegistryClient, find_credentials
 from pipeline.reglayout import cache_ref, content_ref, docker_login, repository, resolve_platform
@@ -40,7 +40,7 @@ def registry_credentials(registry: str) -> Credentials | None:
 
 
 def fetch_built(
-    engine: Engine,
+    docker: Docker,
     *,
     registry: str,
     cell_id: str,
@@ -61,12 +61,12 @@ def fetch_built(
         _, manifest = resolve_platform(client, repo, tag, platform, where=ref)
     reference = f"{host}/{repo}@{manifest.digest}"
     print(f"{cell_id}: {ref} is in the registry: pulling {reference} instead of building", file=sys.stderr)
-    engine.pull(reference, login=docker_login(credentials))
-    engine.tag(reference, content_tag)
-    info = engine.image(content_tag)
-    expected = manifest.digest if engine.image_store() == CONTAINERD_STORE else str(manifest.config_digest)
+    docker.pull(reference, login=docker_login(credentials))
+    docker.tag(reference, content_tag)
+    info = docker.image(content_tag)
+    expected = manifest.digest if docker.image_store() == CONTAINERD_STORE else str(manifest.config_digest)
     if info is None or info.id != expected:
-        engine.remove_image(content_tag)
+        docker.remove_image(content_tag)
         raise CheckFailed(
             f"{cell_id}: pulled {reference} but its image id is {info.id if info else None}, not {expected}: "
             "the registry did not serve the manifest it named"
@@ -75,15 +75,15 @@ def fetch_built(
 
 
 def push_built(
-    engine: Engine, *, registry: str, cell_id: str, content_tag: str, credentials: Credentials | None
+    docker: Docker, *, registry: str, cell_id: str, content_tag: str, credentials: Credentials | None
 ) -> str:
     """Push the local `content_tag` as `HOST/REPO:CELL-<content digest>`; `HOST/REPO@<pushed digest>`."""
     ref = content_ref(registry, cell_id, content_tag)
-    engine.tag(content_tag, ref)
+    docker.tag(content_tag, ref)
     try:
-        digest = engine.push(ref, login=docker_login(credentials))
+        digest = docker.push(ref, login=docker_login(credentials))
     finally:
-        engine.remove_image(ref)
+        docker.remove_image(ref)
     reference = f"{ref.rpartition(':')[0]}@{digest}"
     print(f"{cell_id}: pushed {ref} ({reference})", file=sys.stderr)
     return reference

@@ -1,6 +1,6 @@
 """Containers of dead runs: every container the tool creates names its owner (host, pid and the
 pid's start time), so a later run, or `stackproof gc`, can remove those whose owner is gone
-(`Engine.collect_garbage`: the labels and the rule are here, the docker calls in the engine).
+(`Docker.collect_garbage`: the labels and the rule are here, the docker calls in pipeline/docker.py).
 
 A run killed with SIGKILL cleans nothing: its server container (and the `docker logs -f` that
 followed it, which ends with the container) would stay forever. The owner's start time guards

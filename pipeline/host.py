@@ -77,7 +77,7 @@ class HostFingerprint:
 
 def host_fingerprint(docker_version: str | None = None) -> HostFingerprint:
     """This host: its GPUs and driver (nvidia-smi), kernel, OS, and the docker daemon's version as
-    the engine reported it (`Engine.server_version`; None: no docker asked)."""
+    the engine reported it (`Docker.server_version`; None: no docker asked)."""
     gpus: tuple[dict[str, str], ...] = ()
     driver = cuda_driver = "none"
     if shutil.which("nvidia-smi"):

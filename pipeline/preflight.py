@@ -9,7 +9,7 @@ runtime (`nvidia-runtime`: a runtime entry, a CDI spec naming nvidia.com/gpu, or
 `docker --gpus` calls); and there is disk for the image and the model (`disk-images`, `disk-models`).
 
 Facts are gathered once at the edge (`gather_facts`: nvidia-smi through `pipeline.host`,
-`docker info` and `docker image inspect` through `pipeline.engine`, statvfs, CDI spec files) into a
+`docker info` and `docker image inspect` through `pipeline.docker`, statvfs, CDI spec files) into a
 frozen `PreflightFacts`; `judge_preflight(cell, facts)` is pure. What cannot be determined is a
 WARN saying "unknown: ...", never a silent PASS. The host items need no docker: on a host without
 docker they are still judged, and the docker items say "docker not available: ..." (a FAIL only
@@ -36,7 +36,7 @@ from pipeline.model import BootstrapBase, Cell, CellBase, Matrix, RegistryBase
 from pipeline.result import CheckResult, Status
 
 if TYPE_CHECKING:
-    from pipeline.engine import Engine
+    from pipeline.docker import Docker
 
 __all__ = [
     "CDI_DIRS",
@@ -80,21 +80,21 @@ def preflight_job(
     tag: str | None,
     model_bytes: int | None = None,
     model_store: Path | None = None,
-) -> Engine:
+) -> Docker:
     """Preflight before `build`, `run`, `verify` or `pull` of a GPU cell; returns the connected engine.
 
     Docker is asked only after the host facts are in, so a host without docker still hears about its
     GPU; docker not being available is then one more FAIL among the others. `tag` is the cell's
     content tag: when it is built already the image needs no more disk. `model_bytes` is the size of
     the model the job will download (None: not known, a WARN)."""
-    engine, why = connect()
+    docker, why = connect()
     image_bytes = None
-    if engine is not None and tag is not None and engine.image(tag) is not None:
+    if docker is not None and tag is not None and docker.image(tag) is not None:
         image_bytes = 0
     facts = gather_facts(
         matrix,
         cell,
-        engine=engine,
+        docker=docker,
         docker_error=why,
         image_bytes=image_bytes,
         model_bytes=model_bytes,
@@ -104,17 +104,17 @@ def preflight_job(
     for line in preflight_lines(items):
         print(line, file=sys.stderr)
     enforce(cell, items)
-    if engine is None:  # only for a cell without items (a CPU cell): say what docker lacks
+    if docker is None:  # only for a cell without items (a CPU cell): say what docker lacks
         raise InfraError(why or "docker not available")
-    return engine
+    return docker
 
 
-def connect() -> tuple[Engine | None, str | None]:
+def connect() -> tuple[Docker | None, str | None]:
     """The engine, or None and why docker is not available (its first line: what to install or start)."""
-    from pipeline.engine import Engine
+    from pipeline.docker import Docker
 
     try:
-        return Engine.connect(), None
+        return Docker.connect(), None
     except InfraError as exc:
         return None, str(exc).strip().splitlines()[0]
 
@@ -206,7 +206,7 @@ def gather_facts(
     matrix: Matrix,
     cell: Cell,
     *,
-    engine: Engine | None,
+    docker: Docker | None,
     docker_error: str | None = None,
     image_bytes: int | None = None,
     model_bytes: int | None = None,
@@ -229,10 +229,10 @@ def gather_facts(
             "nvidia-smi: not found on PATH" if shutil.which("nvidia-smi") is None else "nvidia-smi listed no GPU"
         )
     info: dict[str, Any] | None = None
-    if engine is not None:
-        info, docker_error = _docker_info(engine)
+    if docker is not None:
+        info, docker_error = _docker_info(docker)
     runtimes = tuple(sorted((info.get("Runtimes") or {}).keys())) if info is not None else None
-    require, require_source, platforms, platforms_source = _image_facts(matrix, cell, engine)
+    require, require_source, platforms, platforms_source = _image_facts(matrix, cell, docker)
     disks = [_images_disk(info, docker_error, image_bytes)]
     if cell.serve is not None and cell.serve.model.kind == "hf":
         disks.append(_measure("models", model_store or default_model_store(), model_bytes))
@@ -254,15 +254,15 @@ def gather_facts(
     )
 
 
-def _docker_info(engine: Engine) -> tuple[dict[str, Any] | None, str | None]:
-    info = engine.info()
+def _docker_info(docker: Docker) -> tuple[dict[str, Any] | None, str | None]:
+    info = docker.info()
     if isinstance(info, str):
         return None, f"`docker info` printed no JSON object: {info[-300:]}"
     return info, None
 
 
 def _image_facts(
-    matrix: Matrix, cell: Cell, engine: Engine | None
+    matrix: Matrix, cell: Cell, docker: Docker | None
 ) -> tuple[str | None, str, tuple[str, ...] | None, str]:
     """The image's NVIDIA_REQUIRE_CUDA and the base's platforms, with where each came from.
 
@@ -293,14 +293,14 @@ def _image_facts(
             require, require_source = "", f"base {base.name} is bootstrapped: no NVIDIA_REQUIRE_CUDA"
         return require, require_source, platforms, platforms_source
     assert isinstance(base, RegistryBase)
-    local = _inspect(engine, base.reference) if engine is not None else None
+    local = _inspect(docker, base.reference) if docker is not None else None
     if require is None and local is not None:
         env = dict(e.split("=", 1) for e in (local.get("Config") or {}).get("Env") or () if "=" in e)
         require, require_source = env.get("NVIDIA_REQUIRE_CUDA", ""), f"image {base.reference} (local) config"
     if require is None and base.require_cuda is not None:
         require, require_source = base.require_cuda, f"base {base.name} declares it in {matrix.file.name}"
     if require is None:
-        why = "docker not available" if engine is None else f"image {base.reference} is not local"
+        why = "docker not available" if docker is None else f"image {base.reference} is not local"
         require_source = f"unknown: {why} and base {base.name} declares no require_cuda"
     if platforms is None and base.platforms:
         platforms, platforms_source = base.platforms, f"base {base.name} declares them in {matrix.file.name}"
@@ -310,14 +310,14 @@ def _image_facts(
         if here == cell.platform:
             platforms, platforms_source = (here,), f"image {base.reference} (local) is {here}"
     if platforms is None:
-        why = "docker not available" if engine is None else f"image {base.reference} is not local for it"
+        why = "docker not available" if docker is None else f"image {base.reference} is not local for it"
         platforms_source = f"unknown: {why} and base {base.name} declares no platforms"
     return require, require_source, platforms, platforms_source
 
 
-def _inspect(engine: Engine, ref: str) -> dict[str, Any] | None:
+def _inspect(docker: Docker, ref: str) -> dict[str, Any] | None:
     try:
-        return engine.image_config(ref)
+        return docker.image_config(ref)
     except ValueError:  # not JSON: nothing to learn from it
         return None
 

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import attest
-from pipeline.engine import CONTAINERD_STORE, Engine, ImageInfo
+from pipeline.docker import CONTAINERD_STORE, Docker, ImageInfo
 from pipeline.errors import CheckFailed, InfraError, InputError
 from pipeline.host import HostFingerprint, differences, host_fingerprint
 from pipeline.receipt import RECEIPT_KIND, RECEIPT_SCHEMA_VERSION, receipt_problems
@@ -172,7 +172,7 @@ def publishable_problems(
 
 
 def publish(
-    engine: Engine,
+    docker: Docker,
     *,
     cell_id: str,
     image: str,
@@ -186,8 +186,8 @@ def publish(
     ca_bundle: str | None = None,
     sigstore_bundle: Path | None = None,
 ) -> PublishResult:
-    own = engine.image(content_tag)
-    info = engine.image(image)
+    own = docker.image(content_tag)
+    info = docker.image(image)
     if info is None:
         raise InputError(f"{cell_id}: image {image} is not here: build or verify it first")
     if own is None or own.id != info.id:
@@ -207,7 +207,7 @@ def publish(
         raise InputError(f"{receipt_path}: refusing to publish it: " + "; ".join(problems))
     key = attest.load_private_key(sign_key, password=os.environ.get(attest.PASSWORD_ENV)) if sign_key else None
     bundle = _read_bytes(sigstore_bundle, "--sigstore-bundle") if sigstore_bundle else None
-    store = engine.image_store()
+    store = docker.image_store()
     host, repo = _repo(registry)
     with RegistryClient(host, credentials=credentials, ca_bundle=ca_bundle) as client:
         client.check()
@@ -218,11 +218,11 @@ def publish(
             # push: publish that very manifest (a second push could write another manifest).
             print(f"{cell_id}: {host}/{repo}@{pushed} is already in the registry: not pushed again", file=sys.stderr)
         else:
-            engine.tag(image, candidate)
+            docker.tag(image, candidate)
             try:
-                pushed = engine.push(candidate, login=_docker_login(credentials))
+                pushed = docker.push(candidate, login=_docker_login(credentials))
             finally:
-                engine.remove_image(candidate)
+                docker.remove_image(candidate)
         top, manifest = _resolve(client, repo, pushed, platform, where=candidate)
         config = str(manifest.config_digest)
         local = pushed if store == CONTAINERD_STORE else config
@@ -600,7 +600,7 @@ def _receipt_problem(
 
 
 def pull(
-    engine: Engine,
+    docker: Docker,
     *,
     cell_id: str,
     registry: str,
@@ -620,8 +620,8 @@ def pull(
             "or --identity ISSUER/SUBJECT (keyless)"
         )
     public_key = attest.load_public_key(key) if key is not None else None
-    here = here or host_fingerprint(engine.server_version())
-    platform = platform or engine.platform()
+    here = here or host_fingerprint(docker.server_version())
+    platform = platform or docker.platform()
     host, repo = _repo(registry)
     with RegistryClient(host, credentials=credentials, ca_bundle=ca_bundle) as client:
         client.check()
@@ -652,13 +652,13 @@ def pull(
     digest = chosen.manifest.digest
     config = str(chosen.manifest.config_digest)
     reference = f"{host}/{repo}@{digest}"
-    engine.pull(reference, login=_docker_login(credentials))
+    docker.pull(reference, login=_docker_login(credentials))
     local = f"stackproof/{cell_id}:verified"
-    engine.tag(reference, local)
-    info = engine.image(local)
-    expected = digest if engine.image_store() == CONTAINERD_STORE else config
+    docker.tag(reference, local)
+    info = docker.image(local)
+    expected = digest if docker.image_store() == CONTAINERD_STORE else config
     if info is None or info.id != expected:
-        engine.remove_image(local)
+        docker.remove_image(local)
         raise CheckFailed(f"pulled {reference} but its image id is {info.id if info else None}, not {expected}")
     print(f"{cell_id}: pulled {reference} (verified on {verified.describe()}) as {local}", file=sys.stderr)
     return PullResult(

@@ -31,7 +31,7 @@ from stackproof.cliutil import jsonable as _jsonable
 from stackproof.cliutil import load as _load
 
 if TYPE_CHECKING:
-    from pipeline.engine import Engine
+    from pipeline.docker import Docker
     from pipeline.site import SiteSettings
 
 __all__ = ["main"]
@@ -502,9 +502,9 @@ def _build(args: argparse.Namespace) -> int:
     matrix, images = _load(args)
     cell = matrix.cell(args.cell)
     site = _site(matrix)
-    engine = _engine(args, matrix, cell, images, site)
+    docker = _engine(args, matrix, cell, images, site)
     result = build_cell(
-        engine,
+        docker,
         matrix,
         cell,
         site,
@@ -530,13 +530,13 @@ def _site(matrix: Matrix) -> SiteSettings:
     return site
 
 
-def _engine(args: argparse.Namespace, matrix: Matrix, cell: Cell, images: Path, site: SiteSettings) -> Engine:
+def _engine(args: argparse.Namespace, matrix: Matrix, cell: Cell, images: Path, site: SiteSettings) -> Docker:
     """The docker engine for a job that builds or runs `cell`: for a GPU cell, only after its
     preflight passed (exit 3 listing every failing item otherwise), unless `--no-preflight`."""
-    from pipeline.engine import Engine
+    from pipeline.docker import Docker
 
     if not cell.is_gpu or args.no_preflight:
-        return Engine.connect()
+        return Docker.connect()
     from pipeline.modelstore import snapshot_in_store, store_dir
     from pipeline.plan import plan_cell
     from pipeline.preflight import preflight_job
@@ -571,10 +571,10 @@ def _verify_or_run(args: argparse.Namespace, *, build: bool) -> int:
 
         read_json(args.previous, "earlier report (--previous)")  # a bad file is exit 2 before anything runs
     load = _load_spec(args, cell.serve.load) if cell.serve else None
-    engine = _engine(args, matrix, cell, images, site)  # bad input is exit 2 before any host check
-    _remove_dead_runs(engine)
+    docker = _engine(args, matrix, cell, images, site)  # bad input is exit 2 before any host check
+    _remove_dead_runs(docker)
     report = run_cell(
-        engine,
+        docker,
         matrix,
         cell,
         site,
@@ -593,18 +593,18 @@ def _verify_or_run(args: argparse.Namespace, *, build: bool) -> int:
     return 0 if report.outcome.passed else 1
 
 
-def _remove_dead_runs(engine: Engine) -> list[str]:
+def _remove_dead_runs(docker: Docker) -> list[str]:
     """Containers left by runs that died unclean (SIGKILL) on this host go before this run starts."""
-    removed = engine.collect_garbage()
+    removed = docker.collect_garbage()
     for name in removed:
         print(f"stackproof: removed {name}: its run is gone", file=sys.stderr)
     return removed
 
 
 def _gc(args: argparse.Namespace) -> int:
-    from pipeline.engine import Engine
+    from pipeline.docker import Docker
 
-    removed = _remove_dead_runs(Engine.connect())
+    removed = _remove_dead_runs(Docker.connect())
     _emit(args, {"removed": removed}, f"{len(removed)} container(s) of dead runs removed")
     return 0
 
@@ -677,7 +677,7 @@ def _load_url(args: argparse.Namespace) -> int:
 def _soak(args: argparse.Namespace) -> int:
     """Exit 1 when any arm saw a fault."""
     from pipeline.build import built_image
-    from pipeline.engine import Engine
+    from pipeline.docker import Docker
     from pipeline.site import load_site
     from stackproof.runjob import exclusive_dir
     from stackproof.soak import DEFAULT_ARM, soak
@@ -694,13 +694,13 @@ def _soak(args: argparse.Namespace) -> int:
         raise InputError(f"--arms {args.arms}: name each arm once")
     spec = _load_spec(args, cell.serve.load)
     duration = args.duration or spec.duration_s
-    engine = Engine.connect()
-    tag = built_image(engine, matrix, cell, load_site(matrix), images)[0].tag
+    docker = Docker.connect()
+    tag = built_image(docker, matrix, cell, load_site(matrix), images)[0].tag
     from pipeline.modelstore import ensure_model
 
     ensure_model(cell.serve.model, where=f"{matrix.file}:{cell.line}: cells[{cell.id}].serve.model")
     out = exclusive_dir(args.out / cell.id, time.strftime("soak-%Y%m%dT%H%M%S"))
-    document = soak(engine, cell, tag, arms=arms, spec=spec, duration_s=duration, slice_s=args.slice, out_dir=out)
+    document = soak(docker, cell, tag, arms=arms, spec=spec, duration_s=duration, slice_s=args.slice, out_dir=out)
     lines = []
     for name, arm in document["arms"].items():
         stats = arm["stats"] or {}
@@ -934,17 +934,17 @@ def _probe_kernels(args: argparse.Namespace) -> int:
         raise InputError("probe kernels: give a CELL, or --host")
     if not args.config.is_file():
         raise InputError(f"--config {args.config}: no such file")
-    engine = image = gpus = None
+    docker = image = gpus = None
     python = args.python
     if args.cell:
         from pipeline.build import built_image
-        from pipeline.engine import Engine
+        from pipeline.docker import Docker
         from pipeline.site import load_site
 
         matrix, images = _load(args)
         cell = matrix.cell(args.cell)
-        engine = Engine.connect()
-        image = built_image(engine, matrix, cell, load_site(matrix), images)[0].tag
+        docker = Docker.connect()
+        image = built_image(docker, matrix, cell, load_site(matrix), images)[0].tag
         python, gpus = matrix.python_of(cell), (cell.serve.gpus if cell.serve else None) or "all"
     result = probe_kernels(
         config=args.config,
@@ -952,7 +952,7 @@ def _probe_kernels(args: argparse.Namespace) -> int:
         max_tokens=args.max_num_batched_tokens,
         python=python,
         arch=args.arch,
-        engine=engine,
+        docker=docker,
         image=image,
         gpus=gpus,
     )
@@ -1011,15 +1011,15 @@ def _probe_imports(args: argparse.Namespace) -> int:
         report = probe_host(args.python, modules=modules)
     else:
         from pipeline.build import built_image
-        from pipeline.engine import Engine
+        from pipeline.docker import Docker
         from pipeline.site import load_site
         from verify.probe import probe_image
 
         matrix, images = _load(args)
         cell = matrix.cell(args.cell)
-        engine = Engine.connect()
-        tag = built_image(engine, matrix, cell, load_site(matrix), images)[0].tag
+        docker = Docker.connect()
+        tag = built_image(docker, matrix, cell, load_site(matrix), images)[0].tag
         modules = tuple(args.modules.split(",")) if args.modules else cell.imports
-        report = probe_image(engine, tag, python=matrix.python_of(cell), modules=modules, env=cell.serve_env())
+        report = probe_image(docker, tag, python=matrix.python_of(cell), modules=modules, env=cell.serve_env())
     print(json.dumps(report.raw, indent=1, sort_keys=True))
     return 0

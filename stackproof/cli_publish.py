@@ -103,7 +103,7 @@ def _credentials(args: argparse.Namespace, registry: str) -> Any:
 
 def _publish(args: argparse.Namespace) -> int:
     """Exit 1 when the receipt is not PASS (the image and receipt are pushed; no tag is moved)."""
-    from pipeline.engine import Engine
+    from pipeline.docker import Docker
     from pipeline.plan import plan_cell
     from pipeline.publish import find_receipt, publish
     from pipeline.site import load_site
@@ -116,8 +116,8 @@ def _publish(args: argparse.Namespace) -> int:
     site = load_site(matrix)
     tag = plan_cell(matrix, cell, site, images).tag
     image = args.image or tag
-    engine = Engine.connect()
-    info = engine.image(image)
+    docker = Docker.connect()
+    info = docker.image(image)
     if info is None:
         raise InputError(f"{cell.id}: image {image} is not built: run `stackproof run {cell.id}` first")
     receipt = args.receipt or find_receipt(args.out, cell.id, info.id)
@@ -127,7 +127,7 @@ def _publish(args: argparse.Namespace) -> int:
             "first (or give --receipt)"
         )
     result = publish(
-        engine,
+        docker,
         cell_id=cell.id,
         image=image,
         content_tag=tag,
@@ -147,7 +147,7 @@ def _publish(args: argparse.Namespace) -> int:
 
 def _pull(args: argparse.Namespace) -> int:
     from pipeline.attest import parse_identity
-    from pipeline.engine import Engine
+    from pipeline.docker import Docker
     from pipeline.publish import pull
     from stackproof.cliutil import emit as _emit
 
@@ -164,11 +164,11 @@ def _pull(args: argparse.Namespace) -> int:
     if found is not None and found[1].is_gpu and not args.no_preflight:
         from pipeline.preflight import preflight_job
 
-        engine = preflight_job(*found, tag=None)  # the image's size is known only from the registry
+        docker = preflight_job(*found, tag=None)  # the image's size is known only from the registry
     else:
-        engine = Engine.connect()
+        docker = Docker.connect()
     result = pull(
-        engine,
+        docker,
         cell_id=args.cell,
         registry=args.registry,
         platform=args.platform or (found[1].platform if found is not None else None),

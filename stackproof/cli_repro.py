@@ -239,17 +239,17 @@ def _doctor(args: argparse.Namespace) -> int:
         cell = matrix.cell(args.cell)
         tag = plan_cell(matrix, cell, load_site(matrix), images).tag
         # Host checks first: a host without docker still hears whether it can run this cell at all.
-        engine, docker_error = connect()
-        built = engine is not None and engine.image(tag) is not None
+        docker, docker_error = connect()
+        built = docker is not None and docker.image(tag) is not None
         if cell.is_gpu and not args.no_preflight:
             facts = gather_facts(
-                matrix, cell, engine=engine, docker_error=docker_error, image_bytes=0 if built else None
+                matrix, cell, docker=docker, docker_error=docker_error, image_bytes=0 if built else None
             )
             preflight = judge_preflight(cell, facts, docker_required=False)
         failed = [i for i in preflight if i.status == "FAIL"]
-        if engine is None and not cell.is_gpu:
+        if docker is None and not cell.is_gpu:
             raise InfraError(docker_error or "docker not available")
-        if engine is None:
+        if docker is None:
             # No image to fingerprint: this host's facts, which the preflight verdicts are about.
             document = doctor_host(args.python, imports=not args.no_imports)
             early_notes.append(f"docker not available ({docker_error}): fingerprinted this host, not {tag}")
@@ -264,7 +264,7 @@ def _doctor(args: argparse.Namespace) -> int:
             gpus = args.gpus or (cell.serve.gpus if cell.serve else None)
             env = {**dict(cell.env), **cell.serve_env()}
             document = doctor_image(
-                engine, tag, python=matrix.python_of(cell), env=env, gpus=gpus, imports=not args.no_imports
+                docker, tag, python=matrix.python_of(cell), env=env, gpus=gpus, imports=not args.no_imports
             )
             document["stackproof"] = {"cell": cell.id, "image": tag}
     else:

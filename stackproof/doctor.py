@@ -29,7 +29,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from pipeline import cmd
-from pipeline.engine import Container, Engine, Mount
+from pipeline.docker import Container, Docker, Mount
 from pipeline.errors import CheckFailed, InfraError, InputError
 from pipeline.host import HostFingerprint, differences
 from pipeline.model import Cell, Matrix
@@ -72,7 +72,7 @@ def doctor_host(python: str, *, imports: bool = True, timeout: float = 900) -> d
 
 
 def doctor_image(
-    engine: Engine,
+    docker: Docker,
     image: str,
     *,
     python: str,
@@ -97,7 +97,7 @@ def doctor_image(
         gpus=gpus,
     )
     print(f"doctor: fingerprinting {image}", file=sys.stderr)
-    result = engine.run_to_end(container, timeout=timeout)
+    result = docker.run_to_end(container, timeout=timeout)
     return _document(result.stdout, result.stderr, result.returncode, where=image)
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import cmd
-from pipeline.engine import Container, Engine, Mount
+from pipeline.docker import Container, Docker, Mount
 from pipeline.errors import CheckFailed
 from pipeline.result import CheckResult, Status
 from verify.autotune import judge_cache, load_policies, read_cache
@@ -63,7 +63,7 @@ def probe_kernels(
     max_tokens: int,
     python: str,
     arch: str | None,
-    engine: Engine | None = None,
+    docker: Docker | None = None,
     image: str | None = None,
     gpus: str | None = None,
 ) -> KernelProbeResult:
@@ -73,8 +73,8 @@ def probe_kernels(
         stale.unlink(missing_ok=True)  # FlashInfer merges into an existing file: always start fresh
     started = time.monotonic()
     args = ["--max-num-batched-tokens", str(max_tokens)]
-    if engine is not None and image is not None:
-        _probe_in_container(engine, image, config, out_dir, python=python, gpus=gpus, args=args)
+    if docker is not None and image is not None:
+        _probe_in_container(docker, image, config, out_dir, python=python, gpus=gpus, args=args)
     else:
         cmd.run(
             [
@@ -96,7 +96,7 @@ def probe_kernels(
 
 
 def _probe_in_container(
-    engine: Engine, image: str, config: Path, out_dir: Path, *, python: str, gpus: str | None, args: list[str]
+    docker: Docker, image: str, config: Path, out_dir: Path, *, python: str, gpus: str | None, args: list[str]
 ) -> None:
     """The probe in a named GPU container whose outputs stay inside it (an anonymous volume) and are
     read out with `docker cp`: the image runs as root and FlashInfer writes its cache 0600, which an
@@ -118,10 +118,10 @@ def _probe_in_container(
         network="none",
         gpus=gpus or "all",
     )
-    with engine.removing(container.name):
-        engine.run(container, timeout=3600)  # a non-zero exit raises, with the output's tail
+    with docker.removing(container.name):
+        docker.run(container, timeout=3600)  # a non-zero exit raises, with the output's tail
         for file in ("autotune.json", "kernel-probe.json"):
-            engine.copy_out(container.name, f"{out}/{file}", out_dir / file)
+            docker.copy_out(container.name, f"{out}/{file}", out_dir / file)
 
 
 def judge_probe(report: dict[str, Any], cache_file: Path, *, arch: str | None, seconds: float) -> KernelProbeResult:

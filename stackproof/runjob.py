@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.build import build_cell, build_seconds, built_image
-from pipeline.engine import Engine
+from pipeline.docker import Docker
 from pipeline.errors import InfraError
 from pipeline.host import host_fingerprint
 from pipeline.model import Arm, Cell, LoadSpec, Matrix
@@ -32,7 +32,7 @@ SERVER_STAGES = {"startup", "autotune", "load"}  # the stages that start a serve
 
 
 def run_cell(
-    engine: Engine,
+    docker: Docker,
     matrix: Matrix,
     cell: Cell,
     site: SiteSettings,
@@ -51,17 +51,17 @@ def run_cell(
     arm = cell.arm(arm_name) if arm_name else None
     if build:
         _ensure_model(matrix, cell, stages, fetch_model)  # a wrong revision ends the run before a long build
-        built = build_cell(engine, matrix, cell, site, images_dir, out_dir=out_root / cell.id)
+        built = build_cell(docker, matrix, cell, site, images_dir, out_dir=out_root / cell.id)
         tag, image_id, base_ref = built.tag, built.image_id, built.base_ref
         source, made_in_s = built.source, built.made_in_s
     else:
-        plan, image = built_image(engine, matrix, cell, site, images_dir)
+        plan, image = built_image(docker, matrix, cell, site, images_dir)
         _ensure_model(matrix, cell, stages, fetch_model)
         print(f"{cell.id}: verifying {plan.tag} ({image.id[:19]})", file=sys.stderr)
         tag, image_id, base_ref = plan.tag, image.id, plan.base_ref
         source, made_in_s = "local", build_seconds(out_root / cell.id, plan.tag)
     return _verify_with_receipt(
-        engine,
+        docker,
         matrix,
         cell,
         image=tag,
@@ -77,7 +77,7 @@ def run_cell(
 
 
 def _verify_with_receipt(
-    engine: Engine,
+    docker: Docker,
     matrix: Matrix,
     cell: Cell,
     *,
@@ -94,9 +94,9 @@ def _verify_with_receipt(
     """The stages, then the receipt (JSON, JUnit XML, Markdown) of this image on this host."""
     started = time.time()
     host_check = _host_expectations(matrix, cell)
-    before = engine.image(image)
+    before = docker.image(image)
     report = verify_image(
-        engine,
+        docker,
         cell,
         image=image,
         image_id=image_id,
@@ -114,11 +114,11 @@ def _verify_with_receipt(
     receipt = build_receipt(
         report,
         matrix_digest=matrix.digest,
-        host=host_fingerprint(engine.server_version()),
+        host=host_fingerprint(docker.server_version()),
         started_at=started,
         finished_at=time.time(),
         repo_digests=info.repo_digests if info else (),
-        image_store=engine.image_store(),
+        image_store=docker.image_store(),
         build=build_section(source=build[0], made_in_s=build[1], image_size=info.size if info else None),
     )
     paths = write_all(receipt, out_dir)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from pipeline.engine import Engine
+from pipeline.docker import Docker
 from pipeline.model import Arm, Cell, LoadSpec
 from verify.forensics import LoadInstruments
 from verify.load_stage import load_target
@@ -43,7 +43,7 @@ class ArmTally:
 
 
 def soak(
-    engine: Engine,
+    docker: Docker,
     cell: Cell,
     image: str,
     *,
@@ -70,7 +70,7 @@ def soak(
                 f"{tally.faults} faulted, {left:.0f}s of {duration_s:.0f}s left",
                 file=sys.stderr,
             )
-            _one_slice(engine, cell, image, arm, replace(spec, duration_s=slice_s), slice_dir, tally, new_server)
+            _one_slice(docker, cell, image, arm, replace(spec, duration_s=slice_s), slice_dir, tally, new_server)
         round_no += 1
     document: dict[str, Any] = {
         "cell": cell.id,
@@ -103,7 +103,7 @@ def soak(
 
 
 def _one_slice(
-    engine: Engine,
+    docker: Docker,
     cell: Cell,
     image: str,
     arm: Arm | None,
@@ -112,7 +112,7 @@ def _one_slice(
     tally: ArmTally,
     new_server: ServerFactory,
 ) -> None:
-    server = new_server(engine, cell, image, out_dir=out_dir, arm=arm, watcher=LogWatcher(load_catalog()))
+    server = new_server(docker, cell, image, out_dir=out_dir, arm=arm, watcher=LogWatcher(load_catalog()))
     with server:
         try:
             server.wait_ready()
@@ -122,7 +122,7 @@ def _one_slice(
             tally.questions += 1
             return
         # GPU cost and stall forensics per slice, as in the load stage (verify/forensics.py).
-        instruments = LoadInstruments.for_cell(engine, cell, run_dir=out_dir, forensics_dir=out_dir / "forensics")
+        instruments = LoadInstruments.for_cell(docker, cell, run_dir=out_dir, forensics_dir=out_dir / "forensics")
         instruments.start(server.name)
         target = replace(
             load_target(server, cell, arm),

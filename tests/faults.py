@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import signal
 
-from pipeline.engine import Engine
+from pipeline.docker import Docker
 from pipeline.errors import CheckFailed
 from verify.serving import DRIVERS
 
@@ -39,16 +39,16 @@ print(" ".join(map(str, pids)))
 """
 
 
-def _run(engine: Engine, container: str, python: str, signo: int) -> list[int]:
-    result = engine.exec(container, [python, "-c", _FIND_AND_SIGNAL, ENGINE_CORE_TITLE, str(signo)])
+def _run(docker: Docker, container: str, python: str, signo: int) -> list[int]:
+    result = docker.exec(container, [python, "-c", _FIND_AND_SIGNAL, ENGINE_CORE_TITLE, str(signo)])
     if result.returncode != 0:
         raise CheckFailed(f"cannot look for {ENGINE_CORE_TITLE} in {container}: {result.stderr.strip()[-300:]}")
     return [int(p) for p in result.stdout.split()]
 
 
-def signal_engine_core(engine: Engine, container: str, sig: signal.Signals, *, python: str = "python3") -> list[int]:
+def signal_engine_core(docker: Docker, container: str, sig: signal.Signals, *, python: str = "python3") -> list[int]:
     """Send `sig` to every EngineCore process in the container; the pids signalled (never empty)."""
-    pids = _run(engine, container, python, int(sig))
+    pids = _run(docker, container, python, int(sig))
     if not pids:
         raise CheckFailed(f"no {ENGINE_CORE_TITLE} process in {container}")
     return pids

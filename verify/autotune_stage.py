@@ -31,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pipeline.engine import Engine
+from pipeline.docker import Docker
 from pipeline.model import Arm, Cell
 from pipeline.result import CheckResult, StageResult, Status
 from verify.autotune import AutotuneCache, Entry, judge_cache, load_policies, read_cache, winners
@@ -54,7 +54,7 @@ def fresh_cache_server_options(cell: Cell, version: str | None = None) -> dict[s
 
 
 def run_autotune(
-    engine: Engine,
+    docker: Docker,
     cell: Cell,
     image: str,
     *,
@@ -97,7 +97,7 @@ def run_autotune(
         server.copy_out(CACHE_MOUNT, cache_dir)
     else:
         server = ServerContainer(
-            engine,
+            docker,
             cell,
             image,
             out_dir=out_dir / "autotune-server",

@@ -6,14 +6,14 @@ failing never stops the others, and none ever changes the verdict):
 
 1. a `py-spy dump --json` of every engine process (the titles the serving driver names: its
    engine core and workers), from a sidecar that
-   shares the server's PID namespace (`Engine.pid_sidecar`), py-spy mounted read-only;
+   shares the server's PID namespace (`Docker.pid_sidecar`), py-spy mounted read-only;
 2. the GPU over the stall window against the load before it, judged by the spin rule
    (verify/spin.py), from the cost sampler's NVML samples;
 3. for GPU cells that opt in (`serve.forensics.cuda_coredump`), a CUDA user-triggered core dump:
    the server runs with CUDA_ENABLE_USER_TRIGGERED_COREDUMP=1 and CUDA_COREDUMP_PIPE in an
    anonymous volume; writing to the pipe makes the driver dump the GPU state to CUDA_COREDUMP_FILE
    (CUDA driver API, CU_COREDUMP_ENABLE_USER_TRIGGER: "a coredump can be created by writing to
-   the system pipe specified by CU_COREDUMP_PIPE"), which is copied out with `Engine.copy_out`.
+   the system pipe specified by CU_COREDUMP_PIPE"), which is copied out with `Docker.copy_out`.
 
 Everything lands under `<run>/load/forensics/`; the evidence names each file relative to the run
 directory, and says why a piece is missing where one is.
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from pipeline.engine import Engine
+from pipeline.docker import Docker
 from pipeline.model import Cell
 from verify.cpucost import CpuSampler, cpu_cost_fields, empty_cpu_fields, reader_for
 from verify.gpucost import GpuSample, GpuSampler, cost_section, empty_cost_section, open_reader
@@ -264,7 +264,7 @@ class StallForensics:
 class DockerSide:
     """The real side: a py-spy sidecar, the NVML sampler, the server's core-dump pipe."""
 
-    engine: Engine
+    docker: Docker
     container: str
     image: str
     py_spy: PySpy
@@ -279,7 +279,7 @@ class DockerSide:
             return None, self.py_spy.origin
         titles = ",".join(self.titles)
         argv = ["python3", "-c", _DUMP_SCRIPT, PY_SPY_IN_SIDECAR, titles, str(PER_PROCESS_TIMEOUT_S)]
-        result = self.engine.pid_sidecar(
+        result = self.docker.pid_sidecar(
             self.container,
             image=self.image,
             argv=argv,
@@ -301,12 +301,12 @@ class DockerSide:
             f'for p in {COREDUMP_DIR}/corepipe.cuda.*; do [ -p "$p" ] && (timeout 10 sh -c "printf 1 > $p" &); done; '
             f"ls {COREDUMP_DIR}"
         )
-        fired = self.engine.exec(self.container, ["sh", "-c", trigger], timeout=30)
+        fired = self.docker.exec(self.container, ["sh", "-c", trigger], timeout=30)
         pipes = [n for n in fired.stdout.split() if n.startswith("corepipe.cuda.")]
         if not pipes:
             return {"available": False, "reason": f"no CUDA core-dump pipe in {COREDUMP_DIR} (no CUDA context yet?)"}
         sizes = self._wait_for_cores()
-        copied = self.engine.copy_out(self.container, COREDUMP_DIR, dest)
+        copied = self.docker.copy_out(self.container, COREDUMP_DIR, dest)
         if not copied:
             return {"available": False, "reason": f"{COREDUMP_DIR} could not be copied out", "pipes": pipes}
         for pipe in dest.glob("corepipe.cuda.*"):  # FIFOs are no evidence
@@ -324,7 +324,7 @@ class DockerSide:
         last: dict[str, int] = {}
         listing_script = f'for f in {COREDUMP_DIR}/core.cuda.*; do [ -f "$f" ] && stat -c "%n %s" "$f"; done; true'
         while time.monotonic() < deadline:
-            listing = self.engine.exec(self.container, ["sh", "-c", listing_script], timeout=30)
+            listing = self.docker.exec(self.container, ["sh", "-c", listing_script], timeout=30)
             if listing.returncode != 0:  # the container is no longer running
                 return last
             now = {name: int(size) for name, _, size in (line.rpartition(" ") for line in listing.stdout.splitlines())}
@@ -340,7 +340,7 @@ class LoadInstruments:
     """What the load stage adds around `run_load`: the cost samplers (GPUs on GPU cells, the server
     container's cgroup on CPU cells) and the stall forensics."""
 
-    engine: Engine
+    docker: Docker
     run_dir: Path
     gpu: bool
     titles: tuple[str, ...] = ()  # the engine's process titles (the serving driver's)
@@ -357,13 +357,13 @@ class LoadInstruments:
 
     @classmethod
     def for_cell(
-        cls, engine: Engine, cell: Cell, *, run_dir: Path, forensics_dir: Path | None = None
+        cls, docker: Docker, cell: Cell, *, run_dir: Path, forensics_dir: Path | None = None
     ) -> LoadInstruments:
         """The instruments a cell's load gets: GPU sampling on GPU cells, a core dump where it opts in."""
         coredump = cell.serve is not None and cell.serve.forensics.cuda_coredump
         titles = driver_for(cell.serve).process_titles
         return cls(
-            engine=engine,
+            docker=docker,
             run_dir=run_dir,
             forensics_dir=forensics_dir,
             gpu=cell.is_gpu,
@@ -378,7 +378,7 @@ class LoadInstruments:
         self.load_start = time.monotonic()
         if not self.gpu:
             self.reason = "CPU cell (arch none): no GPU is assigned to the server"
-            cgroup = reader_for(lambda: self.engine.container_pid(container))
+            cgroup = reader_for(lambda: self.docker.container_pid(container))
             if isinstance(cgroup, str):
                 self.cpu_reason = cgroup
                 return
@@ -389,12 +389,12 @@ class LoadInstruments:
         if isinstance(reader, str):
             self.reason = reader
             return
-        self.sampler = GpuSampler(reader=reader, pids=lambda: self.engine.container_pids(container)).start()
+        self.sampler = GpuSampler(reader=reader, pids=lambda: self.docker.container_pids(container)).start()
 
     def on_stall(self, container: str, image: str) -> Callable[[float], dict[str, Any]]:
         def collect(stalled_for_s: float) -> dict[str, Any]:
             side = DockerSide(
-                engine=self.engine,
+                docker=self.docker,
                 container=container,
                 image=image,
                 py_spy=self.py_spy or find_py_spy(),

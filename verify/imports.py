@@ -26,7 +26,7 @@ from packaging.version import InvalidVersion, Version
 
 from pipeline.cache import cache_dir
 from pipeline.cmd import CommandFailed
-from pipeline.engine import Engine
+from pipeline.docker import Docker
 from pipeline.errors import CheckFailed, InfraError
 from pipeline.model import Arm, Cell
 from pipeline.result import CheckResult, StageResult, Status
@@ -67,7 +67,7 @@ class BaseProbe:
 
 
 def run_imports(
-    engine: Engine,
+    docker: Docker,
     cell: Cell,
     image: str,
     *,
@@ -83,39 +83,39 @@ def run_imports(
     started = time.monotonic()
     env = cell.serve_env(arm)
     report = probe_image(
-        engine, image, python=python, modules=cell.imports, env=env, gpus=cell.serve.gpus if cell.serve else None
+        docker, image, python=python, modules=cell.imports, env=env, gpus=cell.serve.gpus if cell.serve else None
     )
     out_dir.mkdir(parents=True, exist_ok=True)
     probe_file = out_dir / "imports-probe.json"
     probe_file.write_text(json.dumps(report.raw, indent=1, sort_keys=True) + "\n")
-    base, base_note = probe_base(engine, cell, base_ref, python=python) if base_ref else (None, None)
+    base, base_note = probe_base(docker, cell, base_ref, python=python) if base_ref else (None, None)
     checks = judge(cell, report, base)
     if base_note:
         checks.append(CheckResult(name="base-probe", status=Status.WARN, message=base_note))
     return StageResult.of(STAGE, checks, time.monotonic() - started, found=report, probe=str(probe_file))
 
 
-def probe_base(engine: Engine, cell: Cell, base_ref: str, *, python: str) -> tuple[BaseProbe | None, str | None]:
+def probe_base(docker: Docker, cell: Cell, base_ref: str, *, python: str) -> tuple[BaseProbe | None, str | None]:
     """The base's conflicts, from a probe of the untouched base image cached by its image id.
 
     A registry base that is not local is pulled once (progress on stderr). When the base cannot be
     had, (None, why): the requirements check then judges every conflict as the cell's own."""
     name = f"{cell.base.name} ({base_ref})"
-    info = engine.image(base_ref)
+    info = docker.image(base_ref)
     if info is None:
         print(f"imports: pulling base {base_ref} to probe it untouched (once per base digest)", file=sys.stderr)
         try:
-            engine.pull(base_ref)
+            docker.pull(base_ref)
         except (CommandFailed, InfraError) as exc:
             return None, f"base {name} could not be pulled to probe it ({exc}); its conflicts count as the cell's"
-        info = engine.image(base_ref)
+        info = docker.image(base_ref)
         if info is None:
             return None, f"base {name} is not available after a pull; its conflicts count as the cell's"
     cached = cache_dir() / "base-probes" / f"{info.id.replace(':', '-')}.json"
     try:
         report = ProbeReport.parse(json.loads(cached.read_text()))
     except (OSError, ValueError, KeyError, CheckFailed):
-        report = probe_image(engine, base_ref, python=python, modules=(), env={})
+        report = probe_image(docker, base_ref, python=python, modules=(), env={})
         cached.parent.mkdir(parents=True, exist_ok=True)
         cached.write_text(json.dumps(report.raw, sort_keys=True) + "\n")
     return BaseProbe(name=name, image_id=info.id, findings=tuple(requirement_findings(report))), None

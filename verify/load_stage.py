@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pipeline.engine import Engine
+from pipeline.docker import Docker
 from pipeline.model import Arm, Cell, LoadSpec
 from pipeline.result import CheckResult, StageResult, Status
 from verify.canary import CanaryAnswer
@@ -55,7 +55,7 @@ def load_target(
 
 
 def run_load_stage(
-    engine: Engine,
+    docker: Docker,
     cell: Cell,
     image: str,
     *,
@@ -83,13 +83,13 @@ def run_load_stage(
     checks: list[CheckResult] = []
     signatures = catalog_for(facts)
     server = shared or ServerContainer(
-        engine, cell, image, out_dir=stage_dir, arm=arm, watcher=LogWatcher(signatures), on_start=on_start
+        docker, cell, image, out_dir=stage_dir, arm=arm, watcher=LogWatcher(signatures), on_start=on_start
     )
     artifacts: dict[str, str] = {"server_log": str(server.log_path)}
     outcome = None
     canaries: list[CanaryAnswer] = []
     # GPU cost sampled beside the load; stall forensics taken before the server is removed.
-    instruments = LoadInstruments.for_cell(engine, cell, run_dir=out_dir)
+    instruments = LoadInstruments.for_cell(docker, cell, run_dir=out_dir)
     try:
         if shared is not None:
             checks.append(

@@ -16,7 +16,7 @@ from typing import Any
 from packaging.utils import canonicalize_name
 
 from pipeline import cmd
-from pipeline.engine import Container, Engine, Mount
+from pipeline.docker import Container, Docker, Mount
 from pipeline.errors import CheckFailed, InfraError
 
 __all__ = ["PROBE_FILE", "Distribution", "ImportOutcome", "ProbeReport", "probe_host", "probe_image"]
@@ -125,7 +125,7 @@ class ProbeReport:
 
 
 def probe_image(
-    engine: Engine,
+    docker: Docker,
     image: str,
     *,
     python: str,
@@ -150,7 +150,7 @@ def probe_image(
         gpus=gpus,
     )
     print(f"imports: probing {image} ({', '.join(modules)})", file=sys.stderr)
-    result = engine.run_to_end(container, timeout=timeout)
+    result = docker.run_to_end(container, timeout=timeout)
     return _parse_output(result.stdout, result.stderr, result.returncode, where=image)
 
 

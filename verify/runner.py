@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.console import console
-from pipeline.engine import Engine
+from pipeline.docker import Docker
 from pipeline.errors import InputError
 from pipeline.model import STAGES, Arm, Cell, LoadSpec
 from pipeline.result import CheckResult, StageResult, Status, VerifyReport, evaluate
@@ -34,7 +34,7 @@ __all__ = ["STAGE_RUNNERS", "parse_stages", "verify_image"]
 class StageContext:
     """What every stage is given: the image under test, the server plan and what the imports probe found."""
 
-    engine: Engine
+    docker: Docker
     cell: Cell
     image: str
     python: str
@@ -75,13 +75,13 @@ StageRunner = Callable[[StageContext], StageResult]
 
 def _imports(ctx: StageContext) -> StageResult:
     return run_imports(
-        ctx.engine, ctx.cell, ctx.image, python=ctx.python, arm=ctx.arm, out_dir=ctx.out_dir, base_ref=ctx.base_ref
+        ctx.docker, ctx.cell, ctx.image, python=ctx.python, arm=ctx.arm, out_dir=ctx.out_dir, base_ref=ctx.base_ref
     )
 
 
 def _startup(ctx: StageContext) -> StageResult:
     return run_startup(
-        ctx.engine,
+        ctx.docker,
         ctx.cell,
         ctx.image,
         arm=ctx.arm,
@@ -96,7 +96,7 @@ def _startup(ctx: StageContext) -> StageResult:
 def _load(ctx: StageContext) -> StageResult:
     shared = None if ctx.plan.load_fresh else ctx.share.take()
     return run_load_stage(
-        ctx.engine,
+        ctx.docker,
         ctx.cell,
         ctx.image,
         arm=ctx.arm,
@@ -110,7 +110,7 @@ def _load(ctx: StageContext) -> StageResult:
 
 def _autotune(ctx: StageContext) -> StageResult:
     return run_autotune(
-        ctx.engine,
+        ctx.docker,
         ctx.cell,
         ctx.image,
         arm=ctx.arm,
@@ -145,7 +145,7 @@ def parse_stages(text: str | None) -> tuple[str, ...]:
 
 
 def verify_image(
-    engine: Engine,
+    docker: Docker,
     cell: Cell,
     *,
     image: str,
@@ -173,7 +173,7 @@ def verify_image(
     try:
         for stage in stages:
             context = StageContext(
-                engine=engine,
+                docker=docker,
                 cell=cell,
                 image=image,
                 python=python,

@@ -22,7 +22,7 @@ from pathlib import Path
 from types import TracebackType
 
 from pipeline.console import console
-from pipeline.engine import Container, Engine, Mount
+from pipeline.docker import Container, Docker, Mount
 from pipeline.errors import CheckFailed
 from pipeline.model import Arm, Cell, ServeSpec
 from pipeline.modelstore import model_mounts
@@ -73,7 +73,7 @@ class ServerContainer:
 
     def __init__(
         self,
-        engine: Engine,
+        docker: Docker,
         cell: Cell,
         image: str,
         *,
@@ -89,7 +89,7 @@ class ServerContainer:
     ) -> None:
         if cell.serve is None:
             raise CheckFailed(f"cell {cell.id!r} has no serve spec")
-        self.engine = engine
+        self.docker = docker
         self.cell = cell
         self.serve = cell.serve
         self.driver = driver_for(cell.serve)
@@ -132,7 +132,7 @@ class ServerContainer:
         self._started = True  # from here on, remove() must run even if `docker run` is interrupted
         if self.on_start is not None:
             self.on_start(self)
-        self.engine.start(self.container())
+        self.docker.start(self.container())
         print(f"{self.cell.id}: server container {self.name} on {self.base_url}, log: {self.log_path}", file=sys.stderr)
         self._follower = threading.Thread(target=self._follow_logs, name=f"logs-{self.name}", daemon=True)
         self._follower.start()
@@ -165,15 +165,15 @@ class ServerContainer:
         )
 
     def copy_out(self, path: str, dest: Path) -> bool:
-        """Copy a path the server wrote out of its container (see `Engine.copy_out`)."""
-        return self.engine.copy_out(self.name, path, dest)
+        """Copy a path the server wrote out of its container (see `Docker.copy_out`)."""
+        return self.docker.copy_out(self.name, path, dest)
 
     def remove(self) -> None:
         """Remove the container by name; safe to call twice, and when it never started."""
         if not self._started:
             return
         self._started = False
-        self.engine.remove_container(self.name)
+        self.docker.remove_container(self.name)
         if self._follower is not None:
             self._follower.join(timeout=10)
         print(f"{self.cell.id}: server container {self.name} removed", file=sys.stderr)
@@ -190,13 +190,13 @@ class ServerContainer:
                 console().feed("server", self.cell.id, line)
 
             # It ends when the container is removed; the log so far is kept.
-            self.engine.follow_logs(self.name, on_line, timeout=24 * 3600)
+            self.docker.follow_logs(self.name, on_line, timeout=24 * 3600)
 
     # -- state ------------------------------------------------------------------------------------
 
     def state(self) -> tuple[str, int]:
         """(status, exit code) from docker inspect; ('missing', -1) when the container is gone."""
-        return self.engine.container_state(self.name)
+        return self.docker.container_state(self.name)
 
     def last_lines(self, n: int = 40) -> str:
         return "\n".join(list(self.tail)[-n:])

@@ -12,7 +12,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from pipeline.engine import Engine
+from pipeline.docker import Docker
 from pipeline.model import Arm, Cell
 from pipeline.result import CheckResult, StageResult, Status
 from verify.autotune_stage import fresh_cache_server_options
@@ -26,7 +26,7 @@ STAGE = "startup"
 
 
 def run_startup(
-    engine: Engine,
+    docker: Docker,
     cell: Cell,
     image: str,
     *,
@@ -50,7 +50,7 @@ def run_startup(
     since = time.time()
     watcher = LogWatcher(signatures)
     server = new_server(
-        engine,
+        docker,
         cell,
         image,
         out_dir=out_dir,

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.engine import Engine
+from pipeline.docker import Docker
 from pipeline.errors import InfraError
 from tests.conftest import in_ci
 
@@ -81,14 +81,14 @@ def stackproof(
     return Completed(proc.returncode, proc.stdout, proc.stderr)
 
 
-def docker(*args: str, check: bool = True) -> str:
+def docker_cmd(*args: str, check: bool = True) -> str:
     proc = subprocess.run([engine_cli(), *args], capture_output=True, text=True, timeout=300)
     if check and proc.returncode != 0:
         raise AssertionError(f"docker {' '.join(args)} failed: {proc.stderr}")
     return proc.stdout
 
 
-_ENGINE: Engine | None = None
+_ENGINE: Docker | None = None
 
 
 def engine_cli() -> str:
@@ -98,15 +98,15 @@ def engine_cli() -> str:
 
 def containers(label: str, *, job: str = JOB) -> list[str]:
     """This session's containers (of `job`) carrying `label`."""
-    return docker(
+    return docker_cmd(
         "ps", "--all", "--quiet", "--filter", f"label={label}", "--filter", f"label=io.stackproof.job={job}"
     ).split()
 
 
 def created_since(since: float, label: str, *, job: str = JOB) -> list[str]:
     """Names of this session's containers carrying `label` created since `since`, from the daemon's
-    event log (`Engine.created_since`, narrowed to this session's job)."""
-    out = docker(
+    event log (`Docker.created_since`, narrowed to this session's job)."""
+    out = docker_cmd(
         "events", "--since", f"{since:.0f}", "--until", f"{time.time() + 1:.0f}",
         "--filter", "type=container", "--filter", "event=create",
         "--filter", f"label={label}", "--filter", f"label=io.stackproof.job={job}",
@@ -116,16 +116,16 @@ def created_since(since: float, label: str, *, job: str = JOB) -> list[str]:
 
 
 def stackproof_images() -> set[str]:
-    out = docker("images", "--format", "{{.Repository}}:{{.Tag}}", "--filter", "reference=stackproof/*")
+    out = docker_cmd("images", "--format", "{{.Repository}}:{{.Tag}}", "--filter", "reference=stackproof/*")
     return set(out.split())
 
 
 @pytest.fixture(scope="session")
-def engine(pytestconfig: pytest.Config) -> Iterator[Engine]:
+def docker(pytestconfig: pytest.Config) -> Iterator[Docker]:
     """The real daemon; images tagged during the session are removed when it ends."""
     global _ENGINE
     try:
-        _ENGINE = Engine.connect()
+        _ENGINE = Docker.connect()
     except InfraError as exc:
         if in_ci():
             pytest.fail(f"CI must provide a docker daemon: {exc}")
@@ -145,9 +145,11 @@ def engine(pytestconfig: pytest.Config) -> Iterator[Engine]:
     for tag in sorted(stackproof_images() - before):
         # Only what this session built (its job label), or what carries no job at all (bootstrap
         # bases): an image a concurrent session built while this one ran is that session's.
-        job = docker("image", "inspect", "--format", '{{index .Config.Labels "io.stackproof.job"}}', tag, check=False)
+        job = docker_cmd(
+            "image", "inspect", "--format", '{{index .Config.Labels "io.stackproof.job"}}', tag, check=False
+        )
         if job.strip() in (JOB, "", "<no value>"):
-            docker("image", "rm", "--force", tag, check=False)
+            docker_cmd("image", "rm", "--force", tag, check=False)
 
 
 @pytest.fixture(scope="session")
@@ -178,7 +180,7 @@ def runner_dir(user: str | None, prefix: str) -> Path:
 
 
 @pytest.fixture(scope="session")
-def cpu_tiny(engine: Engine, tmp_path_factory: pytest.TempPathFactory) -> str:
+def cpu_tiny(docker: Docker, tmp_path_factory: pytest.TempPathFactory) -> str:
     """The embedded default's image, built once per session by the pipeline itself."""
     out = tmp_path_factory.mktemp("cpu-tiny-build")
     result = stackproof(["build", "cpu-tiny", "--json", "--out", str(out)])
@@ -219,7 +221,7 @@ class Daemon:
     store: str  # "classic" or "containerd"
     plugins: str | None = None  # the CLI plugin directory (buildx) a DOCKER_CONFIG must name
 
-    def docker(self, *args: str, check: bool = True, env: dict[str, str] | None = None) -> str:
+    def docker_cmd(self, *args: str, check: bool = True, env: dict[str, str] | None = None) -> str:
         full = {**os.environ, **self.env, **(env or {})}
         proc = subprocess.run([self.cli, *args], capture_output=True, text=True, timeout=300, env=full)
         if check and proc.returncode != 0:
@@ -266,11 +268,11 @@ def docker26(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
 
 
 @pytest.fixture(scope="session", params=["docker-20.10", "docker-26"])
-def daemon(request: pytest.FixtureRequest, engine: Engine) -> Daemon:
+def daemon(request: pytest.FixtureRequest, docker: Docker) -> Daemon:
     if request.param == "docker-26":
         found: Daemon = request.getfixturevalue("docker26")
         return found
-    return Daemon(name="docker-20.10", cli=engine.cli.path, env={}, store=engine.image_store())
+    return Daemon(name="docker-20.10", cli=docker.cli.path, env={}, store=docker.image_store())
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.engine import Engine
+from pipeline.docker import Docker
 from tests.integration.conftest import REPO, stackproof, write_matrix
 
 pytestmark = pytest.mark.integration
@@ -49,7 +49,7 @@ def _requirements(matrix: Path, cell: str, out: Path) -> tuple[int, dict[str, ob
     return result.returncode, next(c for c in stage["checks"] if c["name"] == "requirements")
 
 
-def test_inherited_conflicts_warn_and_new_ones_fail(engine: Engine, cpu_tiny: str, tmp_path: Path) -> None:
+def test_inherited_conflicts_warn_and_new_ones_fail(docker: Docker, cpu_tiny: str, tmp_path: Path) -> None:
     matrix = write_matrix(
         tmp_path / "matrix.yaml", extra_cells=CELLS, extra_bases={"conflict-base-image": {"cell": "conflict-base"}}
     )

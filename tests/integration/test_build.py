@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from pipeline.bootstrap import ensure_base
-from pipeline.engine import Engine
+from pipeline.docker import Docker
 from pipeline.load import load_matrix
 from pipeline.model import BootstrapBase
 from pipeline.site import load_site
-from tests.integration.conftest import IMAGES, MATRIX, docker, stackproof
+from tests.integration.conftest import IMAGES, MATRIX, docker_cmd, stackproof
 
 pytestmark = pytest.mark.integration
 
@@ -41,21 +41,23 @@ cells:
 
 
 def _python_in(image: str, code: str) -> str:
-    return docker("run", "--rm", "--network", "host", "--entrypoint", "/opt/venv/bin/python", image, "-c", code).strip()
+    return docker_cmd(
+        "run", "--rm", "--network", "host", "--entrypoint", "/opt/venv/bin/python", image, "-c", code
+    ).strip()
 
 
-def test_bootstrap_base_is_built_once_and_has_a_venv(engine: Engine) -> None:
+def test_bootstrap_base_is_built_once_and_has_a_venv(docker: Docker) -> None:
     matrix = load_matrix(MATRIX, images_dir=IMAGES)
     base = next(b for b in matrix.bases if isinstance(b, BootstrapBase))
     site = load_site(matrix)
-    tag, _ = ensure_base(engine, base, site, IMAGES)
-    again, built_again = ensure_base(engine, base, site, IMAGES)
+    tag, _ = ensure_base(docker, base, site, IMAGES)
+    again, built_again = ensure_base(docker, base, site, IMAGES)
     assert again == tag
     assert built_again is False, "a base whose recipe tag exists must not be rebuilt"
     assert _python_in(tag, "import sys; print(sys.prefix, sys.version_info[:2])") == "/opt/venv (3, 11)"
 
 
-def test_override_from_pypi_is_installed_labelled_and_skipped_on_rebuild(engine: Engine, tmp_path: Path) -> None:
+def test_override_from_pypi_is_installed_labelled_and_skipped_on_rebuild(docker: Docker, tmp_path: Path) -> None:
     matrix = tmp_path / "matrix.yaml"
     matrix.write_text(SMOKE_MATRIX)
     args = ["build", "smoke-six", "--matrix", str(matrix), "--images", str(IMAGES), "--out", str(tmp_path), "--json"]
@@ -64,14 +66,14 @@ def test_override_from_pypi_is_installed_labelled_and_skipped_on_rebuild(engine:
     tag = str(first.json()["tag"])
 
     assert _python_in(tag, "import importlib.metadata as m; print(m.version('six'))") == "1.16.0"
-    labels = json.loads(docker("image", "inspect", "--format", "{{json .Config.Labels}}", tag))
+    labels = json.loads(docker_cmd("image", "inspect", "--format", "{{json .Config.Labels}}", tag))
     assert labels["io.stackproof.cell"] == "smoke-six"
     assert json.loads(labels["io.stackproof.overrides"]) == [{"name": "six", "version": "1.16.0", "index": "pypi"}]
     assert labels["io.stackproof.matrix.digest"] == "sha256:" + hashlib.sha256(matrix.read_bytes()).hexdigest()
     assert labels["org.opencontainers.image.title"] == "smoke-six"
 
     # The CA bundle and the index options were secrets: nothing of them is in the image or its history.
-    history = docker("image", "history", "--no-trunc", "--format", "{{.CreatedBy}}", tag)
+    history = docker_cmd("image", "history", "--no-trunc", "--format", "{{.CreatedBy}}", tag)
     assert "index-url" not in history and "PIP_CERT" not in history
     assert _python_in(tag, "import os; print(os.path.exists('/run/secrets/cabundle'))") == "False"
 
@@ -81,7 +83,7 @@ def test_override_from_pypi_is_installed_labelled_and_skipped_on_rebuild(engine:
     assert second.json()["skipped"] is True, "an existing content tag must skip the build"
 
 
-def test_override_from_a_local_directory_mirror_installs_that_copy(engine: Engine, tmp_path: Path) -> None:
+def test_override_from_a_local_directory_mirror_installs_that_copy(docker: Docker, tmp_path: Path) -> None:
     """A six==1.16.0 wheel that differs from PyPI's: only the mirror's copy carries the marker."""
     wheels = tmp_path / "wheels"
     wheels.mkdir()
@@ -100,7 +102,7 @@ def test_override_from_a_local_directory_mirror_installs_that_copy(engine: Engin
     assert "Looking in links: /tmp/stackproof/wheels/pypi" in result.stderr
 
 
-def test_bad_matrix_builds_nothing(engine: Engine, tmp_path: Path) -> None:
+def test_bad_matrix_builds_nothing(docker: Docker, tmp_path: Path) -> None:
     matrix = tmp_path / "matrix.yaml"
     matrix.write_text(SMOKE_MATRIX.replace('version: "1.16.0"', 'version: ">=1.16"'))
     result = stackproof(["build", "smoke-six", "-v", "--matrix", str(matrix), "--images", str(IMAGES)])  # -v: echoes

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from packaging.utils import canonicalize_name
 
-from pipeline.engine import Engine
+from pipeline.docker import Docker
 from pipeline.load import load_matrix
 from pipeline.plan import plan_cell
 from pipeline.site import SiteSettings
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.integration
 TOOLING = {"pip", "setuptools", "wheel"}
 
 
-def test_doctor_in_cpu_tiny_round_trips_through_repro(engine: Engine, cpu_tiny: str, tmp_path: Path) -> None:
+def test_doctor_in_cpu_tiny_round_trips_through_repro(docker: Docker, cpu_tiny: str, tmp_path: Path) -> None:
     since = time.time() - 1
     result = stackproof(["doctor", "--cell", "cpu-tiny", "--json"], timeout=900)
     assert result.returncode == 0, result.stderr[-4000:]

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.bootstrap import ensure_base
-from pipeline.engine import Engine
+from pipeline.docker import Docker
 from pipeline.load import load_matrix
 from pipeline.model import BootstrapBase
 from pipeline.plan import plan_cell
@@ -40,12 +40,12 @@ BASE = "debian-bookworm"
 
 
 @pytest.fixture(scope="module")
-def base_tag(engine: Engine, tmp_path_factory: pytest.TempPathFactory) -> str:
+def base_tag(docker: Docker, tmp_path_factory: pytest.TempPathFactory) -> str:
     """The tier's bootstrapped base (cpu-tiny's) on Docker 20.10, made by the pipeline if not there yet."""
     matrix = load_matrix(REPO / "matrix.yaml", images_dir=IMAGES)
     base = next(b for b in matrix.bases if getattr(b, "name", None) == BASE)
     assert isinstance(base, BootstrapBase)
-    return ensure_base(engine, base, load_site(matrix), IMAGES)[0]
+    return ensure_base(docker, base, load_site(matrix), IMAGES)[0]
 
 
 @pytest.fixture

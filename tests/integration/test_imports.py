@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.engine import Engine
+from pipeline.docker import Docker
 from tests.integration.conftest import REPO, created_since, stackproof, write_matrix
 
 pytestmark = pytest.mark.integration
 
 
-def test_matched_flashinfer_pair_imports(engine: Engine, cpu_tiny: str, tmp_path: Path) -> None:
+def test_matched_flashinfer_pair_imports(docker: Docker, cpu_tiny: str, tmp_path: Path) -> None:
     result = stackproof(["run", "fi-0.6.13-matched", "--json", "--out", str(tmp_path)])
     assert result.returncode == 0, result.stderr[-4000:]
     report = result.json()
@@ -27,7 +27,7 @@ def test_matched_flashinfer_pair_imports(engine: Engine, cpu_tiny: str, tmp_path
 
 
 def test_mismatched_flashinfer_pair_fails_at_imports_and_starts_no_server(
-    engine: Engine, cpu_tiny: str, tmp_path: Path
+    docker: Docker, cpu_tiny: str, tmp_path: Path
 ) -> None:
     build = stackproof(["build", "fi-mismatch", "--out", str(tmp_path)])
     assert build.returncode == 0, build.stderr[-4000:]
@@ -52,7 +52,7 @@ def test_mismatched_flashinfer_pair_fails_at_imports_and_starts_no_server(
     assert created_since(since, "io.stackproof.role=server") == []
 
 
-def test_verify_needs_a_built_image(engine: Engine, tmp_path: Path) -> None:
+def test_verify_needs_a_built_image(docker: Docker, tmp_path: Path) -> None:
     """A cell whose content tag was never built: verify says what to run, and builds nothing."""
     overrides = {
         "flashinfer-python": {"version": "0.6.13", "index": "pypi"},

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from pipeline.engine import Engine
+from pipeline.docker import Docker
 from pipeline.load import load_matrix
 from pipeline.model import LoadSpec
 from pipeline.result import StageResult, Status
@@ -35,7 +35,7 @@ SCRAPE_S = 1.0
 SPEC = LoadSpec(questions=400, concurrency=6, max_tokens=32, stall_seconds=STALL_SECONDS, scrape_interval_s=SCRAPE_S)
 
 
-def _load_with_fault(engine: Engine, image: str, out: Path, sig: signal.Signals) -> tuple[StageResult, dict[str, Any]]:
+def _load_with_fault(docker: Docker, image: str, out: Path, sig: signal.Signals) -> tuple[StageResult, dict[str, Any]]:
     cell = load_matrix(MATRIX, images_dir=IMAGES).cell("cpu-tiny")
     injected: dict[str, Any] = {}
 
@@ -48,22 +48,22 @@ def _load_with_fault(engine: Engine, image: str, out: Path, sig: signal.Signals)
                 if requests.exists() and len(requests.read_text().splitlines()) >= 10:
                     break
                 time.sleep(0.05)
-            injected["pids"] = signal_engine_core(engine, server.name, sig)
+            injected["pids"] = signal_engine_core(docker, server.name, sig)
             injected["at"] = time.monotonic()
 
         thread = threading.Thread(target=inject, daemon=True)
         thread.start()
         injected["thread"] = thread
 
-    result = run_load_stage(engine, cell, image, arm=None, out_dir=out, spec=SPEC, on_ready=on_ready)
+    result = run_load_stage(docker, cell, image, arm=None, out_dir=out, spec=SPEC, on_ready=on_ready)
     injected["returned"] = time.monotonic()
     return result, injected
 
 
 def test_sigstop_engine_core_is_an_engine_stall_with_the_api_alive(
-    engine: Engine, cpu_tiny: str, tmp_path: Path
+    docker: Docker, cpu_tiny: str, tmp_path: Path
 ) -> None:
-    result, injected = _load_with_fault(engine, cpu_tiny, tmp_path, signal.SIGSTOP)
+    result, injected = _load_with_fault(docker, cpu_tiny, tmp_path, signal.SIGSTOP)
     assert injected["pids"], "the EngineCore process was found and stopped"
     assert result.status is Status.FAIL
     checks = {c.name: c for c in result.checks}
@@ -89,8 +89,8 @@ def test_sigstop_engine_core_is_an_engine_stall_with_the_api_alive(
     assert containers("io.stackproof.cell=cpu-tiny") == [], "the stopped server's container must be removed"
 
 
-def test_sigkill_engine_core_is_engine_dead(engine: Engine, cpu_tiny: str, tmp_path: Path) -> None:
-    result, injected = _load_with_fault(engine, cpu_tiny, tmp_path, signal.SIGKILL)
+def test_sigkill_engine_core_is_engine_dead(docker: Docker, cpu_tiny: str, tmp_path: Path) -> None:
+    result, injected = _load_with_fault(docker, cpu_tiny, tmp_path, signal.SIGKILL)
     assert injected["pids"]
     assert result.status is Status.FAIL
     checks = {c.name: c for c in result.checks}

@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
-from pipeline.engine import Engine
+from pipeline.docker import Docker
 from pipeline.load import load_matrix
 from pipeline.plan import plan_cell
 from pipeline.site import load_site
-from tests.integration.conftest import REPO, containers, docker, stackproof, write_matrix
+from tests.integration.conftest import REPO, containers, docker_cmd, stackproof, write_matrix
 from tests.standin_hub import StandInHub, stand_in_hub
 
 pytestmark = pytest.mark.integration
@@ -39,11 +39,11 @@ def tiny_model_files(cpu_tiny: str, tmp_path_factory: pytest.TempPathFactory) ->
     """The tiny model's files, copied out of the cpu-tiny image (a created, never started, container)."""
     out = tmp_path_factory.mktemp("tiny-model")
     name = f"stackproof-test-copy-{os.getpid()}"
-    docker("create", "--name", name, "--entrypoint", "/bin/true", cpu_tiny)
+    docker_cmd("create", "--name", name, "--entrypoint", "/bin/true", cpu_tiny)
     try:
-        docker("cp", f"{name}:/models/tiny-llama", str(out))
+        docker_cmd("cp", f"{name}:/models/tiny-llama", str(out))
     finally:
-        docker("rm", "--force", name, check=False)
+        docker_cmd("rm", "--force", name, check=False)
     root = out / "tiny-llama"
     return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
@@ -71,12 +71,12 @@ def variant_matrix(cpu_tiny: str, hub: StandInHub, tmp_path: Path) -> Iterator[P
     matrix = load_matrix(matrix_file, images_dir=REPO / "images")
     tags = [plan_cell(matrix, matrix.cell(c), load_site(matrix), REPO / "images").tag for c in (VARIANT, WRONG)]
     for tag in tags:
-        docker("tag", cpu_tiny, tag)
+        docker_cmd("tag", cpu_tiny, tag)
     try:
         yield matrix_file
     finally:
         for tag in tags:
-            docker("rmi", tag, check=False)
+            docker_cmd("rmi", tag, check=False)
 
 
 def _cli(args: list[str], matrix: Path, env: dict[str, str], timeout: float = 900) -> Any:
@@ -84,7 +84,7 @@ def _cli(args: list[str], matrix: Path, env: dict[str, str], timeout: float = 90
 
 
 def test_fetch_then_serve_offline_from_the_store(
-    engine: Engine, hub: StandInHub, variant_matrix: Path, tmp_path: Path
+    docker: Docker, hub: StandInHub, variant_matrix: Path, tmp_path: Path
 ) -> None:
     store = tmp_path / "store"
     env = {"HF_ENDPOINT": hub.url, "STACKPROOF_MODEL_STORE": str(store), "HF_TOKEN": CANARY}
@@ -127,7 +127,7 @@ def test_fetch_then_serve_offline_from_the_store(
     assert len(hub.requests) == requests_before, (
         f"the server or the tool asked the hub: {hub.requests[requests_before:]}"
     )
-    assert len(engine.created_since(since, "io.stackproof.role=server")) == 1
+    assert len(docker.created_since(since, "io.stackproof.role=server")) == 1
     startup = {s["stage"]: s for s in result.json()["stages"]}["startup"]
     checks = {c["name"]: c for c in startup["checks"]}
     assert startup["status"] == "PASS", startup
@@ -165,7 +165,7 @@ def test_fetch_then_serve_offline_from_the_store(
 
 
 def test_wrong_revision_fails_before_any_server_starts(
-    engine: Engine, hub: StandInHub, variant_matrix: Path, tmp_path: Path
+    docker: Docker, hub: StandInHub, variant_matrix: Path, tmp_path: Path
 ) -> None:
     env = {"HF_ENDPOINT": hub.url, "STACKPROOF_MODEL_STORE": str(tmp_path / "store"), "HF_HUB_OFFLINE": ""}
     since = time.time() - 1
@@ -173,11 +173,11 @@ def test_wrong_revision_fails_before_any_server_starts(
     assert result.returncode == 2, result.stderr[-3000:]
     assert f"revision {WRONG_REVISION} of {REPO_ID} does not exist at the hub" in result.stderr
     assert f"cells[{WRONG}].serve.model" in result.stderr and "Traceback" not in result.stderr
-    assert engine.created_since(since, f"io.stackproof.cell={WRONG}") == [], "no container may start"
+    assert docker.created_since(since, f"io.stackproof.cell={WRONG}") == [], "no container may start"
     assert not (tmp_path / "out").exists()
 
 
-def test_missing_model_without_a_reachable_hub_is_exit_3(engine: Engine, variant_matrix: Path, tmp_path: Path) -> None:
+def test_missing_model_without_a_reachable_hub_is_exit_3(docker: Docker, variant_matrix: Path, tmp_path: Path) -> None:
     """--no-fetch never asks; a dead endpoint (a closed port on 127.0.0.1) is named with HF_ENDPOINT."""
     closed = _closed_port()
     env = {"HF_ENDPOINT": f"http://127.0.0.1:{closed}", "STACKPROOF_MODEL_STORE": str(tmp_path / "s")}
@@ -191,7 +191,7 @@ def test_missing_model_without_a_reachable_hub_is_exit_3(engine: Engine, variant
     assert unreachable.returncode == 3, unreachable.stderr[-3000:]
     assert "unreachable" in unreachable.stderr and "HF_ENDPOINT" in unreachable.stderr
     assert "Traceback" not in no_fetch.stderr + unreachable.stderr
-    assert engine.created_since(since, f"io.stackproof.cell={VARIANT}") == []
+    assert docker.created_since(since, f"io.stackproof.cell={VARIANT}") == []
 
 
 def _inspect_server_when_it_appears(label: str, seen: dict[str, Any], timeout: float = 600) -> threading.Thread:
@@ -200,9 +200,11 @@ def _inspect_server_when_it_appears(label: str, seen: dict[str, Any], timeout: f
     def watch() -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            ids = docker("ps", "--quiet", "--filter", f"label={label}", "--filter", "label=io.stackproof.role=server")
+            ids = docker_cmd(
+                "ps", "--quiet", "--filter", f"label={label}", "--filter", "label=io.stackproof.role=server"
+            )
             if ids.split():
-                out = docker("inspect", ids.split()[0], check=False)
+                out = docker_cmd("inspect", ids.split()[0], check=False)
                 if out.strip():
                     seen["inspect"] = json.loads(out)[0]
                     return

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.engine import Engine
-from tests.integration.conftest import REPO, docker, python_as, runner_dir
+from pipeline.docker import Docker
+from tests.integration.conftest import REPO, docker_cmd, python_as, runner_dir
 
 pytestmark = pytest.mark.integration
 
@@ -36,11 +36,11 @@ for root in ("/stackproof/autotune-cache", "/stackproof/bind"):
     os.replace(tmp, f"{root}/abc123/autotune_configs.json")
 print("written", oct(os.stat("/stackproof/autotune-cache/abc123/autotune_configs.json").st_mode & 0o777))
 """
-# Run as the runner user: the tool's code path (Engine.copy_out, judge_fresh_cache), then the old one.
+# Run as the runner user: the tool's code path (Docker.copy_out, judge_fresh_cache), then the old one.
 READ_AS_RUNNER = """
 import json, shutil, sys
 from pathlib import Path
-from pipeline.engine import Engine
+from pipeline.docker import Docker
 from pipeline.load import load_matrix
 from verify.autotune_stage import CACHE_MOUNT, judge_fresh_cache
 from verify.logscan import Facts
@@ -57,7 +57,7 @@ try:
     result["bind_rmtree"] = "ok"
 except PermissionError as exc:
     result["bind_rmtree"] = f"PermissionError: {exc.strerror}"
-copied = Engine.connect().copy_out(name, CACHE_MOUNT, out / "autotune-cache")
+copied = Docker.connect().copy_out(name, CACHE_MOUNT, out / "autotune-cache")
 matrix = load_matrix(Path("matrix.yaml"), images_dir=Path("images"))
 cell = matrix.cell("sm120-vllm-0.28.0-fi-0.6.18.post1-cu130")
 log = f"INFO Using FlashInfer autotune cache file: {CACHE_MOUNT}/abc123/autotune_configs.json\\n"
@@ -73,7 +73,7 @@ print(json.dumps(result))
 
 
 def test_runner_reads_a_root_written_0600_cache_only_through_docker(
-    engine: Engine, cpu_tiny: str, runner_user: str | None
+    docker: Docker, cpu_tiny: str, runner_user: str | None
 ) -> None:
     if runner_user is None and os.geteuid() == 0:
         pytest.skip("needs an ordinary user")
@@ -82,7 +82,7 @@ def test_runner_reads_a_root_written_0600_cache_only_through_docker(
     bind = Path(os.environ.get("TMPDIR", "/tmp")) / f"stackproof-nonroot-bind-{uuid.uuid4().hex[:8]}"
     bind.mkdir(mode=0o755)
     try:
-        docker(
+        docker_cmd(
             "run", "--detach", "--name", name, "--network", "none", "--label", "io.stackproof.role=test",
             "--volume", "/stackproof/autotune-cache", "--volume", f"{bind}:/stackproof/bind",
             "--volume", f"{FIXTURE}:/stackproof/fixture.json:ro", "--entrypoint", "/opt/venv/bin/python",
@@ -101,19 +101,19 @@ def test_runner_reads_a_root_written_0600_cache_only_through_docker(
         )
         assert result["checks"]["autotune-cache"] == "PASS" and result["cleaned"] is True
     finally:
-        docker("rm", "--force", "--volumes", name, check=False)
+        docker_cmd("rm", "--force", "--volumes", name, check=False)
         shutil.rmtree(out, ignore_errors=True)
         shutil.rmtree(bind, ignore_errors=True)  # root-owned: this (root) test process removes it
 
 
-def test_copy_out_of_a_path_the_container_lacks_is_false(engine: Engine, cpu_tiny: str, tmp_path: Path) -> None:
+def test_copy_out_of_a_path_the_container_lacks_is_false(docker: Docker, cpu_tiny: str, tmp_path: Path) -> None:
     name = f"stackproof-test-nocache-{uuid.uuid4().hex[:8]}"
-    docker("create", "--name", name, "--label", "io.stackproof.role=test", "--entrypoint", "/bin/true", cpu_tiny)
+    docker_cmd("create", "--name", name, "--label", "io.stackproof.role=test", "--entrypoint", "/bin/true", cpu_tiny)
     try:
-        assert engine.copy_out(name, "/stackproof/autotune-cache", tmp_path / "copy") is False
+        assert docker.copy_out(name, "/stackproof/autotune-cache", tmp_path / "copy") is False
         assert not (tmp_path / "copy").exists()
     finally:
-        docker("rm", "--force", name, check=False)
+        docker_cmd("rm", "--force", name, check=False)
 
 
 def _wait_written(path: Path) -> None:

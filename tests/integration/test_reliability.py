@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.engine import Engine
+from pipeline.docker import Docker
 from pipeline.gc import _start_time
-from tests.integration.conftest import JOB, REPO, containers, docker, stackproof, write_matrix
+from tests.integration.conftest import JOB, REPO, containers, docker_cmd, stackproof, write_matrix
 from tests.integration.test_build import _marked_wheel
 
 pytestmark = pytest.mark.integration
@@ -40,7 +40,7 @@ REPORTER_TOKENS = ("sk-plantedReporterKey1234567890", "hf_plantedReporterHubToke
 
 
 def test_four_verifies_of_one_cell_at_once_keep_every_receipt_and_log_apart(
-    engine: Engine, cpu_tiny: str, tmp_path: Path
+    docker: Docker, cpu_tiny: str, tmp_path: Path
 ) -> None:
     argv = [sys.executable, "-m", "pipeline", "verify", "cpu-tiny", "--stages", "imports", "--json"]
     env = {**os.environ, "STACKPROOF_JOB": JOB}
@@ -74,7 +74,7 @@ def test_four_verifies_of_one_cell_at_once_keep_every_receipt_and_log_apart(
 # -- containers of dead runs ------------------------------------------------------------------------
 
 
-def test_gc_removes_containers_of_dead_runs_only(engine: Engine, cpu_tiny: str) -> None:
+def test_gc_removes_containers_of_dead_runs_only(docker: Docker, cpu_tiny: str) -> None:
     gone = subprocess.Popen(["true"])
     gone.wait()  # a pid that no longer runs: the owner of a run killed with SIGKILL
     host = socket.gethostname()
@@ -84,7 +84,7 @@ def test_gc_removes_containers_of_dead_runs_only(engine: Engine, cpu_tiny: str) 
     try:
         for kind, name in names.items():
             pid, start = owners[kind]
-            docker(
+            docker_cmd(
                 "create", "--name", name, "--entrypoint", "/bin/true",
                 "--label", "io.stackproof.role=server", "--label", f"io.stackproof.job={JOB}",
                 "--label", f"io.stackproof.owner-host={host}", "--label", f"io.stackproof.owner-pid={pid}",
@@ -93,11 +93,11 @@ def test_gc_removes_containers_of_dead_runs_only(engine: Engine, cpu_tiny: str) 
         result = stackproof(["gc", "--json"])
         assert result.returncode == 0, result.stderr[-2000:]
         assert names["dead"] in result.json()["removed"]
-        left = docker("ps", "--all", "--format", "{{.Names}}", "--filter", f"label=io.stackproof.job={JOB}").split()
+        left = docker_cmd("ps", "--all", "--format", "{{.Names}}", "--filter", f"label=io.stackproof.job={JOB}").split()
         assert names["dead"] not in left and names["alive"] in left
     finally:
         for name in names.values():
-            docker("rm", "--force", name, check=False)
+            docker_cmd("rm", "--force", name, check=False)
 
 
 # -- secrets ----------------------------------------------------------------------------------------
@@ -228,7 +228,7 @@ docker run --gpus all -e HF_TOKEN={hf} -e VLLM_API_KEY={sk} vllm/vllm-openai:v0.
 
 
 def test_planted_secrets_are_found_nowhere(
-    engine: Engine, cpu_tiny: str, tmp_path: Path, auth_index: tuple[str, list[str]]
+    docker: Docker, cpu_tiny: str, tmp_path: Path, auth_index: tuple[str, list[str]]
 ) -> None:
     address, authorized = auth_index
     cell = {
@@ -281,10 +281,10 @@ def test_planted_secrets_are_found_nowhere(
         assert sampler.hits == [], "a secret was in a process's argv"
         shown = build.stdout + build.stderr
         logs = "".join(p.read_text() for p in out.rglob("*") if p.is_file() and not p.is_symlink())
-        config = docker("image", "inspect", tag)
-        history = docker("image", "history", "--no-trunc", "--format", "{{.CreatedBy}}", tag)
+        config = docker_cmd("image", "inspect", tag)
+        history = docker_cmd("image", "history", "--no-trunc", "--format", "{{.CreatedBy}}", tag)
         for where, content in {"output": shown, "logs+reports": logs, "config": config, "history": history}.items():
             assert not [n for n in needles if n in content], f"a planted secret is in the {where}"
         assert _image_bytes_contain(tag, tuple(n.encode() for n in needles)) == []
     finally:
-        docker("image", "rm", "--force", tag, check=False)
+        docker_cmd("image", "rm", "--force", tag, check=False)

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from pipeline.engine import Engine
+from pipeline.docker import Docker
 from tests.integration.conftest import JOB, REPO, containers, created_since, runner_dir, stackproof, write_matrix
 
 pytestmark = pytest.mark.integration
@@ -36,7 +36,7 @@ def runner_out(runner_user: str | None) -> Iterator[Path]:
     shutil.rmtree(out, ignore_errors=True)
 
 
-def test_cpu_tiny_end_to_end(engine: Engine, cpu_tiny: str, runner_user: str | None, runner_out: Path) -> None:
+def test_cpu_tiny_end_to_end(docker: Docker, cpu_tiny: str, runner_user: str | None, runner_out: Path) -> None:
     """As an ordinary user in the docker group (a self-hosted runner's user), never as root."""
     since = time.time() - 1
     result = stackproof(["run", "cpu-tiny", "--json", "--out", str(runner_out)], user=runner_user)
@@ -188,7 +188,7 @@ def test_server_that_exits_while_starting_fails_fast(cpu_tiny: str, tmp_path: Pa
     ids=["SIGINT-while-waiting-for-readiness", "SIGTERM-while-waiting-for-readiness", "SIGINT-during-imports-probe"],
 )
 def test_interrupted_run_leaves_no_container(
-    cpu_tiny: str, engine: Engine, tmp_path: Path, sig: signal.Signals, phase: str
+    cpu_tiny: str, docker: Docker, tmp_path: Path, sig: signal.Signals, phase: str
 ) -> None:
     """Interrupt `stackproof run` while the container of `phase` runs: every container goes."""
     role = f"io.stackproof.role={phase}"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.engine import Engine
+from pipeline.docker import Docker
 from pipeline.load import load_matrix
 from pipeline.model import Cell
 from tests.integration.conftest import IMAGES, MATRIX, containers
@@ -47,12 +47,12 @@ for pid in os.listdir("/proc"):
 
 @pytest.fixture(params=sorted(SERVERS), scope="module")
 def served(
-    request: pytest.FixtureRequest, engine: Engine, tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest, docker: Docker, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[ServerContainer, Cell]]:
     cell_id, image_fixture = SERVERS[request.param]
     image = request.getfixturevalue(image_fixture)
     cell = load_matrix(MATRIX, images_dir=IMAGES).cell(cell_id)
-    server = ServerContainer(engine, cell, image, out_dir=tmp_path_factory.mktemp(f"contract-{request.param}"))
+    server = ServerContainer(docker, cell, image, out_dir=tmp_path_factory.mktemp(f"contract-{request.param}"))
     with server:
         server.wait_ready()
         yield server, cell
@@ -136,7 +136,7 @@ def test_the_status_probe_and_the_engine_processes(served: tuple[ServerContainer
         return status.health, status.models, status.metrics
 
     assert asyncio.run(main()) == (200, 200, 200)
-    found = server.engine.exec(server.name, ["python3", "-c", _FIND_TITLES, ",".join(driver.process_titles)])
+    found = server.docker.exec(server.name, ["python3", "-c", _FIND_TITLES, ",".join(driver.process_titles)])
     assert found.returncode == 0, found.stderr
     titles = [line.split(" ", 1)[1] for line in found.stdout.splitlines()]
     assert any(t.startswith(driver.engine_process) for t in titles), titles

@@ -2,7 +2,7 @@
 
 The test image is cpu-tiny plus the test-only recipe in tests/recipes/stall (a .pth hook that
 makes EngineCore's step wait in `_stackproof_test_stall` while /tmp/stackproof-stall exists). The
-test creates the flag inside the server once the load is under way (`Engine.exec`): the engine
+test creates the flag inside the server once the load is under way (`Docker.exec`): the engine
 stops stepping, the API keeps answering, and the watchdog must conclude ENGINE_STALL_API_ALIVE
 with a py-spy dump, taken from a sidecar sharing the server's PID namespace, that names the
 blocked frame. The same run proves the CPU cell's cost fields say why they are empty, and that
@@ -21,7 +21,7 @@ from pathlib import Path
 import jinja2
 import pytest
 
-from pipeline.engine import Engine
+from pipeline.docker import Docker
 from pipeline.load import load_matrix
 from pipeline.model import LoadSpec
 from pipeline.result import Status
@@ -38,7 +38,7 @@ SPEC = LoadSpec(questions=400, concurrency=6, max_tokens=32, stall_seconds=STALL
 
 
 @pytest.fixture(scope="module")
-def stall_image(engine: Engine, cpu_tiny: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def stall_image(docker: Docker, cpu_tiny: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """cpu-tiny with the stall recipe: a COPY and one RUN on top of the session's image (seconds)."""
     context = tmp_path_factory.mktemp("stall-image")
     for name in ("stackproof_test_stall.py", "stackproof-test-stall.pth"):
@@ -46,20 +46,20 @@ def stall_image(engine: Engine, cpu_tiny: str, tmp_path_factory: pytest.TempPath
     template = jinja2.Template((RECIPE / "Dockerfile.j2").read_text(), undefined=jinja2.StrictUndefined)
     (context / "Dockerfile").write_text(template.render(base=cpu_tiny))
     tag = f"stackproof/cpu-tiny-stall:{JOB[-40:].replace('-', '')}".lower()
-    engine.build(
+    docker.build(
         context,
         tag=tag,
-        platform=engine.platform(),
+        platform=docker.platform(),
         secrets={},
         labels={"io.stackproof.job": JOB},
         on_line=lambda line: None,
     )
     yield tag
-    engine.remove_image(tag)
+    docker.remove_image(tag)
 
 
 def test_a_blocked_engine_step_is_a_stall_with_its_stack(
-    engine: Engine, stall_image: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    docker: Docker, stall_image: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("STACKPROOF_JOB", JOB)  # the server and the sidecar carry this session's job label
     cell = load_matrix(MATRIX, images_dir=IMAGES).cell("cpu-tiny")
@@ -74,13 +74,13 @@ def test_a_blocked_engine_step_is_a_stall_with_its_stack(
                 if requests.exists() and len(requests.read_text().splitlines()) >= 10:
                     break
                 time.sleep(0.05)
-            injected["rc"] = engine.exec(server.name, ["touch", FLAG]).returncode
+            injected["rc"] = docker.exec(server.name, ["touch", FLAG]).returncode
             injected["at"] = time.monotonic()
 
         threading.Thread(target=inject, daemon=True).start()
 
     started = time.monotonic()
-    result = run_load_stage(engine, cell, stall_image, arm=None, out_dir=tmp_path, spec=SPEC, on_ready=on_ready)
+    result = run_load_stage(docker, cell, stall_image, arm=None, out_dir=tmp_path, spec=SPEC, on_ready=on_ready)
     returned = time.monotonic()
     assert injected.get("rc") == 0, "the flag file was created in the server"
     progress = next(c for c in result.checks if c.name == "engine-progress")

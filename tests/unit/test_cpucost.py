@@ -108,7 +108,7 @@ def test_a_cost_field_without_a_value_says_why(samples: list[CpuSample], tokens:
     assert value["value"] is None and reason in value["reason"]
 
 
-class _PidEngine:
+class _PidDocker:
     def __init__(self, pid: int | None) -> None:
         self.pid = pid
 
@@ -117,7 +117,7 @@ class _PidEngine:
 
 
 def test_a_cpu_cell_s_load_cost_has_cpu_values_and_the_gpu_fields_say_why(tmp_path: Path) -> None:
-    instruments = LoadInstruments(engine=_PidEngine(os.getpid()), run_dir=tmp_path, gpu=False)  # type: ignore[arg-type]
+    instruments = LoadInstruments(docker=_PidDocker(os.getpid()), run_dir=tmp_path, gpu=False)  # type: ignore[arg-type]
     instruments.start("stackproof-cpu-tiny-x")
     sum(i * i for i in range(300_000))
     instruments.stop()
@@ -125,7 +125,7 @@ def test_a_cpu_cell_s_load_cost_has_cpu_values_and_the_gpu_fields_say_why(tmp_pa
     assert cost["cpu_seconds"]["value"] > 0 and cost["cpu_seconds_per_output_token"]["value"] > 0
     assert cost["output_tok_s_per_core"]["value"] > 0
     assert cost["energy_j"]["value"] is None and "CPU cell" in cost["energy_j"]["reason"]
-    gone = LoadInstruments(engine=_PidEngine(None), run_dir=tmp_path, gpu=False)  # type: ignore[arg-type]
+    gone = LoadInstruments(docker=_PidDocker(None), run_dir=tmp_path, gpu=False)  # type: ignore[arg-type]
     gone.start("stackproof-cpu-tiny-y")
     empty = gone.finish(output_tokens=1000, seconds=2.0)
     assert empty["cpu_seconds"]["value"] is None and "no running process" in empty["cpu_seconds"]["reason"]
@@ -133,7 +133,7 @@ def test_a_cpu_cell_s_load_cost_has_cpu_values_and_the_gpu_fields_say_why(tmp_pa
 
 def test_a_gpu_cell_s_cost_is_unchanged_no_cpu_fields(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("verify.forensics.open_reader", lambda: "nvidia-ml-py (pynvml) is not installed")
-    instruments = LoadInstruments(engine=_PidEngine(os.getpid()), run_dir=tmp_path, gpu=True)  # type: ignore[arg-type]
+    instruments = LoadInstruments(docker=_PidDocker(os.getpid()), run_dir=tmp_path, gpu=True)  # type: ignore[arg-type]
     instruments.start("c")
     cost = instruments.finish(output_tokens=10, seconds=1.0)
     assert "cpu_seconds" not in cost and cost["reason"] == "nvidia-ml-py (pynvml) is not installed"

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from pipeline import cmd
-from pipeline.engine import Container, run_argv
+from pipeline.docker import Container, run_argv
 from pipeline.errors import CheckFailed
 from pipeline.load import load_matrix
 from pipeline.model import Matrix
@@ -305,7 +305,7 @@ def test_registry_receipts_say_which_cells_were_never_verified() -> None:
 # -- running it in a container, and the command -----------------------------------------------------
 
 
-class FakeEngine:
+class FakeDocker:
     """Records the containers it is asked to run (the real engine removes each one afterwards)."""
 
     def __init__(self, stdout: str) -> None:
@@ -318,16 +318,16 @@ class FakeEngine:
 
 
 def test_doctor_image_mounts_both_scripts_read_only_with_no_network() -> None:
-    engine = FakeEngine(json.dumps(cpu_doctor()))
+    docker = FakeDocker(json.dumps(cpu_doctor()))
     document = doctor_image(
-        engine,  # type: ignore[arg-type]
+        docker,  # type: ignore[arg-type]
         "stackproof/cpu-tiny:abc",
         python="/opt/venv/bin/python",
         env={"VLLM_HOST_IP": "127.0.0.1"},
         gpus=None,
     )
     assert document["doctor_schema"] == 1
-    (container,) = engine.containers
+    (container,) = docker.containers
     run = run_argv(container, detach=False)
     at = run.index("--network")
     assert run[0] == "run" and run[at : at + 2] == ["--network", "none"]

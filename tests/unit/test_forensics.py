@@ -17,7 +17,7 @@ import pytest
 
 from pipeline.errors import InfraError
 from pipeline.load import load_matrix
-from tests.unit.fake_engine import RecordingEngine
+from tests.unit.fake_docker import RecordingDocker
 from verify.costreceipt import cost_and_forensics
 from verify.forensics import StallForensics, coredump_env, gpu_windows, parse_stacks
 from verify.gpucost import (
@@ -227,11 +227,11 @@ def _sidecar_json(*, stopped: bool = False) -> str:
             ],
         }
     ]
-    engine = {"pid": 80, "cmdline": "VLLM::EngineCore", "state": "T" if stopped else "S"}
+    docker = {"pid": 80, "cmdline": "VLLM::EngineCore", "state": "T" if stopped else "S"}
     if stopped:
-        engine["error"] = "stopped by a signal (state T): not attached"
+        docker["error"] = "stopped by a signal (state T): not attached"
     else:
-        engine.update(returncode=0, stdout=json.dumps(threads), stderr="")
+        docker.update(returncode=0, stdout=json.dumps(threads), stderr="")
     worker = {
         "pid": 95,
         "cmdline": "VLLM::Worker",
@@ -240,13 +240,13 @@ def _sidecar_json(*, stopped: bool = False) -> str:
         "stdout": "",
         "stderr": "Permission denied",
     }
-    return json.dumps([engine, worker])
+    return json.dumps([docker, worker])
 
 
 def test_parse_stacks_reads_frames_and_errors() -> None:
-    engine, worker = parse_stacks(_sidecar_json())
-    assert engine.frames()[0] == "_stackproof_test_stall (stackproof_test_stall.py:31)"
-    assert engine.summary()["threads"][0]["top"][1].startswith("_process_engine_step")
+    docker, worker = parse_stacks(_sidecar_json())
+    assert docker.frames()[0] == "_stackproof_test_stall (stackproof_test_stall.py:31)"
+    assert docker.summary()["threads"][0]["top"][1].startswith("_process_engine_step")
     assert worker.error is not None and "Permission denied" in worker.error
     stopped, _ = parse_stacks(_sidecar_json(stopped=True))
     assert stopped.threads == [] and "state T" in (stopped.error or "")
@@ -394,8 +394,8 @@ def test_cuda_coredump_opt_in_on_a_gpu_cell_loads(tmp_path: Path) -> None:
 # -- the sidecar's docker line and its removal -------------------------------------------------------
 
 
-class _SidecarEngine(RecordingEngine):
-    """The real Engine over a recorder of docker calls (no daemon); `fail` is raised by `docker run`."""
+class _SidecarDocker(RecordingDocker):
+    """The real Docker over a recorder of docker calls (no daemon); `fail` is raised by `docker run`."""
 
     def __init__(self, fail: BaseException | None = None) -> None:
         super().__init__(stdout="[]")
@@ -408,8 +408,8 @@ class _SidecarEngine(RecordingEngine):
         return super()._docker(*args, **kwargs)
 
 
-def _sidecar(engine: _SidecarEngine) -> Any:
-    return engine.pid_sidecar(
+def _sidecar(docker: _SidecarDocker) -> Any:
+    return docker.pid_sidecar(
         "stackproof-cpu-tiny-abc",
         image="img:1",
         argv=["python3", "-c", "pass"],
@@ -420,9 +420,9 @@ def _sidecar(engine: _SidecarEngine) -> Any:
 
 
 def test_the_sidecar_shares_the_pid_namespace_read_only_and_is_removed() -> None:
-    engine = _SidecarEngine()
-    _sidecar(engine)
-    run, remove = engine.calls
+    docker = _SidecarDocker()
+    _sidecar(docker)
+    run, remove = docker.calls
     name = run[run.index("--name") + 1]
     assert name.startswith("stackproof-cpu-tiny-abc-sidecar-")
     assert run[run.index("--pid") + 1] == "container:stackproof-cpu-tiny-abc"
@@ -432,10 +432,10 @@ def test_the_sidecar_shares_the_pid_namespace_read_only_and_is_removed() -> None
 
 
 def test_the_sidecar_is_removed_when_interrupted() -> None:
-    engine = _SidecarEngine(fail=KeyboardInterrupt())
+    docker = _SidecarDocker(fail=KeyboardInterrupt())
     with pytest.raises(KeyboardInterrupt):
-        _sidecar(engine)
-    assert engine.calls[-1][:2] == ("rm", "--force")
+        _sidecar(docker)
+    assert docker.calls[-1][:2] == ("rm", "--force")
 
 
 def test_the_nvidia_smi_fallback_reads_memory_per_server_process(tmp_path: Path) -> None:
@@ -457,7 +457,7 @@ def test_the_nvidia_smi_fallback_reads_memory_per_server_process(tmp_path: Path)
     assert second.power_w is None and second.server_memory_bytes == 10 * 1024 * 1024
 
 
-class _CoredumpEngine:
+class _CoredumpDocker:
     """exec/copy_out of a server whose engine aborts after its dump (as measured on the H200)."""
 
     def __init__(self, pipes: str) -> None:
@@ -483,12 +483,12 @@ class _CoredumpEngine:
         return True
 
 
-def _docker_side(engine: Any) -> Any:
+def _docker_side(docker: Any) -> Any:
     from verify.forensics import DockerSide
     from verify.pyspy import PySpy
 
     return DockerSide(
-        engine=engine,
+        docker=docker,
         container="srv",
         image="img",
         py_spy=PySpy(binary=None, origin="x"),
@@ -501,9 +501,9 @@ def _docker_side(engine: Any) -> Any:
 
 
 def test_the_core_dump_is_triggered_waited_for_and_copied_out(tmp_path: Path) -> None:
-    engine = _CoredumpEngine("corepipe.cuda.26\n")
-    result = _docker_side(engine).cuda_coredump(tmp_path / "cuda-coredump")
-    assert "printf 1 >" in engine.execs[0][2] and "/stackproof-coredump/corepipe.cuda.*" in engine.execs[0][2]
+    docker = _CoredumpDocker("corepipe.cuda.26\n")
+    result = _docker_side(docker).cuda_coredump(tmp_path / "cuda-coredump")
+    assert "printf 1 >" in docker.execs[0][2] and "/stackproof-coredump/corepipe.cuda.*" in docker.execs[0][2]
     assert result["pipes"] == ["corepipe.cuda.26"]
     assert result["sizes_in_container"] == {
         "/stackproof-coredump/core.cuda.26": 4096
@@ -512,5 +512,5 @@ def test_the_core_dump_is_triggered_waited_for_and_copied_out(tmp_path: Path) ->
 
 
 def test_no_pipe_means_no_cuda_context_and_no_dump(tmp_path: Path) -> None:
-    result = _docker_side(_CoredumpEngine("")).cuda_coredump(tmp_path / "cuda-coredump")
+    result = _docker_side(_CoredumpDocker("")).cuda_coredump(tmp_path / "cuda-coredump")
     assert result["available"] is False and "no CUDA core-dump pipe" in result["reason"]

@@ -263,12 +263,12 @@ def test_watcher_remembers_the_first_fatal_line_only() -> None:
 
 
 def test_a_fatal_signature_ends_the_readiness_wait_while_the_container_runs(real_matrix, tmp_path: Path) -> None:
-    from tests.unit.fake_engine import RecordingEngine
+    from tests.unit.fake_docker import RecordingDocker
     from verify.server import ServerContainer, ServerFailed
 
     watcher = LogWatcher(load_catalog())
     server = ServerContainer(
-        RecordingEngine(stdout="running 0"),  # the container runs forever
+        RecordingDocker(stdout="running 0"),  # the container runs forever
         real_matrix.cell("cpu-tiny"),
         "img",
         out_dir=tmp_path,  # type: ignore[arg-type]

@@ -19,7 +19,7 @@ from pipeline.load import load_matrix
 from pipeline.model import ModelSource, ServeSpec
 from stackproof.cli import main
 from tests.standin_hub import StandInHub, stand_in_hub
-from tests.unit.fake_engine import RecordingEngine
+from tests.unit.fake_docker import RecordingDocker
 from verify.server import ServerContainer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -131,12 +131,12 @@ def test_server_argv_carries_the_store_for_hf_models_only(
     cell = load_matrix(REPO / "matrix.yaml").cell("cpu-tiny")
     model = ModelSource(source=source, revision=COMMIT if "hf" in source else None)
     serve = dataclasses.replace(cell.serve, model=model, env=(("HF_HUB_OFFLINE", "0"),))  # type: ignore[arg-type]
-    engine = RecordingEngine()
+    docker = RecordingDocker()
     cell = dataclasses.replace(cell, serve=serve)
-    server = ServerContainer(engine, cell, "img", out_dir=tmp_path / "out")
+    server = ServerContainer(docker, cell, "img", out_dir=tmp_path / "out")
     server.start()
     server.remove()
-    run = next(c for c in engine.calls if c[0] == "run")
+    run = next(c for c in docker.calls if c[0] == "run")
     text = " ".join(run)
     assert CANARY not in text + capsys.readouterr().err
     if source.startswith("hf:"):

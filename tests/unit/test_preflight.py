@@ -328,7 +328,7 @@ def test_every_failing_item_is_listed_at_once_with_exit_code_3(real: Matrix) -> 
 # -- the image's facts, read through a fake engine -------------------------------------------------
 
 
-class FakeEngine:
+class FakeDocker:
     def __init__(self, images: dict[str, dict[str, Any]]) -> None:
         self.images = images
         self.calls: list[tuple[str, ...]] = []
@@ -340,8 +340,8 @@ class FakeEngine:
 
 def test_a_local_base_images_config_wins_over_the_declaration(real: Matrix) -> None:
     config = {"Config": {"Env": ["PATH=/usr/bin", "NVIDIA_REQUIRE_CUDA=cuda>=13.1 brand=tesla,driver>=580"]}}
-    engine = FakeEngine({"vllm/vllm-openai:v0.28.0": {**config, "Os": "linux", "Architecture": "amd64"}})
-    require, source, platforms, _ = preflight._image_facts(real, real.cell(FIXED), engine)  # type: ignore[arg-type]
+    docker = FakeDocker({"vllm/vllm-openai:v0.28.0": {**config, "Os": "linux", "Architecture": "amd64"}})
+    require, source, platforms, _ = preflight._image_facts(real, real.cell(FIXED), docker)  # type: ignore[arg-type]
     assert require == "cuda>=13.1 brand=tesla,driver>=580" and "(local) config" in source
     assert platforms == ("linux/amd64", "linux/arm64")  # declared: one local platform says yes, not no
 
@@ -359,8 +359,8 @@ def test_an_undeclared_base_not_local_is_unknown(tmp_path: Path) -> None:
     )
     (tmp_path / "m.yaml").write_text(text)
     matrix = load_matrix(tmp_path / "m.yaml", images_dir=REPO / "images")
-    engine = FakeEngine({})
-    require, source, platforms, psource = preflight._image_facts(matrix, matrix.cell(SM90), engine)  # type: ignore[arg-type]
+    docker = FakeDocker({})
+    require, source, platforms, psource = preflight._image_facts(matrix, matrix.cell(SM90), docker)  # type: ignore[arg-type]
     assert require is None and source.startswith("unknown: image vllm/vllm-openai:v0.28.0 is not local")
     assert platforms is None and psource.startswith("unknown:")
 
@@ -394,7 +394,7 @@ def h200_host(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     def no_docker() -> None:
         raise AssertionError("docker was asked for after a failing preflight")
 
-    monkeypatch.setattr("pipeline.engine.Engine.connect", staticmethod(no_docker))
+    monkeypatch.setattr("pipeline.docker.Docker.connect", staticmethod(no_docker))
     handler = signal.getsignal(signal.SIGTERM)
     yield
     signal.signal(signal.SIGTERM, handler)
@@ -459,7 +459,7 @@ def test_cli_no_preflight_goes_straight_to_docker(
     def no_daemon() -> None:
         raise InfraError("no docker daemon answers: start one")
 
-    monkeypatch.setattr("pipeline.engine.Engine.connect", staticmethod(no_daemon))
+    monkeypatch.setattr("pipeline.docker.Docker.connect", staticmethod(no_daemon))
     assert main(["run", FIXED, *real_args(), "--no-preflight"]) == 3
     err = capsys.readouterr().err
     assert "no docker daemon answers" in err and "preflight" not in err
@@ -471,7 +471,7 @@ def test_cli_a_cpu_cell_has_no_preflight(
     def no_daemon() -> None:
         raise InfraError("no docker daemon answers: start one")
 
-    monkeypatch.setattr("pipeline.engine.Engine.connect", staticmethod(no_daemon))
+    monkeypatch.setattr("pipeline.docker.Docker.connect", staticmethod(no_daemon))
     monkeypatch.setattr(preflight, "preflight_job", lambda *a, **k: pytest.fail("preflight ran for a CPU cell"))
     assert main(["build", "cpu-tiny", *real_args()]) == 3
     assert "preflight" not in capsys.readouterr().err

@@ -15,7 +15,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from pipeline import attest
-from pipeline.engine import _docker_config
+from pipeline.docker import _docker_config
 from pipeline.errors import InfraError, InputError
 from pipeline.publish import publishable_problems
 from pipeline.receipt import receipt_problems

@@ -155,9 +155,9 @@ def test_bootstrapping_a_base_as_a_non_root_user_is_exit_3_saying_run_it_once_as
 ) -> None:
     from pipeline import bootstrap
     from pipeline.model import BootstrapBase
-    from tests.unit.fake_engine import RecordingEngine
+    from tests.unit.fake_docker import RecordingDocker
 
-    class NoImages(RecordingEngine):
+    class NoImages(RecordingDocker):
         def image(self, ref: str) -> None:
             return None
 

@@ -1,5 +1,5 @@
 """The stage runner, the startup stage and soak, with stand-ins: stage functions that return what
-they are told (the runner), and for startup and soak a stand-in server container (ReplayEngine:
+they are told (the runner), and for startup and soak a stand-in server container (ReplayDocker:
 no docker; the log is the real vLLM 0.28.0 CPU server log) answering HTTP through the fake vLLM
 server (tests/unit/fake_openai.py). The real thing runs in tests/integration."""
 
@@ -16,7 +16,7 @@ import pytest
 from pipeline.model import STAGES, Arm, LoadSpec, Matrix
 from pipeline.result import CheckResult, StageResult, Status
 from stackproof.soak import soak
-from tests.unit.fake_engine import ReplayEngine
+from tests.unit.fake_docker import ReplayDocker
 from tests.unit.fake_openai import FakeVllm
 from verify.probe import ProbeReport
 from verify.runner import StageContext, verify_image
@@ -51,7 +51,7 @@ class Stages:
 
 def _verify(real_matrix: Matrix, tmp_path: Path, stages: Stages, **kw: Any) -> Any:
     return verify_image(
-        ReplayEngine(""),
+        ReplayDocker(""),
         real_matrix.cell("cpu-tiny"),
         image="img",
         image_id="sha256:" + "0" * 64,
@@ -108,7 +108,7 @@ def test_a_kept_server_is_removed_when_a_later_stage_raises(real_matrix: Matrix,
     runners = {**stages.runners(), "startup": startup, "autotune": autotune}
     with pytest.raises(KeyboardInterrupt):
         verify_image(
-            ReplayEngine(""), real_matrix.cell("cpu-tiny"), image="img", image_id="sha256:" + "0" * 64,
+            ReplayDocker(""), real_matrix.cell("cpu-tiny"), image="img", image_id="sha256:" + "0" * 64,
             python="python3", stages=STAGES, arm=None, out_dir=tmp_path, runners=runners,
         )  # fmt: skip
     assert removed == ["kept-server"]
@@ -121,8 +121,8 @@ def _server_on(fake: FakeVllm, log: str) -> Any:
     """ServerContainer, but on the fake's port, over an engine that replays `log`."""
     port = int(fake.url.rsplit(":", 1)[1])
 
-    def make(engine: Any, cell: Any, image: str, **kw: Any) -> ServerContainer:
-        return ServerContainer(ReplayEngine(log), cell, image, port=port, **kw)
+    def make(docker: Any, cell: Any, image: str, **kw: Any) -> ServerContainer:
+        return ServerContainer(ReplayDocker(log), cell, image, port=port, **kw)
 
     return make
 
@@ -136,7 +136,7 @@ def _startup(
     if readiness_s is not None and cell.serve is not None:
         cell = dataclasses.replace(cell, serve=dataclasses.replace(cell.serve, readiness_timeout_s=readiness_s))
     return run_startup(
-        ReplayEngine(log), cell, "img", arm=None, out_dir=tmp_path, facts=stage_facts(cell, None),
+        ReplayDocker(log), cell, "img", arm=None, out_dir=tmp_path, facts=stage_facts(cell, None),
         new_server=_server_on(fake, log), **kw,
     )  # fmt: skip
 
@@ -181,7 +181,7 @@ def test_soak_alternates_two_arms_and_compares_them(real_matrix: Matrix, tmp_pat
     spec = LoadSpec(questions=4, concurrency=2, max_tokens=4, determinism_prompts=1, determinism_repeats=1)
     with FakeVllm() as fake:
         document = soak(
-            ReplayEngine(CPU_LOG), cell, "img", arms=["default", "other"], spec=spec, duration_s=0.1, slice_s=1.0,
+            ReplayDocker(CPU_LOG), cell, "img", arms=["default", "other"], spec=spec, duration_s=0.1, slice_s=1.0,
             out_dir=tmp_path, new_server=_server_on(fake, CPU_LOG),
         )  # fmt: skip
     assert set(document["arms"]) == {"default", "other"} and document["config"]["rounds"] == 1
@@ -198,7 +198,7 @@ def test_soak_counts_a_server_that_never_became_ready_as_a_fault(real_matrix: Ma
     fatal = CPU_LOG + "\ntorch.AcceleratorError: CUDA error: an illegal memory access was encountered\n"
     with FakeVllm(dead=True) as fake:
         document = soak(
-            ReplayEngine(fatal), cell, "img", arms=["default"], spec=spec, duration_s=0.1, slice_s=1.0,
+            ReplayDocker(fatal), cell, "img", arms=["default"], spec=spec, duration_s=0.1, slice_s=1.0,
             out_dir=tmp_path, new_server=_server_on(fake, fatal),
         )  # fmt: skip
     tally, rounds = document["arms"]["default"], document["config"]["rounds"]

@@ -1,4 +1,4 @@
-"""A real `Engine` whose docker CLI is never run: it records each command line the typed operations
+"""A real `Docker` whose docker CLI is never run: it records each command line the typed operations
 put together (so unit tests see the real argv) and answers every call with `stdout`, exit code 0."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ from collections.abc import Callable
 from typing import Any
 
 from pipeline import cmd
-from pipeline.engine import DockerCli, Engine
+from pipeline.docker import Docker, DockerCli
 
 
-class RecordingEngine(Engine):
+class RecordingDocker(Docker):
     def __init__(self, stdout: str = "") -> None:
         super().__init__(DockerCli(path="docker", mode="classic-buildkit", version="20.10.24"))
         self.stdout = stdout
@@ -24,8 +24,8 @@ class RecordingEngine(Engine):
         """No container, so no log: the follower ends at once."""
 
 
-class ReplayEngine(RecordingEngine):
-    """A RecordingEngine whose one container is running (`docker inspect` says so) and whose log is
+class ReplayDocker(RecordingDocker):
+    """A RecordingDocker whose one container is running (`docker inspect` says so) and whose log is
     `log`'s lines, replayed to whoever follows it: a server container without docker, for the
     stages' unit tests (the HTTP side is tests/unit/fake_openai.py)."""
 

@@ -1,7 +1,7 @@
 """Docker at the edge: find a BuildKit-capable CLI, build, inspect, run and remove containers.
 
 The only module that puts a docker command line together: everything else says what it wants as
-typed operations (`Container` + `Engine.start`/`run_to_end`/`exec`/`remove_container`, ...), and
+typed operations (`Container` + `Docker.start`/`run_to_end`/`exec`/`remove_container`, ...), and
 every container it starts is named, labelled with its role and owner, and removed on every path.
 Every call goes through `pipeline.cmd`. Real GPU runners have `docker buildx`; the development
 machines have Debian's docker 20.10, whose built-in BuildKit is reached with DOCKER_BUILDKIT=1
@@ -47,8 +47,8 @@ __all__ = [
     "CONTAINERD_STORE",
     "ROLE_LABEL",
     "Container",
+    "Docker",
     "DockerCli",
-    "Engine",
     "ImageInfo",
     "Mount",
     "detect_cli",
@@ -228,25 +228,25 @@ def run_argv(container: Container, *, detach: bool) -> list[str]:
     return [*argv, "--entrypoint", entrypoint, container.image, *args]
 
 
-class Engine:
+class Docker:
     """The docker operations the pipeline needs, on one CLI."""
 
     def __init__(self, cli: DockerCli) -> None:
         self.cli = cli
 
     @classmethod
-    def connect(cls) -> Engine:
+    def connect(cls) -> Docker:
         """Detect the CLI and make sure a daemon answers; exit code 3 with a hint when none does."""
-        engine = cls(_detect_cli_cached())
+        docker = cls(_detect_cli_cached())
         result = cmd.run(
-            [engine.cli.path, "info", "--format", "{{.ServerVersion}}"], check=False, quiet=True, timeout=30
+            [docker.cli.path, "info", "--format", "{{.ServerVersion}}"], check=False, quiet=True, timeout=30
         )
         if result.returncode != 0 or not result.stdout.strip():
             raise InfraError(
                 "no docker daemon answers: start one (e.g. `dockerd --bridge=none --iptables=false`, see README) "
                 f"and retry.\n{result.stderr.strip()[-500:]}"
             )
-        return engine
+        return docker
 
     def _docker(self, *args: str, timeout: float = 120, check: bool = True, quiet: bool = False) -> cmd.CommandResult:
         return cmd.run([self.cli.path, *args], timeout=timeout, check=check, quiet=quiet)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.cmd import CommandResult
-from pipeline.engine import DockerCli, detect_cli
+from pipeline.docker import DockerCli, detect_cli
 from pipeline.errors import InfraError, InputError
 from pipeline.lock import parse_compiled
 from pipeline.model import Matrix
