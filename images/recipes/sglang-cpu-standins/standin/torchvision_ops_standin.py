@@ -10,6 +10,7 @@ the ops stay unimplemented (calling one raises). The schemas are defined the fir
 torchvision is imported, so no other interpreter start pays for `import torch`.
 """
 
+import contextlib
 import sys
 
 
@@ -27,10 +28,8 @@ def _define() -> None:
 
     _LIB = torch.library.Library("torchvision", "FRAGMENT")
     for op in ("nms", "qnms"):
-        try:
+        with contextlib.suppress(RuntimeError):  # a torchvision whose _C did load has them already
             _LIB.define(f"{op}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-        except RuntimeError:  # a torchvision whose _C did load has them already
-            pass
 
 
 sys.meta_path.insert(0, _DefineOnFirstImport())
