@@ -361,3 +361,28 @@ cells:
     assert judged(relative, log) is not Status.INCONCLUSIVE
     assert judged(relative, "") is not Status.INCONCLUSIVE, "the layout alone finds it"
     assert judged("autotune_configs.json", "") is Status.INCONCLUSIVE, "vLLM's layout is not SGLang's"
+
+
+def test_sglang_release_images_are_known_by_their_tags() -> None:
+    assert SGLANG.release_of_image("lmsysorg/sglang:v0.5.18-cu130") == "0.5.18"
+    assert SGLANG.release_of_image("docker.io/lmsysorg/sglang:v0.5.19@sha256:" + "0" * 64) == "0.5.19"
+    assert SGLANG.release_of_image("lmsysorg/sglang:dev") is None, "a moving tag names no release"
+    assert SGLANG.release_of_image("someone/sglang:v0.5.18-cu130") is None
+    assert VLLM.release_of_image("lmsysorg/sglang:v0.5.18-cu130") is None
+    assert SGLANG.release_pins["0.5.18"]["flashinfer-python"] == "0.6.17"
+
+
+def test_the_audit_reads_an_sglang_release_images_stack(real_matrix: Matrix) -> None:
+    from verify.audit.versions import cell_packages, target_of
+
+    cell = real_matrix.cell("sm120-sglang-0.5.18-qwen3.8-nvfp4")
+    pins = cell_packages(real_matrix, cell, lambda version, platform: (None, "offline"))
+    assert {n: p.version for n, p in pins.items() if n in ("sglang", "flashinfer-python")} == {
+        "sglang": "0.5.18",
+        "flashinfer-python": "0.6.17",
+    }
+    assert target_of(real_matrix, cell).platform == "manylinux_2_34_x86_64"
+    fix = cell_packages(real_matrix, real_matrix.cell("sm120-sglang-0.5.19-qwen3.8-nvfp4"), lambda v, p: (None, ""))
+    assert fix["sglang"].version == "0.5.19" and fix["flashinfer-python"].version == "0.6.18"
+    vllm = real_matrix.cell("sm120-vllm-0.28.0-release")
+    assert target_of(real_matrix, vllm).platform == "manylinux_2_28_x86_64", "vLLM's images are unchanged"

@@ -151,4 +151,15 @@ SGLANG = ServingDriver(
     greedy_extras=(),
     rulesets=("sglang-server",),
     version_source="the installed sglang distribution",
+    # The release images are tagged v<version> plus a CUDA/platform suffix (v0.5.18-cu130, -runtime,
+    # -rocm...). Their pins of the packages the audit reads: Requires-Dist in each release's wheel
+    # METADATA (flashinfer_python[cu13], torch, transformers).
+    release_image="lmsysorg/sglang",
+    # sglang's x86_64 and aarch64 wheels are manylinux_2_34 only (cp312 for the images' Python).
+    release_wheel_glibc="manylinux_2_34",
+    release_pins={
+        "0.5.17": {"flashinfer-python": "0.6.15.post1", "torch": "2.11.0", "transformers": "5.12.1"},
+        "0.5.18": {"flashinfer-python": "0.6.17", "torch": "2.13.0", "transformers": "5.12.1"},
+        "0.5.19": {"flashinfer-python": "0.6.18", "torch": "2.13.0", "transformers": "5.12.1"},
+    },
 )
