@@ -188,6 +188,15 @@ def cpu_tiny(docker: Docker, tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(result.json()["tag"])
 
 
+@pytest.fixture(scope="session")
+def sglang_cpu_tiny(engine: Engine, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The SGLang 0.5.18 CPU cell's image (kernel package stood in), built once per session by the pipeline."""
+    out = tmp_path_factory.mktemp("sglang-cpu-tiny-build")
+    result = stackproof(["build", "sglang-cpu-tiny", "--json", "--out", str(out)])
+    assert result.returncode == 0, result.stderr[-3000:]
+    return str(result.json()["tag"])
+
+
 def write_matrix(
     path: Path,
     edit: dict[str, dict[str, object]] | None = None,

@@ -78,6 +78,33 @@ def test_cpu_tiny_end_to_end(docker: Docker, cpu_tiny: str, runner_user: str | N
     assert containers(CELL_LABEL) == [], "the server container must be removed after a passing run"
 
 
+def test_sglang_cpu_tiny_end_to_end(
+    engine: Engine, sglang_cpu_tiny: str, runner_user: str | None, runner_out: Path
+) -> None:
+    """The second serving engine through the same job: SGLang 0.5.18 on CPU (its kernel package
+    stood in), as an ordinary user; its own ready line and rule set, vLLM's never consulted."""
+    result = stackproof(["run", "sglang-cpu-tiny", "--json", "--out", str(runner_out)], user=runner_user)
+    assert result.returncode == 0, result.stderr[-5000:]
+    report = result.json()
+    assert report["image"] == sglang_cpu_tiny and report["outcome"]["passed"] is True  # type: ignore[index]
+    stages = {s["stage"]: s for s in report["stages"]}  # type: ignore[union-attr]
+    assert [s["stage"] for s in report["stages"]] == ["imports", "startup", "autotune", "load"]  # type: ignore[union-attr]
+    assert stages["imports"]["status"] == "PASS" and stages["autotune"]["status"] == "SKIP"
+    checks = {c["name"]: c for c in stages["startup"]["checks"]}
+    assert checks["expect:sglang-ready"]["status"] == "PASS" and "expect:startup-complete" not in checks
+    assert checks["expect:cpu-engine"]["status"] == "PASS"
+    assert checks["forbid:no-kernel-stand-in-called"]["status"] == "PASS", "no SGLang kernel was ever called"
+    assert checks["evidence"]["evidence"]["weights-loaded"][0]["architecture"] == "LlamaForCausalLM"
+    assert checks["completion"]["evidence"]["completion_tokens"] == 16
+    assert 0 < float(checks["readiness"]["evidence"]["seconds"]) < 420
+    log = Path(stages["startup"]["artifacts"]["server_log"]).read_text()
+    assert "The server is fired up and ready to roll!" in log
+    _assert_short_load_passed(stages["load"])
+    load = {c["name"]: c for c in stages["load"]["checks"]}
+    assert "sglang:generation_tokens_total" in load["token-accounting"]["message"]
+    assert containers("io.stackproof.cell=sglang-cpu-tiny") == [], "the server container is removed"
+
+
 def _assert_receipt(run_dir: Path, report: dict[str, Any]) -> None:
     """receipt.json (PASS, this image id, this host), valid JUnit XML, and the Markdown summary."""
     receipt = json.loads((run_dir / "receipt.json").read_text())

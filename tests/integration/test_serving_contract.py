@@ -4,7 +4,8 @@ Start, ready (the health path, and the driver's ready line in the log), the mode
 chat with usage, the usage equal to the driver's counters' deltas, greedy completions with logprobs
 that repeat exactly, the status probes, the driver's engine processes inside the container, stop,
 and nothing left running. The servers are real: vLLM 0.28.0 CPU in the cpu-tiny image built by the
-pipeline; SGLang where a CPU cell exists (`SERVERS` below says which).
+pipeline; SGLang 0.5.18 on CPU in the sglang-cpu-tiny image (its kernel package stood in: the
+contract is the driver's, not the kernels'). `SERVERS` below says which.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from verify.serving.openai import RequestRecord, ServerAPI, Timeouts
 pytestmark = pytest.mark.integration
 
 # Which real server each engine's contract runs against: the cell and the session fixture that builds it.
-SERVERS = {"vllm": ("cpu-tiny", "cpu_tiny")}
+SERVERS = {"vllm": ("cpu-tiny", "cpu_tiny"), "sglang": ("sglang-cpu-tiny", "sglang_cpu_tiny")}
 
 _FIND_TITLES = r"""
 import os, sys

@@ -31,7 +31,10 @@ FIXED = "sm120-vllm-0.28.0-fi-0.6.18.post1-cu130"
 SPARK = "sm121-vllm-0.28.0-fi-0.6.18.post1-cu130"
 ON_CPU_TINY = {CPU, MATCHED, MISMATCH}  # the fi-* cells are built on cpu-tiny's image
 ON_VLLM_IMAGE = {RELEASE, FIXED, SPARK}
-ALL = ON_CPU_TINY | ON_VLLM_IMAGE
+SGLANG_CPU = "sglang-cpu-tiny"  # bootstrapped like cpu-tiny, with the tiny-model recipe
+ON_SGLANG_IMAGES = {"sm120-sglang-0.5.18-qwen3.8-nvfp4", "sm120-sglang-0.5.19-qwen3.8-nvfp4"}
+ALL = ON_CPU_TINY | ON_VLLM_IMAGE | {SGLANG_CPU} | ON_SGLANG_IMAGES
+ON_TINY_MODEL = ON_CPU_TINY | {SGLANG_CPU}  # the tiny-model recipe's cells
 
 
 @pytest.fixture(autouse=True)
@@ -267,7 +270,7 @@ CHANGES: dict[str, tuple[Callable[[GitRepo], None], set[str]]] = {
     "lock file": (_lock, ON_CPU_TINY),
     "dockerfile template": (_template, ALL),
     "pip-install.sh": (_pip_install, ALL),
-    "recipe file": (_recipe_file, ON_CPU_TINY),
+    "recipe file": (_recipe_file, ON_TINY_MODEL),
     "untracked recipe file": (_untracked_recipe_file, ON_CPU_TINY),
 }
 
@@ -287,9 +290,9 @@ def test_committed_changes_count_the_same(repo: GitRepo, capsys: pytest.CaptureF
     repo.commit()
     _recipe_file(repo)
     repo.commit()
-    assert selected(capsys, repo, "HEAD~1") == ON_CPU_TINY
-    assert selected(capsys, repo, first) == ON_CPU_TINY | {SPARK}
-    assert selected(capsys, repo, first[:12]) == ON_CPU_TINY | {SPARK}  # any name git resolves to a commit
+    assert selected(capsys, repo, "HEAD~1") == ON_TINY_MODEL
+    assert selected(capsys, repo, first) == ON_TINY_MODEL | {SPARK}
+    assert selected(capsys, repo, first[:12]) == ON_TINY_MODEL | {SPARK}  # any name git resolves to a commit
     assert selected(capsys, repo, "HEAD") == set()
 
 
@@ -305,7 +308,7 @@ def test_reasons_go_to_stderr_and_the_table(repo: GitRepo, capsys: pytest.Captur
     out = capsys.readouterr().out.splitlines()
     assert out[0].split()[-1] == "why"
     assert out[1].startswith(CPU) and out[1].endswith("locks/cpu-tiny.lock.json changed")
-    assert out[-1] == "3 of 6 cells selected, changed since HEAD"
+    assert out[-1] == "3 of 9 cells selected, changed since HEAD"
 
 
 def test_changed_since_and_named_cells_intersect(repo: GitRepo, capsys: pytest.CaptureFixture[str]) -> None:
@@ -319,7 +322,7 @@ def test_no_change_is_an_empty_include_list(repo: GitRepo, capsys: pytest.Captur
     code, doc, _ = ci_matrix(capsys, "--matrix", str(repo.matrix), "--changed-since", "HEAD")
     assert (code, doc) == (0, {"include": []})
     assert main(["ci-matrix", "--matrix", str(repo.matrix), "--changed-since", "HEAD"]) == 0
-    assert capsys.readouterr().out == "0 of 6 cells selected, changed since HEAD\n"
+    assert capsys.readouterr().out == "0 of 9 cells selected, changed since HEAD\n"
 
 
 def test_no_matrix_at_the_ref_selects_every_cell(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

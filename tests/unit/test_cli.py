@@ -68,9 +68,9 @@ def test_validate_real_matrix_reports_notes(real: list[str], repo: Path, capsys)
     out, err = capsys.readouterr()
     document = json.loads(out)
     assert document["valid"] is True
-    assert document["cells"] == 6
+    assert document["cells"] == 9
     assert document["file"] == str(repo / "matrix.yaml")
-    assert len(document["notes"]) == 3  # the three cells on the tag-only vllm-openai base
+    assert len(document["notes"]) == 5  # the cells on the tag-only vllm-openai and SGLang release bases
     assert all("pinned by tag only" in note for note in document["notes"])
     assert err.splitlines() == document["notes"]
 
@@ -79,7 +79,17 @@ def test_list_json_is_one_document(real: list[str], capsys) -> None:
     assert main(["matrix", "list", *real, "--json"]) == 0
     document = json.loads(capsys.readouterr().out)  # raises if anything else was printed
     rows = {row["id"]: row for row in document["cells"]}
-    assert list(rows) == ["cpu-tiny", "fi-0.6.13-matched", "fi-mismatch", "sm120-vllm-0.28.0-release", FIXED, SPARK]
+    assert list(rows) == [
+        "cpu-tiny",
+        "fi-0.6.13-matched",
+        "fi-mismatch",
+        "sm120-vllm-0.28.0-release",
+        FIXED,
+        SPARK,
+        "sglang-cpu-tiny",
+        "sm120-sglang-0.5.18-qwen3.8-nvfp4",
+        "sm120-sglang-0.5.19-qwen3.8-nvfp4",
+    ]
     assert rows["cpu-tiny"] == {
         "id": "cpu-tiny",
         "arch": "none",
@@ -103,9 +113,13 @@ def test_list_text_has_one_line_per_cell(real: list[str], capsys) -> None:
         "sm120-vllm-0.28.0-release",
         FIXED,
         SPARK,
+        "sglang-cpu-tiny",
+        "sm120-sglang-0.5.18-qwen3.8-nvfp4",
+        "sm120-sglang-0.5.19-qwen3.8-nvfp4",
     ]
     assert lines[2].endswith("expect fail at imports")
     assert lines[3].endswith("expect fail at autotune")
+    assert lines[7].endswith("expect fail at startup")
 
 
 def test_show_cell_json(real: list[str], repo: Path, capsys) -> None:

@@ -47,7 +47,8 @@ def doc(*parts: str) -> str:
 
 
 def test_real_matrix_cells_in_file_order(real_matrix: Matrix) -> None:
-    assert [c.id for c in real_matrix.cells] == ["cpu-tiny", MATCHED, MISMATCH, RELEASE, FIXED, SPARK]
+    sglang = ["sglang-cpu-tiny", "sm120-sglang-0.5.18-qwen3.8-nvfp4", "sm120-sglang-0.5.19-qwen3.8-nvfp4"]
+    assert [c.id for c in real_matrix.cells] == ["cpu-tiny", MATCHED, MISMATCH, RELEASE, FIXED, SPARK, *sglang]
     assert {c.id: c.arch for c in real_matrix.cells} == {
         "cpu-tiny": "none",
         MATCHED: "none",
@@ -55,8 +56,12 @@ def test_real_matrix_cells_in_file_order(real_matrix: Matrix) -> None:
         RELEASE: "sm120",
         FIXED: "sm120",
         SPARK: "sm121",
+        sglang[0]: "none",
+        sglang[1]: "sm120",
+        sglang[2]: "sm120",
     }
-    assert [c.is_gpu for c in real_matrix.cells] == [False, False, False, True, True, True]
+    assert [c.is_gpu for c in real_matrix.cells] == [False, False, False, True, True, True, False, True, True]
+    assert [c.serve.engine for c in real_matrix.cells if c.serve] == ["vllm"] * 4 + ["sglang"] * 3
 
 
 def test_fi_mismatch_inherits_the_matched_cell_and_moves_only_flashinfer_python(real_matrix: Matrix) -> None:
@@ -75,7 +80,8 @@ def test_real_matrix_indexes_and_bases(real_matrix: Matrix) -> None:
     names = [ix.name for ix in real_matrix.indexes]
     assert names == ["pypi", "pytorch-cpu", "flashinfer", "flashinfer-cu130"]
     assert real_matrix.index("flashinfer-cu130").url == "https://flashinfer.ai/whl/cu130"
-    debian, cpu_tiny, vllm = real_matrix.bases
+    debian, cpu_tiny, vllm, sglang_0_5_18, sglang_0_5_19 = real_matrix.bases
+    assert (sglang_0_5_18.image, sglang_0_5_19.image) == ("lmsysorg/sglang:v0.5.18-cu130", "lmsysorg/sglang:v0.5.19-cu130")
     assert isinstance(cpu_tiny, CellBase) and cpu_tiny.cell == "cpu-tiny"
     assert isinstance(debian, BootstrapBase)
     assert debian.recipe.include == ("python3", "python3-venv", "python3-pip", "ca-certificates")

@@ -260,3 +260,151 @@ def test_a_health_path_that_runs_the_engine_reads_a_stall_as_a_stall() -> None:
     assert verdict_of(Probe(health=None, models=None, metrics=200), health_runs_engine=True) is (
         StallVerdict.API_UNRESPONSIVE
     )
+
+
+# -- the SGLang driver against what a real SGLang 0.5.18 server printed and exported ---------------
+
+SGLANG_RUNS = REPO / "tests" / "fixtures" / "logs" / "sglang-0.5.18-cpu"
+
+
+def test_the_real_sglang_metrics_through_the_driver() -> None:
+    """Five client requests between the scrapes: the usage blocks summed to prompt 57, completion 29;
+    the forward passes are summed over cuda_graph_passes_total's modes (prefill 3->8, decode 10->39)."""
+    fixtures = REPO / "tests" / "fixtures" / "metrics"
+    names = SGLANG.metric_names("0.5.18")
+    before = parse_metrics((fixtures / "sglang-0.5.18-cpu-before.txt").read_text(), names)
+    after = parse_metrics((fixtures / "sglang-0.5.18-cpu-after-5-requests.txt").read_text(), names)
+    assert (before.prompt, before.generated, before.steps) == (7.0, 8.0, 13.0), "the warm-up request counts"
+    assert (after.prompt - before.prompt, after.generated - before.generated) == (57.0, 29.0)
+    assert after.steps - before.steps == (8 - 3) + (39 - 10)
+    assert after.tokens == 0.0 and names.step_tokens is None, "SGLang has no tokens-per-step counter"
+    assert after.moved_since(before)
+    vllm = parse_metrics((fixtures / "sglang-0.5.18-cpu-after-5-requests.txt").read_text(), VLLM.metric_names(None))
+    assert (vllm.steps, vllm.generated, vllm.prompt) == (0.0, 0.0, 0.0), "vLLM's names read nothing from SGLang's text"
+
+
+def test_sglang_facts_are_known_from_0_5_17_and_cited_per_release() -> None:
+    assert "@0.5.17" in SGLANG.metric_names("0.5.17").source
+    assert "@0.5.18" in SGLANG.metric_names("0.5.18").source
+    assert "@0.5.18" in SGLANG.metric_names("0.5.19").source, "a later release keeps the newest facts"
+    with pytest.raises(LookupError, match=r"SGLang 0\.5\.16"):
+        SGLANG.metric_names("0.5.16")
+    assert SGLANG.autotune_at("0.5.16") is None
+
+
+def test_sglang_ready_line_and_dead_markers_on_real_logs() -> None:
+    ready = re.compile(SGLANG.ready_line)
+
+    def markers(name: str) -> list[str]:
+        text = (SGLANG_RUNS / name).read_text()
+        return [m for m in SGLANG.dead_markers if m in text]
+
+    for name in ("scheduler-sigkill.log", "scheduler-exception.log", "scheduler-hung.log"):
+        assert ready.search((SGLANG_RUNS / name).read_text()), f"{name}: the server was ready first"
+    assert "crashed with exit code" in markers("scheduler-sigkill.log")
+    assert "Scheduler hit an exception" in markers("scheduler-exception.log")
+    assert markers("scheduler-hung.log") == [], "a hung scheduler is a stall, not a dead engine"
+    assert not ready.search("The server is fired up")  # the whole line, not a prefix
+
+
+def test_the_sglang_rule_set_on_real_logs(real_matrix: Matrix) -> None:
+    from verify.logscan import judge, load_catalog, scan
+
+    cell = real_matrix.cell("sglang-cpu-tiny")
+    rules = rules_for(cell, None, Facts(serve=True, arch="none", engine="sglang"))
+    ids = {r.id for r in rules}
+    assert {"sglang-ready", "no-traceback", "weights-loaded", "kv-cache", "startup-timings", "cpu-engine"} <= ids
+    assert "startup-complete" not in ids, "vLLM's rules do not apply"
+
+    def verdicts(name: str) -> dict[str, object]:
+        data = (SGLANG_RUNS / name).read_bytes()
+        checks = judge(scan(data, rules, load_catalog()), rules)
+        return {c.name: c for c in checks}
+
+    clean = verdicts("scheduler-sigkill.log")  # a clean start; the kill came after
+    assert clean["expect:sglang-ready"].status is Status.PASS
+    assert clean["expect:cpu-engine"].status is Status.PASS
+    assert clean["forbid:no-traceback"].status is Status.PASS
+    assert clean["forbid:no-kernel-stand-in-called"].status is Status.PASS
+    captured = clean["evidence"].evidence
+    assert captured["weights-loaded"][0]["architecture"] == "LlamaForCausalLM"
+    assert captured["kv-cache"][0] == {"dtype": "torch.bfloat16", "tokens": "4096"}
+    assert captured["startup-timings"][0]["tokenizer_e2e"] == "10.55"
+    assert verdicts("scheduler-exception.log")["forbid:no-traceback"].status is Status.FAIL
+    # On a busy host the memory measured around the load can grow: SGLang then prints a negative usage.
+    freed = b"[t] Load weight end. elapsed=0.06 s, type=LlamaForCausalLM, avail mem=19.57 GB, mem usage=-0.00 GB.\n"
+    captured_freed = {c.name: c for c in judge(scan(freed, rules, ()), rules)}["evidence"].evidence
+    expected = {"seconds": "0.06", "architecture": "LlamaForCausalLM", "mem_gb": "-0.00"}
+    assert captured_freed["weights-loaded"] == [expected]
+    stand_in_used = b"[x] sgl_kernel stand-in: copy_all_layer_kv_cache_cpu called; this image has no kernel package\n"
+    checks = {c.name: c for c in judge(scan(stand_in_used, rules, ()), rules)}
+    assert checks["forbid:no-kernel-stand-in-called"].status is Status.FAIL
+    assert checks["expect:sglang-ready"].status is Status.FAIL
+
+
+def test_sglang_autotune_cache_is_found_where_sglang_writes_it(
+    load: Callable[..., Matrix], header: str, tmp_path: Path
+) -> None:
+    """Read from the source only (no GPU run of SGLang here): the announcement names a file under
+    $SGLANG_CACHE_DIR/flashinfer/autotune/<fi>/<arch>/<key>/; the stage finds it, and only there."""
+    matrix = load(
+        header
+        + """\
+cells:
+  - id: sg
+    base: img
+    platform: linux/amd64
+    arch: sm120
+    serve:
+      engine: sglang
+      model: {source: "path:/m"}
+"""
+    )
+    cell = matrix.cell("sg")
+    facts_at = SGLANG.autotune_at("0.5.18")
+    assert facts_at is not None and facts_at.cache_env == "SGLANG_CACHE_DIR"
+    source = next((REPO / "tests" / "fixtures" / "autotune").rglob("*.json"))
+    relative = "flashinfer/autotune/0.6.17/sm120/0123456789abcdef/rank_tp0_pp0_dp0.json"
+    log = f"[2026-12-02 00:00:00] Running FlashInfer autotune with cache: {CACHE_MOUNT}/{relative}\n"
+    assert re.search(facts_at.announcements[0], log).group("path") == f"{CACHE_MOUNT}/{relative}"
+    fresh = "...(cache reuse DISABLED via SGLANG_FLASHINFER_AUTOTUNE_CACHE=0); writing fresh result to: /c/x.json"
+    assert re.search(facts_at.announcements[1], fresh).group("path") == "/c/x.json"
+
+    runs = iter(range(10))
+
+    def judged(layout: str, text: str) -> Status:
+        cache = tmp_path / str(next(runs)) / "cache"
+        (cache / layout).parent.mkdir(parents=True)
+        (cache / layout).write_text(source.read_text())
+        facts = Facts(serve=True, arch=cell.arch, engine="sglang", engine_version="0.5.18")
+        checks = judge_fresh_cache(cell, text, cache, cache.parent, facts=facts, env={})
+        return next(c for c in checks if c.name == "autotune-cache").status
+
+    assert judged(relative, log) is not Status.INCONCLUSIVE
+    assert judged(relative, "") is not Status.INCONCLUSIVE, "the layout alone finds it"
+    assert judged("autotune_configs.json", "") is Status.INCONCLUSIVE, "vLLM's layout is not SGLang's"
+
+
+def test_sglang_release_images_are_known_by_their_tags() -> None:
+    assert SGLANG.release_of_image("lmsysorg/sglang:v0.5.18-cu130") == "0.5.18"
+    assert SGLANG.release_of_image("docker.io/lmsysorg/sglang:v0.5.19@sha256:" + "0" * 64) == "0.5.19"
+    assert SGLANG.release_of_image("lmsysorg/sglang:dev") is None, "a moving tag names no release"
+    assert SGLANG.release_of_image("someone/sglang:v0.5.18-cu130") is None
+    assert VLLM.release_of_image("lmsysorg/sglang:v0.5.18-cu130") is None
+    assert SGLANG.release_pins["0.5.18"]["flashinfer-python"] == "0.6.17"
+
+
+def test_the_audit_reads_an_sglang_release_images_stack(real_matrix: Matrix) -> None:
+    from verify.audit.versions import cell_packages, target_of
+
+    cell = real_matrix.cell("sm120-sglang-0.5.18-qwen3.8-nvfp4")
+    pins = cell_packages(real_matrix, cell, lambda version, platform: (None, "offline"))
+    assert {n: p.version for n, p in pins.items() if n in ("sglang", "flashinfer-python")} == {
+        "sglang": "0.5.18",
+        "flashinfer-python": "0.6.17",
+    }
+    assert target_of(real_matrix, cell).platform == "manylinux_2_34_x86_64"
+    fix = cell_packages(real_matrix, real_matrix.cell("sm120-sglang-0.5.19-qwen3.8-nvfp4"), lambda v, p: (None, ""))
+    assert fix["sglang"].version == "0.5.19" and fix["flashinfer-python"].version == "0.6.18"
+    vllm = real_matrix.cell("sm120-vllm-0.28.0-release")
+    assert target_of(real_matrix, vllm).platform == "manylinux_2_28_x86_64", "vLLM's images are unchanged"

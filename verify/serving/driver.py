@@ -11,6 +11,7 @@ on; `at_version` picks the one in force. Nothing here does I/O.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
@@ -136,6 +137,11 @@ class ServingDriver:
     greedy_extras: tuple[tuple[str, object], ...] = ()
     rulesets: tuple[str, ...] = ()  # built-in log rule sets (verify/logrules.yaml) for this engine
     version_source: str = ""  # where the version comes from, for reports
+    # The engine's own release images (`repository:vX.Y.Z[-suffix]`) and, per release, the exact pins
+    # its wheel declares for the packages the audit reads (`stackproof matrix audit` on such a base).
+    release_image: str | None = None
+    release_pins: Mapping[str, Mapping[str, str]] = field(default_factory=dict, hash=False)
+    release_wheel_glibc: str = "manylinux_2_28"  # the wheel tag the release images' glibc installs
 
     def version(self, installed: Mapping[str, str | None]) -> str | None:
         """The engine's version from installed distributions (name -> version)."""
@@ -151,6 +157,16 @@ class ServingDriver:
         """The autotune facts at this version; None when the engine has no FlashInfer autotune cache."""
         found = at_version(self.autotune, version)
         return found.value if found else None
+
+    def release_of_image(self, image: str) -> str | None:
+        """`lmsysorg/sglang:v0.5.18-cu130` -> `0.5.18` for this engine's release images, else None."""
+        if self.release_image is None:
+            return None
+        repository, _, tag = image.partition("@")[0].rpartition(":")
+        if repository.removeprefix("docker.io/") != self.release_image:
+            return None
+        match = re.fullmatch(r"v(\d+\.\d+\.\d+(?:\.post\d+)?)(?:-[\w.-]+)?", tag)
+        return match.group(1) if match else None
 
     def batch_invariant(self, env: Mapping[str, str]) -> bool:
         return self.batch_invariant_env is not None and env.get(self.batch_invariant_env) == "1"
