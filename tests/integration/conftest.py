@@ -189,7 +189,7 @@ def cpu_tiny(docker: Docker, tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.fixture(scope="session")
-def sglang_cpu_tiny(engine: Engine, tmp_path_factory: pytest.TempPathFactory) -> str:
+def sglang_cpu_tiny(docker: Docker, tmp_path_factory: pytest.TempPathFactory) -> str:
     """The SGLang 0.5.18 CPU cell's image (kernel package stood in), built once per session by the pipeline."""
     out = tmp_path_factory.mktemp("sglang-cpu-tiny-build")
     result = stackproof(["build", "sglang-cpu-tiny", "--json", "--out", str(out)])

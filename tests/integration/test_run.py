@@ -79,7 +79,7 @@ def test_cpu_tiny_end_to_end(docker: Docker, cpu_tiny: str, runner_user: str | N
 
 
 def test_sglang_cpu_tiny_end_to_end(
-    engine: Engine, sglang_cpu_tiny: str, runner_user: str | None, runner_out: Path
+    docker: Docker, sglang_cpu_tiny: str, runner_user: str | None, runner_out: Path
 ) -> None:
     """The second serving engine through the same job: SGLang 0.5.18 on CPU (its kernel package
     stood in), as an ordinary user; its own ready line and rule set, vLLM's never consulted."""

@@ -81,7 +81,10 @@ def test_real_matrix_indexes_and_bases(real_matrix: Matrix) -> None:
     assert names == ["pypi", "pytorch-cpu", "flashinfer", "flashinfer-cu130"]
     assert real_matrix.index("flashinfer-cu130").url == "https://flashinfer.ai/whl/cu130"
     debian, cpu_tiny, vllm, sglang_0_5_18, sglang_0_5_19 = real_matrix.bases
-    assert (sglang_0_5_18.image, sglang_0_5_19.image) == ("lmsysorg/sglang:v0.5.18-cu130", "lmsysorg/sglang:v0.5.19-cu130")
+    assert (sglang_0_5_18.image, sglang_0_5_19.image) == (
+        "lmsysorg/sglang:v0.5.18-cu130",
+        "lmsysorg/sglang:v0.5.19-cu130",
+    )
     assert isinstance(cpu_tiny, CellBase) and cpu_tiny.cell == "cpu-tiny"
     assert isinstance(debian, BootstrapBase)
     assert debian.recipe.include == ("python3", "python3-venv", "python3-pip", "ca-certificates")
