@@ -408,3 +408,38 @@ def test_the_audit_reads_an_sglang_release_images_stack(real_matrix: Matrix) -> 
     assert fix["sglang"].version == "0.5.19" and fix["flashinfer-python"].version == "0.6.18"
     vllm = real_matrix.cell("sm120-vllm-0.28.0-release")
     assert target_of(real_matrix, vllm).platform == "manylinux_2_28_x86_64", "vLLM's images are unchanged"
+
+
+# -- the SGLang driver against a real SGLang 0.5.17 CUDA server on the H200 --------------------------
+
+H200_SGLANG = REPO / "tests" / "fixtures" / "h200-sglang-0.5.17"
+
+
+def test_the_h200_sglang_counters_read_through_the_driver() -> None:
+    """The clean load's client usage equals the driver's counters moved over the run; the engine-step
+    counter (cuda_graph_passes_total, summed over its modes) moved too."""
+    import json
+
+    names = SGLANG.metric_names("0.5.17")
+    before = parse_metrics((H200_SGLANG / "metrics-before.txt").read_text(), names)
+    after = parse_metrics((H200_SGLANG / "metrics-after.txt").read_text(), names)
+    load = json.loads((H200_SGLANG / "load-clean.json").read_text())
+    checks = {c["name"]: c for c in load["checks"]}
+    assert checks["token-accounting"]["status"] == "PASS" and load["questions"]["clean"] == 64
+    deltas = load["server_counter_deltas"]
+    assert (deltas["generation_tokens"], deltas["prompt_tokens"]) == (5104.0, 14134.0)
+    assert after.generated - before.generated >= deltas["generation_tokens"], "the scrapes frame the load"
+    assert after.steps > before.steps > 0, "SGLang's forward passes are the engine's steps"
+    assert parse_metrics((H200_SGLANG / "metrics-after.txt").read_text(), VLLM.metric_names(None)).generated == 0
+
+
+def test_the_h200_sglang_stall_was_named_a_stall_because_health_runs_the_engine() -> None:
+    import json
+
+    stall = json.loads((H200_SGLANG / "load-stall.json").read_text())
+    (event,) = stall["events"]
+    assert event["type"] == "ENGINE_STALL_API_ALIVE"
+    assert event["api"] == {"health": None, "models": 200, "metrics": 200}
+    assert "SIGSTOP" in (H200_SGLANG / "stall-inject.txt").read_text()
+    assert re.search(SGLANG.ready_line, (H200_SGLANG / "server.log").read_text())
+    assert "sglang::scheduler" in (H200_SGLANG / "ps.txt").read_text()
