@@ -179,22 +179,24 @@ def runner_dir(user: str | None, prefix: str) -> Path:
     return path
 
 
+def built_by_the_pipeline(cell: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """`stackproof build CELL` as a user runs it; the image's tag."""
+    out = tmp_path_factory.mktemp(f"{cell}-build")
+    result = stackproof(["build", cell, "--json", "--out", str(out)])
+    assert result.returncode == 0, result.stderr[-3000:]
+    return str(result.json()["tag"])
+
+
 @pytest.fixture(scope="session")
 def cpu_tiny(docker: Docker, tmp_path_factory: pytest.TempPathFactory) -> str:
     """The embedded default's image, built once per session by the pipeline itself."""
-    out = tmp_path_factory.mktemp("cpu-tiny-build")
-    result = stackproof(["build", "cpu-tiny", "--json", "--out", str(out)])
-    assert result.returncode == 0, result.stderr[-3000:]
-    return str(result.json()["tag"])
+    return built_by_the_pipeline("cpu-tiny", tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
 def sglang_cpu_tiny(docker: Docker, tmp_path_factory: pytest.TempPathFactory) -> str:
     """The SGLang 0.5.18 CPU cell's image (kernel package stood in), built once per session by the pipeline."""
-    out = tmp_path_factory.mktemp("sglang-cpu-tiny-build")
-    result = stackproof(["build", "sglang-cpu-tiny", "--json", "--out", str(out)])
-    assert result.returncode == 0, result.stderr[-3000:]
-    return str(result.json()["tag"])
+    return built_by_the_pipeline("sglang-cpu-tiny", tmp_path_factory)
 
 
 def write_matrix(
