@@ -170,6 +170,23 @@ def test_a_hole_absorbs_several_words_only_between_literals(tmp_path: Path) -> N
     assert check_pattern(r"Cache file \S+ was moved", [index]) is None
 
 
+def test_both_texts_of_a_conditional_inside_an_f_string_are_printable(tmp_path: Path) -> None:
+    """SGLang's sizing line prints `available_cpu_mem=` or `available_gpu_mem=` (scheduler.py:1098 @0.5.18)."""
+    source = (
+        "import logging\nlogger = logging.getLogger()\n"
+        "def f(self, n, free):\n"
+        "    logger.info(\n"
+        '        f"max_total_num_tokens={n}, "\n'
+        "        f\"{'available_cpu_mem' if self.device == 'cpu' else 'available_gpu_mem'}=\"\n"
+        '        f"{free:.2f} GB"\n'
+        "    )\n"
+    )
+    index = index_wheel(fake_wheel(tmp_path, {"sg/a.py": source}), name="sg", version="1", sha256="2" * 64)
+    assert check_pattern(r"available_cpu_mem=", [index]) is not None
+    assert check_pattern(r"max_total_num_tokens=\d+, available_gpu_mem=[\d.]+ GB", [index]) is not None
+    assert check_pattern(r"available_tpu_mem=", [index]) is None, "only the two texts the branches hold"
+
+
 # -- variables, kernels, capability --------------------------------------------------------------------
 
 

@@ -51,7 +51,7 @@ __all__ = [
     "load_or_build",
 ]
 
-INDEX_VERSION = 6
+INDEX_VERSION = 7  # 7: an f-string's `{'a' if c else 'b'}` is indexed as both texts
 LOG_METHODS = frozenset(
     {
         "debug",
@@ -472,7 +472,8 @@ class _PythonIndexer(ast.NodeVisitor):
         if args and isinstance(node, ast.Constant) and isinstance(node.value, str):
             self._emit(self._percent(node.value, args), line, kind)
         else:
-            self._emit(self._segments(node, ()), line, kind)
+            for variant in _branches(node):
+                self._emit(self._segments(variant, ()), line, kind)
 
     def _emit(self, segments: list[Segment], line: int, kind: str) -> None:
         merged = _merge(segments)
@@ -604,3 +605,26 @@ def _is_environ(node: ast.expr) -> bool:
 
 def iter_holes(message: Message) -> Iterator[Hole]:
     return (s for s in message.segments if isinstance(s, Hole))
+
+
+_MAX_BRANCHES = 8
+
+
+def _branches(node: ast.expr) -> list[ast.expr]:
+    """An f-string once per text its `{'a' if cond else 'b'}` parts can print (both are the package's
+    text: e.g. SGLang's `{'available_cpu_mem' if self.device == 'cpu' else 'available_gpu_mem'}=`,
+    srt/managers/scheduler.py:1098 @0.5.18), at most _MAX_BRANCHES; anything else once, as it is."""
+    if not isinstance(node, ast.JoinedStr):
+        return [node]
+    variants: list[list[ast.expr]] = [[]]
+    for value in node.values:
+        choice = value.value if isinstance(value, ast.FormattedValue) and not value.format_spec else None
+        if (
+            isinstance(choice, ast.IfExp)
+            and all(isinstance(b, ast.Constant) and isinstance(b.value, str) for b in (choice.body, choice.orelse))
+            and len(variants) * 2 <= _MAX_BRANCHES
+        ):
+            variants = [[*v, branch] for v in variants for branch in (choice.body, choice.orelse)]
+        else:
+            variants = [[*v, value] for v in variants]
+    return [ast.JoinedStr(values=values) for values in variants]

@@ -16,7 +16,7 @@ from packaging.utils import canonicalize_name
 from pipeline.model import BootstrapBase, Cell, CellBase, Matrix, RegistryBase
 from pipeline.pins import FI_CUBIN, FI_JIT, Lookup, release_of_image
 from verify.audit.wheels import Target
-from verify.serving import DRIVERS
+from verify.serving import DRIVERS, driver_for
 
 __all__ = ["TEXT_PACKAGES", "VERSION_PACKAGES", "PackagePin", "cell_packages", "target_of"]
 
@@ -48,12 +48,19 @@ def target_of(matrix: Matrix, cell: Cell) -> Target:
     machine = "aarch64" if cell.platform == "linux/arm64" else "x86_64"
     stack = _root(matrix, cell)
     if stack.install is not None:
-        return Target(platform=f"manylinux_2_28_{machine}", python=stack.install.python_version)
+        # The image installed its engine's wheels, so its glibc takes their tag (SGLang's are
+        # manylinux_2_34 only); pip reads a manylinux_2_N platform as every glibc up to 2.N.
+        glibc = max("manylinux_2_28", driver_for(cell.serve).release_wheel_glibc, key=_glibc_minor)
+        return Target(platform=f"{glibc}_{machine}", python=stack.install.python_version)
     if isinstance(stack.base, RegistryBase):
         for driver in DRIVERS.values():
             if driver.release_of_image(stack.base.image) is not None:
                 return Target(platform=f"{driver.release_wheel_glibc}_{machine}", python="3.12")
     return Target(platform=f"manylinux_2_28_{machine}", python="3.12")  # the vllm-openai images: CPython 3.12
+
+
+def _glibc_minor(tag: str) -> int:
+    return int(tag.rsplit("_", 1)[1])
 
 
 def _root(matrix: Matrix, cell: Cell) -> Cell:
