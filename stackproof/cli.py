@@ -420,7 +420,7 @@ def _matrix_audit(args: argparse.Namespace) -> int:
     from pipeline.site import load_site
     from verify.audit import Sources, audit_matrix
     from verify.audit.report import render_json, render_text
-    from verify.logscan import load_catalog, load_rulesets, rules_for
+    from verify.logscan import load_catalog, rulesets_for
 
     matrix, _ = _load(args)
     cells = [matrix.cell(c) for c in args.cells] if args.cells else list(matrix.cells)
@@ -434,8 +434,8 @@ def _matrix_audit(args: argparse.Namespace) -> int:
         return (url, mirror.directory) if mirror.is_local else (mirror.location, None)
 
     def rulesets(facts: Any) -> list[tuple[str, Any]]:
-        applicable = set(rules_for(None, None, facts))
-        return [(f"logrules.yaml {rs.id}", r) for rs in load_rulesets() for r in rs.rules if r in applicable]
+        # Each rule under the set it came from (two sets may hold equal rules, e.g. no-traceback).
+        return [(f"logrules.yaml {rs.id}", r) for rs in rulesets_for(facts) for r in rs.rules]
 
     report = audit_matrix(
         matrix,

@@ -328,13 +328,17 @@ def load_rulesets(file: Path = RULESETS_FILE) -> tuple[RuleSet, ...]:
     return tuple(result)
 
 
+def rulesets_for(facts: Facts) -> tuple[RuleSet, ...]:
+    """The built-in rule sets whose conditions hold for these facts."""
+    return tuple(ruleset for ruleset in load_rulesets() if _holds(ruleset.when, facts))
+
+
 def rules_for(cell: Cell | None, arm: Arm | None, facts: Facts | None) -> tuple[LogRule, ...]:
     """Built-in rule sets whose conditions hold, then the cell's rules, then the arm's."""
     rules: list[LogRule] = []
     if facts is not None:
-        for ruleset in load_rulesets():
-            if _holds(ruleset.when, facts):
-                rules += ruleset.rules
+        for ruleset in rulesets_for(facts):
+            rules += ruleset.rules
     rules += cell.log_rules if cell else ()
     rules += arm.log_rules if arm else ()
     return tuple(rules)

@@ -443,3 +443,11 @@ def test_the_h200_sglang_stall_was_named_a_stall_because_health_runs_the_engine(
     assert "SIGSTOP" in (H200_SGLANG / "stall-inject.txt").read_text()
     assert re.search(SGLANG.ready_line, (H200_SGLANG / "server.log").read_text())
     assert "sglang::scheduler" in (H200_SGLANG / "ps.txt").read_text()
+
+
+def test_each_engine_gets_its_own_rule_set_and_no_other() -> None:
+    from verify.logscan import rulesets_for
+
+    assert [rs.id for rs in rulesets_for(Facts(serve=True, arch="none", engine="sglang"))] == ["sglang-server"]
+    assert [rs.id for rs in rulesets_for(Facts(serve=True, arch="none", engine="vllm"))] == ["vllm-server"]
+    assert rulesets_for(Facts(serve=False, arch="none")) == ()
