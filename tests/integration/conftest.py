@@ -232,7 +232,7 @@ class Daemon:
     store: str  # "classic" or "containerd"
     plugins: str | None = None  # the CLI plugin directory (buildx) a DOCKER_CONFIG must name
 
-    def docker_cmd(self, *args: str, check: bool = True, env: dict[str, str] | None = None) -> str:
+    def docker(self, *args: str, check: bool = True, env: dict[str, str] | None = None) -> str:
         full = {**os.environ, **self.env, **(env or {})}
         proc = subprocess.run([self.cli, *args], capture_output=True, text=True, timeout=300, env=full)
         if check and proc.returncode != 0:
