@@ -121,7 +121,10 @@ def test_fetch_then_serve_offline_from_the_store(
     watcher = _inspect_server_when_it_appears(f"io.stackproof.cell={VARIANT}", seen)
     out = tmp_path / "out"
     since = time.time() - 1
-    result = _cli(["verify", VARIANT, "--stages", "imports,startup", "--json", "--out", str(out)], variant_matrix, env)
+    # -v: the docker command lines are echoed (the token's name must be there, its value nowhere).
+    result = _cli(
+        ["verify", VARIANT, "--stages", "imports,startup", "--json", "-v", "--out", str(out)], variant_matrix, env
+    )
     watcher.join(timeout=30)
     assert result.returncode == 0, result.stderr[-5000:]
     assert len(hub.requests) == requests_before, (
