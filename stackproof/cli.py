@@ -387,6 +387,7 @@ def _matrix_list(args: argparse.Namespace) -> int:
             "arch": c.arch,
             "platform": c.platform,
             "base": c.base.name,
+            "engine": c.serve.engine if c.serve else None,  # the serving engine; None: the cell serves nothing
             "runner": list(c.runner),
             "arms": [a.name for a in c.arms],
             "expect": c.expect.stage if c.expect else None,
@@ -395,7 +396,8 @@ def _matrix_list(args: argparse.Namespace) -> int:
     ]
     width = max((len(r["id"]) for r in rows), default=4)  # type: ignore[arg-type]
     lines = [
-        f"{r['id']:<{width}}  {r['arch']:<6} {r['platform']:<12} {r['base']:<20} {','.join(r['runner'])}"  # type: ignore[arg-type]
+        f"{r['id']:<{width}}  {r['arch']:<6} {r['platform']:<12} {r['engine'] or '-':<7} {r['base']:<20} "
+        f"{','.join(r['runner'])}"  # type: ignore[arg-type]
         + (f"  expect fail at {r['expect']}" if r["expect"] else "")
         for r in rows
     ]

@@ -95,11 +95,19 @@ def test_list_json_is_one_document(real: list[str], capsys) -> None:
         "arch": "none",
         "platform": "linux/amd64",
         "base": "debian-bookworm",
+        "engine": "vllm",
         "runner": ["self-hosted", "linux", "x64", "docker"],
         "arms": [],
         "expect": None,
     }
     assert rows["sm120-vllm-0.28.0-release"]["expect"] == "autotune"
+    engines = {cell: row["engine"] for cell, row in rows.items()}
+    assert [c for c, e in engines.items() if e == "sglang"] == [
+        "sglang-cpu-tiny",
+        "sm120-sglang-0.5.18-qwen3.8-nvfp4",
+        "sm120-sglang-0.5.19-qwen3.8-nvfp4",
+    ]
+    assert engines["fi-mismatch"] is None, "a cell that serves nothing names no engine"
     assert rows[SPARK]["arms"] == ["default", "cutlass-kernel", "eager"]
 
 
