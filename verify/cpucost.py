@@ -35,7 +35,6 @@ __all__ = [
     "reader_for",
 ]
 
-CPU_FIELDS = ("cpu_seconds", "cpu_seconds_per_output_token", "peak_rss_bytes", "output_tok_s_per_core", "cores")
 _UNITS = {
     "cpu_seconds": "CPU-s",
     "cpu_seconds_per_output_token": "CPU-s/token",
@@ -43,6 +42,7 @@ _UNITS = {
     "output_tok_s_per_core": "tokens/s/core",
     "cores": "cores",
 }
+CPU_FIELDS = tuple(_UNITS)  # the receipt's CPU cost fields, in this order
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -30,7 +30,7 @@ from pipeline.result import CheckResult, Status
 from verify.compare import GREEDY_FILE, write_greedy
 from verify.determinism import Sample, judge_phase, request_sample
 from verify.progress import Progress, Tracker
-from verify.serving import DRIVERS, MetricNames, ServingDriver
+from verify.serving import DEFAULT, MetricNames, ServingDriver
 from verify.serving.openai import ErrorClass, ModelNotNamed, RequestRecord, ServerAPI, Timeouts
 from verify.stats import fault_stats
 from verify.watchdog import Event, Watchdog, scrape
@@ -49,7 +49,7 @@ class LoadTarget:
 
     base_url: str
     label: str  # cell (and arm) for progress lines
-    driver: ServingDriver = DRIVERS["vllm"]  # whose endpoints, counters and dead markers
+    driver: ServingDriver = DEFAULT  # whose endpoints, counters and dead markers (the default engine's)
     engine_version: str | None = None  # the engine's release, for facts that moved (None: the newest)
     batch_invariant: bool = False  # the server declares batch-invariant greedy answers (the driver's variable)
     gpu: bool = False  # NVML snapshots in evidence

@@ -9,12 +9,13 @@ and tests/unit/test_serving.py holds the two equal).
 
 from __future__ import annotations
 
-from pipeline.model import ServeSpec
+from pipeline.model import DEFAULT_ENGINE, ServeSpec
 from verify.serving.driver import AutotuneFacts, Endpoints, MetricNames, ServingDriver, Since, at_version
 from verify.serving.sglang import SGLANG
 from verify.serving.vllm import VLLM
 
 __all__ = [
+    "DEFAULT",
     "DRIVERS",
     "AutotuneFacts",
     "Endpoints",
@@ -27,7 +28,7 @@ __all__ = [
 ]
 
 DRIVERS: dict[str, ServingDriver] = {driver.name: driver for driver in (VLLM, SGLANG)}
-DEFAULT = VLLM
+DEFAULT = DRIVERS[DEFAULT_ENGINE]  # the engine a cell names when it names none
 
 
 def driver_named(name: str) -> ServingDriver:
