@@ -45,7 +45,7 @@ def main() -> int:
     sys.path.insert(0, str(REPO))
     from pipeline.docker import Docker
     from pipeline.load import load_matrix
-    from verify.server import ServerContainer
+    from verify.server import Server
 
     out = Path(os.environ.get("TMPDIR", "/tmp")) / "stackproof-bench-loadgen"
     build = subprocess.run(
@@ -63,7 +63,7 @@ def main() -> int:
     site = _container_site(out / "container-site")
     volumes = {REPO: "/stackproof:ro", site: "/opt/stackproof-site:ro"}
     host: list[dict[str, Any]] = []
-    with ServerContainer(docker, cell, image, out_dir=out / "server", volumes=volumes) as server:
+    with Server(docker, cell, image, out_dir=out / "server", volumes=volumes) as server:
         server.wait_ready()
         load = _load_argv(server.base_url, questions=6, concurrency=args.concurrency, tokens=args.max_tokens)
         warm = _ours_in(docker, server.name, load)

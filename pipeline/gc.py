@@ -21,6 +21,7 @@ __all__ = [
     "dead_containers",
     "job_labels",
     "owner_labels",
+    "owner_start_time",
     "process_alive",
 ]
 
@@ -47,7 +48,7 @@ def owner_labels(env: Mapping[str, str] | None = None) -> list[str]:
     labels = [
         f"{OWNER_HOST_LABEL}={socket.gethostname()}",
         f"{OWNER_PID_LABEL}={os.getpid()}",
-        f"{OWNER_START_LABEL}={_start_time(os.getpid()) or ''}",
+        f"{OWNER_START_LABEL}={owner_start_time(os.getpid()) or ''}",
     ]
     labels += [f"{k}={v}" for k, v in job_labels(env).items()]
     return labels
@@ -79,11 +80,11 @@ def process_alive(pid: int, start: str) -> bool:
         return False
     except PermissionError:
         pass  # another user's process: it exists
-    now = _start_time(pid)
+    now = owner_start_time(pid)
     return not start or now is None or now == start
 
 
-def _start_time(pid: int) -> str | None:
+def owner_start_time(pid: int) -> str | None:
     """The process's start time in clock ticks since boot (/proc/PID/stat field 22)."""
     try:
         with open(f"/proc/{pid}/stat") as file:

@@ -24,6 +24,7 @@ from packaging.version import InvalidVersion, Version
 from pipeline.errors import InputError, MatrixError
 from pipeline.model import (
     DEFAULT_ENGINE,
+    HOST_BASE,
     SERVING_ENGINES,
     STAGES,
     Arm,
@@ -76,7 +77,9 @@ CELL_KEYS = (
     "accepted_conflicts",
     "log_rules",
     "autotune",
+    "runtime",
 )
+RUNTIMES = ("docker", "host")  # verify/runtime/: an image's container, or a process group on the host
 INHERITABLE_KEYS = tuple(k for k in CELL_KEYS if k not in ("id", "extends"))
 REQUIRED_CELL_KEYS = ("base", "platform", "arch")
 PACKAGE_KEYS = ("version", "index")
@@ -484,15 +487,24 @@ class _Checker:
         cell_ids: set[str],
     ) -> Cell | None:
         p: Path_ = ("cells", i)
-        for key in REQUIRED_CELL_KEYS:
+        runtime = self.choice((*p, "runtime"), data.get("runtime", "docker"), RUNTIMES, "runtime") or "docker"
+        on_host = runtime == "host"
+        required = tuple(k for k in REQUIRED_CELL_KEYS if not (on_host and k == "base"))
+        for key in required:
             if key not in data:
                 self.problem(p, f"missing required key {key!r} (set it in the cell, an ancestor or defaults)")
         index_names = tuple(ix.name for ix in indexes)
         base_names = tuple(b.name for b in bases)
         notes: list[str] = []
 
-        base: Base | None = None
-        if "base" in data:
+        base: Base | None = HOST_BASE if on_host else None
+        if "base" in data and on_host:
+            self.problem(
+                (*p, "base"),
+                "a `runtime: host` cell has no base image: its environment is built from `install:` "
+                "(or given with `verify --python`); remove `base`",
+            )
+        elif "base" in data:
             base_name = self.text((*p, "base"), data["base"])
             base = next((b for b in bases if b.name == base_name), None)
             if base is None:
@@ -552,7 +564,7 @@ class _Checker:
         accepted = self.env_like((*p, "accepted_conflicts"), data.get("accepted_conflicts"), "package: reason")
         log_rules = self.log_rules((*p, "log_rules"), data.get("log_rules"), prefix=cell_id)
         forbid, allow = self.autotune((*p, "autotune"), data.get("autotune"))
-        if base is None or any(k not in data for k in REQUIRED_CELL_KEYS):
+        if base is None or any(k not in data for k in required):
             return None
         return Cell(
             id=cell_id,
@@ -576,6 +588,7 @@ class _Checker:
             autotune_forbid=forbid,
             autotune_allow=allow,
             notes=tuple(notes),
+            runtime=runtime,
         )
 
     def packages(self, path: Path_, value: Any, index_names: tuple[str, ...]) -> tuple[Requirement, ...]:

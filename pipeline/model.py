@@ -14,6 +14,7 @@ from pathlib import Path
 from pipeline.errors import InputError
 
 __all__ = [
+    "HOST_BASE",
     "STAGES",
     "Arm",
     "BootstrapBase",
@@ -22,6 +23,7 @@ __all__ = [
     "CellBase",
     "Expectation",
     "ForensicsSpec",
+    "HostBase",
     "Index",
     "Install",
     "LoadSpec",
@@ -92,7 +94,18 @@ class CellBase:
     cell: str
 
 
-Base = RegistryBase | BootstrapBase | CellBase
+@dataclass(frozen=True, kw_only=True)
+class HostBase:
+    """No image: a `runtime: host` cell runs in a Python environment of the host (built from its
+    `install:` by pipeline/hostenv.py, or given with `verify --python`)."""
+
+    name: str = "host"
+    python: str = "python3"
+
+
+HOST_BASE = HostBase()
+
+Base = RegistryBase | BootstrapBase | CellBase | HostBase
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -316,6 +329,11 @@ class Cell:
     autotune_forbid: tuple[tuple[str, str], ...] = ()  # (op, runner) that must not win, beyond the policies
     autotune_allow: tuple[tuple[str, str], ...] = ()  # (op, runner) a built-in policy forbids, allowed here
     notes: tuple[str, ...] = ()  # flagged-but-allowed findings, e.g. a base without digest
+    runtime: str = "docker"  # where its servers run: "docker" (an image) or "host" (verify/runtime/)
+
+    @property
+    def on_host(self) -> bool:
+        return self.runtime == "host"
 
     @property
     def is_gpu(self) -> bool:
@@ -353,7 +371,7 @@ class Matrix:
         bootstrap base: the one walk of the base chain (the loader has rejected cycles)."""
         return lineage(cell, {c.id: c for c in self.cells})
 
-    def root_base(self, cell: Cell) -> RegistryBase | BootstrapBase:
+    def root_base(self, cell: Cell) -> RegistryBase | BootstrapBase | HostBase:
         """The registry or bootstrap base at the bottom of the cell's chain."""
         base = self.lineage(cell)[-1].base
         if isinstance(base, CellBase):

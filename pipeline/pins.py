@@ -35,7 +35,7 @@ from packaging.version import InvalidVersion, Version
 
 from pipeline import cmd
 from pipeline.errors import InputError, PipelineError
-from pipeline.model import BootstrapBase, Cell, CellBase, Matrix, RegistryBase
+from pipeline.model import BootstrapBase, Cell, CellBase, HostBase, Matrix, RegistryBase
 
 __all__ = [
     "BUILTIN_RELEASES",
@@ -303,6 +303,8 @@ def cell_stack(matrix: Matrix, cell: Cell, lookup: Lookup) -> Pins:
         notes += parent.notes
     elif isinstance(base, BootstrapBase):
         pins, complete, source = {}, True, f"bootstrap base {base.name} (an empty venv)"
+    elif isinstance(base, HostBase):
+        pins, complete, source = {}, True, "a host environment (a new venv)"
     else:
         pins, complete, source = _registry_pins(base, cell.platform, lookup, assumed, notes)
     if cell.install is not None:

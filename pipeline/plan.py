@@ -20,11 +20,11 @@ import pipeline
 from pipeline.cache import file_sha256
 from pipeline.errors import InputError
 from pipeline.lock import Lock, read_lock
-from pipeline.model import BootstrapBase, Cell, CellBase, Matrix, Requirement
+from pipeline.model import BootstrapBase, Cell, CellBase, HostBase, Matrix, Requirement
 from pipeline.render import render_template, template_text
 from pipeline.site import SiteSettings
 
-__all__ = ["BuildPlan", "LocalWheel", "RequirementGroup", "plan_cell", "render_plan"]
+__all__ = ["BuildPlan", "LocalWheel", "RequirementGroup", "lock_groups", "override_groups", "plan_cell", "render_plan"]
 
 TAG_REPOSITORY = "stackproof"
 
@@ -84,6 +84,11 @@ class BuildPlan:
 def plan_cell(matrix: Matrix, cell: Cell, site: SiteSettings, images_dir: Path) -> BuildPlan:
     """Gather the cell's inputs (lock, local wheels, base) and render its plan."""
     base = cell.base
+    if isinstance(base, HostBase):
+        raise InputError(
+            f"{matrix.file}:{cell.line}: cells[{cell.id}] runs on the host runtime: it has no image to render or build "
+            "(`stackproof build` makes its Python environment)"
+        )
     if isinstance(base, CellBase):
         parent = plan_cell(matrix, matrix.cell(base.cell), site, images_dir)  # its tag is our base
         base_ref, python = parent.tag, matrix.python_of(cell)
@@ -120,10 +125,10 @@ def render_plan(
     # Overridden packages stay in the lock install and the override reinstalls them on top: the
     # locked layer (gigabytes) then never changes when an override is added or moved, and recipes
     # that run between the two (the tiny model needs tqdm) see a complete stack.
-    lock_groups = _lock_groups(lock, skip=set(cell.uninstall)) if lock else ()
-    override_groups = _override_groups(cell.overrides, lock)
+    locked = lock_groups(lock, skip=set(cell.uninstall)) if lock else ()
+    overrides = override_groups(cell.overrides, lock)
     files: dict[str, bytes] = {"stackproof/pip-install.sh": template_text(images_dir, "pip-install.sh").encode()}
-    for group in (*lock_groups, *override_groups):
+    for group in (*locked, *overrides):
         files[f"stackproof/requirements/{group.file}"] = group.text.encode()
     snippets = []
     for recipe in cell.recipes:
@@ -139,13 +144,13 @@ def render_plan(
         base_ref=base_ref,
         python=python,
         venv=venv,
-        lock_groups=lock_groups,
-        override_groups=override_groups,
+        lock_groups=locked,
+        override_groups=overrides,
         recipe_snippets=snippets,
         labels=labels,
         tool_version=pipeline.__version__,
     )
-    indexes = tuple(sorted({g.index for g in (*lock_groups, *override_groups)}))
+    indexes = tuple(sorted({g.index for g in (*locked, *overrides)}))
     return BuildPlan(
         cell=cell,
         base_ref=base_ref,
@@ -163,12 +168,12 @@ def _recipe_files(recipe_dir: Path) -> list[Path]:
         path
         for path in recipe_dir.rglob("*")
         if path.is_file()
-        and path.name != "steps.j2"
+        and path.name not in ("steps.j2", "host.j2")
         and not any(part.startswith(".") or part == "__pycache__" for part in path.relative_to(recipe_dir).parts)
     )
 
 
-def _lock_groups(lock: Lock, skip: set[str]) -> tuple[RequirementGroup, ...]:
+def lock_groups(lock: Lock, skip: set[str]) -> tuple[RequirementGroup, ...]:
     groups = []
     for index in sorted({p.index for p in lock.packages}):
         packages = [p for p in lock.packages if p.index == index and p.name not in skip]
@@ -181,7 +186,7 @@ def _lock_groups(lock: Lock, skip: set[str]) -> tuple[RequirementGroup, ...]:
     return tuple(groups)
 
 
-def _override_groups(overrides: tuple[Requirement, ...], lock: Lock | None) -> tuple[RequirementGroup, ...]:
+def override_groups(overrides: tuple[Requirement, ...], lock: Lock | None) -> tuple[RequirementGroup, ...]:
     """One group per index. Hash-locked when the lock holds exactly that version."""
     groups = []
     for index in sorted({o.index for o in overrides}):

@@ -53,6 +53,14 @@ class ImageRef:
     # index) digest on the containerd image store. Receipts without it bind the config.
     id_is: str = "config"
     repo_digests: tuple[str, ...] = ()
+    # Where it ran: "docker" (an image; `id` its digest) or "host" (a Python environment of the host,
+    # `id_is` "environment": `id` the digest of its inventory, pipeline/hostenv.py).
+    runtime: str = "docker"
+    environment: dict[str, Any] | None = None  # host: its python, root, version and package count
+
+    @property
+    def on_host(self) -> bool:
+        return self.runtime == "host"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -164,6 +172,8 @@ def _parse(d: dict[str, Any]) -> Receipt:
             id=str(image["id"]),
             id_is=str(image.get("id_is", "config")),
             repo_digests=tuple(image.get("repo_digests") or ()),
+            runtime=str(image.get("runtime", "docker")),
+            environment=image.get("environment"),
         ),
         matrix_digest=str(d["matrix_digest"]),
         host=HostFingerprint.parse(d["host"]),

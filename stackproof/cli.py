@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import pipeline
 from pipeline.console import console
-from pipeline.errors import InputError, Interrupted, MatrixError, PipelineError
+from pipeline.errors import InfraError, InputError, Interrupted, MatrixError, PipelineError
 from pipeline.load import MAX_CONCURRENCY, MAX_COUNT, MAX_SECONDS
 from pipeline.model import DEFAULT_ENGINE, SERVING_ENGINES, Cell, LoadSpec, Matrix
 from stackproof.cliutil import NO_PREFLIGHT_HELP
@@ -32,6 +32,7 @@ from stackproof.cliutil import load as _load
 
 if TYPE_CHECKING:
     from pipeline.docker import Docker
+    from pipeline.result import VerifyReport
     from pipeline.site import SiteSettings
 
 __all__ = ["main"]
@@ -153,6 +154,20 @@ VERIFY_OPTIONS = (
     arg("--previous", type=Path, default=None, help="an earlier report.json: diff autotune winners"),
     arg("--no-preflight", action="store_true", help=NO_PREFLIGHT_HELP),
     arg("--no-fetch", action="store_true", help="never ask the hub: an hf: model must be in the store"),
+    arg(
+        "--runtime",
+        choices=("docker", "host"),
+        default=None,
+        help="where the servers run: docker (the cell's image) or host (a Python environment of this host: "
+        "the cell's built one, or --python's); default: the cell's `runtime`",
+    ),
+    arg(
+        "--python",
+        default=None,
+        metavar="PY",
+        help="with --runtime host: verify the environment this interpreter belongs to (nothing is built or "
+        "installed); its identity in the receipt is the digest of its installed inventory",
+    ),
 )
 
 PULL_ONLY_HELP = "never build: take the image from STACKPROOF_REGISTRY or fail (exit 3)"
@@ -397,8 +412,7 @@ def _matrix_list(args: argparse.Namespace) -> int:
     width = max((len(r["id"]) for r in rows), default=4)  # type: ignore[arg-type]
     lines = [
         f"{r['id']:<{width}}  {r['arch']:<6} {r['platform']:<12} {r['engine'] or '-':<7} {r['base']:<20} "
-        f"{','.join(r['runner'])}"  # type: ignore[arg-type]
-        + (f"  expect fail at {r['expect']}" if r["expect"] else "")
+        f"{','.join(r['runner'])}" + (f"  expect fail at {r['expect']}" if r["expect"] else "")  # type: ignore[arg-type]
         for r in rows
     ]
     _emit(args, {"cells": rows}, "\n".join(lines))
@@ -504,6 +518,8 @@ def _build(args: argparse.Namespace) -> int:
     matrix, images = _load(args)
     cell = matrix.cell(args.cell)
     site = _site(matrix)
+    if cell.on_host:
+        return _build_host_env(args, matrix, cell, images, site)
     docker = _engine(args, matrix, cell, images, site)
     result = build_cell(
         docker,
@@ -519,6 +535,18 @@ def _build(args: argparse.Namespace) -> int:
     )
     how = {"local": " (existing)", "registry": f" (pulled {result.registry_ref})"}.get(result.source, "")
     _emit(args, result.to_json(), f"{result.tag} {result.image_id}{how}")
+    return 0
+
+
+def _build_host_env(args: argparse.Namespace, matrix: Matrix, cell: Cell, images: Path, site: SiteSettings) -> int:
+    """A `runtime: host` cell's build: its Python environment, under the cache directory."""
+    from pipeline.hostenv import build_host_env, plan_host_env
+
+    plan = plan_host_env(matrix, cell, images)
+    out = args.out / cell.id
+    out.mkdir(parents=True, exist_ok=True)
+    env = build_host_env(plan, site, matrix, images, log=out / "host-env.log")
+    _emit(args, env.to_json(), f"{env.ref} {env.digest} ({env.source}, {env.packages} packages)")
     return 0
 
 
@@ -573,6 +601,11 @@ def _verify_or_run(args: argparse.Namespace, *, build: bool) -> int:
 
         read_json(args.previous, "earlier report (--previous)")  # a bad file is exit 2 before anything runs
     load = _load_spec(args, cell.serve.load) if cell.serve else None
+    runtime = args.runtime or cell.runtime
+    if args.python is not None and runtime != "host":
+        raise InputError(f"--python {args.python}: only with --runtime host (cell {cell.id} runs on {runtime})")
+    if runtime == "host":
+        return _verdict(args, cell, _on_host(args, matrix, cell, images, site, build=build, stages=stages, load=load))
     docker = _engine(args, matrix, cell, images, site)  # bad input is exit 2 before any host check
     _remove_dead_runs(docker)
     report = run_cell(
@@ -589,6 +622,48 @@ def _verify_or_run(args: argparse.Namespace, *, build: bool) -> int:
         load=load,
         fetch_model=not args.no_fetch,
     )
+    return _verdict(args, cell, report)
+
+
+def _on_host(
+    args: argparse.Namespace,
+    matrix: Matrix,
+    cell: Cell,
+    images: Path,
+    site: SiteSettings,
+    *,
+    build: bool,
+    stages: tuple[str, ...],
+    load: LoadSpec | None,
+) -> VerifyReport:
+    from stackproof.runjob import run_on_host
+    from verify.runtime.host import remove_dead_host_runs
+
+    if args.python is not None:
+        from pipeline.hostenv import given_env
+
+        given_env(args.python)  # a missing or broken interpreter is exit 2 before anything starts
+    elif build is False and cell.install is None:
+        raise InputError(f"cell {cell.id} has no `install:` to build a host environment from: pass --python PY")
+    for run in remove_dead_host_runs():
+        print(f"stackproof: ended {run}: its run is gone", file=sys.stderr)
+    return run_on_host(
+        matrix,
+        cell,
+        site,
+        images,
+        build=build,
+        python=args.python,
+        out_root=args.out,
+        stages=stages,
+        arm_name=args.arm,
+        previous=args.previous,
+        load=load,
+        fetch_model=not args.no_fetch,
+    )
+
+
+def _verdict(args: argparse.Namespace, cell: Cell, report: VerifyReport) -> int:
     verdict = "NOT_REPRODUCED" if report.outcome.not_reproduced else "PASS" if report.outcome.passed else "FAIL"
     stages_line = ", ".join(f"{s.stage} {s.status}" for s in report.stages)
     _emit(args, report.to_json(), f"{cell.id}: {verdict}: {report.outcome.summary} [{stages_line}]")
@@ -604,10 +679,21 @@ def _remove_dead_runs(docker: Docker) -> list[str]:
 
 
 def _gc(args: argparse.Namespace) -> int:
+    """Containers and host server processes of dead runs; with no daemon, the host's only."""
     from pipeline.docker import Docker
+    from verify.runtime.host import remove_dead_host_runs
 
-    removed = _remove_dead_runs(Docker.connect())
-    _emit(args, {"removed": removed}, f"{len(removed)} container(s) of dead runs removed")
+    ended = remove_dead_host_runs()
+    for run in ended:
+        print(f"stackproof: ended {run}: its run is gone", file=sys.stderr)
+    try:
+        docker: Docker | None = Docker.connect()
+    except InfraError as exc:
+        print(f"stackproof: no docker daemon ({exc}): host processes only", file=sys.stderr)
+        docker = None
+    removed = _remove_dead_runs(docker) if docker else []
+    summary = f"{len(removed)} container(s) and {len(ended)} host server(s) of dead runs removed"
+    _emit(args, {"removed": removed, "host_runs_ended": ended}, summary)
     return 0
 
 

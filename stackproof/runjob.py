@@ -18,6 +18,7 @@ from pipeline.build import build_cell, build_seconds, built_image
 from pipeline.docker import Docker
 from pipeline.errors import InfraError
 from pipeline.host import host_fingerprint
+from pipeline.hostenv import HostEnv, build_host_env, built_host_env, given_env, plan_host_env
 from pipeline.model import Arm, Cell, LoadSpec, Matrix
 from pipeline.modelstore import ensure_model
 from pipeline.receipt import write_all
@@ -25,8 +26,9 @@ from pipeline.result import CheckResult, VerifyReport
 from pipeline.site import SiteSettings
 from verify.receipt import build_receipt, build_section
 from verify.runner import verify_image
+from verify.runtime.host import HostRuntime
 
-__all__ = ["exclusive_dir", "run_cell"]
+__all__ = ["exclusive_dir", "host_build_section", "run_cell", "run_on_host"]
 
 SERVER_STAGES = {"startup", "autotune", "load"}  # the stages that start a server container
 
@@ -124,6 +126,94 @@ def _verify_with_receipt(
     paths = write_all(receipt, out_dir)
     print(f"{cell.id}: receipt {receipt.status}: {paths['receipt']} (+ junit.xml, summary.md)", file=sys.stderr)
     return report
+
+
+def run_on_host(
+    matrix: Matrix,
+    cell: Cell,
+    site: SiteSettings,
+    images_dir: Path,
+    *,
+    build: bool,
+    python: str | None,
+    out_root: Path,
+    stages: tuple[str, ...],
+    arm_name: str | None = None,
+    previous: Path | None = None,
+    load: LoadSpec | None = None,
+    fetch_model: bool = True,
+) -> VerifyReport:
+    """The same stages on the host runtime: in the environment `python` belongs to (`--python`),
+    else in the cell's built environment (`build`: built now when it is not here)."""
+    arm = cell.arm(arm_name) if arm_name else None
+    env = _host_env(matrix, cell, site, images_dir, build=build, python=python, out_dir=out_root / cell.id)
+    _ensure_model(matrix, cell, stages, fetch_model)
+    print(f"{cell.id}: verifying the host environment {env.ref} ({env.digest[:19]})", file=sys.stderr)
+    runtime = HostRuntime(python=env.python, files_root=env.files_root, image_env=_lineage_env(matrix, cell))
+    out_dir = _run_dir(out_root, cell)
+    host_check = _host_expectations(matrix, cell)
+    started = time.time()
+    report = verify_image(
+        runtime,
+        cell,
+        image=env.ref,
+        image_id=env.digest,
+        python=str(env.python),
+        stages=stages,
+        arm=arm,
+        out_dir=out_dir,
+        previous=previous,
+        load=load,
+        extra_checks={stages[0]: [host_check]} if host_check and stages else None,
+    )
+    receipt = build_receipt(
+        report,
+        matrix_digest=matrix.digest,
+        host=host_fingerprint(None),
+        started_at=started,
+        finished_at=time.time(),
+        build=host_build_section(env),
+        environment=env.to_json(),
+    )
+    paths = write_all(receipt, out_dir)
+    print(f"{cell.id}: receipt {receipt.status}: {paths['receipt']} (+ junit.xml, summary.md)", file=sys.stderr)
+    return report
+
+
+def _host_env(
+    matrix: Matrix, cell: Cell, site: SiteSettings, images_dir: Path, *, build: bool, python: str | None, out_dir: Path
+) -> HostEnv:
+    if python is not None:
+        return given_env(python)
+    plan = plan_host_env(matrix, cell, images_dir)
+    if build:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        return build_host_env(plan, site, matrix, images_dir, log=out_dir / "host-env.log")
+    env = built_host_env(plan)
+    if env is None:
+        raise InfraError(
+            f"{cell.id}: its host environment {plan.name} is not built: run `stackproof build {cell.id}` "
+            "(or verify an existing one with --runtime host --python PY)"
+        )
+    return env
+
+
+def _lineage_env(matrix: Matrix, cell: Cell) -> tuple[tuple[str, str], ...]:
+    """What an image of the cell would have as ENV: its chain's `env`, the cell's own last."""
+    merged: dict[str, str] = {}
+    for member in reversed(matrix.lineage(cell)):
+        merged.update(dict(member.env))
+    return tuple(merged.items())
+
+
+def host_build_section(env: HostEnv) -> dict[str, Any]:
+    """The receipt's `build` for a host environment: built now, found built, or given."""
+    why = {"given": "given with --python: not built by this tool", "local": "built by an earlier run"}
+    seconds: dict[str, Any] = {"value": env.built_in_s, "unit": "s"}
+    if env.built_in_s is None:
+        seconds["reason"] = why.get(env.source, "not recorded")
+    size = {"value": None, "unit": "bytes", "reason": "a host environment, not an image"}
+    return {"source": env.source, "build_seconds": seconds, "image_size_bytes": size}
 
 
 def _ensure_model(matrix: Matrix, cell: Cell, stages: tuple[str, ...], fetch_model: bool) -> None:

@@ -22,7 +22,7 @@ from verify.forensics import LoadInstruments
 from verify.load_stage import load_target
 from verify.loadrun import run_load, summarise
 from verify.logscan import LogWatcher, load_catalog
-from verify.server import ServerContainer, ServerFactory, ServerFailed
+from verify.server import Server, ServerFactory, ServerFailed
 from verify.stats import compare_arms, fault_stats
 
 __all__ = ["ArmTally", "soak"]
@@ -52,7 +52,7 @@ def soak(
     duration_s: float,
     slice_s: float,
     out_dir: Path,
-    new_server: ServerFactory = ServerContainer,
+    new_server: ServerFactory = Server,
 ) -> dict[str, Any]:
     chosen: list[Arm | None] = [None if name == DEFAULT_ARM else cell.arm(name) for name in arms]
     tallies = {name: ArmTally(name=name) for name in arms}

@@ -6,7 +6,8 @@ FlashInfer autotune cache SKIPs this stage. The cache directory is an anonymous 
 driver's cache variable inside the server container, and the file is read out with `docker cp`
 while the container still exists: FlashInfer writes it as the image's user (root) with mode 0600
 (`tempfile.mkstemp` then `os.replace`), which an ordinary runner user could neither read nor
-delete through a bind mount.
+delete through a bind mount. On the host runtime the same path is a directory of the server's own
+(`Runtime.seen_as` says which: the server logs that path), copied out before it is removed.
 
 What FlashInfer wrote is a legacy file (kept as autotune_configs.json) or, with vLLM 0.33 and
 FlashInfer's autotune_v2, a managed store directory (kept whole as autotune-store/<env_hash>); both
@@ -31,12 +32,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pipeline.docker import Docker
 from pipeline.model import Arm, Cell
 from pipeline.result import CheckResult, StageResult, Status
 from verify.autotune import AutotuneCache, Entry, judge_cache, load_policies, read_cache, winners
 from verify.logscan import Facts, LogWatcher, catalog_for
-from verify.server import ServerContainer, ServerFailed
+from verify.runtime import Runtime
+from verify.server import Server, ServerFailed
 from verify.serverplan import CACHE_MOUNT, tuning_facts
 from verify.serving import AutotuneFacts, driver_for
 
@@ -46,7 +47,7 @@ STAGE = "autotune"
 
 
 def fresh_cache_server_options(cell: Cell, version: str | None = None) -> dict[str, Any]:
-    """ServerContainer options for a server that tunes into an empty, container-owned cache."""
+    """Server options for a server that tunes into an empty, container-owned cache."""
     tuning = tuning_facts(cell, version)
     if tuning is None:
         return {}
@@ -54,7 +55,7 @@ def fresh_cache_server_options(cell: Cell, version: str | None = None) -> dict[s
 
 
 def run_autotune(
-    docker: Docker,
+    runtime: Runtime,
     cell: Cell,
     image: str,
     *,
@@ -62,8 +63,8 @@ def run_autotune(
     out_dir: Path,
     facts: Facts,
     previous: Path | None = None,
-    shared: ServerContainer | None = None,
-    on_start: Callable[[ServerContainer], None] | None = None,
+    shared: Server | None = None,
+    on_start: Callable[[Server], None] | None = None,
 ) -> StageResult:
     """Judge the cache of `shared` (the startup server, started with a fresh cache) when given,
     else start a server of its own for it."""
@@ -80,7 +81,7 @@ def run_autotune(
         return StageResult.of(STAGE, [CheckResult(name="autotune", status=Status.SKIP, message=reason)], 0.0)
     cache_dir = out_dir / "autotune-cache"
     if cache_dir.exists():
-        shutil.rmtree(cache_dir)  # copied out by docker cp: this user's own files
+        shutil.rmtree(cache_dir)  # copied out by the runtime: this user's own files
     arm_env = dict(arm.env) if arm else {}
     in_force = {name: arm_env.get(name) for name in tuning.controlled_env}  # None: not set for this run
     checks: list[CheckResult] = []
@@ -96,8 +97,8 @@ def run_autotune(
         )
         server.copy_out(CACHE_MOUNT, cache_dir)
     else:
-        server = ServerContainer(
-            docker,
+        server = Server(
+            runtime,
             cell,
             image,
             out_dir=out_dir / "autotune-server",
@@ -121,7 +122,15 @@ def run_autotune(
             server.copy_out(CACHE_MOUNT, cache_dir)
     log = server.log_path.read_text(errors="replace") if server.log_path.exists() else ""
     checks += judge_fresh_cache(
-        cell, log, cache_dir, out_dir, facts=facts, env=in_force, previous=previous, tuning=tuning
+        cell,
+        log,
+        cache_dir,
+        out_dir,
+        facts=facts,
+        env=in_force,
+        previous=previous,
+        tuning=tuning,
+        mount=server.seen_as(CACHE_MOUNT),
     )
     judged = next((c for c in checks if c.name == "autotune-cache"), None)
     kept = (judged.evidence or {}).get("file") if judged else None
@@ -140,8 +149,10 @@ def judge_fresh_cache(
     env: dict[str, str | None],
     previous: Path | None = None,
     tuning: AutotuneFacts | None = None,
+    mount: str = CACHE_MOUNT,
 ) -> list[CheckResult]:
-    """Find the cache FlashInfer wrote during this start and judge it (pure but for reading files)."""
+    """Find the cache FlashInfer wrote during this start and judge it (pure but for reading files).
+    `mount`: where the server saw the fresh cache directory (copied to `cache_dir`)."""
     tuning = tuning or tuning_facts(cell, facts.engine_version)
     title = driver_for(cell.serve).title
     if tuning is None:
@@ -149,8 +160,8 @@ def judge_fresh_cache(
         return [CheckResult(name="autotune-cache", status=Status.SKIP, message=reason)]
     logged = _announced(tuning, log)
     candidates = []
-    if logged and logged.startswith(CACHE_MOUNT):
-        named = cache_dir / logged[len(CACHE_MOUNT) :].lstrip("/")
+    if logged and (logged == mount or logged.startswith(mount.rstrip("/") + "/")):
+        named = cache_dir / logged[len(mount) :].lstrip("/")
         # A file (the legacy line), or the managed store's root (vLLM 0.33.0 kernel_warmup.py:485-489),
         # under which FlashInfer keeps <root>/v2/<env_hash>/manifest.json (autotune_cache.py:367-369).
         candidates += [named, *sorted(named.glob("v2/*/manifest.json"))] if named.is_dir() else [named]

@@ -22,13 +22,15 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 __all__ = [
     "CPU_FIELDS",
     "CgroupReader",
+    "CpuReader",
     "CpuSample",
     "CpuSampler",
+    "ProcessTreeReader",
     "cpu_cost_fields",
     "empty_cpu_fields",
     "parse_proc_cgroup",
@@ -63,6 +65,14 @@ def parse_proc_cgroup(text: str) -> dict[str, str]:
         for controller in controllers.split(",") if controllers else [""]:
             paths[controller.removeprefix("name=")] = path
     return paths
+
+
+class CpuReader(Protocol):
+    """One reading of a server's CPU time and RSS, and the cores it may use."""
+
+    def read(self) -> CpuSample: ...
+
+    def cores(self) -> float: ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,11 +133,49 @@ def _stat(path: Path) -> dict[str, int]:
     return values
 
 
+@dataclass(frozen=True, kw_only=True)
+class ProcessTreeReader:
+    """The processes of a host-runtime server (no cgroup of its own: it shares the user's).
+
+    CPU time is the sum over its live processes of their own and their reaped children's user and
+    system time (/proc/PID/stat fields 14-17, in clock ticks); RSS is the sum of their anonymous
+    resident memory (`RssAnon` in /proc/PID/status, the cgroup's `anon`). A process that exits
+    unreaped takes its time with it, so a worker ended mid-load can make the total drop:
+    `cpu_cost_fields` says so rather than counting it."""
+
+    pids: Callable[[], list[int]]
+    root: Path = Path("/")
+
+    def read(self) -> CpuSample:
+        pids = self.pids()
+        if not pids:
+            raise ValueError("the server has no live process")
+        ticks = float(os.sysconf("SC_CLK_TCK"))
+        cpu = 0.0
+        rss = 0
+        for pid in pids:
+            try:
+                fields = (self.root / f"proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()
+                status = (self.root / f"proc/{pid}/status").read_text()
+            except OSError:
+                continue  # ended between the listing and the reading
+            cpu += sum(int(v) for v in fields[11:15]) / ticks
+            rss += next((int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("RssAnon:")), 0)
+        return CpuSample(at=time.monotonic(), cpu_seconds=cpu, rss_bytes=rss)
+
+    def cores(self) -> float:
+        pids = self.pids()
+        try:
+            return float(len(os.sched_getaffinity(pids[0]))) if pids else float(os.cpu_count() or 1)
+        except OSError:
+            return float(os.cpu_count() or 1)
+
+
 @dataclass(kw_only=True)
 class CpuSampler:
     """Samples `reader` every `interval_s` on a thread until `stop()`; one failed read is a gap."""
 
-    reader: CgroupReader
+    reader: CpuReader
     interval_s: float = 1.0
     samples: list[CpuSample] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
@@ -180,7 +228,9 @@ def cpu_cost_fields(
         return empty_cpu_fields(f"{len(samples)} cgroup reading(s) during the load: two are needed")
     spent = samples[-1].cpu_seconds - samples[0].cpu_seconds
     if spent < 0:
-        return empty_cpu_fields("the cgroup's CPU time went backwards (another container under the same name?)")
+        return empty_cpu_fields(
+            "the server's CPU time went backwards (a process ended unreaped, or another container under the same name)"
+        )
     rss = [s.rss_bytes for s in samples if s.rss_bytes is not None]
     per_token = spent / output_tokens if output_tokens > 0 else None
     per_core = output_tokens / seconds / cores if seconds > 0 and cores else None

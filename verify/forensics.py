@@ -5,15 +5,16 @@ run ends and the container is removed, `StallForensics.collect` takes, each step
 failing never stops the others, and none ever changes the verdict):
 
 1. a `py-spy dump --json` of every engine process (the titles the serving driver names: its
-   engine core and workers), from a sidecar that
-   shares the server's PID namespace (`Docker.pid_sidecar`), py-spy mounted read-only;
+   engine core and workers), where the runtime can ptrace them (`Runtime.dump_stacks`: on docker a
+   sidecar that shares the server's PID namespace, py-spy mounted read-only; on the host py-spy
+   itself, limited to the server's PIDs);
 2. the GPU over the stall window against the load before it, judged by the spin rule
    (verify/spin.py), from the cost sampler's NVML samples;
 3. for GPU cells that opt in (`serve.forensics.cuda_coredump`), a CUDA user-triggered core dump:
    the server runs with CUDA_ENABLE_USER_TRIGGERED_COREDUMP=1 and CUDA_COREDUMP_PIPE in an
    anonymous volume; writing to the pipe makes the driver dump the GPU state to CUDA_COREDUMP_FILE
    (CUDA driver API, CU_COREDUMP_ENABLE_USER_TRIGGER: "a coredump can be created by writing to
-   the system pipe specified by CU_COREDUMP_PIPE"), which is copied out with `Docker.copy_out`.
+   the system pipe specified by CU_COREDUMP_PIPE"), which is copied out with `Runtime.copy_out`.
 
 Everything lands under `<run>/load/forensics/`; the evidence names each file relative to the run
 directory, and says why a piece is missing where one is.
@@ -30,9 +31,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pipeline.docker import Docker
 from pipeline.model import Cell
-from verify.cpucost import CpuSampler, cpu_cost_fields, empty_cpu_fields, reader_for
+from verify.cpucost import CpuSampler, cpu_cost_fields, empty_cpu_fields
 from verify.gpucost import GpuSample, GpuSampler, cost_section, empty_cost_section, open_reader
 from verify.pyspy import PySpy, find_py_spy
+from verify.runtime import Runtime, as_runtime
 from verify.serving import driver_for
 from verify.spin import DeviceWindow, GpuStallVerdict, SpinJudgement, judge_spin
 
@@ -41,9 +43,9 @@ if TYPE_CHECKING:  # the load run's outcome, only as a type: the load run calls 
 
 __all__ = [
     "COREDUMP_DIR",
-    "DockerSide",
     "LoadInstruments",
     "ProcessStack",
+    "RuntimeSide",
     "StallForensics",
     "coredump_env",
     "gpu_windows",
@@ -51,18 +53,21 @@ __all__ = [
 ]
 
 COREDUMP_DIR = "/stackproof-coredump"  # an anonymous volume of the server container
-PY_SPY_IN_SIDECAR = "/stackproof-tools/py-spy"
 PER_PROCESS_TIMEOUT_S = 20
 COREDUMP_WAIT_S = 180.0
 
-# Runs in the sidecar (the server's own image, so its python3): every engine process of the shared
-# PID namespace, dumped one at a time; a process stopped by a signal is reported, not attached to
-# (ptrace on a stopped process would wait for it).
+# Runs in the sidecar (the server's own image, so its python3) or on the host: every engine process
+# of the shared PID namespace (on the host: of the PIDs given as a fourth argument), dumped one at a
+# time; a process stopped by a signal is reported, not attached to (ptrace on a stopped process
+# would wait for it).
 _DUMP_SCRIPT = """
 import json, os, subprocess, sys
 spy, prefixes, limit = sys.argv[1], tuple(sys.argv[2].split(",")), float(sys.argv[3])
+only = set(sys.argv[4].split(",")) if len(sys.argv) > 4 else None
 found = []
 for entry in sorted((e for e in os.listdir("/proc") if e.isdigit()), key=int):
+    if only is not None and entry not in only:
+        continue
     try:
         with open(f"/proc/{entry}/cmdline", "rb") as f:
             cmdline = f.read().replace(b"\\0", b" ").decode(errors="replace").strip()
@@ -180,7 +185,7 @@ def gpu_windows(samples: list[GpuSample], *, window_start: float, load_start: fl
 
 
 class ForensicsSide(Protocol):
-    """The side effects, one method each (a fake in unit tests, `DockerSide` for real)."""
+    """The side effects, one method each (a fake in unit tests, `RuntimeSide` for real)."""
 
     def dump_stacks(self) -> tuple[str | None, str]: ...  # (sidecar JSON or None, origin or why not)
 
@@ -261,10 +266,11 @@ class StallForensics:
 
 
 @dataclass(kw_only=True)
-class DockerSide:
-    """The real side: a py-spy sidecar, the NVML sampler, the server's core-dump pipe."""
+class RuntimeSide:
+    """The real side: py-spy where the runtime can reach the engine, the NVML sampler, the server's
+    core-dump pipe."""
 
-    docker: Docker
+    runtime: Runtime
     container: str
     image: str
     py_spy: PySpy
@@ -278,17 +284,15 @@ class DockerSide:
         if self.py_spy.binary is None:
             return None, self.py_spy.origin
         titles = ",".join(self.titles)
-        argv = ["python3", "-c", _DUMP_SCRIPT, PY_SPY_IN_SIDECAR, titles, str(PER_PROCESS_TIMEOUT_S)]
-        result = self.docker.pid_sidecar(
+        result = self.runtime.dump_stacks(
             self.container,
             image=self.image,
-            argv=argv,
-            binds={self.py_spy.binary.resolve(): PY_SPY_IN_SIDECAR},
-            labels={},
+            script=["-c", _DUMP_SCRIPT, "{py_spy}", titles, str(PER_PROCESS_TIMEOUT_S)],
+            py_spy=self.py_spy.binary,
             timeout=PER_PROCESS_TIMEOUT_S * 4 + 30,
         )
         if result.returncode != 0:
-            return None, f"the py-spy sidecar exited {result.returncode}: {result.stderr.strip()[-400:]}"
+            return None, f"the py-spy dump exited {result.returncode}: {result.stderr.strip()[-400:]}"
         return result.stdout, self.py_spy.origin
 
     def gpu_samples(self) -> tuple[list[GpuSample], float] | str:
@@ -301,12 +305,12 @@ class DockerSide:
             f'for p in {COREDUMP_DIR}/corepipe.cuda.*; do [ -p "$p" ] && (timeout 10 sh -c "printf 1 > $p" &); done; '
             f"ls {COREDUMP_DIR}"
         )
-        fired = self.docker.exec(self.container, ["sh", "-c", trigger], timeout=30)
+        fired = self.runtime.exec(self.container, ["sh", "-c", trigger], timeout=30)
         pipes = [n for n in fired.stdout.split() if n.startswith("corepipe.cuda.")]
         if not pipes:
             return {"available": False, "reason": f"no CUDA core-dump pipe in {COREDUMP_DIR} (no CUDA context yet?)"}
         sizes = self._wait_for_cores()
-        copied = self.docker.copy_out(self.container, COREDUMP_DIR, dest)
+        copied = self.runtime.copy_out(self.container, COREDUMP_DIR, dest)
         if not copied:
             return {"available": False, "reason": f"{COREDUMP_DIR} could not be copied out", "pipes": pipes}
         for pipe in dest.glob("corepipe.cuda.*"):  # FIFOs are no evidence
@@ -324,7 +328,7 @@ class DockerSide:
         last: dict[str, int] = {}
         listing_script = f'for f in {COREDUMP_DIR}/core.cuda.*; do [ -f "$f" ] && stat -c "%n %s" "$f"; done; true'
         while time.monotonic() < deadline:
-            listing = self.docker.exec(self.container, ["sh", "-c", listing_script], timeout=30)
+            listing = self.runtime.exec(self.container, ["sh", "-c", listing_script], timeout=30)
             if listing.returncode != 0:  # the container is no longer running
                 return last
             now = {name: int(size) for name, _, size in (line.rpartition(" ") for line in listing.stdout.splitlines())}
@@ -340,7 +344,7 @@ class LoadInstruments:
     """What the load stage adds around `run_load`: the cost samplers (GPUs on GPU cells, the server
     container's cgroup on CPU cells) and the stall forensics."""
 
-    docker: Docker
+    runtime: Runtime
     run_dir: Path
     gpu: bool
     titles: tuple[str, ...] = ()  # the engine's process titles (the serving driver's)
@@ -357,13 +361,13 @@ class LoadInstruments:
 
     @classmethod
     def for_cell(
-        cls, docker: Docker, cell: Cell, *, run_dir: Path, forensics_dir: Path | None = None
+        cls, runtime: Runtime | Docker, cell: Cell, *, run_dir: Path, forensics_dir: Path | None = None
     ) -> LoadInstruments:
         """The instruments a cell's load gets: GPU sampling on GPU cells, a core dump where it opts in."""
         coredump = cell.serve is not None and cell.serve.forensics.cuda_coredump
         titles = driver_for(cell.serve).process_titles
         return cls(
-            docker=docker,
+            runtime=as_runtime(runtime),
             run_dir=run_dir,
             forensics_dir=forensics_dir,
             gpu=cell.is_gpu,
@@ -378,7 +382,7 @@ class LoadInstruments:
         self.load_start = time.monotonic()
         if not self.gpu:
             self.reason = "CPU cell (arch none): no GPU is assigned to the server"
-            cgroup = reader_for(lambda: self.docker.container_pid(container))
+            cgroup = self.runtime.cpu_reader(container)
             if isinstance(cgroup, str):
                 self.cpu_reason = cgroup
                 return
@@ -389,12 +393,12 @@ class LoadInstruments:
         if isinstance(reader, str):
             self.reason = reader
             return
-        self.sampler = GpuSampler(reader=reader, pids=lambda: self.docker.container_pids(container)).start()
+        self.sampler = GpuSampler(reader=reader, pids=lambda: self.runtime.pids(container)).start()
 
     def on_stall(self, container: str, image: str) -> Callable[[float], dict[str, Any]]:
         def collect(stalled_for_s: float) -> dict[str, Any]:
-            side = DockerSide(
-                docker=self.docker,
+            side = RuntimeSide(
+                runtime=self.runtime,
                 container=container,
                 image=image,
                 py_spy=self.py_spy or find_py_spy(),

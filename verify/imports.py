@@ -31,6 +31,8 @@ from pipeline.errors import CheckFailed, InfraError
 from pipeline.model import Arm, Cell
 from pipeline.result import CheckResult, StageResult, Status
 from verify.probe import ProbeReport, probe_image
+from verify.runtime import Runtime, as_runtime
+from verify.runtime.docker import DockerRuntime
 
 __all__ = [
     "BYPASS_ENV",
@@ -67,7 +69,7 @@ class BaseProbe:
 
 
 def run_imports(
-    docker: Docker,
+    runtime: Runtime | Docker,
     cell: Cell,
     image: str,
     *,
@@ -82,13 +84,16 @@ def run_imports(
     requirements check judges only what the cell's layers changed."""
     started = time.monotonic()
     env = cell.serve_env(arm)
+    runtime = as_runtime(runtime)
     report = probe_image(
-        docker, image, python=python, modules=cell.imports, env=env, gpus=cell.serve.gpus if cell.serve else None
+        runtime, image, python=python, modules=cell.imports, env=env, gpus=cell.serve.gpus if cell.serve else None
     )
     out_dir.mkdir(parents=True, exist_ok=True)
     probe_file = out_dir / "imports-probe.json"
     probe_file.write_text(json.dumps(report.raw, indent=1, sort_keys=True) + "\n")
-    base, base_note = probe_base(docker, cell, base_ref, python=python) if base_ref else (None, None)
+    # The untouched base is an image: only the docker runtime has one to probe.
+    docker = runtime.docker if isinstance(runtime, DockerRuntime) else None
+    base, base_note = probe_base(docker, cell, base_ref, python=python) if base_ref and docker else (None, None)
     checks = judge(cell, report, base)
     if base_note:
         checks.append(CheckResult(name="base-probe", status=Status.WARN, message=base_note))

@@ -16,7 +16,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pipeline.docker import Docker
 from pipeline.model import Arm, Cell, LoadSpec
 from pipeline.result import CheckResult, StageResult, Status
 from verify.canary import CanaryAnswer
@@ -24,16 +23,15 @@ from verify.correctness import ask_for_cell, judge_correctness
 from verify.forensics import LoadInstruments
 from verify.loadrun import LoadTarget, judge_load, run_load, summarise
 from verify.logscan import Facts, LogWatcher, catalog_for, judge, scan
-from verify.server import ServerContainer, ServerFailed
+from verify.runtime import Runtime
+from verify.server import Server, ServerFailed
 
 __all__ = ["load_target", "run_load_stage"]
 
 STAGE = "load"
 
 
-def load_target(
-    server: ServerContainer, cell: Cell, arm: Arm | None, *, engine_version: str | None = None
-) -> LoadTarget:
+def load_target(server: Server, cell: Cell, arm: Arm | None, *, engine_version: str | None = None) -> LoadTarget:
     """What the load run may know about this server beyond HTTP: its engine, container, log and env."""
 
     def server_alive() -> str | None:
@@ -55,17 +53,17 @@ def load_target(
 
 
 def run_load_stage(
-    docker: Docker,
+    runtime: Runtime,
     cell: Cell,
     image: str,
     *,
     arm: Arm | None,
     out_dir: Path,
     spec: LoadSpec | None = None,
-    shared: ServerContainer | None = None,
-    on_ready: Callable[[ServerContainer], None] | None = None,  # fault-injection tests use it
+    shared: Server | None = None,
+    on_ready: Callable[[Server], None] | None = None,  # fault-injection tests use it
     facts: Facts | None = None,
-    on_start: Callable[[ServerContainer], None] | None = None,
+    on_start: Callable[[Server], None] | None = None,
 ) -> StageResult:
     """Load `shared` (the startup stage's server, still running) when given, else a fresh server.
 
@@ -82,14 +80,14 @@ def run_load_stage(
     stage_dir.mkdir(parents=True, exist_ok=True)
     checks: list[CheckResult] = []
     signatures = catalog_for(facts)
-    server = shared or ServerContainer(
-        docker, cell, image, out_dir=stage_dir, arm=arm, watcher=LogWatcher(signatures), on_start=on_start
+    server = shared or Server(
+        runtime, cell, image, out_dir=stage_dir, arm=arm, watcher=LogWatcher(signatures), on_start=on_start
     )
     artifacts: dict[str, str] = {"server_log": str(server.log_path)}
     outcome = None
     canaries: list[CanaryAnswer] = []
     # GPU cost sampled beside the load; stall forensics taken before the server is removed.
-    instruments = LoadInstruments.for_cell(docker, cell, run_dir=out_dir)
+    instruments = LoadInstruments.for_cell(runtime, cell, run_dir=out_dir)
     try:
         if shared is not None:
             checks.append(

@@ -18,6 +18,7 @@ from packaging.utils import canonicalize_name
 from pipeline import cmd
 from pipeline.docker import Container, Docker, Mount
 from pipeline.errors import CheckFailed, InfraError
+from verify.runtime import Runtime, as_runtime
 
 __all__ = ["PROBE_FILE", "Distribution", "ImportOutcome", "ProbeReport", "probe_host", "probe_image"]
 
@@ -125,7 +126,7 @@ class ProbeReport:
 
 
 def probe_image(
-    docker: Docker,
+    runtime: Runtime | Docker,
     image: str,
     *,
     python: str,
@@ -134,10 +135,11 @@ def probe_image(
     gpus: str | None = None,
     timeout: float = 600,
 ) -> ProbeReport:
-    """Run the probe with the image's own `python`, with the env the server would get.
+    """Run the probe with the image's own `python`, with the env the server would get, on the
+    runtime the server would run on (the host runtime: in the environment it was given).
 
-    No network (`--network none`): importing must not need one. The container is named up
-    front so an interrupt can still remove it.
+    No network (`--network none`, docker only): importing must not need one. The container is
+    named up front so an interrupt can still remove it.
     """
     container = Container(
         image=image,
@@ -150,7 +152,7 @@ def probe_image(
         gpus=gpus,
     )
     print(f"imports: probing {image} ({', '.join(modules)})", file=sys.stderr)
-    result = docker.run_to_end(container, timeout=timeout)
+    result = as_runtime(runtime).run_to_end(container, timeout=timeout)
     return _parse_output(result.stdout, result.stderr, result.returncode, where=image)
 
 

@@ -53,7 +53,10 @@ def build_receipt(
     repo_digests: tuple[str, ...] = (),
     image_store: str = "classic",
     build: dict[str, Any] | None = None,
+    environment: dict[str, Any] | None = None,
 ) -> Receipt:
+    """`environment`: the host runtime's environment (`HostEnv.to_json`); the image fields then
+    name it, its inventory digest in place of an image digest."""
     status, reason = receipt_status(report)
     load = _load_summary(report)
     spent = cost_and_forensics(load, seconds=finished_at - started_at)
@@ -65,8 +68,10 @@ def build_receipt(
         image=ImageRef(
             ref=report.image,
             id=report.image_id,
-            id_is="manifest" if image_store == "containerd" else "config",
+            id_is="environment" if environment else "manifest" if image_store == "containerd" else "config",
             repo_digests=repo_digests,
+            runtime="host" if environment else "docker",
+            environment=environment,
         ),
         matrix_digest=matrix_digest,
         host=host,

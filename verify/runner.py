@@ -22,6 +22,7 @@ from verify.imports import run_imports
 from verify.load_stage import run_load_stage
 from verify.logscan import Facts
 from verify.probe import ProbeReport
+from verify.runtime import Runtime, as_runtime
 from verify.server import SharedServer
 from verify.serverplan import ServerPlan, plan_servers
 from verify.serving import driver_for
@@ -32,9 +33,10 @@ __all__ = ["STAGE_RUNNERS", "parse_stages", "verify_image"]
 
 @dataclass(frozen=True, kw_only=True)
 class StageContext:
-    """What every stage is given: the image under test, the server plan and what the imports probe found."""
+    """What every stage is given: where servers run, the image (or environment) under test, the
+    server plan and what the imports probe found."""
 
-    docker: Docker
+    runtime: Runtime
     cell: Cell
     image: str
     python: str
@@ -75,13 +77,13 @@ StageRunner = Callable[[StageContext], StageResult]
 
 def _imports(ctx: StageContext) -> StageResult:
     return run_imports(
-        ctx.docker, ctx.cell, ctx.image, python=ctx.python, arm=ctx.arm, out_dir=ctx.out_dir, base_ref=ctx.base_ref
+        ctx.runtime, ctx.cell, ctx.image, python=ctx.python, arm=ctx.arm, out_dir=ctx.out_dir, base_ref=ctx.base_ref
     )
 
 
 def _startup(ctx: StageContext) -> StageResult:
     return run_startup(
-        ctx.docker,
+        ctx.runtime,
         ctx.cell,
         ctx.image,
         arm=ctx.arm,
@@ -96,7 +98,7 @@ def _startup(ctx: StageContext) -> StageResult:
 def _load(ctx: StageContext) -> StageResult:
     shared = None if ctx.plan.load_fresh else ctx.share.take()
     return run_load_stage(
-        ctx.docker,
+        ctx.runtime,
         ctx.cell,
         ctx.image,
         arm=ctx.arm,
@@ -110,7 +112,7 @@ def _load(ctx: StageContext) -> StageResult:
 
 def _autotune(ctx: StageContext) -> StageResult:
     return run_autotune(
-        ctx.docker,
+        ctx.runtime,
         ctx.cell,
         ctx.image,
         arm=ctx.arm,
@@ -145,7 +147,7 @@ def parse_stages(text: str | None) -> tuple[str, ...]:
 
 
 def verify_image(
-    docker: Docker,
+    runtime: Runtime | Docker,
     cell: Cell,
     *,
     image: str,
@@ -165,6 +167,7 @@ def verify_image(
     expectations with imports), so they count toward its status. `image_env` is the image's ENV,
     which decides whether the startup server can also serve autotune (verify.serverplan). `runners`:
     the stage table (stand-ins in unit tests)."""
+    runtime = as_runtime(runtime)
     plan = plan_servers(cell, arm, stages, dict(image_env))
     console().say(f"{cell.id}: {plan.starts} server start(s) planned: {plan.reason}")
     share = SharedServer()  # the run owns the kept server: removed here whatever happens
@@ -173,7 +176,7 @@ def verify_image(
     try:
         for stage in stages:
             context = StageContext(
-                docker=docker,
+                runtime=runtime,
                 cell=cell,
                 image=image,
                 python=python,
@@ -208,7 +211,12 @@ def verify_image(
         image_id=image_id,
         stages=tuple(results),
         outcome=evaluate(cell.expect, results),
-        servers={"started": len(share.started), "containers": list(share.started), **plan.to_json()},
+        servers={
+            "started": len(share.started),
+            "runtime": runtime.kind,
+            "containers": list(share.started),
+            **plan.to_json(),
+        },
     )
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "report.json").write_text(json.dumps(report.to_json(), indent=2, default=str) + "\n")

@@ -1,11 +1,12 @@
-"""Start a cell's model server in a container, wait for it, and always remove it.
+"""Start a cell's model server, wait for it, and always remove it.
 
 What is started (the argv), what "ready" means (the health path) and how the one proof completion
-is asked are the serving engine's driver's (verify/serving/); this module is the container's life.
+is asked are the serving engine's driver's (verify/serving/); where it runs (a container, or a
+process group on this host) is the runtime's (verify/runtime/); this module is the server's life.
 
-`ServerContainer` is a context manager: the container gets a name chosen before `docker run`, so
-even an interrupt that lands while `docker run` is in flight can be cleaned up by name. The
-server log is streamed to a file (and the terminal) for the whole life of the container.
+`Server` is a context manager: the server gets a name chosen before it starts, so even an
+interrupt that lands while the start is in flight can be cleaned up by name. The server log is
+streamed to a file (and the terminal) for the whole life of the server.
 """
 
 from __future__ import annotations
@@ -28,10 +29,11 @@ from pipeline.model import Arm, Cell, ServeSpec
 from pipeline.modelstore import model_mounts
 from verify.forensics import COREDUMP_DIR, coredump_env
 from verify.logscan import LogWatcher
+from verify.runtime import Runtime, as_runtime
 from verify.serving import driver_for
 from verify.serving.openai import ServerCalls
 
-__all__ = ["Readiness", "ServerContainer", "ServerFactory", "SharedServer", "free_port", "serve_argv"]
+__all__ = ["Readiness", "Server", "ServerFactory", "SharedServer", "free_port", "serve_argv"]
 
 HOST = "127.0.0.1"  # servers bind loopback only; traffic never leaves this machine
 RUN_LABEL = "io.stackproof.run"
@@ -53,7 +55,7 @@ def serve_argv(serve: ServeSpec, arm: Arm | None, port: int) -> list[str]:
 class ServerFailed(CheckFailed):
     """The server did not become ready or did not answer; carries the last log lines."""
 
-    def __init__(self, reason: str, server: ServerContainer) -> None:
+    def __init__(self, reason: str, server: Server) -> None:
         self.reason = reason
         self.last_lines = server.last_lines().splitlines()
         self.log_path = server.log_path
@@ -68,12 +70,12 @@ class Readiness:
     url: str
 
 
-class ServerContainer:
-    """One server container for one cell (and arm); removed on every exit path."""
+class Server:
+    """One server for one cell (and arm), on a runtime; removed on every exit path."""
 
     def __init__(
         self,
-        docker: Docker,
+        runtime: Runtime | Docker,
         cell: Cell,
         image: str,
         *,
@@ -85,11 +87,11 @@ class ServerContainer:
         volumes: dict[Path, str] | None = None,
         unset_env: tuple[str, ...] = (),
         scratch: tuple[str, ...] = (),
-        on_start: Callable[[ServerContainer], None] | None = None,
+        on_start: Callable[[Server], None] | None = None,
     ) -> None:
         if cell.serve is None:
             raise CheckFailed(f"cell {cell.id!r} has no serve spec")
-        self.docker = docker
+        self.runtime = as_runtime(runtime)
         self.cell = cell
         self.serve = cell.serve
         self.driver = driver_for(cell.serve)
@@ -105,8 +107,8 @@ class ServerContainer:
         self.watcher = watcher
         self.volumes = volumes or {}  # host path -> container path
         self.unset_env = unset_env  # image ENV names to remove for this run (`env -u`)
-        # Container paths backed by anonymous volumes: written by the server (as root), read out with
-        # `docker cp`, removed with the container. Nothing the container writes lands on the host.
+        # Container paths backed by anonymous volumes (host runtime: the server's own directory):
+        # written by the server, read out with `copy_out`, removed with it.
         self.scratch = scratch
         self.on_start = on_start  # told of every start, e.g. to count server starts per run
         self._follower: threading.Thread | None = None
@@ -118,7 +120,7 @@ class ServerContainer:
 
     # -- lifecycle --------------------------------------------------------------------------------
 
-    def __enter__(self) -> ServerContainer:
+    def __enter__(self) -> Server:
         self.start()
         return self
 
@@ -132,8 +134,9 @@ class ServerContainer:
         self._started = True  # from here on, remove() must run even if `docker run` is interrupted
         if self.on_start is not None:
             self.on_start(self)
-        self.docker.start(self.container())
-        print(f"{self.cell.id}: server container {self.name} on {self.base_url}, log: {self.log_path}", file=sys.stderr)
+        self.runtime.start(self.container())
+        where = "container" if self.runtime.kind == "docker" else "process group"
+        print(f"{self.cell.id}: server {where} {self.name} on {self.base_url}, log: {self.log_path}", file=sys.stderr)
         self._follower = threading.Thread(target=self._follow_logs, name=f"logs-{self.name}", daemon=True)
         self._follower.start()
 
@@ -165,18 +168,22 @@ class ServerContainer:
         )
 
     def copy_out(self, path: str, dest: Path) -> bool:
-        """Copy a path the server wrote out of its container (see `Docker.copy_out`)."""
-        return self.docker.copy_out(self.name, path, dest)
+        """Copy a path the server wrote (a container path) to `dest` (see `Runtime.copy_out`)."""
+        return self.runtime.copy_out(self.name, path, dest)
+
+    def seen_as(self, path: str) -> str:
+        """Where the server sees a container path: what its log prints for it."""
+        return self.runtime.seen_as(self.name, path)
 
     def remove(self) -> None:
         """Remove the container by name; safe to call twice, and when it never started."""
         if not self._started:
             return
         self._started = False
-        self.docker.remove_container(self.name)
+        self.runtime.remove(self.name)
         if self._follower is not None:
             self._follower.join(timeout=10)
-        print(f"{self.cell.id}: server container {self.name} removed", file=sys.stderr)
+        print(f"{self.cell.id}: server {self.name} removed", file=sys.stderr)
 
     def _follow_logs(self) -> None:
         with self.log_path.open("a") as log:
@@ -189,14 +196,14 @@ class ServerContainer:
                     self.watcher.feed(line)
                 console().feed("server", self.cell.id, line)
 
-            # It ends when the container is removed; the log so far is kept.
-            self.docker.follow_logs(self.name, on_line, timeout=24 * 3600)
+            # It ends when the server is removed; the log so far is kept.
+            self.runtime.follow_logs(self.name, on_line, timeout=24 * 3600)
 
     # -- state ------------------------------------------------------------------------------------
 
     def state(self) -> tuple[str, int]:
-        """(status, exit code) from docker inspect; ('missing', -1) when the container is gone."""
-        return self.docker.container_state(self.name)
+        """(status, exit code); ('missing', -1) when the server is gone."""
+        return self.runtime.state(self.name)
 
     def last_lines(self, n: int = 40) -> str:
         return "\n".join(list(self.tail)[-n:])
@@ -215,7 +222,7 @@ class ServerContainer:
                 if status not in ("running", "created"):
                     time.sleep(0.5)  # let the log follower catch the last lines
                     raise ServerFailed(
-                        f"the server container {status} (exit code {code}) before it was ready, "
+                        f"the server {status} (exit code {code}) before it was ready, "
                         f"after {time.monotonic() - started:.0f}s",
                         self,
                     )
@@ -271,8 +278,8 @@ class ServerContainer:
         }
 
 
-# What makes a stage's server: `ServerContainer` itself, or a stand-in with its signature (unit tests).
-ServerFactory = Callable[..., ServerContainer]
+# What makes a stage's server: `Server` itself, or a stand-in with its signature (unit tests).
+ServerFactory = Callable[..., Server]
 
 
 class SharedServer:
@@ -283,22 +290,22 @@ class SharedServer:
     """
 
     def __init__(self) -> None:
-        self.server: ServerContainer | None = None
+        self.server: Server | None = None
         self.started: list[str] = []
 
-    def note_start(self, server: ServerContainer) -> None:
+    def note_start(self, server: Server) -> None:
         self.started.append(server.name)
 
-    def keep(self, server: ServerContainer) -> None:
+    def keep(self, server: Server) -> None:
         self.server = server
 
-    def peek(self) -> ServerContainer | None:
+    def peek(self) -> Server | None:
         """The kept server, left kept, if its container still runs."""
         if self.server is not None and self.server.state()[0] != "running":
             self.close()
         return self.server
 
-    def take(self) -> ServerContainer | None:
+    def take(self) -> Server | None:
         """The kept server if its container still runs; a dead one is removed and not handed on."""
         server = self.peek()
         self.server = None

@@ -12,13 +12,13 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from pipeline.docker import Docker
 from pipeline.model import Arm, Cell
 from pipeline.result import CheckResult, StageResult, Status
 from verify.autotune_stage import fresh_cache_server_options
 from verify.kernellog import read_kernel_log
 from verify.logscan import Facts, LogWatcher, Signature, catalog_for, judge, rules_for, scan
-from verify.server import ServerContainer, ServerFactory, ServerFailed, SharedServer
+from verify.runtime import Runtime
+from verify.server import Server, ServerFactory, ServerFailed, SharedServer
 
 __all__ = ["run_startup"]
 
@@ -26,7 +26,7 @@ STAGE = "startup"
 
 
 def run_startup(
-    docker: Docker,
+    runtime: Runtime,
     cell: Cell,
     image: str,
     *,
@@ -36,7 +36,7 @@ def run_startup(
     share: SharedServer | None = None,
     keep: bool = False,
     tune: bool = False,
-    new_server: ServerFactory = ServerContainer,
+    new_server: ServerFactory = Server,
 ) -> StageResult:
     """With `keep`, a server that passed is kept running in `share` for later stages (autotune,
     load) instead of removed; the log is then judged as it stands (the load stage judges the rest).
@@ -50,7 +50,7 @@ def run_startup(
     since = time.time()
     watcher = LogWatcher(signatures)
     server = new_server(
-        docker,
+        runtime,
         cell,
         image,
         out_dir=out_dir,

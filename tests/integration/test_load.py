@@ -25,7 +25,7 @@ from pipeline.result import StageResult, Status
 from tests.faults import signal_engine_core
 from tests.integration.conftest import IMAGES, MATRIX, containers, stackproof, write_matrix
 from verify.load_stage import run_load_stage
-from verify.server import ServerContainer
+from verify.server import Server
 
 pytestmark = pytest.mark.integration
 
@@ -39,7 +39,7 @@ def _load_with_fault(docker: Docker, image: str, out: Path, sig: signal.Signals)
     cell = load_matrix(MATRIX, images_dir=IMAGES).cell("cpu-tiny")
     injected: dict[str, Any] = {}
 
-    def on_ready(server: ServerContainer) -> None:
+    def on_ready(server: Server) -> None:
         requests = out / "load" / "requests.jsonl"
 
         def inject() -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.docker import Docker
-from pipeline.gc import _start_time
+from pipeline.gc import owner_start_time
 from tests.integration.conftest import JOB, REPO, containers, docker_cmd, stackproof, write_matrix
 from tests.integration.test_build import _marked_wheel
 
@@ -80,7 +80,7 @@ def test_gc_removes_containers_of_dead_runs_only(docker: Docker, cpu_tiny: str) 
     host = socket.gethostname()
     me = os.getpid()
     names = {"dead": f"stackproof-gc-dead-{me}", "alive": f"stackproof-gc-alive-{me}"}
-    owners = {"dead": (gone.pid, "12345"), "alive": (me, _start_time(me) or "")}
+    owners = {"dead": (gone.pid, "12345"), "alive": (me, owner_start_time(me) or "")}
     try:
         for kind, name in names.items():
             pid, start = owners[kind]

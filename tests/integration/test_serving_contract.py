@@ -23,7 +23,7 @@ from pipeline.load import load_matrix
 from pipeline.model import Cell
 from tests.integration.conftest import IMAGES, MATRIX, containers
 from verify.progress import parse_metrics
-from verify.server import RUN_LABEL, ServerContainer
+from verify.server import RUN_LABEL, Server
 from verify.serving import ServingDriver, driver_for
 from verify.serving.openai import RequestRecord, ServerAPI, Timeouts
 
@@ -49,11 +49,11 @@ for pid in os.listdir("/proc"):
 @pytest.fixture(params=sorted(SERVERS), scope="module")
 def served(
     request: pytest.FixtureRequest, docker: Docker, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[ServerContainer, Cell]]:
+) -> Iterator[tuple[Server, Cell]]:
     cell_id, image_fixture = SERVERS[request.param]
     image = request.getfixturevalue(image_fixture)
     cell = load_matrix(MATRIX, images_dir=IMAGES).cell(cell_id)
-    server = ServerContainer(docker, cell, image, out_dir=tmp_path_factory.mktemp(f"contract-{request.param}"))
+    server = Server(docker, cell, image, out_dir=tmp_path_factory.mktemp(f"contract-{request.param}"))
     with server:
         server.wait_ready()
         yield server, cell
@@ -61,7 +61,7 @@ def served(
 
 
 def _chat_and_counters(
-    server: ServerContainer, driver: ServingDriver
+    server: Server, driver: ServingDriver
 ) -> tuple[RequestRecord, float, float, float, float]:
     names = driver.metric_names(None)
 
@@ -93,12 +93,12 @@ def _chat_and_counters(
     return asyncio.run(main())
 
 
-def test_ready_means_the_health_path_and_the_drivers_ready_line(served: tuple[ServerContainer, Cell]) -> None:
+def test_ready_means_the_health_path_and_the_drivers_ready_line(served: tuple[Server, Cell]) -> None:
     server, _ = served
     assert re.search(server.driver.ready_line, server.log_path.read_text()), "the driver's ready line is in the log"
 
 
-def test_a_streamed_chat_is_counted_by_the_drivers_counters(served: tuple[ServerContainer, Cell]) -> None:
+def test_a_streamed_chat_is_counted_by_the_drivers_counters(served: tuple[Server, Cell]) -> None:
     server, _ = served
     record, gen_before, gen_after, prompt_before, prompt_after = _chat_and_counters(server, server.driver)
     assert record.ok, record.error
@@ -107,7 +107,7 @@ def test_a_streamed_chat_is_counted_by_the_drivers_counters(served: tuple[Server
     assert prompt_after - prompt_before == record.prompt_tokens
 
 
-def test_greedy_completions_repeat_with_logprobs(served: tuple[ServerContainer, Cell]) -> None:
+def test_greedy_completions_repeat_with_logprobs(served: tuple[Server, Cell]) -> None:
     from verify.determinism import request_sample
 
     server, _ = served
@@ -127,7 +127,7 @@ def test_greedy_completions_repeat_with_logprobs(served: tuple[ServerContainer, 
     assert len(first) == 8 and first == second
 
 
-def test_the_status_probe_and_the_engine_processes(served: tuple[ServerContainer, Cell]) -> None:
+def test_the_status_probe_and_the_engine_processes(served: tuple[Server, Cell]) -> None:
     server, _ = served
     driver = server.driver
 
@@ -143,7 +143,7 @@ def test_the_status_probe_and_the_engine_processes(served: tuple[ServerContainer
     assert any(t.startswith(driver.engine_process) for t in titles), titles
 
 
-def test_the_contract_runs_on_the_cells_own_driver(served: tuple[ServerContainer, Cell]) -> None:
+def test_the_contract_runs_on_the_cells_own_driver(served: tuple[Server, Cell]) -> None:
     server, cell = served
     assert server.driver is driver_for(cell.serve)
     assert Path(server.log_path).is_file()

@@ -27,7 +27,7 @@ from pipeline.model import LoadSpec
 from pipeline.result import Status
 from tests.integration.conftest import IMAGES, JOB, MATRIX, containers
 from verify.load_stage import run_load_stage
-from verify.server import ServerContainer
+from verify.server import Server
 
 pytestmark = pytest.mark.integration
 
@@ -65,7 +65,7 @@ def test_a_blocked_engine_step_is_a_stall_with_its_stack(
     cell = load_matrix(MATRIX, images_dir=IMAGES).cell("cpu-tiny")
     injected: dict[str, float | int] = {}
 
-    def on_ready(server: ServerContainer) -> None:
+    def on_ready(server: Server) -> None:
         requests = tmp_path / "load" / "requests.jsonl"
 
         def inject() -> None:

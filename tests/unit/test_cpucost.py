@@ -116,8 +116,14 @@ class _PidDocker:
         return self.pid
 
 
+def _pid_runtime(pid: int | None) -> Any:
+    from verify.runtime.docker import DockerRuntime
+
+    return DockerRuntime(_PidDocker(pid))  # type: ignore[arg-type]
+
+
 def test_a_cpu_cell_s_load_cost_has_cpu_values_and_the_gpu_fields_say_why(tmp_path: Path) -> None:
-    instruments = LoadInstruments(docker=_PidDocker(os.getpid()), run_dir=tmp_path, gpu=False)  # type: ignore[arg-type]
+    instruments = LoadInstruments(runtime=_pid_runtime(os.getpid()), run_dir=tmp_path, gpu=False)
     instruments.start("stackproof-cpu-tiny-x")
     sum(i * i for i in range(300_000))
     instruments.stop()
@@ -125,7 +131,7 @@ def test_a_cpu_cell_s_load_cost_has_cpu_values_and_the_gpu_fields_say_why(tmp_pa
     assert cost["cpu_seconds"]["value"] > 0 and cost["cpu_seconds_per_output_token"]["value"] > 0
     assert cost["output_tok_s_per_core"]["value"] > 0
     assert cost["energy_j"]["value"] is None and "CPU cell" in cost["energy_j"]["reason"]
-    gone = LoadInstruments(docker=_PidDocker(None), run_dir=tmp_path, gpu=False)  # type: ignore[arg-type]
+    gone = LoadInstruments(runtime=_pid_runtime(None), run_dir=tmp_path, gpu=False)
     gone.start("stackproof-cpu-tiny-y")
     empty = gone.finish(output_tokens=1000, seconds=2.0)
     assert empty["cpu_seconds"]["value"] is None and "no running process" in empty["cpu_seconds"]["reason"]
@@ -133,7 +139,7 @@ def test_a_cpu_cell_s_load_cost_has_cpu_values_and_the_gpu_fields_say_why(tmp_pa
 
 def test_a_gpu_cell_s_cost_is_unchanged_no_cpu_fields(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("verify.forensics.open_reader", lambda: "nvidia-ml-py (pynvml) is not installed")
-    instruments = LoadInstruments(docker=_PidDocker(os.getpid()), run_dir=tmp_path, gpu=True)  # type: ignore[arg-type]
+    instruments = LoadInstruments(runtime=_pid_runtime(os.getpid()), run_dir=tmp_path, gpu=True)
     instruments.start("c")
     cost = instruments.finish(output_tokens=10, seconds=1.0)
     assert "cpu_seconds" not in cost and cost["reason"] == "nvidia-ml-py (pynvml) is not installed"

@@ -484,11 +484,12 @@ class _CoredumpDocker:
 
 
 def _docker_side(docker: Any) -> Any:
-    from verify.forensics import DockerSide
+    from verify.forensics import RuntimeSide
     from verify.pyspy import PySpy
+    from verify.runtime import as_runtime
 
-    return DockerSide(
-        docker=docker,
+    return RuntimeSide(
+        runtime=as_runtime(docker),
         container="srv",
         image="img",
         py_spy=PySpy(binary=None, origin="x"),

@@ -6,14 +6,14 @@ import os
 import socket
 import subprocess
 
-from pipeline.gc import Owned, _start_time, dead_containers, owner_labels, process_alive
+from pipeline.gc import Owned, dead_containers, owner_labels, owner_start_time, process_alive
 
 
 def test_owner_labels_name_this_process() -> None:
     labels = dict(label.split("=", 1) for label in owner_labels({"STACKPROOF_JOB": "ci-42"}))
     assert labels["io.stackproof.owner-pid"] == str(os.getpid())
     assert labels["io.stackproof.owner-host"] == socket.gethostname()
-    assert labels["io.stackproof.owner-start"] == _start_time(os.getpid())
+    assert labels["io.stackproof.owner-start"] == owner_start_time(os.getpid())
     assert labels["io.stackproof.job"] == "ci-42"
 
 
@@ -33,5 +33,5 @@ def test_process_alive_sees_a_finished_process_and_a_reused_pid() -> None:
     child.wait()
     assert not process_alive(child.pid, "")
     me = os.getpid()
-    assert process_alive(me, _start_time(me) or "")
+    assert process_alive(me, owner_start_time(me) or "")
     assert not process_alive(me, "1")  # same pid, another start time: a reused pid

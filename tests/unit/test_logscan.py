@@ -264,10 +264,10 @@ def test_watcher_remembers_the_first_fatal_line_only() -> None:
 
 def test_a_fatal_signature_ends_the_readiness_wait_while_the_container_runs(real_matrix, tmp_path: Path) -> None:
     from tests.unit.fake_docker import RecordingDocker
-    from verify.server import ServerContainer, ServerFailed
+    from verify.server import Server, ServerFailed
 
     watcher = LogWatcher(load_catalog())
-    server = ServerContainer(
+    server = Server(
         RecordingDocker(stdout="running 0"),  # the container runs forever
         real_matrix.cell("cpu-tiny"),
         "img",

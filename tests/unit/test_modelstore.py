@@ -20,7 +20,7 @@ from pipeline.model import ModelSource, ServeSpec
 from stackproof.cli import main
 from tests.standin_hub import StandInHub, stand_in_hub
 from tests.unit.fake_docker import RecordingDocker
-from verify.server import ServerContainer
+from verify.server import Server
 
 REPO = Path(__file__).resolve().parents[2]
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -133,7 +133,7 @@ def test_server_argv_carries_the_store_for_hf_models_only(
     serve = dataclasses.replace(cell.serve, model=model, env=(("HF_HUB_OFFLINE", "0"),))  # type: ignore[arg-type]
     docker = RecordingDocker()
     cell = dataclasses.replace(cell, serve=serve)
-    server = ServerContainer(docker, cell, "img", out_dir=tmp_path / "out")
+    server = Server(docker, cell, "img", out_dir=tmp_path / "out")
     server.start()
     server.remove()
     run = next(c for c in docker.calls if c[0] == "run")

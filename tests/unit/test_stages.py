@@ -20,7 +20,7 @@ from tests.unit.fake_docker import ReplayDocker
 from tests.unit.fake_openai import FakeVllm
 from verify.probe import ProbeReport
 from verify.runner import StageContext, verify_image
-from verify.server import ServerContainer, SharedServer
+from verify.server import Server, SharedServer
 from verify.startup import run_startup
 
 REPO = Path(__file__).resolve().parents[2]
@@ -118,11 +118,11 @@ def test_a_kept_server_is_removed_when_a_later_stage_raises(real_matrix: Matrix,
 
 
 def _server_on(fake: FakeVllm, log: str) -> Any:
-    """ServerContainer, but on the fake's port, over an engine that replays `log`."""
+    """Server, but on the fake's port, over an engine that replays `log`."""
     port = int(fake.url.rsplit(":", 1)[1])
 
-    def make(docker: Any, cell: Any, image: str, **kw: Any) -> ServerContainer:
-        return ServerContainer(ReplayDocker(log), cell, image, port=port, **kw)
+    def make(docker: Any, cell: Any, image: str, **kw: Any) -> Server:
+        return Server(ReplayDocker(log), cell, image, port=port, **kw)
 
     return make
 
