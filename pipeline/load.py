@@ -79,6 +79,7 @@ CELL_KEYS = (
     "autotune",
     "runtime",
 )
+AUTOTUNE_ENTRIES = ("expected", "none")
 RUNTIMES = ("docker", "host")  # verify/runtime/: an image's container, or a process group on the host
 INHERITABLE_KEYS = tuple(k for k in CELL_KEYS if k not in ("id", "extends"))
 REQUIRED_CELL_KEYS = ("base", "platform", "arch")
@@ -228,9 +229,15 @@ class _Checker:
                 rules.append(rule)
         return tuple(rules)
 
+    def autotune_entries(self, path: Path_, value: Any) -> str:
+        """`autotune.entries`: whether a fresh start must tune something (default) or may tune nothing."""
+        if not isinstance(value, dict) or "entries" not in value:
+            return "expected"
+        return self.choice((*path, "entries"), value["entries"], AUTOTUNE_ENTRIES, "autotune entries") or "expected"
+
     def autotune(self, path: Path_, value: Any) -> tuple[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]]:
         """`{forbid: [{op, runner}], allow: [{op, runner}]}` on top of the built-in autotune policies."""
-        if value is None or not self.keys(path, value, ("forbid", "allow")):
+        if value is None or not self.keys(path, value, ("forbid", "allow", "entries")):
             return (), ()
         lists = []
         for key in ("forbid", "allow"):
@@ -564,6 +571,7 @@ class _Checker:
         accepted = self.env_like((*p, "accepted_conflicts"), data.get("accepted_conflicts"), "package: reason")
         log_rules = self.log_rules((*p, "log_rules"), data.get("log_rules"), prefix=cell_id)
         forbid, allow = self.autotune((*p, "autotune"), data.get("autotune"))
+        autotune_entries = self.autotune_entries((*p, "autotune"), data.get("autotune"))
         if base is None or any(k not in data for k in required):
             return None
         return Cell(
@@ -587,6 +595,7 @@ class _Checker:
             log_rules=log_rules,
             autotune_forbid=forbid,
             autotune_allow=allow,
+            autotune_entries=autotune_entries,
             notes=tuple(notes),
             runtime=runtime,
         )

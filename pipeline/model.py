@@ -328,6 +328,9 @@ class Cell:
     log_rules: tuple[LogRule, ...] = ()  # applied to the server log, with the arm's and the built-in sets
     autotune_forbid: tuple[tuple[str, str], ...] = ()  # (op, runner) that must not win, beyond the policies
     autotune_allow: tuple[tuple[str, str], ...] = ()  # (op, runner) a built-in policy forbids, allowed here
+    # "expected": a fresh start must write tuned entries; "none": the cell's model has no op that
+    # FlashInfer tunes on its arch, so "no entries" (said by the engine) passes the autotune stage.
+    autotune_entries: str = "expected"
     notes: tuple[str, ...] = ()  # flagged-but-allowed findings, e.g. a base without digest
     runtime: str = "docker"  # where its servers run: "docker" (an image) or "host" (verify/runtime/)
 

@@ -168,6 +168,8 @@ def judge_fresh_cache(
     candidates += [found for pattern in tuning.files for found in sorted(cache_dir.glob(pattern))]
     found = next((c for c in candidates if c.is_file()), None)
     evidence: dict[str, Any] = {"env": env, "logged_path": logged}
+    if found is None and _tuned_nothing(cell, tuning, log):
+        return [_nothing_tuned(tuning, evidence)]
     if found is None:
         reason = (
             tuning.disabled_line
@@ -188,6 +190,9 @@ def judge_fresh_cache(
     cache = read_cache(kept)
     table = winners_table(cache)
     evidence.update({"file": str(kept), "metadata": cache.metadata, "entries": len(cache.entries), "winners": table})
+    if not cache.entries and cell.autotune_entries == "none":
+        message = f"{_named(kept)} has no entries, as the cell declares (autotune.entries: none)"
+        return [CheckResult(name="autotune-cache", status=Status.PASS, evidence=evidence, message=message)]
     if not cache.entries:
         return [
             CheckResult(
@@ -217,6 +222,22 @@ def judge_fresh_cache(
     if previous is not None:
         checks.append(diff_winners(table, previous))
     return checks
+
+
+def _tuned_nothing(cell: Cell, tuning: AutotuneFacts, log: str) -> bool:
+    """The cell declares that nothing tunes on its arch, and the engine said it tuned nothing."""
+    return cell.autotune_entries == "none" and tuning.empty_line is not None and tuning.empty_line in log
+
+
+def _nothing_tuned(tuning: AutotuneFacts, evidence: dict[str, Any]) -> CheckResult:
+    return CheckResult(
+        name="autotune-cache",
+        status=Status.PASS,
+        evidence={**evidence, "entries": 0},
+        message=(
+            f"no op was tuned, as the cell declares (autotune.entries: none); the engine said: {tuning.empty_line!r}"
+        ),
+    )
 
 
 def _keep(found: Path, out_dir: Path) -> Path:

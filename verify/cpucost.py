@@ -67,8 +67,17 @@ def parse_proc_cgroup(text: str) -> dict[str, str]:
     return paths
 
 
+CGROUP_SOURCE = "the server container's cgroup (CPU time of all its processes; RSS = anonymous memory)"
+PROCESS_TREE_SOURCE = (
+    "the server's processes on the host (user + system time of each and of its reaped children; RSS = RssAnon)"
+)
+
+
 class CpuReader(Protocol):
     """One reading of a server's CPU time and RSS, and the cores it may use."""
+
+    @property
+    def source(self) -> str: ...
 
     def read(self) -> CpuSample: ...
 
@@ -81,6 +90,7 @@ class CgroupReader:
 
     pid: int
     root: Path = Path("/")
+    source: str = CGROUP_SOURCE
 
     def read(self) -> CpuSample:
         """One sample; OSError or ValueError when the cgroup is gone or unreadable."""
@@ -145,6 +155,7 @@ class ProcessTreeReader:
 
     pids: Callable[[], list[int]]
     root: Path = Path("/")
+    source: str = PROCESS_TREE_SOURCE
 
     def read(self) -> CpuSample:
         pids = self.pids()
@@ -221,7 +232,12 @@ def empty_cpu_fields(reason: str) -> dict[str, Any]:
 
 
 def cpu_cost_fields(
-    samples: Sequence[CpuSample], *, output_tokens: int, seconds: float, cores: float | None
+    samples: Sequence[CpuSample],
+    *,
+    output_tokens: int,
+    seconds: float,
+    cores: float | None,
+    source: str = CGROUP_SOURCE,
 ) -> dict[str, Any]:
     """The CPU half of the load's cost section, from the samples taken over it."""
     if len(samples) < 2:
@@ -241,7 +257,7 @@ def cpu_cost_fields(
         "output_tok_s_per_core": _field(per_core, "output_tok_s_per_core", "the load took no time or no core"),
         "cores": _field(cores, "cores", "the container's CPUs are unknown"),
         "cpu_samples": len(samples),
-        "cpu_source": "the server container's cgroup (CPU time of all its processes; RSS = anonymous memory)",
+        "cpu_source": source,
     }
 
 

@@ -448,7 +448,13 @@ class LoadInstruments:
             return empty_cpu_fields(self.cpu_reason or "no cgroup reading was started")
         self.stop()
         samples = self.cpu_sampler.samples
-        fields = cpu_cost_fields(samples, output_tokens=output_tokens, seconds=seconds, cores=self.cores)
+        fields = cpu_cost_fields(
+            samples,
+            output_tokens=output_tokens,
+            seconds=seconds,
+            cores=self.cores,
+            source=self.cpu_sampler.reader.source,
+        )
         if self.cpu_sampler.errors:
             fields["cpu_sampler_errors"] = self.cpu_sampler.errors[:5]
         return fields

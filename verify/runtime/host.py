@@ -27,6 +27,7 @@ import os
 import shutil
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -160,10 +161,13 @@ class HostRuntime:
         if home.exists():
             shutil.rmtree(home)
         (home / "home").mkdir(parents=True)
-        (home / "tmp").mkdir()
+        # TMPDIR short and apart: vLLM binds ZMQ IPC sockets there, and a socket path has at most
+        # 107 bytes (sockaddr_un); one under the cache directory is longer (seen on cpu-tiny-host).
+        tmp = Path(tempfile.mkdtemp(prefix="sp-", dir=self.environ.get("TMPDIR") or "/tmp"))
+        (home / "tmpdir").write_text(str(tmp))
         (home / "owner").write_text(owner_marks(container.name)["STACKPROOF_OWNER"])
         paths = self._paths(container, home)
-        env = self._environment(container, home, paths)
+        env = self._environment(container, home, tmp, paths)
         return _Server(
             name=container.name, process=None, pgid=None, home=home, log=home / "server.out", env=env, paths=paths
         )
@@ -179,7 +183,7 @@ class HostRuntime:
             pairs[inside] = str(scratch)
         return PathMap().with_pairs(pairs)
 
-    def _environment(self, container: Container, home: Path, paths: PathMap) -> dict[str, str]:
+    def _environment(self, container: Container, home: Path, tmp: Path, paths: PathMap) -> dict[str, str]:
         host = self.environ
         env = {k: v for k, v in host.items() if k in PASSED_FROM_HOST or k.startswith(PASSED_PREFIXES)}
         bin_dir = str(self.python.parent)
@@ -188,7 +192,7 @@ class HostRuntime:
             env["VIRTUAL_ENV"] = str(self.python.parent.parent)
         env |= {
             "HOME": str(home / "home"),
-            "TMPDIR": str(home / "tmp"),
+            "TMPDIR": str(tmp),
             "XDG_CACHE_HOME": str(home / "home" / ".cache"),
         }
         env |= {name: paths.host(value) for name, value in (*self.image_env, *container.env)}
@@ -308,7 +312,7 @@ class HostRuntime:
                 server.process.wait(timeout=5)
         server.removed.set()
         time.sleep(POLL_S * 2)  # the log follower reads to the end before the file goes
-        shutil.rmtree(server.home, ignore_errors=True)
+        _remove_home(server.home)
 
     def collect_garbage(self) -> list[str]:
         """End the marked processes whose owner is gone, and remove dead runs' directories."""
@@ -331,10 +335,18 @@ def remove_dead_host_runs(runs_dir: Path | None = None) -> list[str]:
         for home in runs_dir.iterdir():
             owner = (home / "owner").read_text() if (home / "owner").is_file() else ""
             if home.name not in live and not _owner_alive(owner):
-                shutil.rmtree(home, ignore_errors=True)
+                _remove_home(home)
                 if home.name not in ended:
                     ended.append(home.name)
     return ended
+
+
+def _remove_home(home: Path) -> None:
+    """A server's directory and its TMPDIR (which lives apart, see `_prepare`)."""
+    tmp = home / "tmpdir"
+    if tmp.is_file():
+        shutil.rmtree(tmp.read_text().strip(), ignore_errors=True)
+    shutil.rmtree(home, ignore_errors=True)
 
 
 def _owner_alive(owner: str) -> bool:

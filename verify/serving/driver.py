@@ -100,6 +100,7 @@ class AutotuneFacts:
     announcements: tuple[str, ...]  # regexes with a `path` group: the log line naming the file or root
     files: tuple[str, ...]  # glob patterns under the root for the cache file(s) it writes
     disabled_line: str | None = None  # the line saying tuning was switched off
+    empty_line: str | None = None  # the line saying tuning ran and wrote nothing (no op of the model tunes)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -43,6 +43,9 @@ _AUTOTUNE_0_26 = AutotuneFacts(
     announcements=(r"Using FlashInfer autotune cache file: (?P<path>\S+)",),
     files=("**/autotune_configs.json",),
     disabled_line="Skipping FlashInfer autotune because it is disabled.",  # kernel_warmup.py:170
+    # The leader tuned, found no file to broadcast: nothing FlashInfer tunes ran for this model on
+    # this GPU (kernel_warmup.py:225-259, 0.26.0: the line is two literals joined without a space).
+    empty_line="No FlashInfer autotune cache entries found.",
 )
 # 0.33.0: the legacy line gained a sentence (kernel_warmup.py:496-499) and names a per-rank file
 # (warmup/flashinfer_autotune_cache.py:57-76); with FlashInfer's autotune_v2 and one node and rank it
