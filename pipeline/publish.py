@@ -470,6 +470,9 @@ def fetch_verified(
     `identity` (keyless): the receipt must carry a sigstore bundle signed by that identity
     (verified against `trusted_root`, else the public-good root); `public_key`: a key-signed envelope."""
     where = f"{client.host}/{repo}"
+    # All or nothing: a key or an identity given is a signature required. Without this, a receipt
+    # with a garbage envelope beside it was reported "verified (KEY)" because it was never checked.
+    require_signature = require_signature or public_key is not None or identity is not None
     top = client.manifest(repo, f"{cell_id}-verified")
     if top is None:
         raise CheckFailed(f"{where}:{cell_id}-verified does not exist: no verified image of {cell_id} was published")
