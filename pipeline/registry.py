@@ -327,7 +327,11 @@ class RegistryClient:
         try:
             request = self.client.build_request(method, url, headers=headers, **kwargs)
             return httppolicy.fetch(
-                self.client, request, policy=self.policy, what=f"registry {self.host}: {method} {url}", follow_redirects=follow
+                self.client,
+                request,
+                policy=self.policy,
+                what=f"registry {self.host}: {method} {url}",
+                follow_redirects=follow,
             )
         except httpx.HTTPError as exc:
             raise InfraError(f"registry {self.host} unreachable ({type(exc).__name__}); is it running?") from exc

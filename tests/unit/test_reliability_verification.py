@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -57,3 +58,71 @@ def test_a_really_signed_receipt_verifies_with_the_key_alone() -> None:
     stranger = ec.generate_private_key(ec.SECP256R1())
     with pytest.raises(CheckFailed, match="no signature in it verifies"):
         _fetch(fake, cell, public_key=stranger.public_key())
+
+
+# -- the model store: an entry only after the commit and every file hash check out -------------------
+
+
+def _store_hub(**hostile: Any) -> Any:
+    from tests.standin_hub import stand_in_hub
+
+    files = {"config.json": b'{"model_type": "llama"}\n', "model.safetensors": bytes(range(256)) * 400}
+    hub = stand_in_hub("stackproof-test/tiny", files)
+    return hub, hostile
+
+
+@pytest.mark.parametrize(
+    ("hostile", "said"),
+    [
+        ({"answer_commit": "f" * 40}, "answered commit f{40} for the pinned"),
+        ({"corrupt": frozenset({"model.safetensors"})}, "model.safetensors: its bytes do not match"),
+    ],
+)
+def test_a_hub_that_lies_about_the_commit_or_the_bytes_leaves_nothing_in_the_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hostile: dict[str, Any], said: str
+) -> None:
+    """Before: exit 0, and the store's entry for the pinned revision pointed at the other commit's
+    files, or held a file whose bytes were not the announced ones."""
+    from pipeline import modelstore
+    from pipeline.errors import InfraError
+    from pipeline.model import ModelSource
+
+    context, _ = _store_hub()
+    with context as hub:
+        for key, value in hostile.items():
+            setattr(hub, key, value)
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        model = ModelSource(source=f"hf:{hub.repo_id}", revision=hub.revision)
+        with pytest.raises(InfraError, match=said) as refused:
+            modelstore.fetch(model, store=tmp_path)
+        assert refused.value.exit_code == 3 and "nothing was stored" in str(refused.value)
+        assert modelstore.snapshot_in_store(model, tmp_path) is None
+        assert not (tmp_path / "models--stackproof-test--tiny").exists()
+        # The honest hub again: the same store takes the model.
+        for key in hostile:
+            setattr(hub, key, type(hub).__dataclass_fields__[key].default)
+        assert modelstore.fetch(model, store=tmp_path).snapshot.name == hub.revision
+
+
+def test_a_listing_too_long_or_too_slow_is_refused_within_its_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import time
+
+    from pipeline import modelstore
+    from pipeline.errors import InfraError
+    from pipeline.model import ModelSource
+
+    context, _ = _store_hub()
+    with context as hub:
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        monkeypatch.setenv("HF_HUB_DOWNLOAD_TIMEOUT", "1")
+        model = ModelSource(source=f"hf:{hub.repo_id}", revision=hub.revision)
+        hub.extra_listed = modelstore.MAX_FILES + 1
+        with pytest.raises(InfraError, match="lists more than 10,000 items"):
+            modelstore.fetch(model, store=tmp_path)
+        hub.extra_listed, hub.stall_listing, hub.stall_seconds = 0, True, 3.0
+        started = time.monotonic()
+        with pytest.raises(InfraError, match="unreachable or stalled"):
+            modelstore.fetch(model, store=tmp_path)
+        assert time.monotonic() - started < 3
