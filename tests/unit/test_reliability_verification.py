@@ -126,3 +126,45 @@ def test_a_listing_too_long_or_too_slow_is_refused_within_its_timeout(
         with pytest.raises(InfraError, match="unreachable or stalled"):
             modelstore.fetch(model, store=tmp_path)
         assert time.monotonic() - started < 3
+
+
+# -- compare: a NaN or negative gap is no near-tie; a duplicated prompt hides nothing -----------------
+
+
+def _greedy(path: Path, prompts: list[dict[str, Any]]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    document = {"kind": "stackproof.greedy-samples", "schema_version": 1, "model": "m", "max_tokens": 4}
+    path.write_text(json.dumps({**document, "label": path.parent.name, "prompts": prompts}))
+    return path
+
+
+def _p(index: int, tokens: list[str], gaps: list[Any]) -> dict[str, Any]:
+    return {"index": index, "prompt": f"p{index}", "tokens": tokens, "top2_gaps": gaps}
+
+
+@pytest.mark.parametrize("gap", [float("nan"), -5.0, float("inf")])
+def test_a_divergence_at_a_nan_or_negative_gap_is_bad_input_never_a_near_tie(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], gap: float
+) -> None:
+    """Before: `NaN > 0.5` is false and `-5 > 0.5` is false: the divergence was called a near-tie, exit 0."""
+    from stackproof.cli import main
+
+    a = _greedy(tmp_path / "a" / "greedy.json", [_p(0, ["x", "y"], [3.0, 3.0])])
+    b = _greedy(tmp_path / "b" / "greedy.json", [_p(0, ["x", "z"], [3.0, 0.0])])
+    b.write_text(b.read_text().replace("0.0]", f"{json.dumps(gap)}]"))
+    assert main(["compare", str(a), str(b), "--json"]) == 2
+    captured = capsys.readouterr()
+    assert "top2_gaps[1]" in captured.err or "not strict JSON" in captured.err
+    assert json.loads(captured.out)["error"]["exit_code"] == 2
+
+
+def test_a_duplicated_prompt_index_is_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: the second prompts[] entry of index 0 replaced the first, whose divergence vanished."""
+    from stackproof.cli import main
+
+    a = _greedy(tmp_path / "a" / "greedy.json", [_p(0, ["x", "y"], [3.0, 3.0])])
+    b = _greedy(tmp_path / "b" / "greedy.json", [_p(0, ["x", "z"], [3.0, 3.0]), _p(0, ["x", "y"], [3.0, 3.0])])
+    assert main(["compare", str(a), str(b)]) == 2
+    assert "prompts[1].index: 0 again" in capsys.readouterr().err
+    honest = _greedy(tmp_path / "c" / "greedy.json", [_p(0, ["x", "z"], [3.0, 3.0])])
+    assert main(["compare", str(a), str(honest)]) == 1  # the divergence at a confident gap: corruption
