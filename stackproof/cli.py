@@ -38,7 +38,58 @@ __all__ = ["main"]
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    """Every line that leaves the process passes one redaction (pipeline.redact.RedactingStream):
+    a credential in a URL, a pip-freeze line, a doctor input or a server's answer never reaches the
+    terminal, a log or a --json document, whichever command printed it."""
+    with _redacted_output():
+        try:
+            args = _parser().parse_args(argv)
+        except UsageError as exc:
+            raise SystemExit(_usage_error(argv, exc)) from None  # argparse's contract: SystemExit(2)
+        return _dispatch(args)
+
+
+class UsageError(Exception):
+    """argparse's usage error, raised instead of exiting so that `--json` still gets its document."""
+
+    def __init__(self, message: str, usage: str) -> None:
+        super().__init__(message)
+        self.usage = usage
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # argparse prints and exits; main prints (JSON too) and exits
+        raise UsageError(message, self.format_usage())
+
+
+def _usage_error(argv: list[str] | None, exc: UsageError) -> int:
+    print(exc.usage.rstrip(), file=sys.stderr)
+    print(f"stackproof: error: {exc}", file=sys.stderr)
+    if "--json" in (sys.argv[1:] if argv is None else argv):
+        document = {"error": {"exit_code": 2, "message": str(exc), "problems": [str(exc)]}}
+        print(json.dumps(document, indent=2))
+    return 2
+
+
+@contextlib.contextmanager
+def _redacted_output() -> Any:
+    from pipeline.redact import RedactingStream
+
+    saved = sys.stdout, sys.stderr
+    if not isinstance(sys.stdout, RedactingStream):
+        sys.stdout = RedactingStream(sys.stdout)  # type: ignore[assignment]
+    if not isinstance(sys.stderr, RedactingStream):
+        sys.stderr = RedactingStream(sys.stderr)  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+        sys.stdout, sys.stderr = saved
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     console().verbose = bool(getattr(args, "verbose", False)) or console().verbose
     signal.signal(signal.SIGTERM, _raise_interrupted)
     try:
@@ -337,7 +388,7 @@ def _parser() -> argparse.ArgumentParser:
     for option in _load_options():
         group.add_argument(*option.flags, **option.options)
 
-    parser = argparse.ArgumentParser(prog="stackproof", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="stackproof", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"stackproof {pipeline.__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     groups: dict[str, Any] = {}  # made where the table first names them, so `--help` lists commands in its order

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.errors import InfraError, InputError, MatrixError
 from pipeline.model import Matrix
+from pipeline.redact import redact
 from stackproof.cliutil import NO_PREFLIGHT_HELP, emit, jsonable, load
 
 if TYPE_CHECKING:  # kept out of the CLI's start-up: only these commands need them
@@ -158,7 +159,9 @@ def write_cell(matrix_file: Path, cell: ReproCell, *, images_dir: Path) -> Path:
     text = original
     for key in ("indexes", "bases", "cells"):
         indent = _indent_of(text, key)
-        sections = dict(cell.sections(indent))
+        # The file is a line that leaves the process too: the same redaction as stdout and stderr
+        # (a pip-freeze line's `user:password@` or VCS token is quoted in the cell's comments).
+        sections = {name: redact(text) for name, text in cell.sections(indent)}
         if key in sections:
             text = _insert(text, key, ("\n" if key == "cells" else "") + sections[key], matrix_file)
     matrix_file.write_text(text, encoding="utf-8")
