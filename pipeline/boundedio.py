@@ -38,7 +38,7 @@ def open_input(path: Path, what: str, *, stream_ok: bool = False) -> Iterator[Bi
     try:
         info = os.stat(path)
     except FileNotFoundError:
-        raise InputError(f"{path}: no such file ({what})") from None
+        raise InputError(f"{path}: cannot read the {what}: no such file") from None
     except OSError as exc:
         raise InputError(f"{path}: cannot read the {what}: {exc.strerror or exc}") from None
     kind = _kind(info.st_mode)

@@ -448,8 +448,7 @@ def _matrix_list(args: argparse.Namespace) -> int:
     width = max((len(r["id"]) for r in rows), default=4)  # type: ignore[arg-type]
     lines = [
         f"{r['id']:<{width}}  {r['arch']:<6} {r['platform']:<12} {r['engine'] or '-':<7} {r['base']:<20} "
-        f"{','.join(r['runner'])}"  # type: ignore[arg-type]
-        + (f"  expect fail at {r['expect']}" if r["expect"] else "")
+        f"{','.join(r['runner'])}" + (f"  expect fail at {r['expect']}" if r["expect"] else "")  # type: ignore[arg-type]
         for r in rows
     ]
     _emit(args, {"cells": rows}, "\n".join(lines))

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pipeline.boundedio import read_bytes
 from pipeline.errors import InfraError, InputError, MatrixError
 from pipeline.model import Matrix
 from pipeline.redact import redact
@@ -125,11 +126,9 @@ def _read_source(source: str) -> tuple[str, str]:
         text, name = sys.stdin.read(MAX_SOURCE_CHARS + 1), "-"
     else:
         path = Path(source)
-        try:
-            with path.open(encoding="utf-8", errors="replace") as f:
-                text, name = f.read(MAX_SOURCE_CHARS + 1), path.name
-        except OSError as exc:
-            raise InputError(f"{source}: cannot read: {exc.strerror}") from exc
+        # The bounded reader: a device or a FIFO without writer is refused or empty, never a wait.
+        data = read_bytes(path, "repro source", limit=4 * MAX_SOURCE_CHARS, stream_ok=True)
+        text, name = data.decode("utf-8", errors="replace"), path.name
     if len(text) > MAX_SOURCE_CHARS:
         raise InputError(f"{name}: larger than {MAX_SOURCE_CHARS // 2**20} MiB: paste the environment part only")
     return text, name

@@ -232,9 +232,7 @@ def parse_receipt(
         host=_host(get.obj("host"), source),
         started_at=get.text("started_at"),
         seconds=get.number("seconds"),
-        versions={
-            str(k): str(v) for k, v in (get.optional("runtime.distributions", dict) or {}).items()
-        },
+        versions={str(k): str(v) for k, v in (get.optional("runtime.distributions", dict) or {}).items()},
         stages=tuple(
             (s["stage"], str(s.get("status")), get.number(f"stages[{i}].seconds")) for i, s in enumerate(stages)
         ),

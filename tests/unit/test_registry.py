@@ -179,7 +179,7 @@ def test_credentials_go_only_to_a_token_service_of_the_same_origin() -> None:
         fake = FakeRegistry(users={"u": CANARY}, realm=realm)
         sent: list[str] = []
 
-        def handler(request: httpx.Request, fake: FakeRegistry = fake) -> httpx.Response:
+        def handler(request: httpx.Request, fake: FakeRegistry = fake, sent: list[str] = sent) -> httpx.Response:
             if request.url.path == "/token":
                 sent.append(request.headers.get("Authorization", ""))
             return fake.handler(request)
@@ -187,7 +187,7 @@ def test_credentials_go_only_to_a_token_service_of_the_same_origin() -> None:
         creds = Credentials(username="u", secret=CANARY, source="test")
         with RegistryClient(HOST, credentials=creds, transport=httpx.MockTransport(handler)) as client:
             assert client._request("GET", "/v2/stackproof/manifests/a").status_code == 200  # an anonymous pull token
-            with pytest.raises(InfraError, match="not sent to .* another origin") as refused:
+            with pytest.raises(InfraError, match=r"not sent to .* another origin") as refused:
                 client._request("POST", "/v2/stackproof/blobs/uploads/")
         assert sent and not any(sent), f"credentials sent to {realm}"
         assert "STACKPROOF_REGISTRY_TOKEN_ORIGINS" in str(refused.value)

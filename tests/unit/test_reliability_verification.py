@@ -32,7 +32,7 @@ def test_a_key_given_means_a_signature_is_required() -> None:
     cell = receipt["cell"]
     garbage = FakeOci()
     publish_receipt(garbage, receipt, cell=cell, envelope=b'{"payload": "not signed", "signatures": []}')
-    with pytest.raises(CheckFailed, match="no receipt can be trusted: .*signature"):
+    with pytest.raises(CheckFailed, match=r"no receipt can be trusted: .*signature"):
         _fetch(garbage, cell, public_key=key.public_key())
     unsigned = FakeOci()
     publish_receipt(unsigned, receipt, cell=cell)
