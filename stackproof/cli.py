@@ -714,7 +714,10 @@ def _load_url(args: argparse.Namespace) -> int:
         serving_engine = cell.serve.engine if cell.serve else serving_engine
     spec = _load_spec(args, base)
     driver = driver_named(args.engine or serving_engine)
-    target = LoadTarget(base_url=args.url.rstrip("/"), label=args.url, driver=driver)
+    from pipeline.redact import redact
+
+    # The label is what artifacts and progress lines name: the URL without its user info.
+    target = LoadTarget(base_url=args.url.rstrip("/"), label=redact(args.url), driver=driver)
     outcome = run_load(target, spec, args.out, soak=args.soak)
     summary = summarise(outcome, spec)
     checks = judge_load(outcome, summary, batch_invariant=False)
