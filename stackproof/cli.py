@@ -77,9 +77,9 @@ def _redacted_output() -> Any:
 
     saved = sys.stdout, sys.stderr
     if not isinstance(sys.stdout, RedactingStream):
-        sys.stdout = RedactingStream(sys.stdout)  # type: ignore[assignment]
+        sys.stdout = RedactingStream(sys.stdout)
     if not isinstance(sys.stderr, RedactingStream):
-        sys.stderr = RedactingStream(sys.stderr)  # type: ignore[assignment]
+        sys.stderr = RedactingStream(sys.stderr)
     try:
         yield
     finally:
@@ -369,7 +369,7 @@ def _commands() -> tuple[Command, ...]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     common.add_argument(
         "--matrix",
         type=Path,
@@ -383,7 +383,7 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument(
         "-v", "--verbose", action="store_true", help="stream the tools' whole output (debootstrap, build, server)"
     )
-    load_opts = argparse.ArgumentParser(add_help=False)
+    load_opts = _Parser(add_help=False)
     group = load_opts.add_argument_group("load (overrides serve.load)")
     for option in _load_options():
         group.add_argument(*option.flags, **option.options)

@@ -266,7 +266,8 @@ def believed_status(document: Mapping[str, Any], status: str, cell: str, source:
     if status != "PASS":
         return status, None
     problems = receipt_problems(dict(document))
-    image = document.get("image") if isinstance(document.get("image"), dict) else {}
+    found = document.get("image")
+    image: Mapping[str, Any] = found if isinstance(found, dict) else {}
     ref, image_id = str(image.get("ref") or ""), str(image.get("id") or "")
     repository = ref.rsplit("@", 1)[0].rsplit(":", 1)[0] if ":" in ref.rsplit("/", 1)[-1] else ref.rsplit("@", 1)[0]
     if repository.startswith("stackproof/") and repository != f"stackproof/{cell}":
@@ -403,7 +404,8 @@ def load_raw(requests: Iterable[Mapping[str, Any]], scrapes: Iterable[Mapping[st
             continue
         if (first := _finite(record.get("ttft"))) is not None:
             ttft.append(first * 1000)
-        gaps = record.get("itl") if isinstance(record.get("itl"), list) else ()
+        listed = record.get("itl")
+        gaps: list[Any] = listed if isinstance(listed, list) else []
         itl.extend(x * 1000 for x in map(_finite, gaps) if x is not None)
     timeline: list[tuple[float, float, int]] = []
     previous: tuple[float, float] | None = None
