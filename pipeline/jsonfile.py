@@ -11,6 +11,7 @@ from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
 
+from pipeline.boundedio import read_bytes
 from pipeline.errors import InputError
 
 __all__ = ["MAX_JSON_BYTES", "jsonable", "parse_json", "read_json"]
@@ -18,22 +19,20 @@ __all__ = ["MAX_JSON_BYTES", "jsonable", "parse_json", "read_json"]
 MAX_JSON_BYTES = 256 * 2**20
 
 
-def read_json(path: Path, what: str, *, mapping: bool = True, hint: str = "") -> Any:
-    """The document in `path`; `mapping`: it must be a JSON object. `what` names it in messages."""
+def read_json(path: Path, what: str, *, mapping: bool = True, hint: str = "", strict: bool = False) -> Any:
+    """The document in `path`; `mapping`: it must be a JSON object. `what` names it in messages.
+    `strict`: NaN and Infinity (Python's extension, not JSON) are refused."""
     tail = f": {hint}" if hint else ""
     try:
-        size = path.stat().st_size
-        if size > MAX_JSON_BYTES:
-            raise InputError(f"{path}: {what} larger than {MAX_JSON_BYTES // 2**20} MiB{tail}")
-        data = path.read_bytes()
-    except FileNotFoundError as exc:
-        raise InputError(f"{path}: no such file ({what}){tail}") from exc
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read the {what}: {exc.strerror}{tail}") from exc
-    return parse_json(data, f"{path}", what, mapping=mapping, hint=hint)
+        data = read_bytes(path, what, limit=MAX_JSON_BYTES)
+    except InputError as exc:
+        raise InputError(f"{exc}{tail}") from None
+    return parse_json(data, f"{path}", what, mapping=mapping, hint=hint, strict=strict)
 
 
-def parse_json(data: bytes | str, where: str, what: str, *, mapping: bool = True, hint: str = "") -> Any:
+def parse_json(
+    data: bytes | str, where: str, what: str, *, mapping: bool = True, hint: str = "", strict: bool = False
+) -> Any:
     tail = f": {hint}" if hint else ""
     if isinstance(data, bytes):
         try:
@@ -44,14 +43,25 @@ def parse_json(data: bytes | str, where: str, what: str, *, mapping: bool = True
     else:
         text = data
     try:
-        document = json.loads(text)
+        document = json.loads(text, parse_constant=_no_constant if strict else None)
     except json.JSONDecodeError as exc:
         raise InputError(f"{where}:{exc.lineno}: the {what} is not JSON: {exc.msg}{tail}") from None
+    except _NotStrict as exc:
+        raise InputError(f"{where}: the {what} is not strict JSON: {exc} is not a JSON number{tail}") from None
     except RecursionError:
         raise InputError(f"{where}: the {what} is nested too deeply to read{tail}") from None
     if mapping and not isinstance(document, dict):
         raise InputError(f"{where}: the {what} must be a JSON object, got {_kind(document)}{tail}")
     return document
+
+
+class _NotStrict(ValueError):
+    pass
+
+
+def _no_constant(name: str) -> Any:
+    """NaN and Infinity are Python's extension, not JSON: a file holding them is not one we wrote."""
+    raise _NotStrict(name)
 
 
 def _kind(value: Any) -> str:

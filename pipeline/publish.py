@@ -34,10 +34,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline import attest
+from pipeline import attest, boundedio
 from pipeline.docker import CONTAINERD_STORE, Docker, ImageInfo
 from pipeline.errors import CheckFailed, InfraError, InputError
 from pipeline.host import HostFingerprint, differences, host_fingerprint
+from pipeline.jsonfile import read_json
 from pipeline.receipt import RECEIPT_KIND, RECEIPT_SCHEMA_VERSION, receipt_problems
 from pipeline.registry import (
     OCI_INDEX,
@@ -92,10 +93,11 @@ def find_receipt(out_root: Path, cell_id: str, image_id: str) -> Path | None:
     candidates = sorted((out_root / cell_id).glob("*/receipt.json"), key=lambda p: p.stat().st_mtime, reverse=True)
     for path in candidates:
         try:
-            if json.loads(path.read_text()).get("image", {}).get("id") == image_id:
-                return path
-        except (OSError, ValueError):
+            document = read_json(path, "receipt")
+        except InputError:
             continue
+        if (document.get("image") if isinstance(document.get("image"), dict) else {}).get("id") == image_id:
+            return path
     return None
 
 
@@ -279,21 +281,11 @@ def _already_pushed(client: RegistryClient, repo: str, info: ImageInfo, name: st
 
 
 def _read_bytes(path: Path, what: str) -> bytes:
-    try:
-        return path.read_bytes()
-    except OSError as exc:
-        raise InputError(f"{what} {path}: cannot read it ({exc.strerror})") from exc
+    return boundedio.read_bytes(path, what, limit=64 * 2**20)
 
 
 def _read_json(path: Path, what: str) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read {what}: {exc.strerror}") from exc
-    except ValueError as exc:
-        raise InputError(f"{path}: {what} is not JSON ({exc})") from exc
-    if not isinstance(data, dict):
-        raise InputError(f"{path}: {what} is not a JSON object")
+    data: dict[str, Any] = read_json(path, what)
     return data
 
 
@@ -470,6 +462,9 @@ def fetch_verified(
     `identity` (keyless): the receipt must carry a sigstore bundle signed by that identity
     (verified against `trusted_root`, else the public-good root); `public_key`: a key-signed envelope."""
     where = f"{client.host}/{repo}"
+    # All or nothing: a key or an identity given is a signature required. Without this, a receipt
+    # with a garbage envelope beside it was reported "verified (KEY)" because it was never checked.
+    require_signature = require_signature or public_key is not None or identity is not None
     top = client.manifest(repo, f"{cell_id}-verified")
     if top is None:
         raise CheckFailed(f"{where}:{cell_id}-verified does not exist: no verified image of {cell_id} was published")

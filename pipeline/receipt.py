@@ -238,7 +238,8 @@ def receipt_problems(receipt: dict[str, Any]) -> list[str]:
         problems.append(f"PASS, but stages {', '.join(bad)}")
     if all(s.get("status") == "SKIP" for s in stages):
         problems.append("PASS, but every stage was skipped")
-    outcome = receipt.get("outcome") or {}
+    found = receipt.get("outcome")
+    outcome: dict[str, Any] = found if isinstance(found, dict) else {}
     if outcome.get("passed") is not True or outcome.get("expected_failure") or outcome.get("not_reproduced"):
         problems.append("PASS, but its outcome is not a plain pass")
     return problems

@@ -10,8 +10,10 @@ credentials too: `redact` removes them from every message the tool prints.
 from __future__ import annotations
 
 import re
+import threading
+from typing import IO, Any
 
-__all__ = ["REDACTED", "redact", "secret_arg", "secret_env"]
+__all__ = ["REDACTED", "RedactingStream", "redact", "secret_arg", "secret_env"]
 
 REDACTED = "***"
 
@@ -33,6 +35,12 @@ _SECRET_VALUE = re.compile(
     r")"
 )
 _URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/\s@]+@")
+# `HF_TOKEN=abc`, `"HF_TOKEN": "abc"`, `api_key: abc`: the value of a credential-named variable,
+# whatever it looks like (a short or custom token matches no token pattern). Bounded: no backtracking
+# beyond one name and one value.
+_NAMED_SECRET = re.compile(
+    r"(?P<name>\b[A-Za-z][A-Za-z0-9_.-]{0,80})(?P<sep>\"?\s{0,4}[=:]\s{0,4}\"?)(?P<value>[^\s\"',;&]{1,4096})"
+)
 
 
 def secret_env(name: str, value: str) -> str | None:
@@ -58,8 +66,65 @@ def _secret_value(value: str) -> str | None:
 
 
 def redact(text: str, secrets: tuple[str, ...] = ()) -> str:
-    """`text` with credentials replaced by `***`: the given strings, URL user info and known tokens."""
+    """`text` with credentials replaced by `***`: the given strings, URL user info, known tokens and
+    the values of credential-named variables (`HF_TOKEN=...`)."""
     for secret in sorted(filter(None, secrets), key=len, reverse=True):
         text = text.replace(secret, REDACTED)
     text = _URL_USERINFO.sub(lambda m: f"{m.group('scheme')}{REDACTED}@", text)
+    text = _NAMED_SECRET.sub(_named, text)
     return _SECRET_VALUE.sub(REDACTED, text)
+
+
+def _named(match: re.Match[str]) -> str:
+    name, sep, value = match.group("name"), match.group("sep"), match.group("value")
+    if not _SECRET_NAME_END.search(name) or value == REDACTED or value.startswith(("<", "$", "{")):
+        return match.group(0)  # not a credential's name, or a placeholder (`HF_TOKEN=<token>`, `$HF_TOKEN`)
+    if ":" in sep and not (sep.startswith('"') or name.isupper()):
+        return match.group(0)  # prose ("no credentials: set ..."): only `"key": value` and `KEY: value` are fields
+    return f"{name}{match.group('sep')}{REDACTED}"
+
+
+# A name that ends in a credential word (`HF_TOKEN`, `api_key`, `"password"`), not one that merely
+# starts with one (`token_requests` is a count).
+_SECRET_NAME_END = re.compile(
+    r"(?:^|[_.-])(?:TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|API[_-]?KEY|ACCESS[_-]?KEY|PRIVATE[_-]?KEY|"
+    r"CREDENTIALS?|AUTH|AUTHORIZATION|COOKIE|SESSION[_-]?KEY|SIGNING[_-]?KEY)$",
+    re.IGNORECASE,
+)
+
+
+class RedactingStream:
+    """A text stream that passes every line through `redact` before it leaves the process.
+
+    The CLI installs one over stdout and stderr, so every line any command prints (progress, errors,
+    JSON documents, a tool's echoed output) is redacted once, at the edge, instead of at each print.
+    Text is held until a line ends (`\n` or `\r`, progress lines) or the stream is flushed, so a
+    secret written in two pieces is still one string to redact."""
+
+    def __init__(self, stream: IO[str], secrets: tuple[str, ...] = ()) -> None:
+        self.stream = stream
+        self.secrets = secrets
+        self._pending = ""
+        self._lock = threading.Lock()
+
+    def write(self, text: str) -> int:
+        with self._lock:
+            self._pending += text
+            cut = max(self._pending.rfind("\n"), self._pending.rfind("\r"))
+            if cut >= 0:
+                ready, self._pending = self._pending[: cut + 1], self._pending[cut + 1 :]
+                self.stream.write(redact(ready, self.secrets))
+            if len(self._pending) > 65536:  # a line without end: redact it in pieces rather than hold it
+                self.stream.write(redact(self._pending, self.secrets))
+                self._pending = ""
+        return len(text)
+
+    def flush(self) -> None:
+        with self._lock:
+            if self._pending:
+                self.stream.write(redact(self._pending, self.secrets))
+                self._pending = ""
+        self.stream.flush()
+
+    def __getattr__(self, name: str) -> Any:  # isatty, fileno, encoding, buffer...
+        return getattr(self.stream, name)

@@ -31,7 +31,9 @@ from typing import Any
 
 import httpx
 
+from pipeline import httppolicy
 from pipeline.errors import InfraError, InputError
+from pipeline.httppolicy import HttpPolicy
 
 __all__ = [
     "INDEX_TYPES",
@@ -57,6 +59,9 @@ MANIFEST_TYPES = (OCI_MANIFEST, DOCKER_MANIFEST, *INDEX_TYPES)
 _LOOPBACK = ("127.0.0.1", "localhost", "[::1]")
 USER_ENV = "STACKPROOF_REGISTRY_USER"
 PASSWORD_ENV = "STACKPROOF_REGISTRY_PASSWORD"
+# Token services on another origin than the registry that may receive the user's credentials
+# (`https://auth.example.com`, comma-separated). Any other realm is asked anonymously.
+TRUSTED_REALMS_ENV = "STACKPROOF_REGISTRY_TOKEN_ORIGINS"
 _LOGIN_HINT = f"`docker login HOST`, or {USER_ENV} with the password on stdin (--password-stdin)"
 
 
@@ -204,7 +209,13 @@ class Manifest:
 
     @property
     def json(self) -> dict[str, Any]:
-        data: dict[str, Any] = json.loads(self.body)
+        """The manifest as a JSON object; a registry's answer that is not one is the registry's fault."""
+        try:
+            data = json.loads(self.body)
+        except (ValueError, RecursionError):
+            raise InfraError(f"manifest {self.digest}: the registry's answer is not JSON") from None
+        if not isinstance(data, dict):
+            raise InfraError(f"manifest {self.digest}: the registry's answer is not a JSON object")
         return data
 
     @property
@@ -244,18 +255,26 @@ class RegistryClient:
         *,
         credentials: Credentials | None = None,
         ca_bundle: str | None = None,
-        timeout: float = 60,
+        policy: HttpPolicy = httppolicy.DEFAULT,
+        trusted_realms: tuple[str, ...] | None = None,
         transport: httpx.BaseTransport | None = None,  # tests: an httpx.MockTransport
     ) -> None:
         self.host = host
         loopback = host.split(":")[0] in _LOOPBACK or host.startswith("[::1]")
         self.base = f"{'http' if loopback else 'https'}://{host}"
         self.credentials = credentials
-        self.client = httpx.Client(base_url=self.base, timeout=timeout, verify=ca_bundle or True, transport=transport)
+        self.policy = policy
+        if trusted_realms is None:
+            trusted_realms = tuple(o.strip() for o in os.environ.get(TRUSTED_REALMS_ENV, "").split(",") if o.strip())
+        self.trusted_realms = tuple(httppolicy.origin(o) for o in trusted_realms)
+        self.client = httpx.Client(
+            base_url=self.base, timeout=policy.timeout(), verify=ca_bundle or True, transport=transport
+        )
         self._tokens: dict[str, tuple[str, float]] = {}  # scope -> (token, expires at, monotonic)
         self._last_token: str | None = None
         self._basic = False  # the registry asked for Basic auth
         self.token_requests = 0  # how many times a token was fetched (tests count reuse with it)
+        self._withheld = ""  # why the credentials were not sent to a token service, for the refusal message
 
     def close(self) -> None:
         self.client.close()
@@ -295,7 +314,7 @@ class RegistryClient:
             who = f"the credentials from {self.credentials.source}" if self.credentials else "anonymous access"
             raise InfraError(
                 f"registry {self.host} refused {who} for {method} {url} (HTTP 401): check the user and password, "
-                f"or {_LOGIN_HINT}"
+                f"or {_LOGIN_HINT}{self._withheld}"
             )
         return response
 
@@ -304,8 +323,16 @@ class RegistryClient:
             headers["Authorization"] = self.credentials.basic()
         elif self._last_token is not None:
             headers["Authorization"] = f"Bearer {self._last_token}"
+        follow = bool(kwargs.pop("follow_redirects", False))
         try:
-            return self.client.request(method, url, headers=headers, **kwargs)
+            request = self.client.build_request(method, url, headers=headers, **kwargs)
+            return httppolicy.fetch(
+                self.client,
+                request,
+                policy=self.policy,
+                what=f"registry {self.host}: {method} {url}",
+                follow_redirects=follow,
+            )
         except httpx.HTTPError as exc:
             raise InfraError(f"registry {self.host} unreachable ({type(exc).__name__}); is it running?") from exc
 
@@ -321,34 +348,52 @@ class RegistryClient:
         if scope:
             params["scope"] = scope
         headers = {}
+        # Same origin: the user's credentials go to the registry they were given for, or to a token
+        # service the user named; a realm elsewhere (another host, port or scheme) is asked anonymously.
+        credentials = self.credentials if self._may_receive_credentials(realm) else None
+        if self.credentials is not None and credentials is None:
+            self._withheld = (
+                f"; the credentials were not sent to the token service {httppolicy.origin(realm)}, another origin "
+                f"than {self.base}: name it in {TRUSTED_REALMS_ENV} if it is the registry's own"
+            )
+        what = f"registry {self.host}: token service {realm}"
         try:
-            if self.credentials is not None and self.credentials.identity_token:
-                data = {"grant_type": "refresh_token", "refresh_token": self.credentials.secret, **params}
+            if credentials is not None and credentials.identity_token:
+                data = {"grant_type": "refresh_token", "refresh_token": credentials.secret, **params}
                 data["client_id"] = "stackproof"
-                response = self.client.post(realm, data=data)
+                request = self.client.build_request("POST", realm, data=data)
             else:
-                if self.credentials is not None:
-                    headers["Authorization"] = self.credentials.basic()
-                response = self.client.get(realm, params=params, headers=headers)
+                if credentials is not None:
+                    headers["Authorization"] = credentials.basic()
+                request = self.client.build_request("GET", realm, params=params, headers=headers)
+            response = httppolicy.fetch(self.client, request, policy=self.policy, what=what)
         except httpx.HTTPError as exc:
             raise InfraError(f"registry {self.host}: token service {realm} unreachable ({type(exc).__name__})") from exc
         self.token_requests += 1
         if response.status_code in (401, 403):
-            who = f"the credentials from {self.credentials.source}" if self.credentials else "anonymous access"
+            who = f"the credentials from {credentials.source}" if credentials else "anonymous access"
             raise InfraError(
                 f"registry {self.host}: the token service refused {who} for {scope or 'the registry'} "
-                f"(HTTP {response.status_code}): {_LOGIN_HINT}"
+                f"(HTTP {response.status_code}): {_LOGIN_HINT}{self._withheld}"
             )
         if response.status_code != 200:
             raise InfraError(f"registry {self.host}: token service {realm} answered HTTP {response.status_code}")
         try:
             body = response.json()
             token = str(body.get("token") or body["access_token"])
-        except (ValueError, KeyError, AttributeError) as exc:
+        except (ValueError, KeyError, AttributeError, TypeError) as exc:
             raise InfraError(f"registry {self.host}: token service {realm} answered no token") from exc
-        lifetime = float(body.get("expires_in") or 60)
+        try:
+            lifetime = min(max(float(body.get("expires_in") or 60), 1.0), 86_400.0)
+        except (TypeError, ValueError):
+            lifetime = 60.0
+        if lifetime != lifetime:  # NaN
+            lifetime = 60.0
         self._tokens[scope] = (token, time.monotonic() + max(lifetime - 5, 1))
         return token
+
+    def _may_receive_credentials(self, realm: str) -> bool:
+        return httppolicy.same_origin(realm, self.base) or httppolicy.origin(realm) in self.trusted_realms
 
     def check(self) -> None:
         """The registry answers /v2/ (after auth, when it asks for it)."""
@@ -368,7 +413,8 @@ class RegistryClient:
         claimed = response.headers.get("Docker-Content-Digest")
         if (claimed and claimed != digest) or (reference.startswith("sha256:") and reference != digest):
             raise InfraError(f"registry {self.host}: manifest {repo}:{reference} does not match its digest")
-        media_type = response.headers.get("Content-Type", "").split(";")[0] or json.loads(body).get("mediaType", "")
+        found = Manifest(digest=digest, media_type="", body=body)
+        media_type = response.headers.get("Content-Type", "").split(";")[0] or str(found.json.get("mediaType", ""))
         return Manifest(digest=digest, media_type=media_type, body=body)
 
     def put_manifest(self, repo: str, reference: str, body: bytes, media_type: str) -> httpx.Response:
@@ -398,10 +444,11 @@ class RegistryClient:
         self._ok(done, f"upload blob {digest} to {repo}")
         return digest
 
-    def get_blob(self, repo: str, digest: str, *, limit: int = 64 << 20) -> bytes:
+    def get_blob(self, repo: str, digest: str) -> bytes:
+        """The blob's bytes, refused while reading past the policy's body cap (`_send` reads under it)."""
         response = self._request("GET", f"/v2/{repo}/blobs/{digest}", follow_redirects=True)
         self._ok(response, f"GET blob {repo}@{digest}")
-        if len(response.content) > limit or sha256_digest(response.content) != digest:
+        if sha256_digest(response.content) != digest:
             raise InfraError(f"registry {self.host}: blob {digest} does not match its digest")
         return response.content
 
@@ -410,7 +457,10 @@ class RegistryClient:
         if response.status_code == 404:
             return []
         self._ok(response, f"GET tags of {repo}")
-        return list(response.json().get("tags") or [])
+        tags = self._json(response, f"tags of {repo}").get("tags") or []
+        if not isinstance(tags, list):
+            raise InfraError(f"registry {self.host}: the tags of {repo} are not a list")
+        return [str(t) for t in httppolicy.cap_items(tags, policy=self.policy, what=f"registry {self.host}: tags")]
 
     def referrers(self, repo: str, digest: str) -> list[dict[str, Any]] | None:
         """The OCI 1.1 referrers API: descriptors of the artifacts whose subject is `digest`, or None
@@ -419,9 +469,22 @@ class RegistryClient:
         if response.status_code != 200 or response.headers.get("Content-Type", "").split(";")[0] != OCI_INDEX:
             return None
         try:
-            return list(response.json().get("manifests") or [])
-        except ValueError:
+            listed = response.json().get("manifests") or []
+        except (ValueError, AttributeError):
             return None
+        if not isinstance(listed, list):
+            return None
+        what = f"registry {self.host}: referrers of {digest}"
+        return [d for d in httppolicy.cap_items(listed, policy=self.policy, what=what) if isinstance(d, dict)]
+
+    def _json(self, response: httpx.Response, what: str) -> dict[str, Any]:
+        try:
+            document = response.json()
+        except ValueError as exc:
+            raise InfraError(f"registry {self.host}: {what}: the answer is not JSON") from exc
+        if not isinstance(document, dict):
+            raise InfraError(f"registry {self.host}: {what}: the answer is not a JSON object")
+        return document
 
     def _ok(self, response: httpx.Response, what: str) -> None:
         if response.status_code >= 300:

@@ -39,7 +39,58 @@ __all__ = ["main"]
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    """Every line that leaves the process passes one redaction (pipeline.redact.RedactingStream):
+    a credential in a URL, a pip-freeze line, a doctor input or a server's answer never reaches the
+    terminal, a log or a --json document, whichever command printed it."""
+    with _redacted_output():
+        try:
+            args = _parser().parse_args(argv)
+        except UsageError as exc:
+            raise SystemExit(_usage_error(argv, exc)) from None  # argparse's contract: SystemExit(2)
+        return _dispatch(args)
+
+
+class UsageError(Exception):
+    """argparse's usage error, raised instead of exiting so that `--json` still gets its document."""
+
+    def __init__(self, message: str, usage: str) -> None:
+        super().__init__(message)
+        self.usage = usage
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # argparse prints and exits; main prints (JSON too) and exits
+        raise UsageError(message, self.format_usage())
+
+
+def _usage_error(argv: list[str] | None, exc: UsageError) -> int:
+    print(exc.usage.rstrip(), file=sys.stderr)
+    print(f"stackproof: error: {exc}", file=sys.stderr)
+    if "--json" in (sys.argv[1:] if argv is None else argv):
+        document = {"error": {"exit_code": 2, "message": str(exc), "problems": [str(exc)]}}
+        print(json.dumps(document, indent=2))
+    return 2
+
+
+@contextlib.contextmanager
+def _redacted_output() -> Any:
+    from pipeline.redact import RedactingStream
+
+    saved = sys.stdout, sys.stderr
+    if not isinstance(sys.stdout, RedactingStream):
+        sys.stdout = RedactingStream(sys.stdout)
+    if not isinstance(sys.stderr, RedactingStream):
+        sys.stderr = RedactingStream(sys.stderr)
+    try:
+        yield
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+        sys.stdout, sys.stderr = saved
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     console().verbose = bool(getattr(args, "verbose", False)) or console().verbose
     signal.signal(signal.SIGTERM, _raise_interrupted)
     try:
@@ -333,7 +384,7 @@ def _commands() -> tuple[Command, ...]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     common.add_argument(
         "--matrix",
         type=Path,
@@ -347,12 +398,12 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument(
         "-v", "--verbose", action="store_true", help="stream the tools' whole output (debootstrap, build, server)"
     )
-    load_opts = argparse.ArgumentParser(add_help=False)
+    load_opts = _Parser(add_help=False)
     group = load_opts.add_argument_group("load (overrides serve.load)")
     for option in _load_options():
         group.add_argument(*option.flags, **option.options)
 
-    parser = argparse.ArgumentParser(prog="stackproof", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="stackproof", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"stackproof {pipeline.__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     groups: dict[str, Any] = {}  # made where the table first names them, so `--help` lists commands in its order
@@ -750,7 +801,10 @@ def _load_url(args: argparse.Namespace) -> int:
         serving_engine = cell.serve.engine if cell.serve else serving_engine
     spec = _load_spec(args, base)
     driver = driver_named(args.engine or serving_engine)
-    target = LoadTarget(base_url=args.url.rstrip("/"), label=args.url, driver=driver)
+    from pipeline.redact import redact
+
+    # The label is what artifacts and progress lines name: the URL without its user info.
+    target = LoadTarget(base_url=args.url.rstrip("/"), label=redact(args.url), driver=driver)
     outcome = run_load(target, spec, args.out, soak=args.soak)
     summary = summarise(outcome, spec)
     checks = judge_load(outcome, summary, batch_invariant=False)

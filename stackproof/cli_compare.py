@@ -8,7 +8,6 @@ divergence where a run was confident (corruption flagged); 2: bad input (no samp
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from pathlib import Path
 
@@ -51,8 +50,7 @@ def _compare(args: argparse.Namespace) -> int:
     a = read_greedy(find_greedy(args.run_a))
     b = read_greedy(find_greedy(args.run_b))
     comparison = compare_runs(a, b, near_tie_nats=args.near_tie)
-    if args.json:
-        print(json.dumps({**comparison.to_json(), "labels": {"a": a.label, "b": b.label}}, indent=2))
-    else:
-        print(render_table(comparison))
+    from stackproof.cliutil import emit
+
+    emit(args, {**comparison.to_json(), "labels": {"a": a.label, "b": b.label}}, render_table(comparison))
     return 1 if comparison.corrupted else 0

@@ -15,8 +15,10 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pipeline.boundedio import read_bytes
 from pipeline.errors import InfraError, InputError, MatrixError
 from pipeline.model import Matrix
+from pipeline.redact import redact
 from stackproof.cliutil import NO_PREFLIGHT_HELP, emit, jsonable, load
 
 if TYPE_CHECKING:  # kept out of the CLI's start-up: only these commands need them
@@ -124,11 +126,9 @@ def _read_source(source: str) -> tuple[str, str]:
         text, name = sys.stdin.read(MAX_SOURCE_CHARS + 1), "-"
     else:
         path = Path(source)
-        try:
-            with path.open(encoding="utf-8", errors="replace") as f:
-                text, name = f.read(MAX_SOURCE_CHARS + 1), path.name
-        except OSError as exc:
-            raise InputError(f"{source}: cannot read: {exc.strerror}") from exc
+        # The bounded reader: a device or a FIFO without writer is refused or empty, never a wait.
+        data = read_bytes(path, "repro source", limit=4 * MAX_SOURCE_CHARS, stream_ok=True)
+        text, name = data.decode("utf-8", errors="replace"), path.name
     if len(text) > MAX_SOURCE_CHARS:
         raise InputError(f"{name}: larger than {MAX_SOURCE_CHARS // 2**20} MiB: paste the environment part only")
     return text, name
@@ -158,7 +158,9 @@ def write_cell(matrix_file: Path, cell: ReproCell, *, images_dir: Path) -> Path:
     text = original
     for key in ("indexes", "bases", "cells"):
         indent = _indent_of(text, key)
-        sections = dict(cell.sections(indent))
+        # The file is a line that leaves the process too: the same redaction as stdout and stderr
+        # (a pip-freeze line's `user:password@` or VCS token is quoted in the cell's comments).
+        sections = {name: redact(text) for name, text in cell.sections(indent)}
         if key in sections:
             text = _insert(text, key, ("\n" if key == "cells" else "") + sections[key], matrix_file)
     matrix_file.write_text(text, encoding="utf-8")

@@ -37,6 +37,12 @@ class StandInHub:
     token_seen: list[str] = field(default_factory=list)  # Authorization headers, to prove the token reached it
     stall_once: str | None = None  # this file's first download sends half, then goes silent for stall_seconds
     stall_seconds: float = 3.0
+    # Hostile answers (issue 27): another commit than the one asked for, bytes that are not the
+    # file the listing and the ETag announce, a listing of `extra_listed` more files.
+    answer_commit: str | None = None
+    corrupt: frozenset[str] = frozenset()
+    extra_listed: int = 0
+    stall_listing: bool = False  # the listing answers only after stall_seconds
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -98,9 +104,15 @@ def _handler(hub: StandInHub) -> type[BaseHTTPRequestHandler]:
         def _tree(self, revision: str, *, body: bool) -> None:
             if revision != hub.revision:
                 return self._error(404, "RevisionNotFound", f"Invalid rev id: {revision}")
+            if hub.stall_listing:
+                time.sleep(hub.stall_seconds)
             listing = [
                 {"type": "file", "path": name, "size": len(data), "oid": git_blob_id(data)}
                 for name, data in sorted(hub.files.items())
+            ]
+            listing += [
+                {"type": "file", "path": f"shard-{i:07d}.bin", "size": 1, "oid": git_blob_id(b"x")}
+                for i in range(hub.extra_listed)
             ]
             self._send(200, json.dumps(listing).encode(), {"Content-Type": "application/json"}, body=body)
 
@@ -110,10 +122,13 @@ def _handler(hub: StandInHub) -> type[BaseHTTPRequestHandler]:
             if name not in hub.files:
                 return self._error(404, "EntryNotFound", f"{name} does not exist")
             data = hub.files[name]
+            etag = git_blob_id(data)
+            if name in hub.corrupt:
+                data = bytes([data[0] ^ 0xFF]) + data[1:]  # the announced file, one byte flipped
             headers = {
                 "Content-Type": "application/octet-stream",
-                "ETag": f'"{git_blob_id(data)}"',
-                "X-Repo-Commit": hub.revision,
+                "ETag": f'"{etag}"',
+                "X-Repo-Commit": hub.answer_commit or hub.revision,
                 "Accept-Ranges": "bytes",
             }
             status, start = 200, 0

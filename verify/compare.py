@@ -13,11 +13,13 @@ BF16 arm, a fix cell against the release cell). Reading and writing the file is 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from pipeline.errors import InputError
+from pipeline.jsonfile import read_json
 from verify.determinism import PROMPTS, SUSPECT_GAP_NATS, Sample
 
 __all__ = [
@@ -149,15 +151,12 @@ def read_greedy(path: Path) -> GreedyRun:
     if data.get("kind") != KIND or data.get("schema_version") != SCHEMA_VERSION:
         raise InputError(f"{path}: not a {KIND} file of schema_version {SCHEMA_VERSION}")
     try:
-        prompts = tuple(
-            GreedyPrompt(
-                index=int(p["index"]),
-                prompt=str(p["prompt"]),
-                tokens=tuple(str(t) for t in p["tokens"]),
-                top2_gaps=tuple(None if g is None else float(g) for g in p["top2_gaps"]),
-            )
-            for p in data["prompts"]
-        )
+        prompts = tuple(_prompt(p, f"{path}: prompts[{i}]") for i, p in enumerate(data["prompts"]))
+        seen: dict[int, int] = {}
+        for i, prompt in enumerate(prompts):
+            if prompt.index in seen:  # a second answer of one prompt could hide the first's divergence
+                raise InputError(f"{path}: prompts[{i}].index: {prompt.index} again (prompts[{seen[prompt.index]}])")
+            seen[prompt.index] = i
         return GreedyRun(
             source=str(path),
             model=str(data["model"]),
@@ -165,8 +164,32 @@ def read_greedy(path: Path) -> GreedyRun:
             label=str(data.get("label") or path.parent),
             prompts=prompts,
         )
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:
         raise InputError(f"{path}: malformed greedy samples: {type(exc).__name__}: {exc}") from None
+
+
+def _prompt(item: Any, where: str) -> GreedyPrompt:
+    if not isinstance(item, dict):
+        raise InputError(f"{where}: not an object")
+    gaps = item["top2_gaps"]
+    if not isinstance(gaps, list) or not isinstance(item["tokens"], list):
+        raise InputError(f"{where}: tokens and top2_gaps must be lists")
+    for j, gap in enumerate(gaps):
+        # A top-1/top-2 logprob gap is a finite number >= 0: a NaN compares false with every bound
+        # and a negative one is below every bound, so either would make any divergence a "near-tie".
+        if gap is not None and (
+            isinstance(gap, bool) or not isinstance(gap, int | float) or not math.isfinite(gap) or gap < 0
+        ):
+            raise InputError(f"{where}.top2_gaps[{j}]: {gap!r}: a logprob gap is a finite number >= 0, or null")
+    index = item["index"]
+    if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+        raise InputError(f"{where}.index: {str(index)[:40]!r}: a prompt index is an integer >= 0")
+    return GreedyPrompt(
+        index=index,
+        prompt=str(item["prompt"]),
+        tokens=tuple(str(t) for t in item["tokens"]),
+        top2_gaps=tuple(None if g is None else float(g) for g in gaps),
+    )
 
 
 def compare_runs(a: GreedyRun, b: GreedyRun, *, near_tie_nats: float = NEAR_TIE_NATS) -> Comparison:
@@ -223,8 +246,8 @@ def _one(a: GreedyPrompt, b: GreedyPrompt, near_tie: float) -> PromptComparison:
             (i for i, (x, y) in enumerate(zip(a.tokens, b.tokens, strict=False)) if x != y),
             min(len(a.tokens), len(b.tokens)),
         )
-    gap_a = _at(a.top2_gaps, divergence)
-    gap_b = _at(b.top2_gaps, divergence)
+    gap_a = _gap(_at(a.top2_gaps, divergence))
+    gap_b = _gap(_at(b.top2_gaps, divergence))
     if divergence is None:
         verdict = "agree"
     elif any(g is not None and g > near_tie for g in (gap_a, gap_b)):
@@ -248,17 +271,17 @@ def _one(a: GreedyPrompt, b: GreedyPrompt, near_tie: float) -> PromptComparison:
     )
 
 
+def _gap(value: float | None) -> float | None:
+    """A gap the verdict may trust: finite and >= 0; anything else says nothing (never a near-tie)."""
+    return value if value is not None and math.isfinite(value) and value >= 0 else None
+
+
 def _at(values: tuple[Any, ...], index: int | None) -> Any:
     return values[index] if index is not None and index < len(values) else None
 
 
 def _json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise InputError(f"{path}: not readable JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise InputError(f"{path}: not a JSON object")
+    data: dict[str, Any] = read_json(path, "greedy samples or receipt", strict=True)
     return data
 
 

@@ -26,7 +26,8 @@ from typing import Any, BinaryIO
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from pipeline.errors import MatrixError
+from pipeline.boundedio import open_input
+from pipeline.errors import InputError, MatrixError
 from pipeline.model import DEFAULT_ENGINE, SERVING_ENGINES, Arm, Cell, LogRule, parse_log_rule
 from pipeline.result import CheckResult, Status
 from pipeline.yamlsrc import Path_, YamlSource, load_yaml
@@ -469,15 +470,40 @@ def _hyperscan_database(anchors: tuple[bytes, ...]) -> Any:
     return database
 
 
+# A rule or signature is matched against the first MAX_MATCH_LINE bytes of a line only. Python's
+# `re` has no timeout, and a catalog regex with two unbounded parts (`(?P<shapes>.*?); ... (\S+)`)
+# is cubic on a pathological line: a 4,000-fold repeat of its own prefix took 6.5 s, a 10 MB line
+# would never end. A log line of vLLM or FlashInfer that says something is far shorter than this.
+MAX_MATCH_LINE = 16 << 10
+
+
 def _candidate_lines(data: Log, pattern: _Pattern, positions: dict[bytes, list[int]]) -> Iterable[tuple[int, int]]:
-    """(start, end) of each line that may match, in order."""
+    """(start, end) of each line that may match, in order; `end` at most MAX_MATCH_LINE past `start`."""
     if pattern.anchors is None:
         for m in pattern.regex.finditer(data):
-            yield _line_bounds(data, m.start())
+            yield _capped(*_line_bounds(data, m.start()))
         return
-    starts = sorted({data.rfind(b"\n", 0, pos) + 1 for anchor in pattern.anchors for pos in positions[anchor]})
-    for start in starts:
-        yield _line_bounds(data, start)
+    for start in _line_starts(data, sorted({pos for anchor in pattern.anchors for pos in positions[anchor]})):
+        yield _capped(*_line_bounds(data, start))
+
+
+def _line_starts(data: Log, offsets: list[int]) -> list[int]:
+    """The start of the line of each sorted offset, each line once; linear in the data (a search back
+    from every offset was quadratic on one long line holding an anchor 200,000 times)."""
+    starts: list[int] = []
+    previous, start = 0, 0
+    for offset in offsets:
+        newline = data.rfind(b"\n", previous, offset)
+        if newline >= 0:
+            start = newline + 1
+        previous = offset
+        if not starts or starts[-1] != start:
+            starts.append(start)
+    return starts
+
+
+def _capped(start: int, end: int) -> tuple[int, int]:
+    return start, min(end, start + MAX_MATCH_LINE)
 
 
 class _LineNumbers:
@@ -509,15 +535,26 @@ def open_log(path: Path, *, stdin: BinaryIO | None = None) -> Iterator[Log]:
     size says nothing about its content, so judging it by its size would pass a log never read.
     """
     if str(path) == "-":
-        yield (stdin or sys.stdin.buffer).read()
+        yield _read_stream((stdin or sys.stdin.buffer).read(MAX_STREAM_LOG + 1), "stdin")
         return
-    with path.open("rb") as f:
+    # boundedio: a device is refused, a FIFO without a writer is an empty log (no wait without end).
+    with open_input(path, "log", stream_ok=True) as f:
         info = os.fstat(f.fileno())
         if not stat.S_ISREG(info.st_mode) or info.st_size == 0:
-            yield f.read()
+            yield _read_stream(f.read(MAX_STREAM_LOG + 1), str(path))
             return
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
             yield mapped
+
+
+# A log read as a stream (a pipe, stdin, procfs) is held in memory: at most this much of it.
+MAX_STREAM_LOG = 1 << 30
+
+
+def _read_stream(data: bytes, name: str) -> bytes:
+    if len(data) > MAX_STREAM_LOG:
+        raise InputError(f"{name}: a streamed log larger than {MAX_STREAM_LOG >> 20} MiB: save it to a file first")
+    return data
 
 
 def scan(data: Log, rules: Sequence[LogRule], signatures: Sequence[Signature]) -> list[LogMatch]:
@@ -558,7 +595,7 @@ def _scan_signature(data: Log, sig: Signature, positions: dict[bytes, list[int]]
             window_end = len(data) if nxt < 0 else nxt
             if window_end >= len(data):
                 break
-        hit = then.search(data, end, window_end)
+        hit = then.search(data, end, min(window_end, end + (sig.within + 1) * MAX_MATCH_LINE))
         if hit:
             yield start, _signature_match(sig, data[start:end], hit)
 
@@ -691,6 +728,7 @@ class LogWatcher:
         self.fatal: LogMatch | None = None
 
     def feed(self, line: str) -> None:
+        line = line[:MAX_MATCH_LINE]  # the same bound as a scan: no regex sees more of one line
         self.count += 1
         self.recent.append(line)
         if self.fatal is not None:

@@ -30,12 +30,18 @@ def parse_rate(text: str) -> float:
         raise InputError(f"--baseline-rate {text!r}: write a fraction (1/450) or a decimal (0.00222)") from exc
     if not 0 < value < 1:
         raise InputError(f"--baseline-rate {text!r}: must be between 0 and 1 (a fault probability per question)")
+    if not MIN_RATE <= value <= 1 - MIN_RATE:
+        # 1 - 1e-320 is 1.0 in floating point: log(1 - p0) is 0 and every count below divides by it.
+        raise InputError(f"--baseline-rate {text!r}: must be between {MIN_RATE:g} and {1 - MIN_RATE:g}")
     return value
+
+
+MIN_RATE = 1e-12  # one fault in a trillion questions: far past any count a run can show
 
 
 def clean_questions_needed(p0: float, confidence: float) -> int:
     """Fault-free questions needed to claim, at `confidence`, that the rate is below p0."""
-    return math.ceil(math.log(1 - confidence) / math.log(1 - p0))
+    return math.ceil(math.log1p(-confidence) / math.log1p(-p0))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.boundedio import read_bytes
 from pipeline.errors import InputError
 
 __all__ = ["Question", "arrival_gaps", "builtin_pool", "read_questions"]
@@ -63,12 +64,12 @@ def builtin_pool(seed: int, count: int) -> tuple[Question, ...]:
     return tuple(questions)
 
 
+MAX_QUESTIONS_BYTES = 64 * 2**20  # a soak's questions are a few MB
+
+
 def read_questions(path: Path) -> tuple[Question, ...]:
     """A JSONL file, one `{"id": "...", "turns": ["...", "..."]}` per line; errors name file and line."""
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read the questions file: {exc.strerror}") from exc
+    data = read_bytes(path, "questions file", limit=MAX_QUESTIONS_BYTES)
     try:
         lines = data.decode("utf-8").splitlines()
     except UnicodeDecodeError as exc:

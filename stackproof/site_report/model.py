@@ -12,13 +12,15 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.errors import InputError
 from pipeline.model import STAGES
-from pipeline.receipt import RECEIPT_KIND, RECEIPT_SCHEMA_VERSION
+from pipeline.receipt import RECEIPT_KIND, RECEIPT_SCHEMA_VERSION, receipt_problems
 
 __all__ = [
     "ORIGIN_BENCHMARK",
@@ -111,8 +113,7 @@ class Receipt:
         return f"{self.cell}{' / ' + self.arm if self.arm else ''} on {self.host.summary}, {self.started_at}"
 
     def latency(self, metric: str, quantile: str) -> float | None:
-        value = ((self.load or {}).get("latency_ms") or {}).get(metric, {}).get(quantile)
-        return float(value) if isinstance(value, int | float) else None
+        return _finite(_dig(self.load, "latency_ms", metric, quantile))
 
     @property
     def complete(self) -> bool:
@@ -120,8 +121,21 @@ class Receipt:
 
     @property
     def tok_s(self) -> float | None:
-        value = ((self.load or {}).get("throughput") or {}).get("output_tok_s")
-        return float(value) if isinstance(value, int | float) else None
+        return _finite(_dig(self.load, "throughput", "output_tok_s"))
+
+
+def _dig(value: Any, *path: str) -> Any:
+    """`value[a][b]...`, None where a level is missing or not an object (a hostile receipt's shapes)."""
+    for part in path:
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
+
+
+def _finite(value: Any) -> float | None:
+    """A number the pages and plots can show: finite, never a bool; anything else is no number."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -166,7 +180,8 @@ def parse_receipt(
     raw: LoadRaw | None = None,
     files: Mapping[str, bytes] | None = None,
 ) -> Receipt:
-    """A receipt's JSON -> Receipt, or InputError naming the source and the field that is wrong."""
+    """A receipt's JSON -> Receipt, or InputError naming the source and the path of the field that
+    is wrong: every field the site reads is read through `_Getter`, typed, never as a bare dict."""
     if not isinstance(document, dict):
         raise InputError(f"{source}: not a receipt (a JSON {type(document).__name__}, not an object)")
     if document.get("kind") != RECEIPT_KIND:
@@ -178,51 +193,115 @@ def parse_receipt(
     status = get.text("status")
     if status not in STATUSES[:4]:
         raise InputError(f"{source}: status: {status!r}, not one of {', '.join(STATUSES[:4])}")
-    outcome = get.obj("outcome")
-    expected = outcome.get("expected_failure")
-    if status == "FAIL" and expected:
-        status = "EXPECTED_FAIL"  # a known-bad cell whose failure was seen: the check works
-    host = get.obj("host")
-    runtime = document.get("runtime") or {}
+    get.optional("outcome", dict), get.optional("runtime", dict)  # objects when present: named if not
+    expected = get.optional("outcome.expected_failure", str)
     stages = get.items("stages")
     for i, stage in enumerate(stages):
         if not isinstance(stage, dict) or not isinstance(stage.get("stage"), str):
             raise InputError(f"{source}: stages[{i}]: not a stage object")
-    checks = {(s["stage"], c.get("name")): c for s in stages for c in s.get("checks") or [] if isinstance(c, dict)}
-    overrides = (checks.get(("imports", "overrides")) or {}).get("evidence") or {}
-    requirements = (checks.get(("imports", "requirements")) or {}).get("evidence") or {}
-    load = document.get("load")
+    checks: dict[tuple[str, Any], dict[str, Any]] = {}
+    for i, stage in enumerate(stages):
+        for j, check in enumerate(get.optional(f"stages[{i}].checks", list) or ()):
+            if isinstance(check, dict):
+                checks[(stage["stage"], check.get("name"))] = check
+            else:
+                raise InputError(f"{source}: stages[{i}].checks[{j}]: not a check object")
+    overrides = _sub(checks.get(("imports", "overrides")), "evidence", source, "stages[imports].checks[overrides]")
+    requirements = _sub(checks.get(("imports", "requirements")), "evidence", source, "stages[imports].checks")
+    intentional = requirements.get("intentional_overrides") or ()
+    if not isinstance(intentional, list | tuple):
+        raise InputError(f"{source}: imports requirements evidence.intentional_overrides: expected a list")
+    load = get.optional("load", dict)
+    events = _at(load or {}, "events", list, source, "load.events") or ()
+    image = get.obj("image")
+    cell = get.text("cell")
+    believed, reason = believed_status(document, status, cell, source)
+    if status == "FAIL" and expected:
+        believed = "EXPECTED_FAIL"  # a known-bad cell whose failure was seen: the check works
     return Receipt(
         id=receipt_id(document),
         source=source,
         origin=origin,
-        cell=get.text("cell"),
-        arm=document.get("arm"),
-        status=status,
-        status_reason=str(document.get("status_reason") or ""),
+        cell=cell,
+        arm=get.optional("arm", str),
+        status=believed,
+        status_reason=reason or str(get.optional("status_reason", str) or ""),
         expected_failure=str(expected) if expected else None,
-        image_ref=str(get.obj("image").get("ref") or ""),
-        image_id=str(get.obj("image").get("id") or ""),
-        host=_host(host, source),
+        image_ref=str(_at(image, "ref", str, source, "image.ref") or ""),
+        image_id=str(_at(image, "id", str, source, "image.id") or ""),
+        host=_host(get.obj("host"), source),
         started_at=get.text("started_at"),
-        seconds=float(document.get("seconds") or 0.0),
-        versions={str(k): str(v) for k, v in (runtime.get("distributions") or {}).items()},
-        stages=tuple((s["stage"], str(s.get("status")), float(s.get("seconds") or 0.0)) for s in stages),
+        seconds=get.number("seconds"),
+        versions={str(k): str(v) for k, v in (get.optional("runtime.distributions", dict) or {}).items()},
+        stages=tuple(
+            (s["stage"], str(s.get("status")), get.number(f"stages[{i}].seconds")) for i, s in enumerate(stages)
+        ),
         overrides={str(k): v for k, v in overrides.items() if isinstance(v, dict)},
-        intentional_overrides=tuple(requirements.get("intentional_overrides") or ()),
+        intentional_overrides=tuple(intentional),
         determinism=tuple(
             (str(name), str(c.get("status")), str(c.get("message") or ""))
             for (stage, name), c in checks.items()
             if stage == "load" and str(name).startswith("determinism")
         ),
-        load=load if isinstance(load, dict) else None,
+        load=load,
         autotune=_autotune(document.get("autotune"), source),
-        events=tuple(e for e in ((load or {}).get("events") or ()) if isinstance(e, dict)),
-        artifacts={s["stage"]: {str(k): str(v) for k, v in (s.get("artifacts") or {}).items()} for s in stages},
+        events=tuple(e for e in events if isinstance(e, dict)),
+        artifacts={
+            s["stage"]: {str(k): str(v) for k, v in (get.optional(f"stages[{i}].artifacts", dict) or {}).items()}
+            for i, s in enumerate(stages)
+        },
         document=document,
         raw=raw,
         files=dict(files or {}),
     )
+
+
+def believed_status(document: Mapping[str, Any], status: str, cell: str, source: str) -> tuple[str, str | None]:
+    """The status the site may show, and why it differs from the receipt's own (None: it does not).
+
+    A receipt is data anyone can edit: a PASS is shown only when its stages give that PASS by the
+    receipt rules (every stage ran, none failed: `pipeline.receipt.receipt_problems`) and the image
+    it names is the cell's (`stackproof/CELL:TAG`, a sha256 image id). Anything else that claims PASS
+    is shown INCONCLUSIVE, with the reason."""
+    if status != "PASS":
+        return status, None
+    problems = receipt_problems(dict(document))
+    found = document.get("image")
+    image: Mapping[str, Any] = found if isinstance(found, dict) else {}
+    ref, image_id = str(image.get("ref") or ""), str(image.get("id") or "")
+    repository = ref.rsplit("@", 1)[0].rsplit(":", 1)[0] if ":" in ref.rsplit("/", 1)[-1] else ref.rsplit("@", 1)[0]
+    if repository.startswith("stackproof/") and repository != f"stackproof/{cell}":
+        problems.append(f"it names the image {ref}, not one of cell {cell}")
+    if not _IMAGE_ID.fullmatch(image_id):
+        problems.append(f"its image id {image_id[:80]!r} is not a sha256 digest")
+    if problems:
+        return "INCONCLUSIVE", "claims PASS, but " + "; ".join(problems)
+    return status, None
+
+
+_IMAGE_ID = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+def _sub(value: Any, key: str, source: str, where: str) -> dict[str, Any]:
+    found = (value or {}).get(key) if isinstance(value, dict) else None
+    if found is None:
+        return {}
+    if not isinstance(found, dict):
+        raise InputError(f"{source}: {where}.{key}: a {type(found).__name__}, expected an object")
+    return found
+
+
+def _at(mapping: Mapping[str, Any], key: str, kind: type | tuple[type, ...], source: str, where: str) -> Any:
+    value = mapping.get(key)
+    if value is not None and not isinstance(value, kind):
+        raise InputError(f"{source}: {where}: a {type(value).__name__}, expected {_kind_name(kind)}")
+    return value
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    names = {str: "a string", dict: "an object", list: "a list", int: "a number", float: "a number"}
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return " or ".join(dict.fromkeys(names.get(k, k.__name__) for k in kinds))
 
 
 def receipt_id(document: Mapping[str, Any]) -> str:
@@ -231,17 +310,44 @@ def receipt_id(document: Mapping[str, Any]) -> str:
 
 
 class _Getter:
-    """Required fields, each missing or mistyped one named by its path in the receipt."""
+    """Fields by path (`outcome.expected_failure`, `stages[2].seconds`), each missing or mistyped
+    required one, and each mistyped optional one, named by its path in the receipt."""
 
     def __init__(self, document: Mapping[str, Any], source: str) -> None:
         self.document, self.source = document, source
 
+    def _walk(self, path: str) -> Any:
+        value: Any = self.document
+        for part in re.findall(r"[^.\[\]]+", path):
+            if isinstance(value, dict):
+                value = value.get(part)
+            elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
+                value = value[int(part)]
+            else:
+                return None
+        return value
+
     def _get(self, key: str, kind: type, name: str) -> Any:
-        value = self.document.get(key)
-        if not isinstance(value, kind):
+        value = self._walk(key)
+        if not isinstance(value, kind) or isinstance(value, bool) is not (kind is bool):
             found = "missing" if value is None else f"a {type(value).__name__}"
             raise InputError(f"{self.source}: {key}: {found}, expected {name}")
         return value
+
+    def optional(self, key: str, kind: type) -> Any:
+        value = self._walk(key)
+        if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
+            raise InputError(f"{self.source}: {key}: a {type(value).__name__}, expected {_kind_name(kind)}")
+        return value
+
+    def number(self, key: str) -> float:
+        """An optional finite number, 0 when absent."""
+        value = self._walk(key)
+        if value is None:
+            return 0.0
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise InputError(f"{self.source}: {key}: {str(value)[:40]!r}, expected a finite number")
+        return float(value)
 
     def text(self, key: str) -> str:
         return str(self._get(key, str, "a string"))
@@ -264,6 +370,9 @@ def _autotune(tables: Any, source: str) -> tuple[Mapping[str, Any], ...]:
         where = f"{source}: autotune[{i}]"
         if not isinstance(table, dict) or not {"op", "n", "k", "rows"} <= table.keys():
             raise InputError(f"{where}: expected {{op, n, k, rows}}")
+        for key in ("n", "k"):
+            if isinstance(table[key], bool) or not isinstance(table[key], int):
+                raise InputError(f"{where}.{key}: {str(table[key])[:40]!r}, expected an integer")
         for j, row in enumerate(table["rows"] if isinstance(table["rows"], list) else [None]):
             if not isinstance(row, dict) or not isinstance(row.get("m_bucket"), int) or "runner" not in row:
                 raise InputError(f"{where}.rows[{j}]: expected {{m_bucket: int, runner, tactic}}")
@@ -293,21 +402,24 @@ def load_raw(requests: Iterable[Mapping[str, Any]], scrapes: Iterable[Mapping[st
     for record in requests:
         if record.get("kind", "load") != "load" or record.get("error_class"):
             continue
-        if isinstance(record.get("ttft"), int | float):
-            ttft.append(float(record["ttft"]) * 1000)
-        itl.extend(float(x) * 1000 for x in record.get("itl") or () if isinstance(x, int | float))
+        if (first := _finite(record.get("ttft"))) is not None:
+            ttft.append(first * 1000)
+        listed = record.get("itl")
+        gaps: list[Any] = listed if isinstance(listed, list) else []
+        itl.extend(x * 1000 for x in map(_finite, gaps) if x is not None)
     timeline: list[tuple[float, float, int]] = []
     previous: tuple[float, float] | None = None
     for scrape in scrapes:
-        at, generated = scrape.get("t"), scrape.get("generated")
-        if not isinstance(at, int | float):
+        at, generated = _finite(scrape.get("t")), _finite(scrape.get("generated"))
+        if at is None:
             continue
         rate = 0.0
-        if isinstance(generated, int | float):
+        if generated is not None:
             if previous is not None and at > previous[0]:
                 rate = max(0.0, (generated - previous[1]) / (at - previous[0]))
             previous = (float(at), float(generated))
-        timeline.append((float(at), rate, int(scrape.get("in_flight") or 0)))
+        in_flight = _finite(scrape.get("in_flight"))
+        timeline.append((at, rate, int(in_flight) if in_flight is not None and 0 <= in_flight < 1e9 else 0))
     return LoadRaw(ttft_ms=tuple(ttft), itl_ms=tuple(itl), timeline=tuple(timeline))
 
 
@@ -360,23 +472,28 @@ def prefer(receipts: Sequence[Receipt]) -> list[Receipt]:
 
 def compares_of(cell: str, receipts: Sequence[Receipt]) -> tuple[Compare, ...]:
     """Each receipt against the previous one of its host and arm (two dates), and the newest of each
-    (host, arm) against the newest of the others (two hosts, two arms): bounded, never all pairs."""
+    (host, arm) against the newest of all (two hosts, two arms): linear in the receipts, never all
+    pairs (150 hosts gave 11,175 pages as pairs; a reader compares against the reference)."""
     newest: dict[tuple[str, str | None], Receipt] = {}
     pairs: dict[tuple[str, str], Compare] = {}
     for receipt in receipts:  # newest first
         newest.setdefault((receipt.host.key, receipt.arm), receipt)
     # two dates: consecutive receipts of one (host, arm)
-    for key in newest:
-        series = [r for r in receipts if (r.host.key, r.arm) == key]
-        for later, earlier in itertools.pairwise(series):
+    series: dict[tuple[str, str | None], list[Receipt]] = {}
+    for receipt in receipts:
+        series.setdefault((receipt.host.key, receipt.arm), []).append(receipt)
+    for runs in series.values():
+        for later, earlier in itertools.pairwise(runs):
             pairs[(earlier.id, later.id)] = _compare(cell, earlier, later, "two dates")
     heads = list(newest.values())
-    for i, a in enumerate(heads):
-        for b in heads[i + 1 :]:
-            why = "two hosts" if a.host.key != b.host.key else "two arms"
-            if a.host.key != b.host.key and a.arm != b.arm:
-                why = "two hosts, two arms"
-            pairs.setdefault((b.id, a.id), _compare(cell, b, a, why))
+    reference = heads[0] if heads else None
+    for b in heads[1:]:
+        a = reference
+        assert a is not None
+        why = "two hosts" if a.host.key != b.host.key else "two arms"
+        if a.host.key != b.host.key and a.arm != b.arm:
+            why = "two hosts, two arms"
+        pairs.setdefault((b.id, a.id), _compare(cell, b, a, why))
     return tuple(pairs.values())
 
 
@@ -399,10 +516,7 @@ NUMBERS = (
 
 
 def number(receipt: Receipt, path: Sequence[str]) -> float | None:
-    value: Any = receipt.load or {}
-    for part in path:
-        value = value.get(part) if isinstance(value, dict) else None
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+    return _finite(_dig(receipt.load, *path))
 
 
 def pin_rows(a: Receipt, b: Receipt) -> list[tuple[str, str, str, bool]]:

@@ -37,6 +37,10 @@ def _pyplot() -> Any:
     matplotlib.rcParams.update(
         {
             "svg.fonttype": "none",  # text stays text: searchable, scalable, read by screen readers
+            # Labels are cell ids, runner names and GPU names from receipts: text, never math. With
+            # parsing on, a `$` or `^` in one is mathtext and a receipt's name can end the report.
+            "text.parse_math": False,
+            "text.usetex": False,
             "svg.hashsalt": "stackproof",  # the same data draws the same SVG, run after run
             "font.size": 8,
             "axes.spines.top": False,

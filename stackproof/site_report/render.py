@@ -16,6 +16,7 @@ from typing import Any
 import jinja2
 from markupsafe import Markup
 
+from pipeline.jsonfile import jsonable
 from stackproof.site_report import plots
 from stackproof.site_report.model import (
     NUMBERS,
@@ -61,7 +62,8 @@ def render_site(site: Site, *, generated_at: str, fixtures: Fixtures | None = No
         "slug": slug,
     }
     out["index.html"] = _page(env, "index.html.j2", root="", site=site, filters=_filters(site), **common)
-    out["index.json"] = (json.dumps(index_document(site, links, generated_at), indent=1) + "\n").encode()
+    document = jsonable(index_document(site, links, generated_at))  # strict JSON: a NaN is null
+    out["index.json"] = (json.dumps(document, indent=1, allow_nan=False) + "\n").encode()
     for cell in site.cells:
         receipts = site.by_cell[cell]
         out[f"cells/{slug(cell)}.html"] = _page(
@@ -98,7 +100,9 @@ def render_site(site: Site, *, generated_at: str, fixtures: Fixtures | None = No
 
 
 def slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", text)
+    """A file name for an id, injective: letters, digits and `-` stay, every other character is
+    `_XX` (its UTF-8 bytes in hex), so `a.b`, `a_b` and `a b` get three pages, and no id is `..`."""
+    return re.sub(r"[^A-Za-z0-9-]", lambda m: "".join(f"_{b:02X}" for b in m.group().encode()), text) or "_"
 
 
 def _environment() -> jinja2.Environment:
@@ -142,7 +146,8 @@ def _receipt_files(receipt: Receipt, out: dict[str, bytes]) -> Links:
     from pipeline.receipt import render_junit, render_markdown
 
     base = f"receipts/{receipt.id}"
-    out[f"{base}/receipt.json"] = (json.dumps(receipt.document, indent=2, default=str) + "\n").encode()
+    document = jsonable(receipt.document)
+    out[f"{base}/receipt.json"] = (json.dumps(document, indent=2, default=str, allow_nan=False) + "\n").encode()
     found: dict[str, str | None] = {}
     for name, renderer in (("summary.md", render_markdown), ("junit.xml", render_junit)):
         data = receipt.files.get(name)

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 import re
+import stat
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipeline.boundedio import iter_lines, open_input, read_bytes
 from pipeline.errors import InputError
 from stackproof.site_report.model import (
     ORIGIN_REGISTRY,
@@ -28,6 +30,9 @@ __all__ = ["Fixtures", "read_fixtures", "receipts_from_dirs", "receipts_from_reg
 
 # A server log is linked from the cell page; a soak's can be hundreds of MB, so only its tail is copied.
 LOG_TAIL_BYTES = 2_000_000
+# junit.xml and summary.md are copied whole up to this; a larger one is rendered from the receipt.
+COPY_LIMIT_BYTES = 8 * 2**20
+RECEIPT_LIMIT_BYTES = 64 * 2**20
 
 
 def receipts_from_dirs(roots: Sequence[Path], origin: str = ORIGIN_RUN_DIR) -> list[Receipt]:
@@ -50,8 +55,9 @@ def _read_run(path: Path, origin: str) -> Receipt:
     raw = _raw(artifacts, run_dir, path)
     files: dict[str, bytes] = {}
     for name in ("junit.xml", "summary.md"):
-        if (run_dir / name).is_file():
-            files[name] = (run_dir / name).read_bytes()
+        beside = _inside(run_dir / name, run_dir)
+        if beside is not None and beside.stat().st_size <= COPY_LIMIT_BYTES:
+            files[name] = read_bytes(beside, name, limit=COPY_LIMIT_BYTES)
     log = _local(artifacts.get(("load", "server_log")) or artifacts.get(("startup", "server_log")), run_dir)
     if log is not None:
         files["server.log"] = _tail(log)
@@ -59,14 +65,15 @@ def _read_run(path: Path, origin: str) -> Receipt:
 
 
 def _read_json(path: Path) -> Any:
+    data = read_bytes(path, "receipt", limit=RECEIPT_LIMIT_BYTES)
     try:
-        return json.loads(path.read_text())
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read: {exc.strerror}") from exc
+        return json.loads(data.decode("utf-8"))
     except UnicodeDecodeError as exc:
         raise InputError(f"{path}: not text (byte {exc.start})") from exc
     except json.JSONDecodeError as exc:
         raise InputError(f"{path}:{exc.lineno}:{exc.colno}: not JSON: {exc.msg}") from exc
+    except RecursionError:
+        raise InputError(f"{path}: nested too deeply to be a receipt") from None
 
 
 def _artifacts(document: Any) -> dict[tuple[str, str], str]:
@@ -80,15 +87,39 @@ def _artifacts(document: Any) -> dict[tuple[str, str], str]:
 
 def _local(artifact: str | None, run_dir: Path) -> Path | None:
     """The artifact inside the scanned run directory: receipts record paths on the verifying host,
-    and a run directory that was copied (a CI artifact, a fixture) lives somewhere else."""
+    and a run directory that was copied (a CI artifact, a fixture) lives somewhere else. Only a
+    file inside the run directory is ever read: no `..`, no symlink out (`_inside`)."""
     if not artifact:
         return None
     parts = Path(artifact).parts
+    if ".." in parts:
+        return None
     if run_dir.name in parts:
-        candidate = run_dir.joinpath(*parts[parts.index(run_dir.name) + 1 :])
-        if candidate.is_file():
-            return candidate
-    return Path(artifact) if Path(artifact).is_file() and run_dir in Path(artifact).parents else None
+        found = _inside(run_dir.joinpath(*parts[parts.index(run_dir.name) + 1 :]), run_dir)
+        if found is not None:
+            return found
+    return _inside(Path(artifact), run_dir)
+
+
+def _inside(path: Path, run_dir: Path) -> Path | None:
+    """`path` when it is a regular file under `run_dir` with no symlink on the way; else None."""
+    root = run_dir.resolve()
+    try:
+        relative = path.absolute().relative_to(run_dir.absolute())
+    except ValueError:
+        return None
+    current = run_dir
+    for part in relative.parts:
+        current = current / part
+        if part == ".." or current.is_symlink():
+            return None
+    try:
+        info = current.stat()
+    except OSError:
+        return None
+    if not stat.S_ISREG(info.st_mode) or root not in current.resolve().parents:
+        return None
+    return current
 
 
 def _raw(artifacts: dict[tuple[str, str], str], run_dir: Path, receipt: Path) -> LoadRaw | None:
@@ -100,21 +131,22 @@ def _raw(artifacts: dict[tuple[str, str], str], run_dir: Path, receipt: Path) ->
 
 
 def _jsonl(path: Path) -> Iterator[dict[str, Any]]:
-    with path.open() as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise InputError(f"{path}:{number}: not JSON: {exc.msg}") from exc
-            if isinstance(record, dict):
-                yield record
+    for number, line in iter_lines(path, "load record file"):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise InputError(f"{path}:{number}: not JSON: {getattr(exc, 'msg', exc)}") from exc
+        except RecursionError:
+            raise InputError(f"{path}:{number}: nested too deeply to be a record") from None
+        if isinstance(record, dict):
+            yield record
 
 
 def _tail(path: Path) -> bytes:
     size = path.stat().st_size
-    with path.open("rb") as f:
+    with open_input(path, "server log") as f:
         if size <= LOG_TAIL_BYTES:
             return f.read()
         f.seek(size - LOG_TAIL_BYTES)
@@ -146,7 +178,7 @@ def receipts_from_registry(registry: str, *, ca_bundle: str | None = None, crede
         for tag in tags:
             if _TAG_SCHEMA.fullmatch(tag):
                 index = client.manifest(repo, tag)
-                for d in (index.json.get("manifests") or []) if index is not None else []:
+                for d in _dicts(index.json.get("manifests")) if index is not None else []:
                     if d.get("artifactType") == RECEIPT_MEDIA_TYPE and d.get("digest"):
                         artifacts.setdefault(str(d["digest"]), tag)
                 indexed.add(tag)
@@ -160,26 +192,33 @@ def receipts_from_registry(registry: str, *, ca_bundle: str | None = None, crede
             image = client.manifest(repo, tag)
             if image is None or image.digest.replace(":", "-", 1) in indexed:
                 continue
-            for d in client.referrers(repo, image.digest) or []:
+            for d in _dicts(client.referrers(repo, image.digest)):
                 if d.get("artifactType") == RECEIPT_MEDIA_TYPE and d.get("digest"):
                     artifacts.setdefault(str(d["digest"]), tag)
         for digest, tag in sorted(artifacts.items()):
             artifact = client.manifest(repo, digest)
             if artifact is None:
                 continue
-            layers = [x for x in (artifact.json.get("layers") or []) if x.get("mediaType") == RECEIPT_MEDIA_TYPE]
+            layers = [x for x in _dicts(artifact.json.get("layers")) if x.get("mediaType") == RECEIPT_MEDIA_TYPE]
             if not layers:
                 continue
             where = f"{host}/{repo}@{digest} (via {tag})"
             try:
-                document = json.loads(client.get_blob(repo, layers[0]["digest"]))
-            except json.JSONDecodeError as exc:
-                raise InputError(f"{where}: receipt layer is not JSON: {exc.msg}") from exc
+                document = json.loads(client.get_blob(repo, str(layers[0].get("digest"))))
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                raise InputError(f"{where}: receipt layer is not JSON: {getattr(exc, 'msg', exc)}") from exc
+            except RecursionError:
+                raise InputError(f"{where}: receipt layer is nested too deeply to be a receipt") from None
             receipts.append(parse_receipt(document, source=where, origin=ORIGIN_REGISTRY))
     return receipts
 
 
 _TAG_SCHEMA = re.compile(r"sha256-[0-9a-f]{64}")
+
+
+def _dicts(value: Any) -> list[dict[str, Any]]:
+    """The objects of a registry's list (a hostile registry's other shapes are no descriptors)."""
+    return [d for d in value if isinstance(d, dict)] if isinstance(value, list) else []
 
 
 # -- GPU fixtures (a page of their own, never a square) ------------------------------------------------

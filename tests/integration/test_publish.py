@@ -37,7 +37,7 @@ from pipeline.model import STAGES
 from pipeline.plan import plan_cell
 from pipeline.publish import RECEIPT_MEDIA_TYPE, legacy_receipt_tag, referrers_tag
 from pipeline.receipt import write_all
-from pipeline.registry import OCI_INDEX, OCI_MANIFEST, Credentials, RegistryClient
+from pipeline.registry import OCI_INDEX, OCI_MANIFEST, TRUSTED_REALMS_ENV, Credentials, RegistryClient
 from pipeline.result import CheckResult, Outcome, StageResult, Status, VerifyReport
 from pipeline.site import load_site
 from tests.integration.conftest import IMAGES, REPO, Daemon, write_matrix
@@ -134,7 +134,9 @@ class Bench:
     # -- commands ----------------------------------------------------------------------------------------
 
     def env(self, **extra: str) -> dict[str, str]:
-        return {"DOCKER_CONFIG": str(self.config), **extra}
+        # The test token service listens on its own port: another origin, named as the registry's own.
+        realms = {TRUSTED_REALMS_ENV: self.registry.issuer.realm} if self.registry.issuer is not None else {}
+        return {"DOCKER_CONFIG": str(self.config), **realms, **extra}
 
     def run(
         self, args: list[str], *, login: bool = False, env: dict[str, str] | None = None, password: str | None = None
@@ -162,7 +164,10 @@ class Bench:
         creds = None
         if self.registry.password:
             creds = Credentials(username=USER, secret=self.registry.password, source="test")
-        return RegistryClient(self.registry.address, credentials=creds)
+        return RegistryClient(self.registry.address, credentials=creds, trusted_realms=self._realms())
+
+    def _realms(self) -> tuple[str, ...]:
+        return (self.registry.issuer.realm,) if self.registry.issuer is not None else ()
 
     def tags(self) -> dict[str, str]:
         with self.client() as client:
@@ -334,7 +339,7 @@ def test_token_reuse_and_refresh_after_expiry(token_bench: Bench) -> None:
     # 60 s of clock skew past `exp`): only a refresh on 401 gets past that.
     b.registry.issuer.lifetime, b.registry.issuer.claimed_lifetime = -56, 3600
     creds = Credentials(username=USER, secret=b.registry.password, source="test")
-    with RegistryClient(b.registry.address, credentials=creds) as client:
+    with RegistryClient(b.registry.address, credentials=creds, trusted_realms=b._realms()) as client:
         client.check()
         client.manifest(REPO_NAME, "nothing")  # pull scope
         client.manifest(REPO_NAME, "still-nothing")  # reused

@@ -55,6 +55,13 @@ class Case:
     stdin: str = ""
     timeout: int = 30
     env: dict[str, str] = field(default_factory=dict)
+    # Issue 27: the defect class a case attacks (benchmarks/hostile_inputs.py counts per class), a
+    # canary that must appear in no output and no file the command wrote under the case's directory,
+    # and (file, regex) that must not match the named file once the command ran (a false PASS).
+    klass: str = ""
+    forbid: str = ""
+    refute: tuple[str, str] | None = None
+    fifos: tuple[str, ...] = ()  # names made as FIFOs with no writer
 
 
 # -- the matrix ----------------------------------------------------------------------------------
@@ -536,7 +543,143 @@ def _server_cases() -> list[Case]:
     return cases
 
 
-CASES = [*_matrix_cases(), *_cli_cases(), *_file_cases(), *_server_cases()]
+# -- issue 27: the new surfaces (report, compare, repro sources, doctor input, load URLs, logs) ---------
+
+CANARY = "CANARYs3cret9"
+_RECEIPT = (REPO / "tests/fixtures/receipts/cpu-tiny-pass/cpu-tiny/run-20261201T181931/receipt.json").read_bytes()
+
+
+_PROJECT_MATRIX = (REPO / "matrix.yaml").read_bytes()
+
+
+def _receipt_with(edit: Any) -> bytes:
+    document = json.loads(_RECEIPT)
+    edit(document)
+    return json.dumps(document).encode()
+
+
+def _greedy(gap: str, *, duplicate: bool = False) -> bytes:
+    prompts = [f'{{"index": 0, "prompt": "p", "tokens": ["x", "z"], "top2_gaps": [3.0, {gap}]}}']
+    if duplicate:
+        prompts.append('{"index": 0, "prompt": "p", "tokens": ["x", "y"], "top2_gaps": [3.0, 3.0]}')
+    head = '{"kind": "stackproof.greedy-samples", "schema_version": 1, "model": "m", "max_tokens": 4, "label": "b"'
+    return (head + ', "prompts": [' + ", ".join(prompts) + "]}").encode()
+
+
+def _reliability_cases() -> list[Case]:
+    cases = []
+
+    def add(klass: str, name: str, argv: list[str], expect: tuple[int, ...], located: str = "", **kw: Any) -> None:
+        cases.append(Case(id=f"rel{klass}-{name}", argv=argv, expect=expect, located=located, klass=klass, **kw))
+
+    report = ["report", "--receipts", "{DIR}/runs", "--out", "{DIR}/site", "--cells", "cpu-tiny"]
+    not_pass = ("site/index.json", r'"status": "PASS"')
+    good = _greedy("3.0")
+    compare = ["compare", "{DIR}/a/greedy.json", "{DIR}/b/greedy.json"]
+    # 1. nothing called verified that is not
+    for name, edit in {
+        "imports-only": lambda d: d.update(stages=d["stages"][:1]),
+        "other-image": lambda d: d["image"].update(ref="stackproof/other:1"),
+        "image-not-digest": lambda d: d["image"].update(id="latest"),
+        "stage-failed": lambda d: d["stages"][3].update(status="FAIL"),
+    }.items():
+        add(
+            "1",
+            f"report-pass-{name}",
+            report,
+            (0,),
+            files={"runs/r/receipt.json": _receipt_with(edit)},
+            refute=not_pass,
+        )
+    for name, gap in {"nan": "NaN", "negative": "-5.0", "infinite": "Infinity"}.items():
+        add("1", f"compare-gap-{name}", compare, (1, 2), r"b/greedy\.json",
+            files={"a/greedy.json": good, "b/greedy.json": _greedy(gap)}, refute=("out.txt", "near-tie"))  # fmt: skip
+    add("1", "compare-duplicate-index", compare, (1, 2), r"b/greedy\.json",
+        files={"a/greedy.json": good.replace(b'"z"', b'"y"'), "b/greedy.json": _greedy("3.0", duplicate=True)},
+        refute=("out.txt", "agree on every token"))  # fmt: skip
+    # 2. files and secrets stay where they belong
+    outside = _receipt_with(lambda d: d["stages"][1]["artifacts"].update(server_log="{DIR}/runs/r/../../secret.log"))
+    leaked = {"runs/r/receipt.json": outside, "secret.log": CANARY.encode()}
+    add("2", "report-dotdot-artifact", report, (0,), files=leaked, forbid=CANARY)
+    freeze = f"vllm==0.28.0\nflashinfer-python @ https://bob:{CANARY}@internal.example/fi-0.6.18-py3-none-any.whl\n"
+    freeze += f"foo @ git+https://{CANARY}x@github.com/x/foo@v1\n"
+    m = ["--matrix", "{DIR}/m.yaml", "--images", str(REPO / "images")]
+    add("2", "repro-freeze-credentials", ["repro", "{DIR}/f.txt", *m, "--offline", "--arch", "sm90"], (0, 2),
+        files={"f.txt": freeze.encode(), **VALID_FILES}, forbid=CANARY)  # fmt: skip
+    add("2", "repro-freeze-credentials-write", ["repro", "{DIR}/f.txt", *m, "--offline", "--arch", "sm90", "--write"],
+        (0, 2), files={"f.txt": freeze.encode(), "m.yaml": _PROJECT_MATRIX}, forbid=CANARY)  # fmt: skip
+    secrets = {"HF_TOKEN": CANARY, "PIP_INDEX_URL": f"https://u:{CANARY}@x/s"}
+    doctor = json.dumps({"schema_version": 1, "env": secrets})
+    add("2", "doctor-input-secrets", ["doctor", "--input", "{DIR}/d.json", *m], (0, 1, 2),
+        files={"d.json": doctor.encode(), **VALID_FILES}, forbid=CANARY)  # fmt: skip
+    add("2", "load-url-credentials", ["load", "--url", f"http://u:{CANARY}@127.0.0.1:{{PORT}}/ok", "--questions", "2",
+        "--concurrency", "1", "--max-tokens", "2", "--determinism-repeats", "0", "--out", "{DIR}/o"], (0, 1, 2),
+        forbid=CANARY, timeout=60)  # fmt: skip
+    # 3. waits without an end
+    add("3", "inspect-log-fifo", ["inspect", "log", "{DIR}/fifo"], (2,), r"fifo", fifos=("fifo",), timeout=10)
+    add("3", "repro-fifo", ["repro", "{DIR}/fifo", *m, "--offline"], (2,), r"fifo", fifos=("fifo",),
+        files=VALID_FILES, timeout=10)  # fmt: skip
+    patho = b"INFO start\n" + b"No tuned config covers x input_shapes=; falling back to runner=" * 20_000 + b"\n"
+    add(
+        "3",
+        "signature-pathological-line",
+        ["inspect", "log", "{DIR}/l.log"],
+        (0, 1),
+        files={"l.log": patho},
+        timeout=10,
+    )
+    # 4. unbounded memory: an endless input given as each file the tool reads
+    for name, argv in {
+        "autotune": ["inspect", "autotune", "/dev/zero"],
+        "log": ["inspect", "log", "/dev/zero"],
+        "questions": [
+            "load",
+            "--url",
+            "http://127.0.0.1:{PORT}/ok",
+            "--questions-file",
+            "/dev/zero",
+            "--out",
+            "{DIR}/o",
+        ],
+        "doctor-input": ["doctor", "--input", "/dev/zero", *m],
+        "compare": ["compare", "/dev/zero", "/dev/zero"],
+        "report": ["report", "--receipts", "/dev/zero", "--out", "{DIR}/site"],
+        "repro": ["repro", "/dev/zero", *m, "--offline"],
+    }.items():
+        add("4", f"dev-zero-{name}", argv, (2,), r"/dev/zero", files=VALID_FILES, timeout=20)
+    # 5. tracebacks: receipt fields of the wrong type, TeX specials, a vanishing rate
+    for name, edit in {
+        "seconds-string": lambda d: d.update(seconds="long"),
+        "runtime-list": lambda d: d.update(runtime=[1]),
+        "checks-map": lambda d: d["stages"][0].update(checks={"a": 1}),
+        "artifacts-list": lambda d: d["stages"][0].update(artifacts=[1]),
+        "load-events-map": lambda d: d["load"].update(events={"a": 1}),
+        "autotune-n-string": lambda d: d.update(autotune=[{"op": "o", "n": "x", "k": 1, "rows": []}]),
+    }.items():
+        add(
+            "5",
+            f"report-type-{name}",
+            report,
+            (2,),
+            r"receipt\.json: ",
+            files={"runs/r/receipt.json": _receipt_with(edit)},
+        )
+    tex = _receipt_with(lambda d: d.update(arm="$\\frac{a}{b}$^_%"))
+    add("5", "report-tex-specials", report, (0,), files={"runs/r/receipt.json": tex})
+    for rate in ("1e-320", "5e-324", "0.9999999999999999"):
+        add(
+            "5", f"stats-rate-{rate}", ["stats", "--baseline-rate", rate, "--questions", "10"], (2,), r"--baseline-rate"
+        )
+    # 6. the exit-code and JSON contract
+    add(
+        "6", "usage-error-json", ["stats", "--questions", "x", "--baseline-rate", "1/450", "--json"], (2,), r"questions"
+    )
+    add("6", "compare-nan-json", [*compare, "--json"], (1, 2), r"b/greedy\.json",
+        files={"a/greedy.json": good, "b/greedy.json": _greedy("NaN")})  # fmt: skip
+    return cases
+
+
+CASES = [*_matrix_cases(), *_cli_cases(), *_file_cases(), *_server_cases(), *_reliability_cases()]
 
 
 def _limit_memory() -> None:
@@ -552,7 +695,9 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any
         directory.mkdir()
         for name, data in case.files.items():
             (directory / name).parent.mkdir(parents=True, exist_ok=True)
-            (directory / name).write_bytes(data)
+            (directory / name).write_bytes(data.replace(b"{DIR}", str(directory).encode()))
+        for name in case.fifos:
+            os.mkfifo(directory / name)
         documents.append(
             {
                 "id": case.id,
@@ -607,6 +752,30 @@ def test_hostile_input(case: Case, results: dict[str, dict[str, Any]]) -> None:
         json.dumps(document, allow_nan=False)
         if result["code"] not in (0, 1):
             assert document["error"]["exit_code"] == result["code"]
+    for problem in reliability_problems(case, result):
+        pytest.fail(problem)
+
+
+def reliability_problems(case: Case, result: dict[str, Any]) -> list[str]:
+    """What issue 27's judgement adds: no canary anywhere, no false PASS (also benchmarks/hostile_inputs.py)."""
+    problems = []
+    directory = Path(result["dir"])
+    if case.forbid:
+        if case.forbid in result["stdout"] + result["stderr"]:
+            problems.append(f"{case.forbid} printed")
+        for path in directory.rglob("*"):
+            relative = path.relative_to(directory).as_posix()
+            original = case.files.get(relative, b"").replace(b"{DIR}", str(directory).encode())
+            data = path.read_bytes() if path.is_file() else b""
+            if data != original and case.forbid.encode() in data:
+                problems.append(f"{case.forbid} written to {path.relative_to(directory)}")
+    if case.refute is not None:
+        name, pattern = case.refute
+        target = directory / name
+        text = result["stdout"] if name == "out.txt" else (target.read_text() if target.is_file() else "")
+        if re.search(pattern, text):
+            problems.append(f"{name} matches {pattern!r}: a false verification")
+    return problems
 
 
 # -- what needs a real process: a closed pipe, stdin ---------------------------------------------------

@@ -100,8 +100,8 @@ def test_credentials_from_helpers_in_docker_order(tmp_path: Path) -> None:
 class FakeRegistry:
     """A registry wanting a Bearer token of the right scope, and its token service."""
 
-    def __init__(self, *, users: dict[str, str], basic: bool = False) -> None:
-        self.users, self.basic = users, basic
+    def __init__(self, *, users: dict[str, str], basic: bool = False, realm: str = f"http://{HOST}/token") -> None:
+        self.users, self.basic, self.realm = users, basic, realm
         self.token_calls: list[dict[str, Any]] = []
         self.valid: dict[str, set[str]] = {}  # token -> actions it grants
         self.seen_auth: list[str] = []
@@ -119,7 +119,7 @@ class FakeRegistry:
         granted = self.valid.get(header.removeprefix("Bearer "), set())
         if not header.startswith("Bearer ") or not need <= granted:
             scope = "repository:stackproof:" + ",".join(sorted(need, reverse=True))
-            challenge = f'Bearer realm="http://127.0.0.1:9/token",service="svc",scope="{scope}"'
+            challenge = f'Bearer realm="{self.realm}",service="svc",scope="{scope}"'
             return httpx.Response(401, headers={"WWW-Authenticate": challenge})
         return httpx.Response(200, json={}, headers={"Content-Type": "application/json"})
 
@@ -171,6 +171,33 @@ def test_anonymous_token_and_refused_push_say_what_to_do() -> None:
     with _client(fake, wrong) as client, pytest.raises(InfraError, match="token service refused") as bad:
         client._request("GET", "/v2/")
     assert CANARY not in str(bad.value)
+
+
+def test_credentials_go_only_to_a_token_service_of_the_same_origin() -> None:
+    """Before: the Basic credentials went to whatever realm the registry named (another host or port)."""
+    for realm in ("http://127.0.0.1:9/token", "http://evil.example:5000/token", "https://127.0.0.1:5000/token"):
+        fake = FakeRegistry(users={"u": CANARY}, realm=realm)
+        sent: list[str] = []
+
+        def handler(request: httpx.Request, fake: FakeRegistry = fake, sent: list[str] = sent) -> httpx.Response:
+            if request.url.path == "/token":
+                sent.append(request.headers.get("Authorization", ""))
+            return fake.handler(request)
+
+        creds = Credentials(username="u", secret=CANARY, source="test")
+        with RegistryClient(HOST, credentials=creds, transport=httpx.MockTransport(handler)) as client:
+            assert client._request("GET", "/v2/stackproof/manifests/a").status_code == 200  # an anonymous pull token
+            with pytest.raises(InfraError, match=r"not sent to .* another origin") as refused:
+                client._request("POST", "/v2/stackproof/blobs/uploads/")
+        assert sent and not any(sent), f"credentials sent to {realm}"
+        assert "STACKPROOF_REGISTRY_TOKEN_ORIGINS" in str(refused.value)
+    # Named by the user's config: that origin gets them.
+    fake = FakeRegistry(users={"u": CANARY}, realm="http://127.0.0.1:9/token")
+    creds = Credentials(username="u", secret=CANARY, source="test")
+    transport = httpx.MockTransport(fake.handler)
+    with RegistryClient(HOST, credentials=creds, transport=transport, trusted_realms=("http://127.0.0.1:9",)) as c:
+        assert c._request("POST", "/v2/stackproof/blobs/uploads/").status_code == 200
+    assert fake.token_calls[-1]["user"] == "u"
 
 
 def test_basic_challenge() -> None:
@@ -313,7 +340,7 @@ def test_an_identity_token_is_exchanged_by_oauth2_post() -> None:
             return httpx.Response(200, json={"access_token": "at", "expires_in": 60})
         if request.headers.get("Authorization") == "Bearer at":
             return httpx.Response(200, json={})
-        challenge = 'Bearer realm="http://127.0.0.1:9/token",service="svc",scope="repository:stackproof:pull"'
+        challenge = f'Bearer realm="http://{HOST}/token",service="svc",scope="repository:stackproof:pull"'
         return httpx.Response(401, headers={"WWW-Authenticate": challenge})
 
     creds = Credentials(username="<token>", secret=CANARY, source="docker-credential-x", identity_token=True)
