@@ -20,7 +20,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE = REPO / "tests" / "fixtures" / "logs" / "vllm-0.28.0-cpu-startup.log"
-GOAL = 0.5
+GOAL = 1.0
 
 # Lines a long-running server writes over and over, and a few it writes once in a while.
 STEADY = [
@@ -109,6 +109,7 @@ def generate(path: Path, target: int) -> int:
 def to_ere(pattern: str) -> str:
     """Our Python regexes as POSIX ERE for GNU grep."""
     text = re.sub(r"\(\?P<\w+>", "(", pattern).replace("(?:", "(")
+    text = text.replace("[^\\n]", ".")  # grep reads line by line: "not a newline" is any character
     text = text.replace(r"\d", "[0-9]").replace(r"\S", "[^[:space:]]").replace(r"\w", "[[:alnum:]_]")
     text = text.replace(r"\s", "[[:space:]]").replace("*?", "*").replace("+?", "+")
     return text
