@@ -1,6 +1,6 @@
 """`stackproof inspect log` against `grep -E -f <all patterns>` on the same generated 200 MB log.
 
-Goal (issue: stage startup, kept by issue 14): at least half of grep's throughput with everything
+Goal (issue 26, after issue 14): at least grep's throughput with everything
 `inspect log` looks for: the failure classes, startup phases and facts of the diagnosis
 (verify/failure_classes.yaml), the whole signature catalog and the built-in rules. Prints MB/s side
 by side (best of --repeat runs each); asserts nothing.
