@@ -1,21 +1,35 @@
-"""How well `stackproof inspect log` names what failed, on the real logs of tests/fixtures/logs/real/.
+"""How well `stackproof inspect log` names what failed, on three sets of real logs.
 
-For each log of the corpus (index.yaml: the expected class, incident and phase, judged from the
-thread) it runs `python -m pipeline inspect log FILE --json` and counts, over the failing logs:
-detected (exit != 0), correct class, correct incident (among the logs that have one), and wrong
-attributions (an incident named that the log is not); over the clean logs: false positives (exit
-!= 0) and clean logs that carry a FAIL check. `--before DIR` also runs an older checkout (e.g.
-`git archive main | tar -x -C DIR`) and reads its JSON, which had signatures but no classes: its
-first failing signature is mapped to the class it stands for. Prints a table; asserts nothing.
-Usage: python benchmarks/diagnosis.py [--before DIR] [--list]
+- `corpus`: tests/fixtures/logs/real/ (the project's own corpus, tuned on since issue 14);
+- `tune`: tests/fixtures/logs/unseen/tune/, the half of the unseen pastes the catalog was tuned on
+  (issue 26);
+- `test`: tests/fixtures/logs/unseen/test/, the other half, never tuned on: its score is the one
+  that says whether the diagnosis generalises.
+
+The unseen pastes were split by a hash of their thread's URL before any was judged
+(tests/fixtures/logs/unseen/SPLIT.md); this script recomputes the split and refuses a file filed in
+the wrong half, and refuses an unseen thread that is also in the corpus.
+
+For each log it runs `stackproof inspect log FILE --json` (one interpreter per set) and counts,
+over the failing logs: detected (exit 1), the right class (and phase where the index gives one),
+wrong incidents (an incident named that the log is not); over the clean logs: clean logs called
+failures (verdict failed), clean excerpts that exit 1. A failing log called clean is one that exits 0
+although its expected class is a failure (a log that only stops mid-startup, class
+`startup-incomplete`, is right when it exits 0 saying startup completion is not shown, with the
+phase it stopped in: issue 26 made that an exit-0 verdict). Right class is also given per family.
+`--before DIR` runs an older checkout too (e.g. `git archive <commit> | tar -x -C DIR`).
+Prints tables; asserts nothing.
+Usage: python benchmarks/diagnosis.py [--sets corpus,tune,test] [--before DIR] [--list]
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import subprocess
 import sys
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,151 +37,216 @@ from typing import Any
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-CORPUS = REPO / "tests" / "fixtures" / "logs" / "real"
+LOGS = REPO / "tests" / "fixtures" / "logs"
+SETS = {"corpus": LOGS / "real", "tune": LOGS / "unseen" / "tune", "test": LOGS / "unseen" / "test"}
+GOALS = (
+    "goal (issue 26): right class >= 80% of failing, 0 wrong incidents, 0 clean called failures,"
+    " 0 failing called clean, 0 clean exiting 1"
+)
 
-# The class each signature of the old catalog stands for (the old output had no classes).
-OLD_SIGNATURE_CLASS = {
-    "cuda-illegal-memory-access": "illegal-memory-access",
-    "cuda-out-of-memory": "out-of-memory",
-    "flashinfer-sm120-dynamic-workspace-oom": "out-of-memory",
-    "mla-fp8-kv-decode-shared-memory": "triton-out-of-resources",
-    "flashinfer-package-mismatch": "flashinfer-version-mismatch",
-    "vllm-engine-core-init-failed": "engine-init-failed",
-    "ple-offload-engine-init": "engine-init-failed",
-    "nvrm-xid-13": "xid-13",
-    "nvrm-xid-31": "xid-31",
-    "nvrm-xid-43": "xid-43",
-    "nvrm-xid-79": "xid-79",
+# Families, for the per-family table: what kind of thing failed, whatever the class's wording.
+FAMILIES = {
+    "configuration": ("config-error",),
+    "toolchain / architecture": ("ptxas-unknown-arch", "no-kernel-image", "unsupported-on-gpu"),
+    "attention backend": ("attention-backend-unavailable",),
+    "driver / CUDA runtime": ("driver-too-old", "cuda-fork", "no-gpu-visible", "undefined-symbol"),
+    "GPU hardware (kernel log)": ("gpu-lost", "nvswitch-error"),
+    "memory": ("out-of-memory", "kv-cache-too-small", "no-kv-cache-memory"),
+    "kernel fault": ("illegal-memory-access", "device-side-assert", "triton-out-of-resources"),
+    "FlashInfer": ("flashinfer-jit-build", "flashinfer-version-mismatch"),
+    "distributed": ("nccl-error", "nccl-timeout", "p2p-unsupported", "p2p-unavailable", "control-plane-unreachable"),
+    "engine": ("engine-dead", "engine-init-failed", "shm-broadcast-stall", "startup-incomplete"),
+    "frontend (tokenizer, tools)": ("tool-parser-error", "tokenizer-error"),
+    "unknown failure": ("python-exception", "unclassified-error"),
 }
+
+# Runs the command on every file of a set in one interpreter: prints one JSON line per file.
+RUNNER = """
+import contextlib, io, json, sys
+from stackproof.cli import main
+for path in sys.argv[1:]:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        try:
+            code = main(["inspect", "log", path, "--json"])
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 2
+    print(json.dumps({"file": path, "exit": code, "out": out.getvalue()}), flush=True)
+"""
 
 
 @dataclass
 class Answer:
     exit_code: int
     cls: str  # the class named ("none" when none)
-    incident: str  # the incident named ("none" when none)
+    incident: str
     phase: str | None
-    fail_checks: list[str] = field(default_factory=list)
+    verdict: str
+    startup_completed: bool | None
 
 
 @dataclass
 class Tally:
     failing: int = 0
     detected: int = 0
-    correct_class: int = 0
-    with_incident: int = 0
-    correct_incident: int = 0
-    wrong_attribution: int = 0
+    right_class: int = 0
+    wrong_incident: int = 0
+    failing_called_clean: int = 0
     clean: int = 0
-    false_positive: int = 0
-    clean_with_fail_check: int = 0
+    clean_called_failure: int = 0
+    clean_exit_1: int = 0
+    families: Counter[str] = field(default_factory=Counter)  # family -> logs
+    families_right: Counter[str] = field(default_factory=Counter)
     misses: list[str] = field(default_factory=list)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--before", type=Path, help="an older checkout to compare against (its own pipeline/)")
+    parser.add_argument("--sets", default="corpus,tune,test", help="comma-separated: corpus, tune, test")
+    parser.add_argument("--before", type=Path, help="an older checkout to compare against")
     parser.add_argument("--list", action="store_true", help="print every log's answer")
     args = parser.parse_args()
-    index = yaml.safe_load((CORPUS / "index.yaml").read_text())["logs"]
+    names = [s for s in args.sets.split(",") if s]
+    unknown = [s for s in names if s not in SETS]
+    if unknown:
+        parser.error(f"unknown set(s) {', '.join(unknown)} (known: {', '.join(SETS)})")
+    indexes = {name: load_index(name) for name in names}
     columns = {"after (this tree)": REPO}
     if args.before:
-        columns = {f"before ({args.before})": args.before, **columns}
-    results = {name: tally(index, code, verbose=args.list) for name, code in columns.items()}
-    rows = [
-        ("failing logs", "failing"),
-        ("  detected (exit != 0)", "detected"),
-        ("  correct class", "correct_class"),
-        ("  logs with an expected incident", "with_incident"),
-        ("  correct incident", "correct_incident"),
-        ("  wrong attribution (an incident it is not)", "wrong_attribution"),
-        ("clean logs", "clean"),
-        ("  false positives (exit != 0)", "false_positive"),
-        ("  clean logs with a FAIL check", "clean_with_fail_check"),
-    ]
-    width = max(len(r[0]) for r in rows)
-    print(f"\nstackproof diagnosis coverage on {len(index)} real logs ({CORPUS.relative_to(REPO)})")
-    print(f"  {'':<{width}}  " + "  ".join(f"{name:>24}" for name in results))
-    for label, attr in rows:
-        print(f"  {label:<{width}}  " + "  ".join(f"{getattr(t, attr):>24}" for t in results.values()))
-    for name, t in results.items():
-        if t.misses:
-            print(f"\n{name}: misses")
-            for miss in t.misses:
-                print(f"  {miss}")
+        columns = {f"before ({args.before.name})": args.before, **columns}
+    for name, index in indexes.items():
+        results = {label: tally(index, SETS[name], code, verbose=args.list) for label, code in columns.items()}
+        report(name, index, results)
+    print(f"\n{GOALS}")
     return 0
 
 
-def tally(index: list[dict[str, Any]], code: Path, *, verbose: bool) -> Tally:
-    t = Tally()
+def load_index(name: str) -> list[dict[str, Any]]:
+    """The set's index, with the split and the no-reuse rule checked for the unseen halves."""
+    index = yaml.safe_load((SETS[name] / "index.yaml").read_text())["logs"]
+    if name == "corpus":
+        return index
+    corpus = {e["source"] for e in yaml.safe_load((SETS["corpus"] / "index.yaml").read_text())["logs"]}
     for entry in index:
-        answer = run(code, CORPUS / entry["file"])
-        expected_class = entry["class"]
+        half = split_half(entry["url"])
+        if half != name:
+            sys.exit(f"{SETS[name] / entry['file']}: its URL hashes to the {half} half, not {name} (SPLIT.md)")
+        if entry["source"] in corpus:
+            sys.exit(f"{SETS[name] / entry['file']}: {entry['source']} is already in the corpus")
+    return index
+
+
+def split_half(url: str) -> str:
+    """tests/fixtures/logs/unseen/SPLIT.md: the half a thread's paste belongs to, from its URL alone."""
+    return "tune" if hashlib.sha256(url.encode()).hexdigest()[0] in "01234567" else "test"
+
+
+def family_of(cls: str) -> str:
+    if cls.startswith("xid-"):
+        return "GPU hardware (kernel log)"
+    return next((family for family, members in FAMILIES.items() if cls in members), "other")
+
+
+def report(name: str, index: list[dict[str, Any]], results: dict[str, Tally]) -> None:
+    rows = [
+        ("failing logs", "failing"),
+        ("  detected (exit 1)", "detected"),
+        ("  right class", "right_class"),
+        ("  wrong incident", "wrong_incident"),
+        ("  failing called clean", "failing_called_clean"),
+        ("clean logs", "clean"),
+        ("  clean called a failure", "clean_called_failure"),
+        ("  clean exiting 1", "clean_exit_1"),
+    ]
+    width = max(len(r[0]) for r in rows)
+    print(f"\n== {name}: {len(index)} real logs ({SETS[name].relative_to(REPO)})")
+    print(f"  {'':<{width}}  " + "  ".join(f"{label:>26}" for label in results))
+    for label, attr in rows:
+        cells = []
+        for t in results.values():
+            value = getattr(t, attr)
+            percent = f" ({100 * value / t.failing:.0f}%)" if attr == "right_class" and t.failing else ""
+            cells.append(f"{str(value) + percent:>26}")
+        print(f"  {label:<{width}}  " + "  ".join(cells))
+    families = sorted({f for t in results.values() for f in t.families})
+    if families:
+        print(f"  right class by family{'':<{width - 21}}")
+        fwidth = max(len(f) for f in families) + 4
+        for family in families:
+            cells = [f"{t.families_right[family]}/{t.families[family]}" for t in results.values()]
+            print(f"    {family:<{fwidth - 2}}" + " " * (width - fwidth + 2) + "  ".join(f"{c:>26}" for c in cells))
+    for label, t in results.items():
+        if t.misses:
+            print(f"  {label}: misses")
+            for miss in t.misses:
+                print(f"    {miss}")
+
+
+def tally(index: list[dict[str, Any]], folder: Path, code: Path, *, verbose: bool) -> Tally:
+    t = Tally()
+    answers = run_all(code, [folder / e["file"] for e in index])
+    for entry in index:
+        answer = answers[str(folder / entry["file"])]
         if verbose:
             print(f"{code.name}: {entry['file']}: {answer}")
+        expected = entry["class"]
         if entry["status"] == "clean":
             t.clean += 1
-            t.false_positive += answer.exit_code != 0
-            t.clean_with_fail_check += bool(answer.fail_checks)
+            t.clean_called_failure += answer.verdict == "failed"
+            t.clean_exit_1 += answer.exit_code == 1
             if answer.exit_code != 0:
-                t.misses.append(f"{entry['file']}: clean, got {answer.cls} / {answer.incident}")
+                t.misses.append(f"{entry['file']}: clean, got {answer.cls} (exit {answer.exit_code})")
             continue
         t.failing += 1
-        t.detected += answer.exit_code != 0
-        phase_ok = "phase" not in entry or answer.phase == entry["phase"]
-        good_class = answer.cls == expected_class and phase_ok
-        t.correct_class += good_class
-        if entry["incident"] != "none":
-            t.with_incident += 1
-            t.correct_incident += answer.incident == entry["incident"]
-        if answer.incident != "none" and answer.incident != entry["incident"]:
-            t.wrong_attribution += 1
-        if not good_class or answer.incident != entry["incident"]:
+        family = family_of(expected)
+        t.families[family] += 1
+        t.detected += answer.exit_code == 1
+        if expected == "startup-incomplete":
+            # Item 3 of issue 26: a log that only stops mid-startup is an excerpt, exit 0, naming its phase.
+            good = answer.startup_completed is False and answer.cls == "none" and answer.phase == entry.get("phase")
+            good = good or (answer.cls == "startup-incomplete" and answer.phase == entry.get("phase"))
+        else:
+            good = answer.cls == expected and ("phase" not in entry or answer.phase == entry["phase"])
+            t.failing_called_clean += answer.exit_code == 0
+        t.right_class += good
+        t.families_right[family] += good
+        wrong = answer.incident != "none" and answer.incident != entry.get("incident", "none")
+        t.wrong_incident += wrong
+        if not good or wrong:
             t.misses.append(
-                f"{entry['file']}: want {expected_class}/{entry['incident']}"
-                f"{'/' + entry['phase'] if 'phase' in entry else ''}, got {answer.cls}/{answer.incident}"
-                f"{'/' + answer.phase if answer.phase else ''} (exit {answer.exit_code})"
+                f"{entry['file']}: want {expected}{'/' + entry['phase'] if 'phase' in entry else ''}, "
+                f"got {answer.cls}/{answer.incident}{'/' + answer.phase if answer.phase else ''} "
+                f"(exit {answer.exit_code})"
             )
     return t
 
 
-def run(code: Path, log: Path) -> Answer:
+def run_all(code: Path, files: list[Path]) -> dict[str, Answer]:
     proc = subprocess.run(
-        [sys.executable, "-m", "pipeline", "inspect", "log", str(log), "--json"], cwd=code, capture_output=True
+        [sys.executable, "-c", RUNNER, *map(str, files)], cwd=code, capture_output=True, text=True, check=False
     )
-    if proc.returncode not in (0, 1):
-        return Answer(exit_code=proc.returncode, cls="error", incident="none", phase=None)
-    document = json.loads(proc.stdout)
-    fails = [c["name"] for c in document.get("checks", []) if c.get("status") == "FAIL"]
-    if "diagnosis" in document:
-        return _answer_now(proc.returncode, document, fails)
-    return _answer_before(proc.returncode, document, fails)
+    if proc.returncode != 0:
+        sys.exit(f"{code}: the runner failed: {proc.stderr[-2000:]}")
+    answers = {}
+    for line in proc.stdout.splitlines():
+        item = json.loads(line)
+        answers[item["file"]] = parse(item["exit"], item["out"])
+    return answers
 
 
-def _answer_now(exit_code: int, document: dict[str, Any], fails: list[str]) -> Answer:
-    d = document["diagnosis"]
+def parse(exit_code: int, out: str) -> Answer:
+    if exit_code not in (0, 1):
+        return Answer(exit_code, "error", "none", None, "error", None)
+    d = json.loads(out)["diagnosis"]
+    startup = d["startup"]
     if d["class"]:
         cls, phase = d["class"]["id"], d["class"]["phase"]
-    elif d["verdict"] == "inconclusive":
-        cls, phase = "startup-incomplete", d["startup"]["last_phase"]
+    elif d["verdict"] == "inconclusive":  # before issue 26: a stop mid-startup was its own verdict
+        cls, phase = "startup-incomplete", startup["last_phase"]
     else:
-        cls, phase = "none", None
+        cls, phase = "none", startup["last_phase"] if startup["completed"] is False else None
     incident = d["incident"]["id"] if d["incident"] else "none"
-    return Answer(exit_code=exit_code, cls=cls, incident=incident, phase=phase, fail_checks=fails)
-
-
-def _answer_before(exit_code: int, document: dict[str, Any], fails: list[str]) -> Answer:
-    """The old output: signature matches with refs, and rule checks (no classes, no phases)."""
-    failing = [m for m in document["matches"] if m["kind"] == "signature" and m.get("severity") == "fail"]
-    first = failing[0] if failing else None
-    if first is not None:
-        cls = OLD_SIGNATURE_CLASS.get(first["id"], first["id"])
-    elif "forbid:no-traceback" in fails:
-        cls = "python-exception"  # "a traceback was seen"
-    else:
-        cls = "none"
-    incident = first["id"] if first is not None and first.get("refs") else "none"
-    return Answer(exit_code=exit_code, cls=cls, incident=incident, phase=None, fail_checks=fails)
+    return Answer(exit_code, cls, incident, phase, d["verdict"], startup["completed"])
 
 
 if __name__ == "__main__":

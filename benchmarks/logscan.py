@@ -1,6 +1,6 @@
 """`stackproof inspect log` against `grep -E -f <all patterns>` on the same generated 200 MB log.
 
-Goal (issue: stage startup, kept by issue 14): at least half of grep's throughput with everything
+Goal (issue 26, after issue 14): at least grep's throughput with everything
 `inspect log` looks for: the failure classes, startup phases and facts of the diagnosis
 (verify/failure_classes.yaml), the whole signature catalog and the built-in rules. Prints MB/s side
 by side (best of --repeat runs each); asserts nothing.
@@ -20,7 +20,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE = REPO / "tests" / "fixtures" / "logs" / "vllm-0.28.0-cpu-startup.log"
-GOAL = 0.5
+GOAL = 1.0
 
 # Lines a long-running server writes over and over, and a few it writes once in a while.
 STEADY = [
@@ -109,6 +109,7 @@ def generate(path: Path, target: int) -> int:
 def to_ere(pattern: str) -> str:
     """Our Python regexes as POSIX ERE for GNU grep."""
     text = re.sub(r"\(\?P<\w+>", "(", pattern).replace("(?:", "(")
+    text = text.replace("[^\\n]", ".")  # grep reads line by line: "not a newline" is any character
     text = text.replace(r"\d", "[0-9]").replace(r"\S", "[^[:space:]]").replace(r"\w", "[[:alnum:]_]")
     text = text.replace(r"\s", "[[:space:]]").replace("*?", "*").replace("+?", "+")
     return text

@@ -886,7 +886,7 @@ _seconds = _number(float, high=MAX_SECONDS)
 
 
 def _inspect_log(args: argparse.Namespace) -> int:
-    """Exit 0 when the log is clean, 1 when it shows a failure or is inconclusive, 2 on bad input.
+    """Exit 1 when the log names a failure, 0 otherwise (clean, or inconclusive), 2 on bad input.
 
     The diagnosis (verify/diagnosis.py) names the failure class, the incident only when its
     preconditions are shown, the facts and the last exception; docs/inspect-log.md is the JSON.
@@ -923,7 +923,7 @@ def _inspect_log(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     checks = [c for c in judge(rule_matches, rules, source=name) if c.name != "signatures"] if rules else []
-    status = {"failed": Status.FAIL, "inconclusive": Status.INCONCLUSIVE, "clean": Status.PASS}[diagnosis.verdict]
+    status = Status.FAIL if diagnosis.verdict == "failed" else Status.PASS
     checks.append(CheckResult(name="diagnosis", status=status, message=diagnosis.summary()))
     failed = any(c.status is Status.FAIL for c in checks)
     verdict = (
@@ -958,7 +958,9 @@ def _inspect_log(args: argparse.Namespace) -> int:
         # The reader left (`| head`, `| grep -q`): the verdict still decides the exit code, and
         # stdout goes to /dev/null so the interpreter's final flush does not raise again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    return 0 if verdict == "clean" else 1
+    # Exit 1 only for a named failure (a class, an incident, a cell's rule): a script can tell a
+    # failing log from an excerpt that proves nothing either way (verdict inconclusive, exit 0).
+    return 1 if verdict == "failed" else 0
 
 
 def _not_a_text_log(data: Any) -> str | None:
@@ -1000,10 +1002,9 @@ def _diagnosis_text(name: str, verdict: str, diagnosis: Any, checks: list[Any]) 
         process = f", {e.process}" if e.process else ""
         lines.append(f"  last exception (line {e.line_no}{process}): {e.type}: {e.message[:200]}{frame}")
     if diagnosis.startup.completed is not None:
-        state = "completed" if diagnosis.startup.completed else "not completed"
-        lines.append(
-            f"  startup: {state}, last phase {diagnosis.startup.last_phase} (line {diagnosis.startup.line_no})"
-        )
+        state = "completed" if diagnosis.startup.completed else diagnosis.startup.note
+        shown = f"last step shown {diagnosis.startup.last_phase} (line {diagnosis.startup.line_no})"
+        lines.append(f"  startup: {state}, {shown}")
     if diagnosis.facts:
         lines.append("  facts: " + ", ".join(f"{f.name}={f.value} ({f.source})" for f in diagnosis.facts[:20]))
     lines += [f"  also: {h.id} (line {h.line_no}, {h.count}x)" for h in diagnosis.classes[1:6]]

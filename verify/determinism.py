@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipeline.result import CheckResult, Status
-from verify.serving.openai import ServerAPI
+
+if TYPE_CHECKING:  # a type only: importing the HTTP client here made every CLI command pay for httpx
+    from verify.serving.openai import ServerAPI
 
 __all__ = ["PROMPTS", "Divergence", "Sample", "compare", "judge_phase", "request_sample"]
 

@@ -51,7 +51,19 @@ __all__ = [
 ]
 
 CLASSES_FILE = Path(__file__).with_name("failure_classes.yaml")
-CLASS_KEYS = ("id", "title", "severity", "priority", "match", "what", "next", "min_count", "phased")
+CLASS_KEYS = (
+    "id",
+    "title",
+    "severity",
+    "priority",
+    "match",
+    "what",
+    "next",
+    "next_by_phase",
+    "min_count",
+    "phased",
+    "fallback",
+)
 FIRST_ONLY_FACTS = frozenset({"arch", "vllm", "flashinfer", "sglang", "torch", "driver", "model_architecture"})
 SERVING_PACKAGES = ("vllm", "sglang", "flashinfer", "tensorrt_llm", "lmcache", "vllm_ascend")
 _CONTEXT_LINES = 80  # how far above an exception its frames are looked for
@@ -86,7 +98,22 @@ _PHASE_FRAMES = (
         re.compile(r"profile_run|determine_available_memory|determine_num_available_blocks|_dummy_run|profile_"),
     ),
     ("weight-load", re.compile(r"load_model|load_weights|create_weights|get_model|initialize_model|weight")),
+    # The engine's step loop and the request path: an allocation that fails while serving
+    # (vllm/v1/engine/core.py run_busy_loop/step, the scheduler's event loop, the API's handlers).
+    (
+        "serving",
+        re.compile(
+            r"execute_model|run_busy_loop|_process_engine_step|\bstep\(|sampler|sample\(|event_loop"
+            r"|forward_batch_generation|serving_chat|serving_completion|_continuation_prefill"
+            r"|Engine loop is not running|EngineDeadError"
+        ),
+    ),
 )
+# A logger header below error level (vLLM, SGLang's caller, Rust tracing, uvicorn): what such a line
+# says about errors ("... can cause fd limit errors like `OSError: ...`") is not an error.
+_QUIET_LEVEL = re.compile(r"^(?:\S+\s+)?(?:INFO|WARNING|WARN|DEBUG|TRACE|NOTICE)\b")
+# What a clean verdict says when the log shows startup phases but not their completion.
+STARTUP_NOT_SHOWN = "startup completion not shown in this excerpt"
 
 
 # -- data ------------------------------------------------------------------------------------------
@@ -101,8 +128,10 @@ class FailureClass:
     patterns: tuple[str, ...]
     what: str
     next: str
-    min_count: int = 1  # fewer sightings are a warning
+    min_count: int = 1  # fewer sightings fail only when startup did not complete after the last one
     phased: bool = False  # say which startup phase it happened in
+    next_by_phase: tuple[tuple[str, str], ...] = ()  # advice that fits the phase, when one is known
+    fallback: bool = False  # named only when no other failing class is (the error-line extractor)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -177,6 +206,11 @@ class Startup:
     last_phase: str | None
     line_no: int | None
 
+    @property
+    def note(self) -> str | None:
+        """What a log that shows startup phases without their completion says: it is an excerpt."""
+        return STARTUP_NOT_SHOWN if self.completed is False else None
+
 
 @dataclass(frozen=True, kw_only=True)
 class Diagnosis:
@@ -201,9 +235,10 @@ class Diagnosis:
             if self.primary.id == "python-exception" and self.last_exception is not None:
                 text += f": {_exception_text(self.last_exception)}"
             return text
-        if self.verdict == "inconclusive":
+        if self.startup.completed is False:
             return (
-                f"startup not completed: the log ends in phase {self.startup.last_phase} (line {self.startup.line_no})"
+                f"no failure found; {STARTUP_NOT_SHOWN} (the last startup step shown is "
+                f"{self.startup.last_phase}, line {self.startup.line_no}, and no line says the server is serving)"
             )
         return "no failure found"
 
@@ -234,6 +269,7 @@ class Diagnosis:
                 "completed": self.startup.completed,
                 "last_phase": self.startup.last_phase,
                 "line": self.startup.line_no,
+                "note": self.startup.note,
             },
             "facts": [{"name": f.name, "value": f.value, "source": f.source} for f in self.facts],
         }
@@ -262,6 +298,12 @@ def diagnose(
     startup = _startup(phases)
     hits, warnings = _classes(classes, matches, data, phases)
     last = _last_exception(data, [m for m in matches if m.id == "exception"])
+    # The error-line extractor (a fallback class) names an error only when nothing more specific does.
+    by_id = {c.id: c for c in classes.classes}
+    fallback = [h for h in hits if by_id[h.id].fallback]
+    hits = [h for h in hits if not by_id[h.id].fallback]
+    if not hits and last is None:
+        hits = fallback[:1]
     if not hits and last is not None:
         python = next(c for c in classes.classes if c.id == "python-exception")
         hits = [
@@ -282,14 +324,17 @@ def diagnose(
     if last is not None and last.process:
         processes.append((last.process, last.line_no))
     all_facts += [Fact(name="process", value=p, source=f"line {line}") for p, line in processes]
-    # An unclassified traceback that the server started serving after was survived (an optional
-    # import, a retried probe): a warning, not the failure. Every classified failure stays one.
+    # An unclassified traceback or error line that the server started serving after was survived
+    # (an optional import, a retried probe): a warning, not the failure. Every classified failure stays one.
     serving = phases.get("serving")
-    survived = [h for h in hits if h.id == "python-exception" and serving is not None and h.line_no < serving]
+    unclassified = ("python-exception", "unclassified-error")
+    survived = [h for h in hits if h.id in unclassified and serving is not None and h.line_no < serving]
     hits = [h for h in hits if h not in survived]
     warnings = sorted([*warnings, *survived], key=lambda h: h.line_no)
     incident, hints = _incidents(incidents, [m for m in matches if m.kind == "signature"], all_facts)
-    verdict = "failed" if hits or incident else ("inconclusive" if startup.completed is False else "clean")
+    # Exit 1 means a named failure: a log that stops mid-startup without one is an excerpt (clean,
+    # with Startup.note); the verify stage judges startup completion itself, with a live server.
+    verdict = "failed" if hits or incident else "clean"
     return Diagnosis(
         verdict=verdict,
         primary=hits[0] if hits else None,
@@ -351,6 +396,13 @@ def load_classes(file: Path = CLASSES_FILE) -> ClassCatalog:
     facts = _named_patterns(src, "facts", problems)
     if "serving" not in {name for name, _ in phases}:
         problems.append(f"{file}:1: phases: needs a `serving` phase (startup completed)")
+    known = {name for name, _ in phases}
+    for i, c in enumerate(classes):
+        problems += [
+            f"{src.where(('classes', i, 'next_by_phase', phase))}: unknown phase (known: {', '.join(sorted(known))})"
+            for phase, _ in c.next_by_phase
+            if phase not in known
+        ]
     if problems:
         raise MatrixError(problems)
     return ClassCatalog(classes=tuple(classes), phases=phases, facts=facts)
@@ -377,6 +429,9 @@ def _class(src: YamlSource, path: Path_, entry: Any, problems: list[str]) -> Fai
             re.compile(str(pattern))
         except re.error as exc:
             bad(("match", j), f"not a valid regular expression: {exc}")
+    by_phase = entry.get("next_by_phase") or {}
+    if not isinstance(by_phase, dict) or not all(isinstance(v, str) for v in by_phase.values()):
+        bad(("next_by_phase",), "must map a startup phase to its advice")
     if len(problems) > before:
         return None
     return FailureClass(
@@ -389,6 +444,8 @@ def _class(src: YamlSource, path: Path_, entry: Any, problems: list[str]) -> Fai
         next=str(entry["next"]).strip(),
         min_count=int(entry.get("min_count", 1)),
         phased=bool(entry.get("phased", False)),
+        next_by_phase=tuple((str(k), str(v).strip()) for k, v in (entry.get("next_by_phase") or {}).items()),
+        fallback=bool(entry.get("fallback", False)),
     )
 
 
@@ -514,10 +571,15 @@ def _classes(
     warnings: list[ClassHit] = []
     for class_id, found in seen.items():
         c = by_id[class_id]
+        if c.fallback:  # a line its own logger calls INFO or WARNING is not an error line
+            found = [m for m in found if not _QUIET_LEVEL.match(clean_line(m.line).text)]
+            if not found:
+                continue
         found.sort(key=lambda m: m.line_no)
         lines = sorted({m.line_no for m in found})
         first = found[0]
         text = _clean_record(first.line, by_id[class_id].patterns)
+        phase = _phase_at(data, first, phases) if c.phased else None
         hit = ClassHit(
             id=c.id,
             title=c.title,
@@ -527,13 +589,21 @@ def _classes(
             process=_process(first.line),
             count=len(lines),
             what=c.what,
-            next=c.next,
-            phase=_phase_at(data, first, phases) if c.phased else None,
+            next=dict(c.next_by_phase).get(phase or "", c.next),
+            phase=phase,
         )
-        (hits if c.severity == "fail" and len(lines) >= c.min_count else warnings).append(hit)
+        (hits if c.severity == "fail" and _fails(c, lines, phases) else warnings).append(hit)
     hits.sort(key=lambda h: (by_id[h.id].priority, h.line_no))
     warnings.sort(key=lambda h: h.line_no)
     return hits, warnings
+
+
+def _fails(c: FailureClass, lines: Sequence[int], phases: dict[str, int]) -> bool:
+    """Enough sightings, or fewer but startup never shown completing after the last one."""
+    if len(lines) >= c.min_count:
+        return True
+    serving = phases.get("serving")
+    return serving is None or serving < lines[-1]
 
 
 def _clean_record(raw: str, patterns: Sequence[str]) -> str:
@@ -660,7 +730,7 @@ def _incidents(
                 line_no=line_no,
                 shown_by=tuple(shown) or ("its text names the failing component",),
             )
-        elif missing:
+        elif missing and shown:  # a hint needs the log or the cell to show part of what it requires
             hints.append(
                 Hint(
                     id=sig.id,
