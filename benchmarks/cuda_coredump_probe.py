@@ -7,7 +7,7 @@ Run with the environment the stall forensics give an opted-in server (verify/for
     CUDA_COREDUMP_FILE=DIR/core.cuda.%p python3 benchmarks/cuda_coredump_probe.py DIR
 
 It launches one single-thread kernel that busy-waits on %globaltimer, waits in
-`stream.synchronize()`, and from a thread writes to every FIFO in DIR (what `DockerSide.cuda_coredump`
+`stream.synchronize()`, and from a thread writes to every FIFO in DIR (what `RuntimeSide.cuda_coredump`
 does in the server container), then waits for the core file to stop growing and, where cuda-gdb is
 installed, asks it which kernel was resident (`info cuda kernels`). Needs a GPU and cupy.
 

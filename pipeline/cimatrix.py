@@ -128,9 +128,9 @@ def changed_cells(
     """The cells of `new` whose verification may come out differently than at the older commit.
 
     A cell is selected when it is new (or `old` is None: no matrix there), when its resolved
-    definition differs (`cell_definition`), when a file it is built from changed
-    (`cell_inputs`: its lock, the Dockerfile templates, its recipes), or when a cell it is built
-    on (a `{cell: ...}` base, at any depth) is selected. `changed_files` and `images_dir` are
+    definition differs (`cell_definition`), when a file it is built from changed (`cell_inputs`:
+    its lock, the Dockerfile templates unless it runs on the host, its recipes), or when a cell it
+    is built on (a `{cell: ...}` base, at any depth) is selected. `changed_files` and `images_dir` are
     paths of the working tree `new` was loaded from.
     """
     before = {c.id: cell_definition(old, c) for c in old.cells} if old else {}
@@ -175,7 +175,7 @@ def cell_definition(matrix: Matrix, cell: Cell) -> str:
 def cell_inputs(cell: Cell, images_dir: Path) -> tuple[Path, ...]:
     """Files and folders (absolute) the cell's build reads besides matrix.yaml."""
     images = _absolute(images_dir)
-    paths = [images / name for name in TEMPLATES]
+    paths = [] if cell.on_host else [images / name for name in TEMPLATES]  # a host cell renders no Dockerfile
     paths += [images / "recipes" / recipe for recipe in cell.recipes]
     if cell.install:
         paths.append(_absolute(cell.install.lock))

@@ -83,6 +83,10 @@ class Inventory:
     packages: tuple[tuple[str, str, str], ...]  # (name, version, sha256 of RECORD)
     executable: str
 
+    @property
+    def versions(self) -> tuple[tuple[str, str], ...]:
+        return tuple((name, version) for name, version, _ in self.packages)
+
 
 @dataclass(frozen=True, kw_only=True)
 class HostEnv:
@@ -95,6 +99,7 @@ class HostEnv:
     packages: int
     source: str  # "built" (this run), "local" (built before, same content) or "given" (--python)
     built_in_s: float | None = None
+    versions: tuple[tuple[str, str], ...] = ()  # (name, version) of every package, from the inventory
 
     @property
     def files_root(self) -> Path | None:
@@ -189,6 +194,7 @@ def built_host_env(plan: HostEnvPlan, *, envs_dir: Path | None = None) -> HostEn
         digest=identity.digest,
         python_version=identity.python_version,
         packages=len(identity.packages),
+        versions=identity.versions,
         source="local",
         built_in_s=recorded.get("built_in_s"),
     )
@@ -254,6 +260,7 @@ def given_env(python: str, *, where: str = "--python") -> HostEnv:
         digest=identity.digest,
         python_version=identity.python_version,
         packages=len(identity.packages),
+        versions=identity.versions,
         source="given",
     )
 
@@ -418,3 +425,25 @@ def _check_system_packages(cell: Cell, matrix: Matrix) -> None:
             f"{matrix.file}:{cell.line}: cells[{cell.id}].system_packages: not installed on this host: "
             f"{', '.join(missing)} (as root: apt-get install {' '.join(missing)})"
         )
+
+
+def given_differences(cell: Cell, versions: tuple[tuple[str, str], ...]) -> tuple[str, ...]:
+    """Where an environment departs from the versions its cell says it is given (`given:`), one line
+    each: a package absent, or at another version (compared as versions: 0.26 == 0.26.0)."""
+    from packaging.utils import canonicalize_name
+    from packaging.version import InvalidVersion, Version
+
+    here = {str(canonicalize_name(name)): version for name, version in versions}
+    out = []
+    for want in cell.given:
+        found = here.get(want.name)
+        if found is None:
+            out.append(f"{want.name}: the cell is given {want.version}, the environment has none")
+            continue
+        try:
+            same = Version(found) == Version(want.version)
+        except InvalidVersion:
+            same = found == want.version
+        if not same:
+            out.append(f"{want.name}: the cell is given {want.version}, the environment has {found}")
+    return tuple(out)

@@ -78,6 +78,7 @@ CELL_KEYS = (
     "log_rules",
     "autotune",
     "runtime",
+    "given",
 )
 AUTOTUNE_ENTRIES = ("expected", "none")
 RUNTIMES = ("docker", "host")  # verify/runtime/: an image's container, or a process group on the host
@@ -523,6 +524,11 @@ class _Checker:
 
         install = self.install((*p, "install"), data.get("install"), index_names) if "install" in data else None
         overrides = self.packages((*p, "overrides"), data.get("overrides"), index_names)
+        given = self.packages((*p, "given"), data.get("given"), index_names)
+        if given and not on_host:
+            self.problem((*p, "given"), "only a `runtime: host` cell is verified in an environment it is given")
+        elif given and "install" in data:
+            self.problem((*p, "given"), "a cell with `install:` builds its environment: `given` is for one that exists")
         serve = self.serve((*p, "serve"), data["serve"]) if data.get("serve") is not None else None
         expect = None
         if data.get("expect") is not None and self.keys(
@@ -598,6 +604,7 @@ class _Checker:
             autotune_entries=autotune_entries,
             notes=tuple(notes),
             runtime=runtime,
+            given=given,
         )
 
     def packages(self, path: Path_, value: Any, index_names: tuple[str, ...]) -> tuple[Requirement, ...]:

@@ -333,6 +333,9 @@ class Cell:
     autotune_entries: str = "expected"
     notes: tuple[str, ...] = ()  # flagged-but-allowed findings, e.g. a base without digest
     runtime: str = "docker"  # where its servers run: "docker" (an image) or "host" (verify/runtime/)
+    # A host cell verified in an environment that exists (`--python`): the versions it must hold,
+    # checked against its inventory before any stage, and what `matrix audit` reads rules against.
+    given: tuple[Requirement, ...] = ()
 
     @property
     def on_host(self) -> bool:

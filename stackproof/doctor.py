@@ -323,6 +323,8 @@ def match_cells(matrix: Matrix, fp: Fingerprint, lookup: Lookup, matrix_text: st
             geometry.append(f"arch: the cell is {cell.arch}, this host {fp.arch}")
         if cell.platform != fp.platform:
             geometry.append(f"platform: the cell is {cell.platform}, this host {fp.platform}")
+        if cell.on_host and fp.container:
+            geometry.append("runtime: the cell runs on the host, this is a container")
         pins = cell_stack(matrix, cell, lookup)
         assumed = dict(pins.assumed)
         stack = []

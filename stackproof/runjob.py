@@ -18,11 +18,11 @@ from pipeline.build import build_cell, build_seconds, built_image
 from pipeline.docker import Docker
 from pipeline.errors import InfraError
 from pipeline.host import host_fingerprint
-from pipeline.hostenv import HostEnv, build_host_env, built_host_env, given_env, plan_host_env
+from pipeline.hostenv import HostEnv, build_host_env, built_host_env, given_differences, given_env, plan_host_env
 from pipeline.model import Arm, Cell, LoadSpec, Matrix
 from pipeline.modelstore import ensure_model
 from pipeline.receipt import write_all
-from pipeline.result import CheckResult, VerifyReport
+from pipeline.result import CheckResult, Status, VerifyReport
 from pipeline.site import SiteSettings
 from verify.receipt import build_receipt, build_section
 from verify.runner import verify_image
@@ -151,7 +151,7 @@ def run_on_host(
     print(f"{cell.id}: verifying the host environment {env.ref} ({env.digest[:19]})", file=sys.stderr)
     runtime = HostRuntime(python=env.python, files_root=env.files_root, image_env=_lineage_env(matrix, cell))
     out_dir = _run_dir(out_root, cell)
-    host_check = _host_expectations(matrix, cell)
+    first_checks = [c for c in (_given_check(cell, env), _host_expectations(matrix, cell)) if c]
     started = time.time()
     report = verify_image(
         runtime,
@@ -164,7 +164,7 @@ def run_on_host(
         out_dir=out_dir,
         previous=previous,
         load=load,
-        extra_checks={stages[0]: [host_check]} if host_check and stages else None,
+        extra_checks={stages[0]: first_checks} if first_checks and stages else None,
     )
     receipt = build_receipt(
         report,
@@ -196,6 +196,22 @@ def _host_env(
             "(or verify an existing one with --runtime host --python PY)"
         )
     return env
+
+
+def _given_check(cell: Cell, env: HostEnv) -> CheckResult | None:
+    """The environment against the versions the cell says it is given: a FAIL before any stage
+    runs on an environment that is not the one the cell describes."""
+    if not cell.given:
+        return None
+    differences = given_differences(cell, env.versions)
+    wanted = {r.name: r.version for r in cell.given}
+    evidence: dict[str, Any] = {"given": wanted, "differences": list(differences)}
+    if differences:
+        return CheckResult(
+            name="given-environment", status=Status.FAIL, message="; ".join(differences), evidence=evidence
+        )
+    message = f"{len(wanted)} given packages at their versions ({env.packages} installed)"
+    return CheckResult(name="given-environment", status=Status.PASS, message=message, evidence=evidence)
 
 
 def _lineage_env(matrix: Matrix, cell: Cell) -> tuple[tuple[str, str], ...]:

@@ -137,7 +137,7 @@ def test_the_status_probe_and_the_engine_processes(served: tuple[Server, Cell]) 
         return status.health, status.models, status.metrics
 
     assert asyncio.run(main()) == (200, 200, 200)
-    found = server.docker.exec(server.name, ["python3", "-c", _FIND_TITLES, ",".join(driver.process_titles)])
+    found = server.runtime.exec(server.name, ["python3", "-c", _FIND_TITLES, ",".join(driver.process_titles)])
     assert found.returncode == 0, found.stderr
     titles = [line.split(" ", 1)[1] for line in found.stdout.splitlines()]
     assert any(t.startswith(driver.engine_process) for t in titles), titles

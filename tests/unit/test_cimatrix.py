@@ -33,8 +33,12 @@ ON_CPU_TINY = {CPU, MATCHED, MISMATCH}  # the fi-* cells are built on cpu-tiny's
 ON_VLLM_IMAGE = {RELEASE, FIXED, SPARK}
 SGLANG_CPU = "sglang-cpu-tiny"  # bootstrapped like cpu-tiny, with the tiny-model recipe
 ON_SGLANG_IMAGES = {"sm120-sglang-0.5.18-qwen3.8-nvfp4", "sm120-sglang-0.5.19-qwen3.8-nvfp4"}
-ALL = ON_CPU_TINY | ON_VLLM_IMAGE | {SGLANG_CPU} | ON_SGLANG_IMAGES
-ON_TINY_MODEL = ON_CPU_TINY | {SGLANG_CPU}  # the tiny-model recipe's cells
+CPU_HOST = "cpu-tiny-host"  # cpu-tiny's lock and recipes on the host runtime: no Dockerfile
+H200 = "h200-vllm-0.26.0-tiny"  # the host's own environment: no lock, no recipe, no Dockerfile
+IN_DOCKER = ON_CPU_TINY | ON_VLLM_IMAGE | {SGLANG_CPU} | ON_SGLANG_IMAGES  # rendered from the templates
+ALL = IN_DOCKER | {CPU_HOST, H200}
+ON_CPU_TINY_LOCK = ON_CPU_TINY | {CPU_HOST}
+ON_TINY_MODEL = ON_CPU_TINY | {SGLANG_CPU, CPU_HOST}  # the tiny-model recipe's cells
 
 
 @pytest.fixture(autouse=True)
@@ -267,11 +271,11 @@ CHANGES: dict[str, tuple[Callable[[GitRepo], None], set[str]]] = {
     "registry base digest": (_registry_base, ON_VLLM_IMAGE),
     "index url": (_index_url, {FIXED, SPARK}),
     "new cell": (_new_cell, {"sm90-new"}),
-    "lock file": (_lock, ON_CPU_TINY),
-    "dockerfile template": (_template, ALL),
-    "pip-install.sh": (_pip_install, ALL),
+    "lock file": (_lock, ON_CPU_TINY_LOCK),
+    "dockerfile template": (_template, IN_DOCKER),
+    "pip-install.sh": (_pip_install, IN_DOCKER),
     "recipe file": (_recipe_file, ON_TINY_MODEL),
-    "untracked recipe file": (_untracked_recipe_file, ON_CPU_TINY),
+    "untracked recipe file": (_untracked_recipe_file, ON_CPU_TINY_LOCK),
 }
 
 
@@ -300,7 +304,7 @@ def test_reasons_go_to_stderr_and_the_table(repo: GitRepo, capsys: pytest.Captur
     _lock(repo)
     code, doc, err = ci_matrix(capsys, "--matrix", str(repo.matrix), "--changed-since", "HEAD")
     assert code == 0
-    assert [e["cell"] for e in doc["include"]] == [CPU, MATCHED, MISMATCH]
+    assert [e["cell"] for e in doc["include"]] == [CPU, CPU_HOST, MATCHED, MISMATCH]
     assert f"ci-matrix: {CPU}: locks/cpu-tiny.lock.json changed" in err.splitlines()
     assert f"ci-matrix: {MATCHED}: built on cell {CPU}, which is selected" in err.splitlines()
 
@@ -308,7 +312,7 @@ def test_reasons_go_to_stderr_and_the_table(repo: GitRepo, capsys: pytest.Captur
     out = capsys.readouterr().out.splitlines()
     assert out[0].split()[-1] == "why"
     assert out[1].startswith(CPU) and out[1].endswith("locks/cpu-tiny.lock.json changed")
-    assert out[-1] == "3 of 9 cells selected, changed since HEAD"
+    assert out[-1] == "4 of 11 cells selected, changed since HEAD"
 
 
 def test_changed_since_and_named_cells_intersect(repo: GitRepo, capsys: pytest.CaptureFixture[str]) -> None:
@@ -322,7 +326,7 @@ def test_no_change_is_an_empty_include_list(repo: GitRepo, capsys: pytest.Captur
     code, doc, _ = ci_matrix(capsys, "--matrix", str(repo.matrix), "--changed-since", "HEAD")
     assert (code, doc) == (0, {"include": []})
     assert main(["ci-matrix", "--matrix", str(repo.matrix), "--changed-since", "HEAD"]) == 0
-    assert capsys.readouterr().out == "0 of 9 cells selected, changed since HEAD\n"
+    assert capsys.readouterr().out == "0 of 11 cells selected, changed since HEAD\n"
 
 
 def test_no_matrix_at_the_ref_selects_every_cell(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -353,7 +357,7 @@ def test_a_matrix_in_a_subfolder(tmp_path: Path, capsys: pytest.CaptureFixture[s
     outer_repo = GitRepo(outer)
     outer_repo.commit("moved into ci/")
     _lock(repo)
-    assert selected(capsys, repo, "HEAD") == ON_CPU_TINY
+    assert selected(capsys, repo, "HEAD") == ON_CPU_TINY_LOCK
 
 
 @pytest.mark.parametrize("ref", ["no-such-branch", "0" * 40, "--output=/tmp/x"])
@@ -403,6 +407,7 @@ def test_a_site_maps_default_labels_onto_arc_scale_sets(real_matrix: Matrix, tmp
         tmp_path,
         "schema_version: 1\n"
         "labels: {self-hosted: [], linux: [], x64: [], arm64: [], gpu: [], docker: [arc-cpu], sm121: [arc-spark]}\n"
+        "cells: {cpu-tiny-host: [arc-cpu]}\n"  # its labels are all generic: the site says where it runs
         "build: {linux/amd64: [arc-cpu], linux/arm64: [arc-cpu-arm]}\n",
     )
     by_id = {e.cell: e for e in include_entries(real_matrix, None, load_runner_labels(path, real_matrix))}

@@ -10,7 +10,7 @@ import yaml
 
 from pipeline.errors import InputError, MatrixError
 from pipeline.load import load_matrix
-from pipeline.model import BootstrapBase, CellBase, Matrix, RegistryBase
+from pipeline.model import BootstrapBase, CellBase, HostBase, Matrix, RegistryBase
 
 FIXED = "sm120-vllm-0.28.0-fi-0.6.18.post1-cu130"
 RELEASE = "sm120-vllm-0.28.0-release"
@@ -48,9 +48,12 @@ def doc(*parts: str) -> str:
 
 def test_real_matrix_cells_in_file_order(real_matrix: Matrix) -> None:
     sglang = ["sglang-cpu-tiny", "sm120-sglang-0.5.18-qwen3.8-nvfp4", "sm120-sglang-0.5.19-qwen3.8-nvfp4"]
-    assert [c.id for c in real_matrix.cells] == ["cpu-tiny", MATCHED, MISMATCH, RELEASE, FIXED, SPARK, *sglang]
+    host = ["cpu-tiny-host", "h200-vllm-0.26.0-tiny"]
+    assert [c.id for c in real_matrix.cells] == ["cpu-tiny", *host, MATCHED, MISMATCH, RELEASE, FIXED, SPARK, *sglang]
     assert {c.id: c.arch for c in real_matrix.cells} == {
         "cpu-tiny": "none",
+        host[0]: "none",
+        host[1]: "sm90",
         MATCHED: "none",
         MISMATCH: "none",
         RELEASE: "sm120",
@@ -60,8 +63,21 @@ def test_real_matrix_cells_in_file_order(real_matrix: Matrix) -> None:
         sglang[1]: "sm120",
         sglang[2]: "sm120",
     }
-    assert [c.is_gpu for c in real_matrix.cells] == [False, False, False, True, True, True, False, True, True]
-    assert [c.serve.engine for c in real_matrix.cells if c.serve] == ["vllm"] * 4 + ["sglang"] * 3
+    assert [c.is_gpu for c in real_matrix.cells] == [
+        False,
+        False,
+        True,
+        False,
+        False,
+        True,
+        True,
+        True,
+        False,
+        True,
+        True,
+    ]
+    assert [c.serve.engine for c in real_matrix.cells if c.serve] == ["vllm"] * 6 + ["sglang"] * 3
+    assert [c.id for c in real_matrix.cells if c.on_host] == host
 
 
 def test_fi_mismatch_inherits_the_matched_cell_and_moves_only_flashinfer_python(real_matrix: Matrix) -> None:
@@ -78,7 +94,7 @@ def test_fi_mismatch_inherits_the_matched_cell_and_moves_only_flashinfer_python(
 
 def test_real_matrix_indexes_and_bases(real_matrix: Matrix) -> None:
     names = [ix.name for ix in real_matrix.indexes]
-    assert names == ["pypi", "pytorch-cpu", "flashinfer", "flashinfer-cu130"]
+    assert names == ["pypi", "pytorch-cpu", "flashinfer", "flashinfer-cu130", "pytorch-cu130"]
     assert real_matrix.index("flashinfer-cu130").url == "https://flashinfer.ai/whl/cu130"
     debian, cpu_tiny, vllm, sglang_0_5_18, sglang_0_5_19 = real_matrix.bases
     assert (sglang_0_5_18.image, sglang_0_5_19.image) == (
@@ -677,7 +693,7 @@ def test_unreadable_file_is_a_matrix_error(tmp_path: Path) -> None:
 
 def test_lineage_is_the_one_walk_of_the_base_chain(real_matrix) -> None:
     cells = {c.id: c for c in real_matrix.cells}
-    on_cell = next(c for c in cells.values() if not isinstance(c.base, RegistryBase | BootstrapBase))
+    on_cell = next(c for c in cells.values() if not isinstance(c.base, RegistryBase | BootstrapBase | HostBase))
     chain = real_matrix.lineage(on_cell)
     assert chain[0] is on_cell and len(chain) >= 2
     assert isinstance(chain[-1].base, RegistryBase | BootstrapBase)
@@ -1008,6 +1024,36 @@ INVALID = [
         ],
         id="two_cells_that_are_each_others_base_are_rejected_with_a_location",
     ),
+    pytest.param(
+        doc(
+            CELL,
+            """\
+            given:
+              vllm: {version: "0.26.0", index: pypi}
+    """,
+        ),
+        [("given:", "cells[0].given: only a `runtime: host` cell is verified in an environment it is given")],
+        id="given_packages_on_a_docker_cell",
+    ),
+    pytest.param(
+        doc("""\
+        cells:
+          - id: h
+            runtime: host
+            platform: linux/amd64
+            arch: sm90
+            install:
+              requirements: {vllm: {version: "0.26.0", index: pypi}}
+              lock: locks/h.lock.json
+            given:
+              vllm: {version: "0.26.0", index: pipy}
+    """),
+        [
+            ("index: pipy", "cells[0].given.vllm.index: undeclared index 'pipy'"),
+            ("given:", "cells[0].given: a cell with `install:` builds its environment: `given` is for one that exists"),
+        ],
+        id="given_packages_beside_install_and_an_undeclared_index",
+    ),
 ]
 
 
@@ -1017,3 +1063,22 @@ def test_an_invalid_matrix_gives_every_problem_located(
 ) -> None:
     r = invalid(header + text)
     assert r.problems == [f"{r.at(marker)}: {message}" for marker, message in expected]
+
+
+def test_a_host_cell_given_its_environment(write_matrix, header: str, images_dir: Path) -> None:
+    text = header + doc("""\
+        cells:
+          - id: h
+            runtime: host
+            platform: linux/amd64
+            arch: sm90
+            given:
+              vllm: {version: "0.26.0", index: pypi}
+              Flashinfer_Python: {version: "0.6.14", index: pypi}
+    """)
+    cell = load_matrix(write_matrix(text), images_dir=images_dir).cell("h")
+    assert cell.on_host and cell.install is None
+    assert [(r.name, r.version, r.index) for r in cell.given] == [
+        ("flashinfer-python", "0.6.14", "pypi"),
+        ("vllm", "0.26.0", "pypi"),
+    ]

@@ -22,7 +22,7 @@ import yaml
 from pipeline.cimatrix import ENTRY_KEYS
 from stackproof.cli import main
 from tests.conftest import in_ci
-from tests.unit.test_cimatrix import CPU, MISMATCH, ON_CPU_TINY, SPARK, make_repo
+from tests.unit.test_cimatrix import CPU, MISMATCH, ON_CPU_TINY_LOCK, SPARK, make_repo
 
 REPO = Path(__file__).resolve().parents[2]
 WORKFLOWS = REPO / ".github" / "workflows"
@@ -298,5 +298,5 @@ def test_plan_script_on_schedule_dispatch_push_and_pull_request(verify: dict[str
     (repo.path / "locks" / "cpu-tiny.lock.json").write_text("{}\n")
     repo.commit("new lock")
     outputs, _ = run_plan(verify, repo.path, tmp_path, EVENT="push", BASE=base)
-    assert {e["cell"] for e in outputs["matrix"]["include"]} == ON_CPU_TINY
+    assert {e["cell"] for e in outputs["matrix"]["include"]} == ON_CPU_TINY_LOCK
     assert outputs["matrix"]["include"][0]["cell"] == CPU

@@ -102,6 +102,8 @@ def _stack(matrix: Matrix, cell: Cell, lookup: Lookup, seen: tuple[str, ...]) ->
         except InputError:
             for r in cell.install.requirements:
                 pins[r.name] = PackagePin(name=r.name, version=r.version, index=r.index, source="install (no lock)")
+    for g in cell.given:
+        pins[g.name] = PackagePin(name=g.name, version=g.version, index=g.index, source=f"given to {cell.id}")
     for name in cell.uninstall:
         pins.pop(str(canonicalize_name(name)), None)
     for o in cell.overrides:
