@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from packaging.version import InvalidVersion, Version
 
 from pipeline.errors import InfraError
-from pipeline.model import BootstrapBase, Cell, CellBase, Matrix, RegistryBase
+from pipeline.model import BootstrapBase, Cell, CellBase, HostBase, Matrix, RegistryBase
 from pipeline.result import CheckResult, Status
 
 if TYPE_CHECKING:
@@ -107,6 +107,17 @@ def preflight_job(
     if docker is None:  # only for a cell without items (a CPU cell): say what docker lacks
         raise InfraError(why or "docker not available")
     return docker
+
+
+def preflight_host(matrix: Matrix, cell: Cell) -> None:
+    """Preflight before `verify --runtime host` of a GPU cell: the host items only (GPU present, its
+    compute capability, the platform). No docker is asked: the servers run as host processes, so
+    the NVIDIA runtime, the base's platforms and docker's disk are not this job's."""
+    facts = gather_facts(matrix, cell, docker=None, docker_error="docker not used: the host runtime")
+    items = judge_host_preflight(cell, facts)
+    for line in preflight_lines(items):
+        print(line, file=sys.stderr)
+    enforce(cell, items)
 
 
 def connect() -> tuple[Docker | None, str | None]:
@@ -285,6 +296,8 @@ def _image_facts(
         if "NVIDIA_REQUIRE_CUDA" in dict(c.env):
             require, require_source = dict(c.env)["NVIDIA_REQUIRE_CUDA"], f"cell {c.id}'s env"
             break
+    if isinstance(base, HostBase):
+        return require, require_source or "a host environment: no image", None, "a host environment: no base image"
     if isinstance(base, BootstrapBase):
         machine = MACHINES.get(platform.machine(), f"linux/{platform.machine()}")
         if platforms is None:
@@ -458,6 +471,13 @@ def judge_preflight(cell: Cell, facts: PreflightFacts, *, docker_required: bool 
         _runtime(facts, docker_required),
         *_disks(facts, docker_required),
     ]
+
+
+def judge_host_preflight(cell: Cell, facts: PreflightFacts) -> list[CheckResult]:
+    """The items of `judge_preflight` that hold for a server run as a host process; pure."""
+    if not cell.is_gpu:
+        return []
+    return [_gpu(facts), _capability(cell, facts), _host_platform(cell, facts)]
 
 
 def _item(name: str, status: Status, message: str, **evidence: Any) -> CheckResult:

@@ -696,6 +696,10 @@ def _on_host(
         given_env(args.python)  # a missing or broken interpreter is exit 2 before anything starts
     elif build is False and cell.install is None:
         raise InputError(f"cell {cell.id} has no `install:` to build a host environment from: pass --python PY")
+    if cell.is_gpu and not args.no_preflight:
+        from pipeline.preflight import preflight_host
+
+        preflight_host(matrix, cell)  # a host without the cell's GPU is exit 3 before anything starts
     for run in remove_dead_host_runs():
         print(f"stackproof: ended {run}: its run is gone", file=sys.stderr)
     return run_on_host(

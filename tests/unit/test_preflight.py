@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import signal
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from pipeline.preflight import (
     PreflightFacts,
     PreflightFailed,
     enforce,
+    judge_host_preflight,
     judge_preflight,
     parse_require_cuda,
 )
@@ -499,3 +501,39 @@ def test_a_cell_on_another_cells_image_has_that_cells_platform(tmp_path: Path) -
     assert require == "cuda>=13.0"  # from the root registry base, through the parent cell
     facts = dataclasses.replace(h200(), machine="aarch64", base_platforms=platforms, base_platforms_source=psource)
     assert item(judge_preflight(matrix.cell("sm90-arm"), facts), "base-platform").status is Status.FAIL
+
+
+# -- the host runtime: the host items only ----------------------------------------------------------
+
+H200_HOST_CELL = "h200-vllm-0.26.0-tiny"
+
+
+def test_the_recorded_h200_passes_the_host_cell_on_the_host_items(real: Matrix) -> None:
+    items = judge_host_preflight(real.cell(H200_HOST_CELL), h200())
+    assert [(i.name, i.status) for i in items] == [
+        ("gpu", Status.PASS),
+        ("compute-capability", Status.PASS),
+        ("host-platform", Status.PASS),
+    ]  # no docker item: the servers are host processes
+
+
+def test_a_host_cell_for_another_arch_fails_on_the_recorded_h200(real: Matrix) -> None:
+    cell = dataclasses.replace(real.cell(H200_HOST_CELL), arch="sm120")
+    assert failing(judge_host_preflight(cell, h200())) == ["compute-capability"]
+    assert judge_host_preflight(real.cell("cpu-tiny-host"), h200()) == []  # a CPU cell has none
+
+
+def test_cli_verify_of_the_host_cell_without_a_gpu_exits_3_before_anything_starts(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    no_gpu = dataclasses.replace(h200(), gpus=(), gpu_error="nvidia-smi: not found on PATH")
+    monkeypatch.setattr(preflight, "gather_facts", lambda *a, **k: no_gpu)
+    monkeypatch.setattr("stackproof.runjob.run_on_host", lambda *a, **k: pytest.fail("a server path ran"))
+    handler = signal.getsignal(signal.SIGTERM)
+    try:
+        code = main(["verify", H200_HOST_CELL, *real_args(), "--python", sys.executable])
+    finally:
+        signal.signal(signal.SIGTERM, handler)
+    err = capsys.readouterr().err
+    assert code == 3 and "preflight FAIL  gpu: no NVIDIA GPU seen (nvidia-smi: not found on PATH)" in err
+    assert "nvidia-runtime" not in err and "Traceback" not in err
