@@ -6,6 +6,10 @@ T0=$(date +%s); el() { echo "$(( $(date +%s) - T0 )) s"; }
 cat /tmp/stage/carry.tar.* | tar -C /tmp -xf -
 echo "unpacked $(ls /tmp/wheels | wc -l) wheels at $(el)"
 python3 -m venv --system-site-packages /tmp/venv
+# That host's python3 is itself a venv (/opt/torch/.venv): a venv made from it sees the base
+# interpreter's site, not its torch. One .pth line puts the host's torch (and its neighbours) in.
+SITE=$(/tmp/venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+python3 -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))' > "$SITE/host-torch.pth"
 /tmp/venv/bin/python -m pip install -q --no-index --no-deps --no-cache-dir /tmp/wheels/*.whl > /tmp/pip.log 2>&1 \
   || { tail -20 /tmp/pip.log; exit 1; }
 echo "installed at $(el)"

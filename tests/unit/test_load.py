@@ -94,7 +94,7 @@ def test_fi_mismatch_inherits_the_matched_cell_and_moves_only_flashinfer_python(
 
 def test_real_matrix_indexes_and_bases(real_matrix: Matrix) -> None:
     names = [ix.name for ix in real_matrix.indexes]
-    assert names == ["pypi", "pytorch-cpu", "flashinfer", "flashinfer-cu130", "pytorch-cu130"]
+    assert names == ["pypi", "pytorch-cpu", "flashinfer", "flashinfer-cu130"]
     assert real_matrix.index("flashinfer-cu130").url == "https://flashinfer.ai/whl/cu130"
     debian, cpu_tiny, vllm, sglang_0_5_18, sglang_0_5_19 = real_matrix.bases
     assert (sglang_0_5_18.image, sglang_0_5_19.image) == (
