@@ -113,6 +113,7 @@ def _publish(args: argparse.Namespace) -> int:
     credentials = _credentials(args, args.registry)  # bad input (exit 2) before any docker or registry
     matrix, images = _load(args)
     cell = matrix.cell(args.cell)
+    _refuse_host(matrix, cell, args.receipt)
     site = load_site(matrix)
     tag = plan_cell(matrix, cell, site, images).tag
     image = args.image or tag
@@ -143,6 +144,28 @@ def _publish(args: argparse.Namespace) -> int:
     moved = ", ".join(result.moved_tags) or "no tag moved"
     _emit(args, result.to_json(), f"{result.reference} receipt {result.receipt_status}: {moved}")
     return 0 if result.receipt_status == "PASS" else 1
+
+
+NO_IMAGE = (
+    "publish pushes an image by digest and attaches its receipt to it; a host environment has no image to "
+    "attach a receipt to (keep the receipt with the run, or verify the cell's docker runtime)"
+)
+
+
+def _refuse_host(matrix: Matrix, cell: Cell, receipt: Path | None) -> None:
+    """A host cell, or a receipt of a host run, is exit 2 before docker or a registry is asked."""
+    if cell.on_host:
+        raise InputError(f"{matrix.file}:{cell.line}: cells[{cell.id}] runs on the host runtime: {NO_IMAGE}")
+    if receipt is None:
+        return
+    from pipeline.jsonfile import read_json
+
+    document = read_json(receipt, "receipt (--receipt)")
+    image = document.get("image") if isinstance(document, dict) else None
+    if isinstance(image, dict) and image.get("runtime") == "host":
+        raise InputError(
+            f"--receipt {receipt}: image.runtime: a receipt of a host run ({image.get('ref')}): {NO_IMAGE}"
+        )
 
 
 def _pull(args: argparse.Namespace) -> int:

@@ -16,7 +16,7 @@ from typing import Any
 
 from pipeline.build import build_cell, build_seconds, built_image
 from pipeline.docker import Docker
-from pipeline.errors import InfraError
+from pipeline.errors import InfraError, InputError
 from pipeline.host import host_fingerprint
 from pipeline.hostenv import HostEnv, build_host_env, built_host_env, given_differences, given_env, plan_host_env
 from pipeline.model import Arm, Cell, LoadSpec, Matrix
@@ -184,7 +184,9 @@ def _host_env(
     matrix: Matrix, cell: Cell, site: SiteSettings, images_dir: Path, *, build: bool, python: str | None, out_dir: Path
 ) -> HostEnv:
     if python is not None:
-        return given_env(python)
+        given = given_env(python)
+        _same_python_as_lock(matrix, cell, given)
+        return given
     plan = plan_host_env(matrix, cell, images_dir)
     if build:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -196,6 +198,18 @@ def _host_env(
             "(or verify an existing one with --runtime host --python PY)"
         )
     return env
+
+
+def _same_python_as_lock(matrix: Matrix, cell: Cell, env: HostEnv) -> None:
+    """A given environment for a locked cell runs the Python the lock was resolved for (exit 2)."""
+    if cell.install is None:
+        return
+    wanted = cell.install.python_version
+    if ".".join(env.python_version.split(".")[:2]) != wanted:
+        raise InputError(
+            f"{matrix.file}:{cell.line}: cells[{cell.id}].install.python_version: the lock is for Python {wanted}, "
+            f"and --python {env.python} is Python {env.python_version}"
+        )
 
 
 def _given_check(cell: Cell, env: HostEnv) -> CheckResult | None:

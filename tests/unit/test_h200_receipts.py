@@ -89,6 +89,9 @@ def test_the_stall_on_the_gpu_server_is_named_with_the_blocked_frame() -> None:
     assert progress["status"] == "FAIL" and progress["message"].startswith("ENGINE_STALL_API_ALIVE")
     [incident] = doc["forensics"]
     assert incident["type"] == "ENGINE_STALL_API_ALIVE" and incident["py_spy"]["available"] is True
+    # The spin rule on NVML samples of the stall's window: an idle GPU, the engine waits on the host.
+    assert incident["gpu"]["verdict"] == "GPU_IDLE"
+    assert incident["gpu"]["devices"]["0"]["window_util_median_percent"] == 0.0
     dumps = json.loads((RUNS / "stall" / "py-spy.json").read_text())
     engine = [d for d in dumps if d["cmdline"] == "VLLM::EngineCore"]
     assert engine and engine[0]["returncode"] == 0
@@ -102,3 +105,19 @@ def test_an_environment_that_is_not_the_given_one_fails_before_any_server() -> N
     assert given["status"] == "FAIL"
     # The cell said 2.11.0+cu130 (torch.__version__); the wheel's metadata says 2.11.0. The cell now does.
     assert given["message"] == "torch: the cell is given 2.11.0+cu130, the environment has 2.11.0"
+
+
+def test_publish_refuses_a_host_cell_and_a_host_receipt_before_docker(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr("pipeline.docker.Docker.connect", staticmethod(lambda: pytest.fail("docker was asked")))
+    real = ["--matrix", str(REPO / "matrix.yaml"), "--registry", "127.0.0.1:1"]
+    assert main(["publish", CELL, *real]) == 2
+    err = capsys.readouterr().err
+    assert "matrix.yaml:" in err and f"cells[{CELL}] runs on the host runtime" in err
+    assert "no image to attach a receipt to" in err and "Traceback" not in err
+    # A docker cell handed a host run's receipt: the same refusal, naming the receipt's field.
+    host_receipt = RUNS / "pass-fp8" / "receipt.json"
+    assert main(["publish", "cpu-tiny", *real, "--receipt", str(host_receipt)]) == 2
+    err = capsys.readouterr().err
+    assert f"--receipt {host_receipt}: image.runtime: a receipt of a host run (host:/tmp/venv/bin/python)" in err

@@ -84,3 +84,30 @@ def test_the_given_check_passes_on_the_real_environment_and_fails_on_another() -
     assert failed is not None and failed.status == Status.FAIL
     assert failed.message == f"pytest: the cell is given 0.0.1, the environment has {pytest_version}"
     assert _given_check(host_cell(), env) is None  # nothing given: nothing to check
+
+
+def test_a_given_python_other_than_the_locks_is_located_bad_input(tmp_path: Path) -> None:
+    import dataclasses
+
+    from pipeline.load import load_matrix
+    from pipeline.site import SiteSettings
+    from stackproof.runjob import _host_env
+
+    repo = Path(__file__).resolve().parents[2]
+    matrix = load_matrix(repo / "matrix.yaml", images_dir=repo / "images")
+    cell = matrix.cell("cpu-tiny-host")
+    assert cell.install is not None
+    other = "3.9" if not sys.version.startswith("3.9") else "3.12"
+    locked_elsewhere = dataclasses.replace(cell, install=dataclasses.replace(cell.install, python_version=other))
+    with pytest.raises(InputError) as info:
+        _host_env(matrix, locked_elsewhere, SiteSettings(), repo / "images", build=False, python=sys.executable,
+                  out_dir=tmp_path)  # fmt: skip
+    assert info.value.exit_code == 2
+    assert str(info.value) == (
+        f"{matrix.file}:{cell.line}: cells[cpu-tiny-host].install.python_version: the lock is for Python {other}, "
+        f"and --python {Path(sys.executable).absolute()} is Python {sys.version.split()[0]}"
+    )
+    same = _host_env(
+        matrix, cell, SiteSettings(), repo / "images", build=False, python=sys.executable, out_dir=tmp_path
+    )
+    assert same.source == "given"  # this interpreter is the lock's 3.11
