@@ -73,6 +73,16 @@ class Host:
     gpus: tuple[str, ...]
     driver: str
 
+    @property
+    def label(self) -> str:
+        """The column's name: "H200 (sm90)", "2x H200 (sm90)", or "CPU" for a host without GPU."""
+        if not self.gpus:
+            return "CPU"
+        names = sorted(set(self.gpus))
+        short = ", ".join(n.removeprefix("NVIDIA ").strip() for n in names)
+        count = f"{len(self.gpus)}x " if len(self.gpus) > 1 else ""
+        return f"{count}{short} ({self.arch})"
+
 
 @dataclass(frozen=True, kw_only=True)
 class Receipt:
@@ -88,6 +98,7 @@ class Receipt:
     expected_failure: str | None
     image_ref: str
     image_id: str
+    runtime: str  # where its servers ran: "docker" (an image's containers) or "host" (a host environment)
     host: Host
     started_at: str
     seconds: float
@@ -229,6 +240,7 @@ def parse_receipt(
         expected_failure=str(expected) if expected else None,
         image_ref=str(_at(image, "ref", str, source, "image.ref") or ""),
         image_id=str(_at(image, "id", str, source, "image.id") or ""),
+        runtime=str(_at(image, "runtime", str, source, "image.runtime") or "docker"),  # older receipts: docker
         host=_host(get.obj("host"), source),
         started_at=get.text("started_at"),
         seconds=get.number("seconds"),

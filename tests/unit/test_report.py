@@ -1,8 +1,8 @@
 """`stackproof report`: receipts -> the site's model, pages and index.json; bad input exits 2, located.
 
-Rendered from the real cpu-tiny run directories in tests/fixtures/receipts (see its README). Every
-GPU square stays "not verified": no GPU receipt exists, and the H200 fixtures only feed a page of
-their own.
+Rendered from the real cpu-tiny run directories in tests/fixtures/receipts (see its README); the
+real H200 host-runtime receipts (tests/fixtures/h200-vllm-0.26.0/receipts) fill an "H200 (sm90)"
+column where a test reads them. Every other GPU square stays "not verified".
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pipeline.errors import InputError
 from stackproof.cli import main
 from stackproof.site_report import plots
 from stackproof.site_report.model import ORIGIN_RECEIPT_ONLY, build_site, parse_receipt, winner_changes
-from stackproof.site_report.render import render_site
+from stackproof.site_report.render import render_site, slug
 from stackproof.site_report.sources import receipts_from_dirs, receipts_from_registry
 
 REPO = Path(__file__).resolve().parents[2]
@@ -408,3 +408,18 @@ def test_compare_pages_grow_linearly_with_the_hosts() -> None:
         document["host"] = {**document["host"], "key": f"host{i:04d}", "summary": f"host {i}"}
         receipts.append(_receipt(document))
     assert len(build_site(receipts).compares["cpu-tiny"]) == 149
+
+
+def test_the_h200_receipts_render_as_an_h200_sm90_column_on_the_host_runtime() -> None:
+    h200 = FIXTURES / "h200-vllm-0.26.0" / "receipts"
+    site = build_site(receipts_from_dirs([FIXTURES / "receipts", h200]))
+    assert [h.label for h in site.hosts] == ["CPU", "H200 (sm90)"]
+    on_h200 = site.by_cell["h200-vllm-0.26.0-tiny"]
+    assert {r.runtime for r in on_h200} == {"host"} and {r.arm for r in on_h200} == {None, "fp8"}
+    assert {r.runtime for r in site.by_cell["cpu-tiny"]} == {"docker"}  # an older receipt without the field
+    files = render_site(site, generated_at="now")
+    index, cell = files["index.html"].decode(), files[f"cells/{slug('h200-vllm-0.26.0-tiny')}.html"].decode()
+    assert '<span class="host">H200 (sm90)</span>' in index and '<span class="muted runtime">host</span>' in index
+    assert 'H200 (sm90) <span class="muted">host runtime' in cell
+    square = site.square("h200-vllm-0.26.0-tiny", site.hosts[1])
+    assert square.receipt is not None and square.receipt.status == "PASS"  # the full PASS over the stall run
