@@ -1022,8 +1022,9 @@ def _inspect_autotune(args: argparse.Namespace) -> int:
     from pipeline.result import Status
     from verify.autotune import FORMATS, judge_cache, load_policies, map_to_hybrid_bucket, read_cache, winners
     from verify.autotune_stage import winners_table
+    from verify.serving import autotune_file_patterns
 
-    cache = read_cache(args.file)
+    cache = read_cache(args.file, files=autotune_file_patterns())
     written_by = next(f for f in FORMATS if f.name == cache.format)
     policies = load_policies()
     if args.policy:
@@ -1034,10 +1035,12 @@ def _inspect_autotune(args: argparse.Namespace) -> int:
         policies = tuple(p for p in policies if p.id in args.policy)
     checks = judge_cache(cache, arch=args.arch, policies=policies)
     table = winners(cache)
+    read = cache.file if cache.layout == "legacy" else cache.file.parent
     lines = [
         f"{args.file}: FlashInfer autotune cache, {len(cache.entries)} entries, format {cache.format} "
         f"({written_by.shape}; FlashInfer {written_by.since}: {written_by.source})"
     ]
+    lines += [f"  read: {read}"] if read != args.file else []
     lines += [f"  {k}: {v}" for k, v in cache.metadata.items()]
     tables = winners_table(cache)
     buckets_for: dict[str, object] = {}
@@ -1059,6 +1062,7 @@ def _inspect_autotune(args: argparse.Namespace) -> int:
         lines.append(f"M={m} -> bucket {bucket}: " + ", ".join(f"{s}: {r}" for s, r in served.items()))
     document = {
         "file": str(args.file),
+        "read": str(read),
         "format": cache.format,
         "layout": cache.layout,
         "format_source": {"flashinfer": written_by.since, "shape": written_by.shape, "source": written_by.source},

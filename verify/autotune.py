@@ -230,25 +230,40 @@ class AutotuneCache:
         return self.file.parent if self.layout == "managed-v2" else None
 
 
-def read_cache(path: Path) -> AutotuneCache:
-    """Any layout: a legacy file; a store directory, its manifest.json, or a root holding one store."""
+def read_cache(path: Path, *, files: tuple[str, ...] = ()) -> AutotuneCache:
+    """Any layout: a legacy file; a store directory, its manifest.json, its v2 folder or a root
+    holding one store; or a directory holding one legacy file named by one of the glob patterns
+    `files` (the engine's names, e.g. vLLM's `**/autotune_configs.json`: the serving driver's)."""
     if path.is_dir():
-        return read_store(_store_dir(path))
+        found = _one_cache(path, files)
+        return read_store(found.parent) if found.name == MANIFEST else _read_legacy(found)
     if path.name == MANIFEST:
         return read_store(path.parent)
     return _read_legacy(path)
 
 
-def _store_dir(path: Path) -> Path:
+def _one_cache(path: Path, files: tuple[str, ...]) -> Path:
+    """The one manifest.json or legacy file in a directory; located errors for none or several."""
     if (path / MANIFEST).is_file():
-        return path
-    stores = sorted(p.parent for p in path.glob(f"{STORE_SCHEMA}/*/{MANIFEST}"))
-    if len(stores) == 1:
-        return stores[0]
-    if stores:
-        names = ", ".join(str(s) for s in stores)
-        raise InputError(f"{path}: {len(stores)} managed autotune stores ({names}): name one")
-    raise InputError(f"{path}: not a FlashInfer managed autotune store (no {MANIFEST} nor {STORE_SCHEMA}/*/{MANIFEST})")
+        return path / MANIFEST
+    store_glob = f"*/{MANIFEST}" if path.name == STORE_SCHEMA else f"{STORE_SCHEMA}/*/{MANIFEST}"
+    # vLLM keeps its file in the root or one config-hash folder below it: `**/` is read as at most
+    # one level, so naming a large directory by mistake never walks its whole tree.
+    shallow = [g for pattern in files for g in _shallow(pattern)]
+    patterns = tuple(dict.fromkeys((store_glob, *shallow)))
+    found = sorted({p for pattern in patterns for p in path.glob(pattern) if p.is_file()})
+    if len(found) == 1:
+        return found[0]
+    if found:
+        names = ", ".join(str(p.relative_to(path)) for p in found[:8]) + (", ..." if len(found) > 8 else "")
+        raise InputError(f"{path}: {len(found)} autotune caches ({names}): name one")
+    raise InputError(f"{path}: no FlashInfer autotune cache here (looked for {', '.join(patterns)})")
+
+
+def _shallow(pattern: str) -> tuple[str, ...]:
+    if pattern.startswith("**/"):
+        return (pattern[3:], f"*/{pattern[3:]}")
+    return (pattern,)
 
 
 def _read_legacy(file: Path) -> AutotuneCache:

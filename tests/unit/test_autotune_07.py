@@ -234,3 +234,80 @@ def test_the_0_33_facts_read_the_synthetic_log_lines() -> None:
     assert re.search(facts.announcements[1], managed).group("path") == CACHE_MOUNT  # type: ignore[union-attr]
     found = re.search(facts.announcements[0], legacy, re.MULTILINE).group("path")  # type: ignore[union-attr]
     assert found == f"{CACHE_MOUNT}/{HASH}/autotune_configs_dp0_rank0.json"
+
+
+# -- inspect autotune on the directory a user names ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("named", "read"),
+    [
+        (FI074 / "legacy-0.7.4", LEGACY_074),  # vLLM 0.26-0.32: the cache root, one hash folder below
+        (FI074 / "legacy-0.7.4" / HASH, LEGACY_074),  # the hash folder itself
+        (FI074 / "managed" / "v2", STORE),  # the store's v2 folder
+    ],
+)
+def test_inspect_autotune_reads_the_one_cache_of_a_directory(named: Path, read: Path, capsys) -> None:
+    assert main(["inspect", "autotune", str(named), "--arch", "sm90", "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["read"] == str(read) and document["file"] == str(named)
+    assert main(["inspect", "autotune", str(named), "--arch", "sm120"]) == 1
+    assert f"read: {read}" in capsys.readouterr().out
+
+
+def test_inspect_autotune_on_a_directory_of_several_or_no_caches_exits_2_naming_them(tmp_path: Path, capsys) -> None:
+    assert main(["inspect", "autotune", str(FI074 / "per-rank" / HASH)]) == 2
+    err = capsys.readouterr().err
+    assert "2 autotune caches (autotune_configs_dp0_rank0.json, autotune_configs_dp0_rank1.json): name one" in err
+    assert main(["inspect", "autotune", str(FI074 / "per-rank" / HASH / RANK1.name)]) == 0
+    capsys.readouterr()
+    # Deeper than vLLM's one hash folder is not looked at: a mistaken `/` is not walked.
+    deep = tmp_path / "a" / "b" / HASH
+    deep.mkdir(parents=True)
+    shutil.copyfile(LEGACY_074, deep / "autotune_configs.json")
+    assert main(["inspect", "autotune", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path}: no FlashInfer autotune cache here (looked for v2/*/manifest.json, autotune_configs.json" in err
+
+
+def test_a_malformed_manifest_exits_2_with_its_line(tmp_path: Path, capsys) -> None:
+    store = _store_copy(tmp_path)
+    (store / "manifest.json").write_text('{"cache_schema": "v2",\n')
+    assert main(["inspect", "autotune", str(tmp_path)]) == 2
+    assert f"{store / 'manifest.json'}:2: the managed autotune store manifest is not JSON" in capsys.readouterr().err
+
+
+# -- vLLM 0.26.0's real line on an H200 ------------------------------------------------------------
+
+# The server log of the first H200 receipt (tests/fixtures/h200-vllm-0.26.0/receipts, a real run).
+SERVER_0_26 = FIXTURES.parent / "h200-vllm-0.26.0" / "receipts" / "pass-bf16" / "server.log"
+
+
+def test_the_0_26_facts_read_the_real_h200_line_and_the_stage_judges_its_hash_folder(
+    real_matrix, tmp_path: Path
+) -> None:
+    """vLLM 0.26.0 on the H200 logged `[kernel_warmup.py:227] Using FlashInfer autotune cache file:
+    <dir>/<64-hex>/autotune_configs.json`; a real H200 cache at that place is judged, not INCONCLUSIVE."""
+    log = SERVER_0_26.read_text()
+    facts = driver_named("vllm").autotune_at("0.26.0")
+    assert facts is not None
+    match = re.search(facts.announcements[0], log, re.MULTILINE)
+    assert match is not None
+    named = match.group("path")
+    assert re.fullmatch(r"/\S+/[0-9a-f]{64}/autotune_configs\.json", named), named
+    mount, folder = named.rsplit("/", 2)[0], named.rsplit("/", 2)[1]
+    cache_dir = tmp_path / "cache" / folder
+    cache_dir.mkdir(parents=True)
+    shutil.copyfile(H200, cache_dir / "autotune_configs.json")
+    out = tmp_path / "out"
+    out.mkdir()
+    facts_0_26 = _facts("0.26.0", "0.6.18.post1")
+    judged = judge_fresh_cache(_cell(real_matrix), log, tmp_path / "cache", out, facts=facts_0_26, env={}, mount=mount)
+    checks = {c.name: c for c in judged}
+    assert checks["autotune-cache"].status is Status.PASS and checks["autotune-cache"].evidence["logged_path"] == named
+    assert checks["policy"].status is Status.FAIL  # cuDNN 9.19 wins small M: the SM120 policy
+    # The 0.33 line's sentence is not taken into the path, by the 0.33 facts.
+    new = driver_named("vllm").autotune_at("0.33.0")
+    assert new is not None
+    line = f"Using FlashInfer autotune cache file: {named}. Pass --disable-flashinfer-autotune to skip autotuning."
+    assert re.search(new.announcements[0], line).group("path") == named  # type: ignore[union-attr]

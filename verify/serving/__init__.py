@@ -23,6 +23,7 @@ __all__ = [
     "ServingDriver",
     "Since",
     "at_version",
+    "autotune_file_patterns",
     "driver_for",
     "driver_named",
 ]
@@ -42,3 +43,10 @@ def driver_named(name: str) -> ServingDriver:
 def driver_for(serve: ServeSpec | None) -> ServingDriver:
     """The driver of a cell's serve spec (vLLM when the cell serves nothing or names no engine)."""
     return driver_named(serve.engine) if serve is not None else DEFAULT
+
+
+def autotune_file_patterns() -> tuple[str, ...]:
+    """The cache-file globs of every engine release known here (`AutotuneFacts.files`), in order:
+    what a directory a user names may hold (`stackproof inspect autotune DIR`)."""
+    patterns = (p for driver in DRIVERS.values() for since in driver.autotune for p in since.value.files)
+    return tuple(dict.fromkeys(patterns))
