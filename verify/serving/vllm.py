@@ -90,7 +90,12 @@ VLLM = ServingDriver(
     batch_invariant_env="VLLM_BATCH_INVARIANT",  # envs.py:622 (0.28.0)
     disabled_kernels_env="VLLM_DISABLED_KERNELS",  # envs.py:1201 (0.28.0), split on ','
     autotune=(
-        Since(version="0.26.0", value=_AUTOTUNE_0_26, source="model_executor/warmup/kernel_warmup.py:260 (0.28.0)"),
+        Since(
+            version="0.26.0",
+            value=_AUTOTUNE_0_26,
+            # 0.26.0's line is at :227 in the real H200 server log (tests/fixtures/h200-vllm-0.26.0/receipts)
+            source="model_executor/warmup/kernel_warmup.py:227 (0.26.0), :260 (0.28.0)",
+        ),
         Since(version="0.33.0", value=_AUTOTUNE_0_33, source="model_executor/warmup/kernel_warmup.py:485-499 (0.33.0)"),
     ),
     ignore_eos_field="ignore_eos",  # entrypoints/openai/completion/protocol.py:81, chat_completion/protocol.py:273
