@@ -109,7 +109,11 @@ def out(runner_user: str | None) -> Iterator[Path]:
 @pytest.fixture(scope="module")
 def built(runner_user: str | None) -> str | None:
     """The cell's environment, built once for the module as the runner user (its own cache)."""
-    done = stackproof(["build", CELL], user=runner_user, timeout=1200)
+    logs = runner_dir(runner_user, "host-build")
+    try:
+        done = stackproof(["build", CELL, "--out", str(logs)], user=runner_user, timeout=1200)
+    finally:
+        subprocess.run(["rm", "-rf", str(logs)], check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "host environment built in" in done.stderr or "built by an earlier run" in done.stderr
     return runner_user
