@@ -23,6 +23,7 @@ __all__ = [
     "owner_labels",
     "owner_start_time",
     "process_alive",
+    "stat_fields",
 ]
 
 OWNER_HOST_LABEL = "io.stackproof.owner-host"
@@ -84,12 +85,18 @@ def process_alive(pid: int, start: str) -> bool:
     return not start or now is None or now == start
 
 
-def owner_start_time(pid: int) -> str | None:
-    """The process's start time in clock ticks since boot (/proc/PID/stat field 22)."""
+def stat_fields(pid: int, proc: str = "/proc") -> list[str] | None:
+    """/proc/PID/stat after the command name, so field N of proc(5) is index N - 3 (state is 0);
+    None when the process is gone. The name is cut at the last ")" since it may hold spaces."""
     try:
-        with open(f"/proc/{pid}/stat") as file:
+        with open(f"{proc}/{pid}/stat") as file:
             stat = file.read()
     except OSError:
         return None
-    fields = stat.rsplit(")", 1)[-1].split()
-    return fields[19] if len(fields) > 19 else None
+    return stat.rsplit(")", 1)[-1].split()
+
+
+def owner_start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (/proc/PID/stat field 22)."""
+    fields = stat_fields(pid)
+    return fields[19] if fields and len(fields) > 19 else None

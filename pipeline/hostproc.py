@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from pipeline.gc import owner_start_time, process_alive
+from pipeline.gc import owner_start_time, process_alive, stat_fields
 
 __all__ = [
     "OWNER_ENV",
@@ -159,12 +159,7 @@ _NAMES = {RUN_ENV.encode(), OWNER_ENV.encode()}
 
 def _pgid(proc: str, pid: int) -> int | None:
     """/proc/PID/stat field 5 (pgrp); None when the process is gone or a zombie."""
-    try:
-        with open(f"{proc}/{pid}/stat") as file:
-            stat = file.read()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[-1].split()
-    if len(fields) < 3 or fields[0] == "Z":
+    fields = stat_fields(pid, proc)
+    if fields is None or len(fields) < 3 or fields[0] == "Z":
         return None
     return int(fields[2])
