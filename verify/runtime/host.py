@@ -104,6 +104,7 @@ class HostRuntime:
     environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     kind: str = "host"
     _servers: dict[str, _Server] = field(default_factory=dict)
+    _collected: bool = False  # dead runs are ended once per runtime, not at every start
 
     # -- starting ---------------------------------------------------------------------------------
 
@@ -156,7 +157,9 @@ class HostRuntime:
 
     def _prepare(self, container: Container) -> _Server:
         """The server's directory, its path map and its environment (pure but for the mkdirs)."""
-        self.collect_garbage()  # a killed earlier run's servers go first (their ports, their GPU memory)
+        if not self._collected:  # a killed earlier run's servers go first (their ports, their GPU memory)
+            self.collect_garbage()
+            self._collected = True
         home = self.runs_dir / container.name
         if home.exists():
             shutil.rmtree(home)
