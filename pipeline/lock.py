@@ -17,7 +17,7 @@ from pathlib import Path
 from packaging.utils import canonicalize_name
 
 from pipeline import cmd
-from pipeline.errors import InputError
+from pipeline.errors import InfraError, InputError
 from pipeline.jsonfile import read_json
 from pipeline.model import Cell, Install, Matrix
 from pipeline.site import SiteSettings
@@ -128,8 +128,11 @@ def resolve_lock(matrix: Matrix, cell: Cell, site: SiteSettings) -> Lock:
     # process table is readable by every local user, a process's environment only by its owner.
     env = {"SSL_CERT_FILE": str(site.ca_bundle)} if site.ca_bundle else {}
     extra = []
+    remote: dict[str, str] = {}  # index name -> the location uv is given, to name an unreachable one
     for index in sorted({DEPENDENCY_INDEX, *(r.index for r in install.requirements)}):
         where = site.index_location(matrix, index)
+        if not where.is_local:
+            remote[index] = where.location
         if where.is_local:
             argv += ["--find-links", str(where.directory)]
         elif index == DEPENDENCY_INDEX:
@@ -141,13 +144,44 @@ def resolve_lock(matrix: Matrix, cell: Cell, site: SiteSettings) -> Lock:
     with tempfile.TemporaryDirectory(prefix="stackproof-lock-") as tmp:
         requirements = Path(tmp) / "requirements.in"
         requirements.write_text("".join(f"{r.pin}\n" for r in install.requirements))
-        result = cmd.run([*argv, str(requirements)], env=env, timeout=900, redact=site.secrets())
+        try:
+            result = cmd.run([*argv, str(requirements)], env=env, timeout=900, redact=site.secrets())
+        except cmd.CommandFailed as exc:
+            unreachable = _unreachable_index(exc.output_tail, remote)
+            if unreachable is None:
+                raise
+            raise InfraError(
+                f"cell {cell.id}: `uv pip compile` could not reach {unreachable}: check the network and proxy "
+                "(STACKPROOF_CA_BUNDLE for a private CA), or map the index to a mirror or a wheel directory "
+                "(STACKPROOF_MIRRORS=NAME=URL|DIR)"
+            ) from None
     named = {r.name: r.index for r in install.requirements}
     packages = tuple(
         LockedPackage(name=name, version=version, index=named.get(name, DEPENDENCY_INDEX), hashes=hashes)
         for name, version, hashes in parse_compiled(result.stdout)
     )
     return Lock(cell=cell.id, inputs_digest=inputs_digest(install), packages=packages)
+
+
+# What uv prints when it cannot reach an index (uv's client errors: connect, DNS, TLS, timeouts),
+# as opposed to a resolution that failed on what the index answered (exit 1, the user's input).
+_NETWORK = re.compile(
+    r"Failed to fetch: (?P<url>\S+)|error sending request for url \((?P<url2>[^)]+)\)"
+    r"|tcp connect error|dns error|operation timed out|Could not connect"
+)
+
+
+def _unreachable_index(output: str, remote: dict[str, str]) -> str | None:
+    """The index (by name, never its URL: it may carry credentials) uv could not reach, if that is
+    why it failed; "an index" when the URL is not one of the cell's."""
+    found = _NETWORK.search(output)
+    if found is None:
+        return None
+    url = found["url"] or found["url2"] or ""
+    for name, location in sorted(remote.items(), key=lambda item: -len(item[1])):
+        if url.startswith(location.rstrip("/")):
+            return f"index {name!r}"
+    return f"its indexes ({', '.join(sorted(remote))})" if remote else "an index"
 
 
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)")
