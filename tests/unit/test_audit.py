@@ -281,3 +281,21 @@ def test_a_pure_python_wheel_serves_every_target_from_one_download(tmp_path: Pat
     again = fetch_wheel("uvicorn", None, index_url="local", target=arm, root=root, find_links=source)
     assert first.downloaded and first.version == "0.54.0"
     assert not again.downloaded and again.path == first.path
+
+
+def test_a_zip_bomb_member_and_a_too_deep_source_cost_their_facts_not_the_audit(tmp_path: Path) -> None:
+    """A member that inflates past the cap is not read further (the bytes read are capped, not the
+    size the zip announces); a source nested past the recursion limit gives no facts; the wheel's
+    other sources are still indexed."""
+    from verify.audit.index import MAX_SOURCE_BYTES, index_wheel
+
+    wheel = tmp_path / "hostile-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("hostile/bomb.py", b" " * (MAX_SOURCE_BYTES + 4096) + b'\nlogger.info("never read")\n')
+        archive.writestr("hostile/deep.py", "x = " + "+".join(["1"] * 200_000) + "\n")
+        archive.writestr("hostile/good.py", 'logger.warning("Engine ready on %s", host)\n')
+    assert wheel.stat().st_size < MAX_SOURCE_BYTES // 100  # the bomb: small on disk, past the cap inflated
+    index = index_wheel(wheel, name="hostile", version="1.0", sha256="0" * 64)
+    texts = [m.literal for m in index.messages]
+    assert index.files == 3 and "Engine ready on " in texts
+    assert not any("never read" in t for t in texts)

@@ -304,22 +304,35 @@ class _FileFacts:
     classes: list[ClassInfo] = field(default_factory=list)
 
 
+# No source a serving engine prints from is near this (the largest in vLLM 0.26.0's and FlashInfer
+# 0.6.14's wheels: a 2.9 MB CUTLASS header); a member past it is not read further (a zip bomb's
+# member announces a small size and inflates without end, so the cap is on the bytes read).
+MAX_SOURCE_BYTES = 16 << 20
+
+
 def _index_members(wheel: str, members: list[str]) -> list[_FileFacts]:
     out = []
     with zipfile.ZipFile(wheel) as archive:
         for member in members:
             info = archive.getinfo(member)
-            facts = index_source(member, archive.read(member).decode("utf-8", errors="replace"))
+            with archive.open(member) as stream:
+                data = stream.read(MAX_SOURCE_BYTES + 1)
+            text = "" if len(data) > MAX_SOURCE_BYTES else data.decode("utf-8", errors="replace")
+            facts = index_source(member, text)
             facts.crc, facts.size = info.CRC, info.file_size
             out.append(facts)
     return out
 
 
 def index_source(path: str, text: str) -> _FileFacts:
-    """The facts of one source file (Python or C++), by its suffix."""
-    if path.endswith(".py"):
-        return _PythonIndexer(path, text).run()
-    return _cxx(path, text)
+    """The facts of one source file (Python or C++), by its suffix. A file the parser cannot take
+    (nested past the interpreter's recursion limit, say) gives no facts, not the end of the audit."""
+    try:
+        if path.endswith(".py"):
+            return _PythonIndexer(path, text).run()
+        return _cxx(path, text)
+    except (RecursionError, MemoryError):
+        return _FileFacts(path)
 
 
 def _cxx(path: str, text: str) -> _FileFacts:
