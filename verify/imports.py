@@ -13,6 +13,7 @@ judged; inherited ones are a WARN that names the base.
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ from pipeline.docker import Docker
 from pipeline.errors import CheckFailed, InfraError
 from pipeline.model import Arm, Cell
 from pipeline.result import CheckResult, StageResult, Status
-from verify.probe import ProbeReport, probe_image
+from verify.probe import Distribution, ProbeReport, probe_image
 from verify.runtime import Runtime, as_runtime
 from verify.runtime.docker import DockerRuntime
 
@@ -41,6 +42,7 @@ __all__ = [
     "check_imports",
     "check_overrides",
     "check_requirements",
+    "flashinfer_import_check",
     "judge",
     "probe_base",
     "requirement_findings",
@@ -178,13 +180,17 @@ def check_overrides(cell: Cell, report: ProbeReport) -> CheckResult:
 
 def check_flashinfer_trio(report: ProbeReport) -> CheckResult:
     """flashinfer-cubin must equal flashinfer-python exactly; flashinfer-jit-cache must be
-    `<flashinfer-python>+cuXY` with XY from torch's CUDA. FlashInfer's own import check is looser
-    (a prefix match for jit-cache, so 0.6.18.post10 passes next to 0.6.18.post1): both verdicts
-    are reported side by side."""
+    `<flashinfer-python>+cuXY` with XY from torch's CUDA, and from 0.7.0 on (a shim) it needs its
+    per-architecture providers at the shim's version. FlashInfer's own import check is looser (a
+    prefix match for jit-cache, so 0.6.18.post10 passes next to 0.6.18.post1) and, from 0.7.2 on,
+    ignores a mismatched kernel package instead of raising: kernels are then downloaded or compiled
+    at start, which a verified image must never do. Both verdicts are reported side by side."""
     python = report.dist(FI_PYTHON)
     if python is None:
         return CheckResult(name="flashinfer-trio", status=Status.SKIP, message="flashinfer-python is not installed")
     cubin, jit = report.dist(FI_CUBIN), report.dist(FI_JIT)
+    providers = [d for d in report.distributions if _JIT_PROVIDER.fullmatch(d.name)]
+    model = flashinfer_import_check(python.version)
     torch_cuda = report.torch.cuda if report.torch else None
     want_jit = f"{python.version}+cu{torch_cuda.replace('.', '')}" if torch_cuda else None
     bypassed = bool(report.env_value("FLASHINFER_DISABLE_VERSION_CHECK"))
@@ -194,32 +200,168 @@ def check_flashinfer_trio(report: ProbeReport) -> CheckResult:
         FI_JIT: jit.version if jit else None,
         "torch.version.cuda": torch_cuda,
     }
-    ours, theirs = [], []
+    if model.providers:
+        evidence["flashinfer-jit-cache providers"] = {d.name: d.version for d in providers}
+    ours: list[str] = []
+    theirs: dict[str, list[str]] = {RAISES: [], IGNORES: []}
     if cubin is not None and cubin.version != python.version:
-        ours.append(f"{FI_CUBIN} {cubin.version} != {FI_PYTHON} {python.version}")
-        theirs.append(f"{FI_CUBIN} version ({cubin.version}) does not match flashinfer version ({python.version})")
+        if model.cubin == IGNORES and not bypassed:
+            ours.append(
+                f"{FI_PYTHON} {python.version} ignores {FI_CUBIN} {cubin.version} (not {python.version}) and "
+                f"would download cubins at start, which a verified image must never do ({model.cubin_where})"
+            )
+        else:
+            ours.append(f"{FI_CUBIN} {cubin.version} != {FI_PYTHON} {python.version}")
+        theirs[model.cubin].append(
+            f"{FI_CUBIN} version ({cubin.version}) does not match flashinfer version ({python.version})"
+        )
     if jit is not None:
         if want_jit is None:
             ours.append(f"{FI_JIT} {jit.version} is installed, but torch has no CUDA to match its +cu suffix")
         elif jit.version != want_jit:
             ours.append(f"{FI_JIT} {jit.version} != {want_jit} ({FI_PYTHON} {python.version}, torch CUDA {torch_cuda})")
-        if not jit.version.startswith(python.version):
-            theirs.append(f"{FI_JIT} version ({jit.version}) does not match flashinfer version ({python.version})")
+        if not model.jit_cache_matches(jit.version, python.version):
+            theirs[model.jit_cache].append(
+                f"{FI_JIT} version ({jit.version}) does not match flashinfer version ({python.version})"
+            )
+            if model.jit_cache == IGNORES and not bypassed:
+                ours.append(
+                    f"{FI_PYTHON} {python.version} ignores {FI_JIT} {jit.version} and would JIT-compile "
+                    f"kernels at start ({model.jit_cache_where})"
+                )
+    if model.providers:
+        ours.extend(_provider_findings(model, jit, providers, theirs))
+    # What FlashInfer itself said while importing: proof where the model above has none.
+    logged = _flashinfer_import_log(report)
+    if logged:
+        evidence["flashinfer_import_log"] = logged
+        if not ours and not bypassed:
+            ours.append(f"import flashinfer ignored a kernel package: {logged[0]}")
     evidence["stackproof_verdict"] = "mismatch: " + "; ".join(ours) if ours else "coherent"
-    evidence["flashinfer_import_check"] = (
-        "skipped: FLASHINFER_DISABLE_VERSION_CHECK is set"
-        if bypassed
-        else ("raises: " + "; ".join(theirs) if theirs else "passes")
-    )
+    if bypassed:
+        evidence["flashinfer_import_check"] = "skipped: FLASHINFER_DISABLE_VERSION_CHECK is set"
+    elif theirs[RAISES]:
+        evidence["flashinfer_import_check"] = "raises: " + "; ".join(theirs[RAISES])
+    elif theirs[IGNORES]:
+        evidence["flashinfer_import_check"] = "ignores, and downloads or compiles kernels at start: " + "; ".join(
+            theirs[IGNORES]
+        )
+    else:
+        evidence["flashinfer_import_check"] = "passes"
     if ours:
         return CheckResult(name="flashinfer-trio", status=Status.FAIL, message="; ".join(ours), evidence=evidence)
-    present = [n for n, d in ((FI_CUBIN, cubin), (FI_JIT, jit)) if d]
+    present = [d.name for d in (cubin, jit, *providers) if d]
     return CheckResult(
         name="flashinfer-trio",
         status=Status.PASS,
         message=f"{FI_PYTHON} {python.version} coherent with {', '.join(present) or 'no companion package'}",
         evidence=evidence,
     )
+
+
+RAISES, IGNORES = "raises", "ignores"
+# Provider wheels are named so (flashinfer/__main__.py:221 @0.7.4).
+_JIT_PROVIDER = re.compile(r"flashinfer-jit-cache-sm[0-9]{2,3}[af]?")
+# FlashInfer's warnings when it goes on without a kernel package (flashinfer/jit/env.py:122-127,
+# 204-208, 219-223 @0.7.4).
+_IGNORING = re.compile(r"Ignoring incompatible flashinfer[- ](?:cubin|jit-cache)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class FlashInferImportCheck:
+    """What `import flashinfer` does about a kernel package of another version, from a release on."""
+
+    since: str  # the first flashinfer-python release that behaves so
+    cubin: str  # RAISES or IGNORES
+    cubin_where: str  # upstream file:line @version
+    jit_cache: str
+    jit_cache_where: str
+    providers: bool  # jit-cache is a shim over per-architecture provider wheels
+    jit_cache_exact: bool  # the shim must be `<version>` or `<version>+...`, not a mere prefix
+
+    def jit_cache_matches(self, jit: str, python: str) -> bool:
+        if self.jit_cache_exact:
+            return jit == python or jit.startswith(f"{python}+")
+        return jit.startswith(python)
+
+
+# Keyed by release, newest last: when upstream changes its check, add a row, never edit one.
+FLASHINFER_IMPORT_CHECKS: tuple[FlashInferImportCheck, ...] = (
+    FlashInferImportCheck(
+        since="0",
+        cubin=RAISES,
+        cubin_where="flashinfer/jit/env.py:97-98 @0.6.18.post1",
+        jit_cache=RAISES,  # a prefix check: env.py:132 @0.6.18.post1
+        jit_cache_where="flashinfer/jit/env.py:132 @0.6.18.post1",
+        providers=False,
+        jit_cache_exact=False,
+    ),
+    # jit-cache becomes a shim; a provider of another version is skipped with a warning
+    # (env.py:192-196 @0.7.0), a mismatched cubin or shim still raises (env.py:105-110, 151 and 182).
+    FlashInferImportCheck(
+        since="0.7.0",
+        cubin=RAISES,
+        cubin_where="flashinfer/jit/env.py:105-110 @0.7.0",
+        jit_cache=RAISES,
+        jit_cache_where="flashinfer/jit/env.py:151, 182 @0.7.0",
+        providers=True,
+        jit_cache_exact=True,
+    ),
+    # A mismatched cubin or shim is ignored with a warning, and the import goes on: cubins are
+    # downloaded on demand, kernels JIT-compiled (env.py:119-127 and 199-209 @0.7.2, the same
+    # lines @0.7.4). 0.7.1 still raised (env.py:105).
+    FlashInferImportCheck(
+        since="0.7.2",
+        cubin=IGNORES,
+        cubin_where="flashinfer/jit/env.py:119-127 @0.7.4",
+        jit_cache=IGNORES,
+        jit_cache_where="flashinfer/jit/env.py:199-209 @0.7.4",
+        providers=True,
+        jit_cache_exact=True,
+    ),
+)
+
+
+def flashinfer_import_check(version: str) -> FlashInferImportCheck:
+    """The row of FLASHINFER_IMPORT_CHECKS for this flashinfer-python version (the oldest for one
+    that does not parse)."""
+    try:
+        parsed = Version(version).release
+    except InvalidVersion:
+        return FLASHINFER_IMPORT_CHECKS[0]
+    rows = [row for row in FLASHINFER_IMPORT_CHECKS if Version(row.since).release <= parsed]
+    return rows[-1] if rows else FLASHINFER_IMPORT_CHECKS[0]
+
+
+def _provider_findings(
+    model: FlashInferImportCheck,
+    jit: Distribution | None,
+    providers: list[Distribution],
+    theirs: dict[str, list[str]],
+) -> list[str]:
+    """0.7's per-architecture jit-cache providers: each at the shim's exact version, and a shim
+    never alone (env.py:174-187 and 211-224 @0.7.4)."""
+    if jit is None:
+        return [
+            f"{d.name} {d.version} is installed without the {FI_JIT} shim, which FlashInfer finds providers through"
+            for d in providers
+        ]
+    if not providers:
+        return [
+            f"{FI_JIT} {jit.version} is a shim since 0.7.0 and no flashinfer-jit-cache-sm* provider is installed: "
+            f"kernels would be JIT-compiled at start ({model.jit_cache_where})"
+        ]
+    findings = []
+    for d in providers:
+        if d.version != jit.version:
+            theirs[IGNORES].append(f"{d.name} version ({d.version}) does not match {FI_JIT} version ({jit.version})")
+            findings.append(f"{d.name} {d.version} != {FI_JIT} {jit.version}: FlashInfer ignores that provider")
+    return findings
+
+
+def _flashinfer_import_log(report: ProbeReport) -> list[str]:
+    outcome = next((o for o in report.imports if o.module == "flashinfer"), None)
+    return [line for line in (outcome.log if outcome else ()) if _IGNORING.search(line)]
 
 
 def check_bypass_env(report: ProbeReport) -> CheckResult:

@@ -28,6 +28,7 @@ from typing import Any
 PROBE_SCHEMA = 1
 DEFAULT_MODULES = ("torch", "flashinfer", "vllm")
 ENV_PREFIXES = ("FLASHINFER_", "VLLM_", "SGLANG_", "SGL_", "CUDA_", "NCCL_", "TORCH_")
+LOG_LINES = 40  # the last lines of each import's stderr kept in the report
 SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_?KEY|CREDENTIAL|AUTH", re.IGNORECASE)
 
 # Runs in a child interpreter: import one module and report the outcome as JSON on the last line.
@@ -148,7 +149,7 @@ def import_in_child(name: str, timeout: float) -> dict[str, object]:
         }
     lines = proc.stdout.strip().splitlines()
     try:
-        return dict(json.loads(lines[-1]))
+        outcome = dict(json.loads(lines[-1]))
     except (IndexError, ValueError):
         # The interpreter died without reporting (a segfault, os._exit in an extension).
         tail = (proc.stdout + proc.stderr).strip().splitlines()[-12:]
@@ -159,6 +160,9 @@ def import_in_child(name: str, timeout: float) -> dict[str, object]:
             "traceback": tail,
             "seconds": round(time.monotonic() - started, 2),
         }
+    # What the import logged: FlashInfer 0.7 warns here, and goes on, when it ignores a kernel package.
+    outcome["log"] = proc.stderr.strip().splitlines()[-LOG_LINES:]
+    return outcome
 
 
 if __name__ == "__main__":

@@ -313,16 +313,18 @@ def load_rulesets(file: Path = RULESETS_FILE) -> tuple[RuleSet, ...]:
                 rules.append(rule)
         when = dict(entry.get("when") or {})
         for key in when:
-            if key not in ("serve", "engine", "arch", "flashinfer", "cudnn_below"):
+            if key not in ("serve", "engine", "engine_version", "arch", "flashinfer", "cudnn_below"):
                 problems.append(f"{src.where(('rulesets', i, 'when', key))}: unknown condition")
         if "engine" in when and when["engine"] not in SERVING_ENGINES:
             known = ", ".join(SERVING_ENGINES)
             problems.append(f"{src.where(('rulesets', i, 'when', 'engine'))}: unknown serving engine (known: {known})")
-        if "flashinfer" in when:
+        for key in ("flashinfer", "engine_version"):
+            if key not in when:
+                continue
             try:
-                SpecifierSet(str(when["flashinfer"]))
+                SpecifierSet(str(when[key]))
             except InvalidSpecifier:
-                problems.append(f"{src.where(('rulesets', i, 'when', 'flashinfer'))}: not a version specifier")
+                problems.append(f"{src.where(('rulesets', i, 'when', key))}: not a version specifier")
         result.append(RuleSet(id=str(entry.get("id")), when=when, rules=tuple(rules)))
     if problems:
         raise MatrixError(problems)
@@ -352,12 +354,13 @@ def _holds(when: dict[str, Any], facts: Facts) -> bool:
         return False
     if "arch" in when and facts.arch not in when["arch"]:
         return False
-    if "flashinfer" in when and facts.flashinfer is not None:
-        try:
-            if not SpecifierSet(str(when["flashinfer"])).contains(Version(facts.flashinfer), prereleases=True):
+    for key, version in (("flashinfer", facts.flashinfer), ("engine_version", facts.engine_version)):
+        if key in when and version is not None:
+            try:
+                if not SpecifierSet(str(when[key])).contains(Version(version), prereleases=True):
+                    return False
+            except InvalidVersion:
                 return False
-        except InvalidVersion:
-            return False
     return not ("cudnn_below" in when and facts.cudnn is not None and facts.cudnn >= int(when["cudnn_below"]))
 
 

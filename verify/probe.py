@@ -46,6 +46,7 @@ class ImportOutcome:
     message: str
     traceback: tuple[str, ...]
     seconds: float
+    log: tuple[str, ...] = ()  # the import's stderr tail (probes before it was kept have none)
 
     @property
     def quoted(self) -> str:
@@ -108,6 +109,7 @@ class ProbeReport:
                     message=o.get("message", ""),
                     traceback=tuple(o.get("traceback", ())),
                     seconds=float(o.get("seconds", 0.0)),
+                    log=tuple(o.get("log", ())),
                 )
                 for name, o in sorted(document["imports"].items())
             ),

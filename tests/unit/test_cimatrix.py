@@ -26,10 +26,11 @@ REPO = Path(__file__).resolve().parents[2]
 CPU = "cpu-tiny"
 MATCHED = "fi-0.6.13-matched"
 MISMATCH = "fi-mismatch"
+FI_07 = "fi-0.7.4-cubin-0.6.13"
 RELEASE = "sm120-vllm-0.28.0-release"
 FIXED = "sm120-vllm-0.28.0-fi-0.6.18.post1-cu130"
 SPARK = "sm121-vllm-0.28.0-fi-0.6.18.post1-cu130"
-ON_CPU_TINY = {CPU, MATCHED, MISMATCH}  # the fi-* cells are built on cpu-tiny's image
+ON_CPU_TINY = {CPU, MATCHED, MISMATCH, FI_07}  # the fi-* cells are built on cpu-tiny's image
 ON_VLLM_IMAGE = {RELEASE, FIXED, SPARK}
 SGLANG_CPU = "sglang-cpu-tiny"  # bootstrapped like cpu-tiny, with the tiny-model recipe
 ON_SGLANG_IMAGES = {"sm120-sglang-0.5.18-qwen3.8-nvfp4", "sm120-sglang-0.5.19-qwen3.8-nvfp4"}
@@ -156,6 +157,7 @@ def test_include_list_has_every_cell_of_the_real_matrix_with_its_runner_labels(r
     }
     assert by_id[RELEASE]["expect"] == "autotune"
     assert by_id[MISMATCH]["expect"] == "imports"
+    assert by_id[FI_07]["expect"] == "imports"
     for c in real_matrix.cells:
         assert by_id[c.id]["runs-on"] == list(c.runner)
         assert by_id[c.id]["gpu"] is (c.arch != "none")
@@ -304,7 +306,7 @@ def test_reasons_go_to_stderr_and_the_table(repo: GitRepo, capsys: pytest.Captur
     _lock(repo)
     code, doc, err = ci_matrix(capsys, "--matrix", str(repo.matrix), "--changed-since", "HEAD")
     assert code == 0
-    assert [e["cell"] for e in doc["include"]] == [CPU, CPU_HOST, MATCHED, MISMATCH]
+    assert [e["cell"] for e in doc["include"]] == [CPU, CPU_HOST, MATCHED, MISMATCH, FI_07]
     assert f"ci-matrix: {CPU}: locks/cpu-tiny.lock.json changed" in err.splitlines()
     assert f"ci-matrix: {MATCHED}: built on cell {CPU}, which is selected" in err.splitlines()
 
@@ -312,7 +314,7 @@ def test_reasons_go_to_stderr_and_the_table(repo: GitRepo, capsys: pytest.Captur
     out = capsys.readouterr().out.splitlines()
     assert out[0].split()[-1] == "why"
     assert out[1].startswith(CPU) and out[1].endswith("locks/cpu-tiny.lock.json changed")
-    assert out[-1] == "4 of 11 cells selected, changed since HEAD"
+    assert out[-1] == "5 of 12 cells selected, changed since HEAD"
 
 
 def test_changed_since_and_named_cells_intersect(repo: GitRepo, capsys: pytest.CaptureFixture[str]) -> None:
@@ -326,7 +328,7 @@ def test_no_change_is_an_empty_include_list(repo: GitRepo, capsys: pytest.Captur
     code, doc, _ = ci_matrix(capsys, "--matrix", str(repo.matrix), "--changed-since", "HEAD")
     assert (code, doc) == (0, {"include": []})
     assert main(["ci-matrix", "--matrix", str(repo.matrix), "--changed-since", "HEAD"]) == 0
-    assert capsys.readouterr().out == "0 of 11 cells selected, changed since HEAD\n"
+    assert capsys.readouterr().out == "0 of 12 cells selected, changed since HEAD\n"
 
 
 def test_no_matrix_at_the_ref_selects_every_cell(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

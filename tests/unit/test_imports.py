@@ -234,8 +234,8 @@ def test_override_at_another_version_or_missing_fails(real_matrix, mismatch: dic
 # -- requirements ------------------------------------------------------------------------------------
 
 
-def test_real_cells_requirements_pass_with_their_accepted_conflicts(real_matrix, matched, mismatch) -> None:
-    for cell_id, doc in (("fi-0.6.13-matched", matched), ("fi-mismatch", mismatch)):
+def test_real_cells_requirements_pass_with_their_accepted_conflicts(real_matrix, matched, mismatch, fi07) -> None:
+    for cell_id, doc in (("fi-0.6.13-matched", matched), ("fi-mismatch", mismatch), ("fi-0.7.4-cubin-0.6.13", fi07)):
         result = check_requirements(real_matrix.cell(cell_id), ProbeReport.parse(doc))
         assert result.status is Status.PASS, result.message
         accepted = {
@@ -409,3 +409,122 @@ def test_a_conflict_the_cells_layers_change_is_the_cells_own(real_matrix, h200) 
     result = check_requirements(cell, ProbeReport.parse(_nccl_image(h200, "2.31.0")), base)
     assert result.status is Status.FAIL and "added by this cell's layers" in result.message
     assert result.evidence["inherited"] == []
+
+
+# -- FlashInfer 0.7: kernel packages it ignores instead of raising ------------------------------------
+
+SHIM, SM120F = "flashinfer-jit-cache", "flashinfer-jit-cache-sm120f"
+
+
+@pytest.fixture
+def fi07() -> dict[str, Any]:
+    """A real in-image probe of the fi-0.7.4-cubin-0.6.13 cell (python 0.7.4, cubin 0.6.13, CPU torch):
+    the import succeeds, and FlashInfer's warning is in the import's log."""
+    return _load("cpu-fi-0.7.4-cubin-0.6.13.json")
+
+
+def _quiet(doc: dict[str, Any]) -> dict[str, Any]:
+    """`doc` with nothing logged by the flashinfer import."""
+    doc = copy.deepcopy(doc)
+    doc["imports"]["flashinfer"]["log"] = []
+    return doc
+
+
+def test_074_next_to_cubin_0613_imports_but_fails_the_trio(real_matrix, fi07: dict[str, Any]) -> None:
+    report = ProbeReport.parse(fi07)
+    assert check_imports(report).status is Status.PASS  # FlashInfer 0.7.4 no longer raises
+    result = check_flashinfer_trio(report)
+    assert result.status is Status.FAIL
+    assert result.message.startswith(
+        "flashinfer-python 0.7.4 ignores flashinfer-cubin 0.6.13 (not 0.7.4) and would download cubins at start"
+    )
+    assert "flashinfer/jit/env.py:119-127 @0.7.4" in result.message
+    assert str(result.evidence["flashinfer_import_check"]).startswith(
+        "ignores, and downloads or compiles kernels at start: flashinfer-cubin version (0.6.13) does not match "
+        "flashinfer version (0.7.4)"
+    )
+    assert not str(result.evidence["flashinfer_import_check"]).startswith("raises")
+    [logged] = result.evidence["flashinfer_import_log"]
+    assert logged.startswith("Ignoring incompatible flashinfer-cubin package (cubins will be downloaded on demand")
+    # The cell declares exactly this failure.
+    stage = StageResult.of("imports", judge(real_matrix.cell("fi-0.7.4-cubin-0.6.13"), report), 1.0)
+    assert stage.status is Status.FAIL
+    outcome = evaluate(real_matrix.cell("fi-0.7.4-cubin-0.6.13").expect, [stage])
+    assert outcome.passed and outcome.expected_failure and outcome.expected_failure["matched"] is True
+
+
+def test_074_with_its_own_cubin_passes(fi07: dict[str, Any]) -> None:
+    result = check_flashinfer_trio(ProbeReport.parse(_set_dist(_quiet(fi07), "flashinfer-cubin", "0.7.4")))
+    assert result.status is Status.PASS, result.message
+    assert result.evidence["flashinfer_import_check"] == "passes"
+
+
+def test_the_logged_warning_fails_even_where_the_versions_look_coherent(matched: dict[str, Any]) -> None:
+    doc = copy.deepcopy(matched)
+    doc["imports"]["flashinfer"]["log"] = [
+        "Ignoring incompatible flashinfer-jit-cache package (kernels will be JIT-compiled instead): x"
+    ]
+    result = check_flashinfer_trio(ProbeReport.parse(doc))
+    assert result.status is Status.FAIL
+    assert result.message.startswith("import flashinfer ignored a kernel package: Ignoring incompatible")
+
+
+@pytest.mark.parametrize(
+    ("python", "theirs", "ours"),
+    [
+        # Keyed by release: 0.6.x and 0.7.0-0.7.1 raise (env.py:97-98 @0.6.18.post1, :105-110 @0.7.0),
+        ("0.6.18.post1", "raises", "flashinfer-cubin 0.6.13 != flashinfer-python 0.6.18.post1"),
+        ("0.7.1", "raises", "flashinfer-cubin 0.6.13 != flashinfer-python 0.7.1"),
+        # from 0.7.2 it warns and goes on (env.py:119-127 @0.7.2 and @0.7.4).
+        ("0.7.2", "ignores", "flashinfer-python 0.7.2 ignores flashinfer-cubin 0.6.13 (not 0.7.2)"),
+        ("0.7.4", "ignores", "flashinfer-python 0.7.4 ignores flashinfer-cubin 0.6.13 (not 0.7.4)"),
+    ],
+)
+def test_flashinfers_own_check_is_keyed_by_version(fi07: dict[str, Any], python: str, theirs: str, ours: str) -> None:
+    doc = _set_dist(_quiet(fi07), "flashinfer-python", python)
+    result = check_flashinfer_trio(ProbeReport.parse(doc))
+    assert result.status is Status.FAIL
+    assert str(result.evidence["flashinfer_import_check"]).startswith(theirs)
+    assert result.message.startswith(ours)
+
+
+def test_a_07_shim_passes_with_its_provider(h200: dict[str, Any]) -> None:
+    doc = _set_dist(h200, "flashinfer-python", "0.7.4")
+    doc = _set_dist(_set_dist(doc, SHIM, "0.7.4+cu130"), SM120F, "0.7.4+cu130")
+    result = check_flashinfer_trio(ProbeReport.parse(doc))
+    assert result.status is Status.PASS, result.message
+    assert result.message == f"flashinfer-python 0.7.4 coherent with {SHIM}, {SM120F}"
+    assert result.evidence["flashinfer-jit-cache providers"] == {SM120F: "0.7.4+cu130"}
+
+
+@pytest.mark.parametrize(
+    ("shim", "provider", "message"),
+    [
+        ("0.7.4+cu130", None, "is a shim since 0.7.0 and no flashinfer-jit-cache-sm* provider is installed"),
+        ("0.7.4+cu130", "0.7.4+cu129", f"{SM120F} 0.7.4+cu129 != {SHIM} 0.7.4+cu130: FlashInfer ignores that provider"),
+        (None, "0.7.4+cu130", f"{SM120F} 0.7.4+cu130 is installed without the {SHIM} shim"),
+        ("0.7.2+cu130", "0.7.2+cu130", f"flashinfer-python 0.7.4 ignores {SHIM} 0.7.2+cu130 and would JIT-compile"),
+    ],
+)
+def test_07_jit_cache_providers_must_match_their_shim(
+    h200: dict[str, Any], shim: str | None, provider: str | None, message: str
+) -> None:
+    doc = _set_dist(h200, "flashinfer-python", "0.7.4")
+    doc = _set_dist(_set_dist(doc, SHIM, shim), SM120F, provider)
+    result = check_flashinfer_trio(ProbeReport.parse(doc))
+    assert result.status is Status.FAIL
+    assert message in result.message
+
+
+def test_providers_mean_nothing_before_07(h200: dict[str, Any]) -> None:
+    """0.6.x has no shim: a lone jit-cache at the right version is enough."""
+    doc = _set_dist(h200, SHIM, "0.6.18.post1+cu130")
+    assert check_flashinfer_trio(ProbeReport.parse(doc)).status is Status.PASS
+
+
+def test_the_probe_keeps_what_an_import_logged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "noisy.py").write_text("import logging\nlogging.getLogger('x').warning('Ignoring incompatible y')\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    outcome = inimage_probe.import_in_child("noisy", timeout=60)
+    assert outcome["ok"] is True
+    assert outcome["log"] == ["Ignoring incompatible y"]

@@ -17,6 +17,7 @@ RELEASE = "sm120-vllm-0.28.0-release"
 SPARK = "sm121-vllm-0.28.0-fi-0.6.18.post1-cu130"
 MATCHED = "fi-0.6.13-matched"
 MISMATCH = "fi-mismatch"
+FI_07 = "fi-0.7.4-cubin-0.6.13"
 SOURCE_INDENT = " " * 8
 ANYWHERE = "(set it in the cell, an ancestor or defaults)"
 TOOL_OWNED = "the tool sets --host 127.0.0.1 and --port itself"
@@ -49,13 +50,24 @@ def doc(*parts: str) -> str:
 def test_real_matrix_cells_in_file_order(real_matrix: Matrix) -> None:
     sglang = ["sglang-cpu-tiny", "sm120-sglang-0.5.18-qwen3.8-nvfp4", "sm120-sglang-0.5.19-qwen3.8-nvfp4"]
     host = ["cpu-tiny-host", "h200-vllm-0.26.0-tiny"]
-    assert [c.id for c in real_matrix.cells] == ["cpu-tiny", *host, MATCHED, MISMATCH, RELEASE, FIXED, SPARK, *sglang]
+    assert [c.id for c in real_matrix.cells] == [
+        "cpu-tiny",
+        *host,
+        MATCHED,
+        MISMATCH,
+        FI_07,
+        RELEASE,
+        FIXED,
+        SPARK,
+        *sglang,
+    ]
     assert {c.id: c.arch for c in real_matrix.cells} == {
         "cpu-tiny": "none",
         host[0]: "none",
         host[1]: "sm90",
         MATCHED: "none",
         MISMATCH: "none",
+        FI_07: "none",
         RELEASE: "sm120",
         FIXED: "sm120",
         SPARK: "sm121",
@@ -67,6 +79,7 @@ def test_real_matrix_cells_in_file_order(real_matrix: Matrix) -> None:
         False,
         False,
         True,
+        False,
         False,
         False,
         True,

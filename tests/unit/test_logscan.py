@@ -244,7 +244,73 @@ def test_catalog_errors_are_located(tmp_path: Path) -> None:
 
 
 def test_builtin_rulesets_load() -> None:
-    assert [r.id for r in load_rulesets()] == ["vllm-server", "sglang-server", "flashinfer-sm12x-cudnn-gate"]
+    assert [r.id for r in load_rulesets()] == [
+        "vllm-server",
+        "sglang-server",
+        "flashinfer-sm12x-cudnn-gate",
+        "vllm-flashinfer-kernels",
+    ]
+
+
+# vLLM 0.33.0's two warnings, verbatim (vllm/utils/flashinfer.py:99-104 and :143-149 @0.33.0, the
+# second with the values a 0.7.4 python next to a 0.6.13 cubin gives).
+KERNELS_DISABLED = (
+    "FlashInfer kernels are disabled: flashinfer-cubin is not installed and nvcc (CUDA_HOME, CUDA_PATH, "
+    "PATH or /usr/local/cuda) or ninja (PATH) is missing. Set CUDA_HOME to a CUDA toolkit and put ninja on "
+    "PATH, or run `vllm download-kernels`."
+)
+KERNELS_MISSING = (
+    "FlashInfer's precompiled kernels are missing or do not match flashinfer-python 0.7.4 (flashinfer-cubin "
+    "0.6.13, flashinfer-jit-cache not installed). FlashInfer then downloads and compiles kernels at startup, "
+    "which can take several minutes, or fails to import mismatched ones. Run `vllm download-kernels` in this "
+    "Python environment to install them."
+)
+VLLM_033 = Facts(serve=True, arch="sm120", engine="vllm", engine_version="0.33.0")
+
+
+@pytest.mark.parametrize("line", [KERNELS_DISABLED, KERNELS_MISSING])
+def test_vllm_033_kernel_warnings_fail_a_cell(line: str) -> None:
+    rules = rules_for(None, None, VLLM_033)
+    text = f"{API} WARNING 12-02 13:00:00 [flashinfer.py:100] {line}\n{API} INFO Application startup complete.\n"
+    checks = {c.name: c for c in judge(scan(text.encode(), rules, ()), rules)}
+    failed = [name for name, c in checks.items() if c.status is Status.FAIL]
+    assert len(failed) == 1 and failed[0].startswith("forbid:flashinfer-")
+
+
+def test_vllm_033_clean_start_passes_the_kernel_rules() -> None:
+    rules = rules_for(None, None, VLLM_033)
+    text = f"{API} INFO 12-02 13:00:00 [api_server.py:1] Application startup complete.\n"
+    checks = {c.name: c for c in judge(scan(text.encode(), rules, ()), rules)}
+    assert checks["forbid:flashinfer-kernels-disabled"].status is Status.PASS
+    assert checks["forbid:flashinfer-precompiled-kernels-missing"].status is Status.PASS
+
+
+@pytest.mark.parametrize(
+    ("facts", "selected"),
+    [
+        (VLLM_033, True),
+        (Facts(serve=True, arch="sm120", engine="vllm", engine_version="0.33.1"), True),
+        (Facts(serve=True, arch="sm120", engine="vllm", engine_version=None), True),  # unknown: applies
+        (Facts(serve=True, arch="sm120", engine="vllm", engine_version="0.28.0"), False),  # neither text exists
+        (Facts(serve=True, arch="sm120", engine="sglang", engine_version="0.5.18"), False),
+        (Facts(serve=False, arch="none", engine="vllm", engine_version="0.33.0"), False),
+    ],
+)
+def test_vllm_kernel_rules_are_keyed_by_the_engine_version(facts: Facts, selected: bool) -> None:
+    ids = {r.id for r in rules_for(None, None, facts)}
+    assert ("flashinfer-kernels-disabled" in ids) is selected
+    assert ("flashinfer-precompiled-kernels-missing" in ids) is selected
+
+
+def test_an_engine_version_condition_must_be_a_specifier(tmp_path: Path) -> None:
+    bad = tmp_path / "logrules.yaml"
+    bad.write_text(
+        "schema_version: 1\nrulesets:\n  - id: x\n    when: {engine_version: 'not a spec'}\n"
+        "    rules:\n      - {id: y, forbid: z}\n"
+    )
+    with pytest.raises(MatrixError) as info:
+        load_rulesets(bad)
+    assert "when.engine_version: not a version specifier" in "\n".join(info.value.problems)
 
 
 # -- the live watcher and the readiness wait ---------------------------------------------------------

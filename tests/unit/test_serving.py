@@ -449,5 +449,9 @@ def test_each_engine_gets_its_own_rule_set_and_no_other() -> None:
     from verify.logscan import rulesets_for
 
     assert [rs.id for rs in rulesets_for(Facts(serve=True, arch="none", engine="sglang"))] == ["sglang-server"]
-    assert [rs.id for rs in rulesets_for(Facts(serve=True, arch="none", engine="vllm"))] == ["vllm-server"]
+    vllm_028 = Facts(serve=True, arch="none", engine="vllm", engine_version="0.28.0")
+    assert [rs.id for rs in rulesets_for(vllm_028)] == ["vllm-server"]
+    # An unknown vLLM release satisfies the version condition of vLLM 0.33's kernel rules.
+    vllm_unknown = Facts(serve=True, arch="none", engine="vllm")
+    assert [rs.id for rs in rulesets_for(vllm_unknown)] == ["vllm-server", "vllm-flashinfer-kernels"]
     assert rulesets_for(Facts(serve=False, arch="none")) == ()
