@@ -3,9 +3,9 @@
 A and B are `CELL` or `CELL:ARM` (`CELL:default` is the cell without arm). Both sides get the
 load spec of A's cell with the command line's overrides, so the questions, seed and concurrency are
 the same. Exit 0: no regression (NO CHANGE, IMPROVEMENT or UNDECIDED, which says how many more
-pairs would decide); 1: a REGRESSION beyond the threshold, or greedy answers diverging where a
-side was confident; 2: bad input, naming the option; 3: infrastructure (a server that exited
-mid-run, an environment not built).
+pairs would decide); 1: a REGRESSION beyond the threshold, greedy answers diverging where a side
+was confident, or a side whose server never became ready; 2: bad input, naming the option; 3:
+infrastructure (a server that exited between slices, an environment not built).
 """
 
 from __future__ import annotations

@@ -26,8 +26,8 @@ from tests.integration.conftest import runner_dir, stackproof
 pytestmark = pytest.mark.integration
 
 CELL = "cpu-tiny-host"
-SHORT = ["--slice", "4", "--pairs", "3", "--concurrency", "8", "--max-tokens", "16", "--json"]
-BOUND_S = 420  # two server starts (about a minute each on two shared cores) and 8 slices of 4 s
+SHORT = ["--slice", "5", "--pairs", "6", "--concurrency", "8", "--max-tokens", "16", "--json"]
+BOUND_S = 480  # two server starts (1-3 min together on two shared cores) and 14 slices of 5 s
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +52,9 @@ def run_ab(a: str, b: str, out: Path) -> tuple[int, dict[str, object], float]:
     written = json.loads(Path(report["files"]["report"]).read_text())  # type: ignore[index]
     assert written == report  # the document printed is the file written
     assert not [m for m in marked_processes()], "a server of the run outlived it"
+    print(f"{a} vs {b}: {report['verdict']} in {seconds:.0f}s")  # the measured numbers, in the test log (-s)
+    for m in report["metrics"]:  # type: ignore[attr-defined]
+        print(f"  {m['name']:<13} {m['verdict']:<11} {m['change']} [{m['ci_low']}, {m['ci_high']}] {m['reason']}")
     return done.returncode, report, seconds
 
 
@@ -60,12 +63,14 @@ def by_name(report: dict[str, object]) -> dict[str, dict[str, object]]:
 
 
 def test_a_against_itself_is_no_change(built: None, out: Path) -> None:
+    """No metric may be called a REGRESSION or an IMPROVEMENT of a cell against itself; on a quiet
+    host every one is NO CHANGE, on a shared one some stay UNDECIDED (saying how many more pairs)."""
     code, report, seconds = run_ab(CELL, CELL, out)
     assert seconds < BOUND_S
     metrics = by_name(report)
-    assert metrics["output_tok_s"]["verdict"] == "NO CHANGE", metrics["output_tok_s"]
-    assert metrics["tpot_p50"]["verdict"] == "NO CHANGE", metrics["tpot_p50"]
-    assert report["verdict"] != "REGRESSION" and code == 0, [m["reason"] for m in metrics.values()]
+    for m in metrics.values():
+        assert m["verdict"] in ("NO CHANGE", "UNDECIDED"), m
+    assert code == 0
     assert report["correctness"]["agreement"] == 1.0  # type: ignore[index]
     assert [s["pair"] for s in report["slices"]][:2] == [-1, -1]  # type: ignore[index]
 

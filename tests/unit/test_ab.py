@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import jsonschema
 import numpy as np
@@ -188,3 +189,69 @@ def test_an_unknown_cell_or_arm_is_exit_2_before_anything_starts(
 ) -> None:
     assert main(["ab", a, b, "--json"]) == 2
     assert said in json.loads(capsys.readouterr().out)["error"]["message"]
+
+
+# -- the runner (stackproof/ab.py) against two fake servers ----------------------------------------
+
+
+class StandIn:
+    """What run_ab asks of a server, backed by a fake OpenAI server: start, ready, state, remove."""
+
+    def __init__(self, fake: Any, removed: list[str]) -> None:
+        self.fake, self.removed = fake, removed
+        self.driver = fake.driver
+        self.base_url = fake.url
+        self.name = f"fake-{fake.url}"
+
+    def start(self) -> None:
+        pass
+
+    def wait_ready(self) -> None:
+        pass
+
+    def state(self) -> tuple[str, int]:
+        return ("running", 0)
+
+    def last_lines(self, n: int = 40) -> str:
+        return ""
+
+    def remove(self) -> None:
+        self.removed.append(self.name)
+
+
+def test_the_runner_keeps_one_server_per_side_and_finds_the_slower_side(tmp_path: Path) -> None:
+    """B streams four times slower: a REGRESSION in tok/s and TPOT; greedy answers agree; both
+    servers are removed once, at the end; ab.json is the report returned."""
+    from pipeline.load import load_matrix
+    from pipeline.model import LoadSpec
+    from stackproof.ab import Side, run_ab
+
+    from .fake_openai import FakeVllm
+
+    repo = Path(__file__).parents[2]
+    cell = load_matrix(repo / "matrix.yaml", images_dir=repo / "images").cell("cpu-tiny-host")
+    fakes = {"a": FakeVllm(chunk_delay_s=0.002).start(), "b": FakeVllm(chunk_delay_s=0.008).start()}
+    removed: list[str] = []
+    made: list[str] = []
+
+    def new_server(runtime: Any, cell: Any, image: str, **_: Any) -> StandIn:
+        made.append(image)
+        return StandIn(fakes[image], removed)
+
+    spec = LoadSpec(concurrency=2, max_tokens=8, determinism_prompts=2, scrape_interval_s=0.2)
+    try:
+        report = run_ab(
+            Side(label="cpu-tiny-host", cell=cell, arm=None, runtime=None, image="a"),  # type: ignore[arg-type]
+            Side(label="cpu-tiny-host:slow", cell=cell, arm=None, runtime=None, image="b"),  # type: ignore[arg-type]
+            spec=spec, slice_s=1.0, pairs=3, threshold=0.05, out_dir=tmp_path, new_server=new_server,
+        )  # fmt: skip
+    finally:
+        for fake in fakes.values():
+            fake.stop()
+    assert made == ["a", "b"] and len(removed) == 2  # one server per side for the whole run
+    metrics = {m.name: m for m in report.metrics}
+    assert metrics["output_tok_s"].verdict == "REGRESSION" and metrics["output_tok_s"].change < -0.3  # type: ignore[operator]
+    assert metrics["tpot_p50"].verdict == "REGRESSION" and metrics["tpot_p50"].change > 0.3  # type: ignore[operator]
+    assert report.correctness is not None and report.correctness.agreement == 1.0
+    assert [(s.pair, s.side) for s in report.slices] == slice_order(3)
+    assert AbReport.from_json(json.loads((tmp_path / "ab.json").read_text())) == report
