@@ -105,8 +105,9 @@ def _pairs_needed(
                             values={metric.name: value},
                         )
                     )
+            # A is 1.0 here, not a latency in ms: the resolution floor has no meaning (resolution_ms=0).
             config = AbConfig(threshold=threshold, confidence=0.95, resamples=1000, slice_s=1.0, pairs=n,
-                              concurrency=1, seed=trial, max_tokens=1)  # fmt: skip
+                              concurrency=1, seed=trial, max_tokens=1, resolution_ms=0.0)  # fmt: skip
             verdict = next(m for m in judge(slices, a="a", b="b", config=config).metrics if m.name == metric.name)
             hits += verdict.verdict == "REGRESSION"
         if hits >= POWER * trials:

@@ -13,6 +13,8 @@ or builds it once).
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import time
 from collections.abc import Iterator
@@ -27,6 +29,7 @@ pytestmark = pytest.mark.integration
 
 CELL = "cpu-tiny-host"
 SHORT = ["--slice", "5", "--pairs", "6", "--concurrency", "8", "--max-tokens", "16", "--json"]
+SERVER = re.compile(r"server process group (\S+) on http://127\.0\.0\.1:")
 BOUND_S = 480  # two server starts (1-3 min together on two shared cores) and 14 slices of 5 s
 
 
@@ -51,10 +54,17 @@ def run_ab(a: str, b: str, out: Path) -> tuple[int, dict[str, object], float]:
     report = json.loads(done.stdout)
     written = json.loads(Path(report["files"]["report"]).read_text())  # type: ignore[index]
     assert written == report  # the document printed is the file written
-    assert not [m for m in marked_processes()], "a server of the run outlived it"
     print(f"{a} vs {b}: {report['verdict']} in {seconds:.0f}s")  # the measured numbers, in the test log (-s)
     for m in report["metrics"]:  # type: ignore[attr-defined]
         print(f"  {m['name']:<13} {m['verdict']:<11} {m['change']} [{m['ci_low']}, {m['ci_high']}] {m['reason']}")
+    keep = os.environ.get("STACKPROOF_AB_KEEP")  # a directory to keep the reports in (benchmarks/ab.py reads them)
+    if keep:
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        (Path(keep) / f"{a}-vs-{b}.json".replace(":", "_")).write_text(json.dumps(report, indent=2))
+    runs = set(SERVER.findall(done.stderr))
+    assert len(runs) == 2, runs  # one server per side, for the whole run
+    left = [m for m in marked_processes() if m.run in runs]  # this run's only: other runs share the host
+    assert not left, f"a server of the run outlived it: {left}"
     return done.returncode, report, seconds
 
 
