@@ -317,6 +317,22 @@ def _commands() -> tuple[Command, ...]:
             ),
         ),
         Command(
+            path=("ab",),
+            help="A/B of two cells or arms on this host: the change per metric, with a verdict",
+            handler=_ab,
+            load_options=True,
+            args=(
+                arg("a", metavar="A", help="CELL or CELL:ARM: the baseline"),
+                arg("b", metavar="B", help="CELL or CELL:ARM: the bump"),
+                arg("--slice", type=_seconds, default=20.0, help="seconds of load per slice (default 20)"),
+                arg(
+                    "--pairs", type=_ab_pairs, default=5, help="measured A/B slice pairs after the warm-up (default 5)"
+                ),
+                arg("--threshold", type=_ab_threshold, default=0.05, help="smallest change that matters: 5%% or 0.05"),
+                arg("--out", type=Path, default=Path("stackproof-out")),
+            ),
+        ),
+        Command(
             path=("inspect", "log"),
             help="what failed in a log: class, incident, facts, last exception",
             handler=_inspect_log,
@@ -860,6 +876,25 @@ def _soak(args: argparse.Namespace) -> int:
     lines.append(f"soak report: {out / 'soak.json'}")
     _emit(args, document, "\n".join(lines))
     return 1 if any(a["faults"] for a in document["arms"].values()) else 0
+
+
+def _ab(args: argparse.Namespace) -> int:
+    """Exit 1 on a REGRESSION (or greedy corruption); the command lives in stackproof/cli_ab.py."""
+    from stackproof.cli_ab import ab_command
+
+    return ab_command(args, _load_spec)
+
+
+def _ab_pairs(text: str) -> int:
+    from stackproof.cli_ab import parse_pairs
+
+    return parse_pairs(text)
+
+
+def _ab_threshold(text: str) -> float:
+    from stackproof.cli_ab import parse_threshold
+
+    return parse_threshold(text)
 
 
 def _number(kind: type[int] | type[float], *, zero_ok: bool = False, high: float = MAX_COUNT) -> Callable[[str], Any]:

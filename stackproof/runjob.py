@@ -28,7 +28,7 @@ from verify.receipt import build_receipt, build_section
 from verify.runner import verify_image
 from verify.runtime.host import HostRuntime
 
-__all__ = ["exclusive_dir", "host_build_section", "run_cell", "run_on_host"]
+__all__ = ["exclusive_dir", "host_build_section", "lineage_env", "run_cell", "run_on_host"]
 
 SERVER_STAGES = {"startup", "autotune", "load"}  # the stages that start a server container
 
@@ -149,7 +149,7 @@ def run_on_host(
     env = _host_env(matrix, cell, site, images_dir, build=build, python=python, out_dir=out_root / cell.id)
     _ensure_model(matrix, cell, stages, fetch_model)
     print(f"{cell.id}: verifying the host environment {env.ref} ({env.digest[:19]})", file=sys.stderr)
-    runtime = HostRuntime(python=env.python, files_root=env.files_root, image_env=_lineage_env(matrix, cell))
+    runtime = HostRuntime(python=env.python, files_root=env.files_root, image_env=lineage_env(matrix, cell))
     out_dir = _run_dir(out_root, cell)
     first_checks = [c for c in (_given_check(cell, env), _host_expectations(matrix, cell)) if c]
     started = time.time()
@@ -228,7 +228,7 @@ def _given_check(cell: Cell, env: HostEnv) -> CheckResult | None:
     return CheckResult(name="given-environment", status=Status.PASS, message=message, evidence=evidence)
 
 
-def _lineage_env(matrix: Matrix, cell: Cell) -> tuple[tuple[str, str], ...]:
+def lineage_env(matrix: Matrix, cell: Cell) -> tuple[tuple[str, str], ...]:
     """What an image of the cell would have as ENV: its chain's `env`, the cell's own last."""
     merged: dict[str, str] = {}
     for member in reversed(matrix.lineage(cell)):

@@ -1,0 +1,152 @@
+"""`stackproof ab A B`: one server per side, kept up for the whole run, loaded in interleaved slices.
+
+The load of every slice is `stackproof soak`'s (verify/loadrun.run_load in soak mode: the same
+question pool from the same seed, cycled until the slice's seconds are spent, at the same
+concurrency), on one host; the order is verify/ab.slice_order's (a warm-up pair, then A B, B A,
+...). Unlike soak, which starts a fresh server per slice to count faults, an A/B keeps each side's
+server up from the first slice to the last: a server start (compile, caches, allocator) must not
+land inside a measurement. The greedy answers of each side are taken once, alone, in its warm-up
+slice and compared as `stackproof compare` does. The judge (verify/ab.py) turns the slices into the
+report; this module is the edge: servers, slices, files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from pipeline.errors import CheckFailed, InfraError, PipelineError
+from pipeline.model import Arm, Cell, LoadSpec
+from verify.ab import AbConfig, AbReport, Correctness, SliceMetrics, judge, metrics_of_summary, slice_order
+from verify.compare import GREEDY_FILE, compare_runs, read_greedy
+from verify.load_stage import load_target
+from verify.loadrun import run_load, summarise
+from verify.logscan import LogWatcher, load_catalog
+from verify.runtime import Runtime
+from verify.server import Server, ServerFailed
+
+__all__ = ["AB_FILE", "Side", "run_ab"]
+
+AB_FILE = "ab.json"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Side:
+    """One side of the comparison: a cell (and arm) on the runtime that serves it."""
+
+    label: str  # "cell" or "cell:arm"
+    cell: Cell
+    arm: Arm | None
+    runtime: Runtime
+    image: str  # the image tag, or a host environment's ref
+
+
+ServerMaker = Callable[..., Server]
+
+
+def run_ab(
+    a: Side,
+    b: Side,
+    *,
+    spec: LoadSpec,
+    slice_s: float,
+    pairs: int,
+    threshold: float,
+    out_dir: Path,
+    new_server: ServerMaker = Server,
+) -> AbReport:
+    """Start both servers, run the slices, judge them, write ab.json (read back before it is returned)."""
+    started = time.monotonic()
+    config = AbConfig(
+        threshold=threshold,
+        confidence=0.95,
+        resamples=4000,
+        slice_s=slice_s,
+        pairs=pairs,
+        concurrency=spec.concurrency,
+        seed=spec.seed,
+        max_tokens=spec.max_tokens,
+    )
+    slices: list[SliceMetrics] = []
+    with contextlib.ExitStack() as stack:
+        servers = {}
+        for key, side in (("A", a), ("B", b)):
+            server = new_server(
+                side.runtime,
+                side.cell,
+                side.image,
+                out_dir=out_dir / f"server-{key}",
+                arm=side.arm,
+                watcher=LogWatcher(load_catalog()),
+            )
+            stack.callback(server.remove)
+            server.start()
+            servers[key] = server
+        for key, server in servers.items():
+            try:
+                server.wait_ready()
+            except ServerFailed as exc:
+                raise CheckFailed(f"side {key} ({(a if key == 'A' else b).label}): {exc.reason}") from exc
+        for position, (pair, key) in enumerate(slice_order(pairs)):
+            side = a if key == "A" else b
+            slice_dir = out_dir / ("warmup" if pair < 0 else f"pair{pair:03d}") / key
+            print(
+                f"ab: slice {position + 1}/{2 * pairs + 2}: {'warm-up' if pair < 0 else f'pair {pair}'} "
+                f"side {key} ({side.label}), {slice_s:.0f}s",
+                file=sys.stderr,
+            )
+            slices.append(
+                _one_slice(servers[key], side, spec, slice_s, slice_dir, key=key, pair=pair, position=position)
+            )
+    correctness = _correctness(out_dir / "warmup" / "A" / GREEDY_FILE, out_dir / "warmup" / "B" / GREEDY_FILE)
+    report = judge(
+        slices,
+        a=a.label,
+        b=b.label,
+        config=config,
+        correctness=correctness,
+        seconds=time.monotonic() - started,
+        files={"dir": str(out_dir), "report": str(out_dir / AB_FILE)},
+    )
+    path = out_dir / AB_FILE
+    path.write_text(json.dumps(report.to_json(), indent=2, allow_nan=False) + "\n")
+    return AbReport.from_json(json.loads(path.read_text()), source=str(path))  # written once, read back
+
+
+def _one_slice(
+    server: Server, side: Side, spec: LoadSpec, slice_s: float, out_dir: Path, *, key: str, pair: int, position: int
+) -> SliceMetrics:
+    status, code = server.state()
+    if status not in ("running", "created"):
+        raise InfraError(f"{side.label}: its server {status} (exit code {code}) before slice {position + 1}")
+    # Greedy answers once per side, alone, in the warm-up; the measured slices carry load only.
+    slice_spec = replace(spec, duration_s=slice_s, determinism_repeats=1 if pair < 0 else 0)
+    target = load_target(server, side.cell, side.arm)
+    outcome = run_load(target, slice_spec, out_dir, soak=True)
+    summary = summarise(outcome, slice_spec)
+    (out_dir / "load.json").write_text(json.dumps(summary, indent=2) + "\n")
+    questions = summary["questions"]
+    return SliceMetrics(
+        side=key,
+        pair=pair,
+        position=position,
+        seconds=round(outcome.seconds, 3),
+        questions=int(questions["attempted"]),
+        faulted=int(questions["faulted"]),
+        values=metrics_of_summary(summary),
+    )
+
+
+def _correctness(greedy_a: Path, greedy_b: Path) -> Correctness:
+    """`stackproof compare` of the two warm-up slices' greedy answers."""
+    try:
+        comparison = compare_runs(read_greedy(greedy_a), read_greedy(greedy_b))
+    except PipelineError as exc:  # no greedy answers (a side's warm-up failed): a missing column, not a lost run
+        return Correctness(agreement=None, corruption=False, comparison={"error": str(exc)})
+    document = comparison.to_json()
+    return Correctness(agreement=document["agreement"], corruption=comparison.corrupted, comparison=document)
