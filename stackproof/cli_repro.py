@@ -244,8 +244,9 @@ def _doctor(args: argparse.Namespace) -> int:
         docker, docker_error = connect()
         built = docker is not None and docker.image(tag) is not None
         if cell.is_gpu and not args.no_preflight:
+            # The rules are judged below on the fingerprinted document: the image's view, inside it.
             facts = gather_facts(
-                matrix, cell, docker=docker, docker_error=docker_error, image_bytes=0 if built else None
+                matrix, cell, docker=docker, docker_error=docker_error, image_bytes=0 if built else None, rules=False
             )
             preflight = judge_preflight(cell, facts, docker_required=False)
         failed = [i for i in preflight if i.status == "FAIL"]
@@ -272,6 +273,8 @@ def _doctor(args: argparse.Namespace) -> int:
     else:
         document = doctor_host(args.python, imports=not args.no_imports)
     fp = Fingerprint.parse(document, str(args.input or "doctor_probe.py"))
+    if args.cell and not args.no_preflight:
+        preflight = [*preflight, *_rule_items(matrix, args.cell, document, str(args.input or "doctor_probe.py"))]
     key = matrix_key(fp)
     trio = check_flashinfer_trio(fp.probe) if fp.probe else None
     matches = []
@@ -314,6 +317,16 @@ def _doctor(args: argparse.Namespace) -> int:
 
         raise PreflightFailed(args.cell, preflight)  # after the report: every verdict is printed first
     return 0
+
+
+def _rule_items(matrix: Any, cell_id: str, document: dict[str, Any], source: str) -> list[Any]:
+    """The preflight rules (pipeline/preflight_rules.yaml) for the cell, on the facts this document
+    records: a reporter's (`--input`), the host's, or the cell's image's (inside its container)."""
+    from pipeline.preflight_rules import HostLimits, cell_facts, judge_rules, load_rules
+
+    assert matrix is not None
+    cell = matrix.cell(cell_id)
+    return judge_rules(load_rules(), cell_facts(cell), HostLimits.from_doctor(document, source))
 
 
 def _doctor_lines(fp: Any, key: Any, trio: Any, matches: list[Any], receipts: list[Any], notes: list[str]) -> list[str]:
