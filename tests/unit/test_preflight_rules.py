@@ -1,6 +1,6 @@
 """The preflight rules (pipeline/preflight_rules.yaml) both ways on recorded host facts, their
 loader's located errors, the probe's new host facts on a fake /proc, and `doctor --cell` on the
-recorded GB10 facts. The H200's limits are from NVIDIA's Hopper guide until measured; GB10's and
+recorded GB10 facts. The H200's limits are measured there (and match NVIDIA's Hopper guide); GB10's and
 RTX PRO 6000's from the seed text (tests/fixtures/host-limits/README.md)."""
 
 from __future__ import annotations
@@ -253,3 +253,29 @@ def test_doctor_cell_on_recorded_gb10_facts_warns_naming_the_incident(
     assert main(args) == 0
     text = capsys.readouterr().out
     assert "preflight WARN  rule:gb10-graph-safe-topk-shared-memory" in text
+
+
+def test_ple_rule_on_the_h200s_measured_container_facts_passes() -> None:
+    # Measured there: no Yama file, SYS_PTRACE in CapEff, in a container.
+    h200 = recorded("h200")
+    assert h200.yama is False and h200.capabilities is not None and "SYS_PTRACE" in h200.capabilities
+    ple = cell(runtime="docker", env=(("VLLM_PLE_CPU_OFFLOAD", "1"),))
+    assert verdict("ple-offload-tp1-needs-ptrace", ple, h200).status == Status.PASS
+
+
+def test_the_pre_run_preflight_judges_the_rules_where_limits_were_gathered(tmp_path: Path) -> None:
+    from pipeline.load import load_matrix
+    from pipeline.preflight import PreflightFacts, judge_host_preflight, judge_preflight
+
+    matrix_file = tmp_path / "matrix.yaml"
+    matrix_file.write_text(gb10_matrix("path:/models/not-here"))
+    the_cell = load_matrix(matrix_file).cell("sm121-topk")
+    recorded_facts = json.loads((REPO / "tests" / "fixtures" / "preflight" / "doctor-sm120-json.stdout").read_text())
+    facts = PreflightFacts.parse(recorded_facts["doctor"]["preflight"]["facts"])
+    assert not [i for i in judge_preflight(the_cell, facts) if i.name.startswith("rule:")]  # not gathered: none
+    gb10 = flatten_limits(json.loads((LIMITS / "gb10.json").read_text()))
+    with_limits = PreflightFacts.parse({**facts.to_json(), "host_limits": gb10, "model_architecture": None})
+    for items in (judge_preflight(the_cell, with_limits), judge_host_preflight(the_cell, with_limits)):
+        rules = {i.name: i.status for i in items if i.name.startswith("rule:")}
+        assert rules["rule:gb10-graph-safe-topk-shared-memory"] == Status.WARN
+        assert len(rules) == 5
