@@ -177,6 +177,11 @@ def differences(verified: HostFingerprint, here: HostFingerprint) -> list[str]:
         diffs.append(f"GPUs {verified.gpu_summary} vs {here.gpu_summary}")
     if verified.driver != here.driver:
         diffs.append(f"driver {verified.driver} vs {here.driver}")
+    # The limits the preflight rules compare, where both sides recorded them (older receipts did not).
+    for key in ("shared_memory_per_sm", "shared_memory_per_block_optin", "integrated", "ptrace_scope"):
+        a, b = (verified.limits or {}).get(key), (here.limits or {}).get(key)
+        if a is not None and b is not None and a != b:
+            diffs.append(f"{key.replace('_', ' ')} {a} vs {b}")
     return diffs
 
 
