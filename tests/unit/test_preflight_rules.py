@@ -279,3 +279,16 @@ def test_the_pre_run_preflight_judges_the_rules_where_limits_were_gathered(tmp_p
         rules = {i.name: i.status for i in items if i.name.startswith("rule:")}
         assert rules["rule:gb10-graph-safe-topk-shared-memory"] == Status.WARN
         assert len(rules) == 5
+
+
+def test_doctor_prints_the_limits_and_receipts_compare_them(capsys: pytest.CaptureFixture[str]) -> None:
+    from pipeline.host import differences
+
+    assert main(["doctor", "--input", str(LIMITS / "h200.json"), "--matrix", str(REPO / "matrix.yaml")]) == 0
+    text = capsys.readouterr().out
+    assert "limits: shared memory 233472 B/SM, opt-in 232448 B/block, 132 SMs" in text
+    assert "no Yama, SYS_PTRACE, seccomp disabled" in text
+    h200 = HostFingerprint.parse({"limits": flatten_limits(json.loads((LIMITS / "h200.json").read_text()))})
+    gb10 = HostFingerprint.parse({"limits": flatten_limits(json.loads((LIMITS / "gb10.json").read_text()))})
+    assert "shared memory per sm 233472 vs 102400" in differences(h200, gb10)
+    assert differences(h200, HostFingerprint.parse({})) == []  # a receipt without limits compares as before
