@@ -15,6 +15,7 @@ import os
 import platform
 import re
 import shutil
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,10 @@ class HostFingerprint:
     cuda_driver: str  # the highest CUDA version the driver supports, or "none"
     cpu_model: str = ""  # /proc/cpuinfo's model name; "" in receipts made before it was recorded
     cpu_cores: int = 0  # logical CPUs this host has; 0: not recorded
+    # GPU 0's limits and the ptrace facts the preflight rules read (`doctor_probe.py --limits-only`:
+    # shared_memory_per_sm, shared_memory_per_block_optin, sm_count, total_memory, integrated,
+    # ptrace_scope, capabilities, seccomp); None in receipts made before they were recorded.
+    limits: dict[str, Any] | None = None
 
     @property
     def gpu_summary(self) -> str:
@@ -72,10 +77,11 @@ class HostFingerprint:
             cuda_driver=str(data.get("cuda_driver", "none")),
             cpu_model=str(data.get("cpu_model") or ""),
             cpu_cores=int(data.get("cpu_cores") or 0),
+            limits=dict(data["limits"]) if isinstance(data.get("limits"), dict) else None,
         )
 
 
-def host_fingerprint(docker_version: str | None = None) -> HostFingerprint:
+def host_fingerprint(docker_version: str | None = None, *, limits: bool = True) -> HostFingerprint:
     """This host: its GPUs and driver (nvidia-smi), kernel, OS, and the docker daemon's version as
     the engine reported it (`Docker.server_version`; None: no docker asked)."""
     gpus: tuple[dict[str, str], ...] = ()
@@ -105,7 +111,46 @@ def host_fingerprint(docker_version: str | None = None) -> HostFingerprint:
         cuda_driver=cuda_driver,
         cpu_model=cpu_model(),
         cpu_cores=os.cpu_count() or 0,
+        limits=host_limits() if limits and gpus else None,
     )
+
+
+DOCTOR_PROBE = Path(__file__).resolve().parents[1] / "verify" / "doctor_probe.py"
+LIMIT_KEYS = ("name", "capability", "shared_memory_per_sm", "shared_memory_per_block_optin", "sm_count")
+
+
+def host_limits(probe: Path = DOCTOR_PROBE) -> dict[str, Any] | None:
+    """The doctor probe's device limits and ptrace facts for this host, flattened (GPU 0), or None
+    when the probe is not there or printed nothing readable. The probe is run as a script, never
+    imported: it is stdlib-only and lives beside the in-image probe."""
+    if not probe.is_file():
+        return None
+    result = cmd.run([sys.executable, str(probe), "--limits-only"], check=False, quiet=True, timeout=120)
+    try:
+        document = json.loads(result.stdout)
+    except ValueError:
+        return None
+    return flatten_limits(document)
+
+
+def flatten_limits(document: dict[str, Any]) -> dict[str, Any]:
+    """`{cuda_devices, security, container}` (a doctor document or `--limits-only`) -> the flat
+    record a receipt keeps: GPU 0's limits, the ptrace facts, and why devices are missing."""
+    cuda = document.get("cuda_devices") or {}
+    security = document.get("security") or {}
+    devices = cuda.get("devices") or []
+    device = devices[0] if devices and isinstance(devices[0], dict) else {}
+    container = document.get("container") or (document.get("host") or {}).get("container") or {}
+    flat: dict[str, Any] = {key: device.get(key) for key in (*LIMIT_KEYS, "total_memory", "integrated")}
+    flat.update(
+        ptrace_scope=security.get("ptrace_scope"),
+        yama=security.get("yama"),
+        capabilities=security.get("capabilities"),
+        seccomp=security.get("seccomp"),
+        in_container=container.get("detected"),
+        error=cuda.get("error"),
+    )
+    return flat
 
 
 def cpu_model(cpuinfo: str | None = None) -> str:
@@ -132,6 +177,11 @@ def differences(verified: HostFingerprint, here: HostFingerprint) -> list[str]:
         diffs.append(f"GPUs {verified.gpu_summary} vs {here.gpu_summary}")
     if verified.driver != here.driver:
         diffs.append(f"driver {verified.driver} vs {here.driver}")
+    # The limits the preflight rules compare, where both sides recorded them (older receipts did not).
+    for key in ("shared_memory_per_sm", "shared_memory_per_block_optin", "integrated", "ptrace_scope"):
+        a, b = (verified.limits or {}).get(key), (here.limits or {}).get(key)
+        if a is not None and b is not None and a != b:
+            diffs.append(f"{key.replace('_', ' ')} {a} vs {b}")
     return diffs
 
 

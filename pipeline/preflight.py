@@ -173,6 +173,12 @@ class PreflightFacts:
     base_platforms_source: str
     disks: tuple[DiskFact, ...] = ()
     notes: tuple[str, ...] = field(default=())
+    # For the preflight rules (pipeline/preflight_rules.yaml): GPU 0's limits and the ptrace facts
+    # (`HostFingerprint.limits`; None: not gathered, and then no rule is judged), and the model's
+    # architecture from its config.json (None: not on this machine; the source says why).
+    host_limits: dict[str, Any] | None = None
+    model_architecture: str | None = None
+    model_architecture_source: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -200,6 +206,9 @@ class PreflightFacts:
             base_platforms_source=str(data.get("base_platforms_source", "")),
             disks=tuple(DiskFact(**{k: v for k, v in d.items() if k in _DISK_FIELDS}) for d in data.get("disks") or ()),
             notes=tuple(data.get("notes") or ()),
+            host_limits=dict(data["host_limits"]) if isinstance(data.get("host_limits"), dict) else None,
+            model_architecture=data.get("model_architecture"),
+            model_architecture_source=str(data.get("model_architecture_source", "")),
         )
 
 
@@ -223,13 +232,17 @@ def gather_facts(
     model_bytes: int | None = None,
     model_store: Path | None = None,
     cdi_dirs: Sequence[Path] = CDI_DIRS,
+    rules: bool = True,
 ) -> PreflightFacts:
     """Everything the judge needs, read from this host. `engine` None: docker is not available,
     `docker_error` says why. `image_bytes` / `model_bytes` are what the caller will write (None:
-    not known); the model store is measured only for a cell whose model is downloaded (`hf:`)."""
+    not known); the model store is measured only for a cell whose model is downloaded (`hf:`).
+    `rules`: gather the facts the preflight rules read (device limits, the model's architecture)."""
     from pipeline.host import host_fingerprint
+    from pipeline.preflight_rules import model_architecture
 
-    host = host_fingerprint(None)  # nvidia-smi only; docker is asked below, once
+    host = host_fingerprint(None, limits=rules)  # nvidia-smi only; docker is asked below, once
+    architecture, architecture_source = model_architecture(cell, model_store) if rules else (None, "")
     gpus = tuple(
         GpuFact(index=i, name=g.get("name", ""), capability=g.get("compute_capability") or None)
         for i, g in enumerate(host.gpus)
@@ -262,6 +275,9 @@ def gather_facts(
         base_platforms=platforms,
         base_platforms_source=platforms_source,
         disks=tuple(disks),
+        host_limits=host.limits if rules else None,
+        model_architecture=architecture,
+        model_architecture_source=architecture_source,
     )
 
 
@@ -470,6 +486,7 @@ def judge_preflight(cell: Cell, facts: PreflightFacts, *, docker_required: bool 
         _base_platform(cell, facts),
         _runtime(facts, docker_required),
         *_disks(facts, docker_required),
+        *_rules(cell, facts),
     ]
 
 
@@ -477,7 +494,19 @@ def judge_host_preflight(cell: Cell, facts: PreflightFacts) -> list[CheckResult]
     """The items of `judge_preflight` that hold for a server run as a host process; pure."""
     if not cell.is_gpu:
         return []
-    return [_gpu(facts), _capability(cell, facts), _host_platform(cell, facts)]
+    return [_gpu(facts), _capability(cell, facts), _host_platform(cell, facts), *_rules(cell, facts)]
+
+
+def _rules(cell: Cell, facts: PreflightFacts) -> list[CheckResult]:
+    """The preflight rules' items (pipeline/preflight_rules.yaml), where the host's limits were gathered."""
+    from pipeline.preflight_rules import HostLimits, cell_facts, judge_rules, load_rules
+
+    if facts.host_limits is None:
+        return []
+    architecture = (facts.model_architecture, facts.model_architecture_source)
+    return judge_rules(
+        load_rules(), cell_facts(cell, architecture=architecture), HostLimits.from_record(facts.host_limits)
+    )
 
 
 def _item(name: str, status: Status, message: str, **evidence: Any) -> CheckResult:

@@ -244,8 +244,9 @@ def _doctor(args: argparse.Namespace) -> int:
         docker, docker_error = connect()
         built = docker is not None and docker.image(tag) is not None
         if cell.is_gpu and not args.no_preflight:
+            # The rules are judged below on the fingerprinted document: the image's view, inside it.
             facts = gather_facts(
-                matrix, cell, docker=docker, docker_error=docker_error, image_bytes=0 if built else None
+                matrix, cell, docker=docker, docker_error=docker_error, image_bytes=0 if built else None, rules=False
             )
             preflight = judge_preflight(cell, facts, docker_required=False)
         failed = [i for i in preflight if i.status == "FAIL"]
@@ -272,6 +273,8 @@ def _doctor(args: argparse.Namespace) -> int:
     else:
         document = doctor_host(args.python, imports=not args.no_imports)
     fp = Fingerprint.parse(document, str(args.input or "doctor_probe.py"))
+    if args.cell and not args.no_preflight:
+        preflight = [*preflight, *_rule_items(matrix, args.cell, document, str(args.input or "doctor_probe.py"))]
     key = matrix_key(fp)
     trio = check_flashinfer_trio(fp.probe) if fp.probe else None
     matches = []
@@ -316,6 +319,37 @@ def _doctor(args: argparse.Namespace) -> int:
     return 0
 
 
+def _rule_items(matrix: Any, cell_id: str, document: dict[str, Any], source: str) -> list[Any]:
+    """The preflight rules (pipeline/preflight_rules.yaml) for the cell, on the facts this document
+    records: a reporter's (`--input`), the host's, or the cell's image's (inside its container)."""
+    from pipeline.preflight_rules import HostLimits, cell_facts, judge_rules, load_rules
+
+    assert matrix is not None
+    cell = matrix.cell(cell_id)
+    return judge_rules(load_rules(), cell_facts(cell), HostLimits.from_doctor(document, source))
+
+
+def _limits_line(document: dict[str, Any]) -> str:
+    """GPU 0's limits and the ptrace facts the preflight rules read (doctor_probe.py `cuda_devices`, `security`)."""
+    from pipeline.host import flatten_limits
+
+    if not document.get("cuda_devices"):
+        return "limits: not recorded (a doctor probe from before cuda_devices)"
+    f = flatten_limits(document)
+    if f.get("shared_memory_per_sm") is None and f.get("error"):
+        device = f"no device limits ({f['error']})"
+    else:
+        integrated = ", integrated" if f.get("integrated") else ""
+        device = (
+            f"shared memory {f.get('shared_memory_per_sm')} B/SM, opt-in {f.get('shared_memory_per_block_optin')} "
+            f"B/block, {f.get('sm_count')} SMs, {f.get('total_memory')} B{integrated}"
+        )
+    ptrace = "no Yama" if f.get("yama") is False else f"ptrace_scope {f.get('ptrace_scope')}"
+    caps = f.get("capabilities")
+    cap = "" if caps is None else (", SYS_PTRACE" if "SYS_PTRACE" in caps else ", no SYS_PTRACE")
+    return f"limits: {device}; {ptrace}{cap}, seccomp {f.get('seccomp')}"
+
+
 def _doctor_lines(fp: Any, key: Any, trio: Any, matches: list[Any], receipts: list[Any], notes: list[str]) -> list[str]:
     lines = [
         f"host: {fp.os or '?'}, kernel {fp.kernel or '?'}, {fp.machine or '?'}"
@@ -330,6 +364,7 @@ def _doctor_lines(fp: Any, key: Any, trio: Any, matches: list[Any], receipts: li
         )
     else:
         lines.append(f"GPU: none seen ({fp.gpu_error or 'no devices'})")
+    lines.append(_limits_line(fp.document))
     lines.append(f"CUDA: torch built with {fp.torch_cuda() or 'no CUDA'}; nvcc {fp.nvcc or 'not found'}")
     wheel = next((f"{n} {v}" for n, v in sorted(fp.stack().items()) if n.startswith("nvidia-cudnn-cu")), "no wheel")
     lines.append(

@@ -31,7 +31,7 @@ from packaging.version import InvalidVersion, Version
 from pipeline import cmd
 from pipeline.docker import Container, Docker, Mount
 from pipeline.errors import CheckFailed, InfraError, InputError
-from pipeline.host import HostFingerprint, differences
+from pipeline.host import HostFingerprint, differences, flatten_limits
 from pipeline.model import Cell, Matrix
 from pipeline.pins import FI_CUBIN, FI_JIT, FI_PYTHON, Lookup, cell_stack
 from pipeline.repro import arch_of_gpu, cudnn_version_text
@@ -225,6 +225,7 @@ class Fingerprint:
             cuda_driver=self.cuda_driver or "none",
             cpu_model=self.cpu_model or "",
             cpu_cores=self.cpu_cores or 0,
+            limits=flatten_limits(self.document) if self.document.get("cuda_devices") else None,
         )
 
     def version(self, name: str) -> str | None:

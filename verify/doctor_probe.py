@@ -3,12 +3,17 @@
 Runs anywhere a bug reporter can run Python, with nothing installed:
 
     python3 doctor_probe.py [--modules torch?,flashinfer?,vllm?] [--no-imports] [--gpu-source auto|nvidia-smi|nvml]
+    python3 doctor_probe.py --limits-only    # only `cuda_devices`, `security` and `container`
 
 It needs `inimage_probe.py` beside it (both live in stackproof's `verify/`): that probe collects the
 installed distributions, import outcomes, what torch sees and the relevant env vars, and this
 script adds what is not in a Python environment: the GPUs and their compute capability (nvidia-smi,
 else NVML through ctypes), the driver and the CUDA version it supports, `nvcc`, the host's cuDNN
-libraries, the OS and kernel, whether this is a container, and more env vars. Values of env vars
+libraries, the OS and kernel, whether this is a container, and more env vars. `cuda_devices`: each
+device's limits from the CUDA driver API (libcuda through ctypes: shared memory per SM, the
+per-block opt-in limit, SM count, total memory, integrated), with torch's view beside them where
+torch is installed; `security`: Yama's ptrace scope and this process's capabilities and seccomp
+mode (a container's, inside one). The preflight rules (pipeline/preflight_rules.yaml) read both. Values of env vars
 whose names (or values) look secret are redacted.
 
 Prints one JSON document (doctor_schema 1) on stdout and exits 0 even when a part could not be
@@ -50,7 +55,13 @@ def main() -> int:
     parser.add_argument("--no-imports", action="store_true", help="list distributions only; import nothing")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds allowed for each import")
     parser.add_argument("--gpu-source", choices=("auto", "nvidia-smi", "nvml"), default="auto")
+    parser.add_argument("--limits-only", action="store_true", help="device limits and ptrace facts only (fast)")
     args = parser.parse_args()
+    if args.limits_only:
+        limits = {"cuda_devices": cuda_device_facts(), "security": security_facts(), "container": _container()}
+        json.dump(limits, sys.stdout, indent=1, sort_keys=True)
+        sys.stdout.write("\n")
+        return 0
     document = collect(modules="" if args.no_imports else args.modules, timeout=args.timeout, gpu=args.gpu_source)
     json.dump(document, sys.stdout, indent=1, sort_keys=True)
     sys.stdout.write("\n")
@@ -64,6 +75,8 @@ def collect(*, modules: str, timeout: float, gpu: str) -> dict[str, Any]:
         "generated_at": datetime.datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "host": host_facts(),
         "gpu": gpu_facts(gpu),
+        "cuda_devices": cuda_device_facts(),
+        "security": security_facts(),
         "nvcc": nvcc_facts(),
         "cudnn_host": cudnn_host_facts(),
         "env_extra": extra_environment(),
@@ -240,6 +253,152 @@ def _from_nvml() -> dict[str, Any]:
         return {"source": "nvml", "driver": driver, "cuda_driver": cuda_driver, "devices": devices}
     finally:
         nvml.nvmlShutdown()
+
+
+# -- device limits: the CUDA driver API through ctypes, torch as a cross-check -------------------
+
+# CUdevice_attribute values from the CUDA driver API header (cuda.h, enum CUdevice_attribute_enum);
+# the same numbers are in numba's cuda/cudadrv/enums.py, and vLLM's csrc reads opt-in as 97.
+CU_ATTRIBUTES = {
+    "sm_count": 16,  # CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
+    "integrated": 18,  # CU_DEVICE_ATTRIBUTE_INTEGRATED (GB10 shares host memory)
+    "capability_major": 75,  # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
+    "capability_minor": 76,  # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR
+    "shared_memory_per_sm": 81,  # CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR
+    "shared_memory_per_block_optin": 97,  # CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+}
+
+
+def cuda_device_facts(library: str = "libcuda.so.1") -> dict[str, Any]:
+    """Per device: name, compute capability, SM count, shared memory per SM and the per-block opt-in
+    limit, total memory and whether it is integrated; from the driver, so no torch is needed.
+    Without a driver it says why (`error`), with no devices."""
+    facts = _from_cuda_driver(library)
+    facts["torch"] = _torch_cross_check()
+    return facts
+
+
+def _from_cuda_driver(library: str) -> dict[str, Any]:
+    try:
+        cuda = ctypes.CDLL(library)
+    except OSError as exc:
+        return {"source": "cuda-driver", "error": f"no libcuda ({library}: {exc})", "devices": []}
+    try:
+        status = cuda.cuInit(0)
+        if status != 0:
+            return {"source": "cuda-driver", "error": f"cuInit failed (CUresult {status})", "devices": []}
+        count = ctypes.c_int()
+        if cuda.cuDeviceGetCount(ctypes.byref(count)) != 0:
+            return {"source": "cuda-driver", "error": "cuDeviceGetCount failed", "devices": []}
+        devices = [_cuda_device(cuda, index) for index in range(count.value)]
+    except AttributeError as exc:  # a libcuda without the entry points (a stub, or not the driver)
+        return {"source": "cuda-driver", "error": f"{library}: {exc}", "devices": []}
+    return {"source": "cuda-driver", "devices": devices}
+
+
+def _cuda_device(cuda: Any, index: int) -> dict[str, Any]:
+    device = ctypes.c_int()
+    if cuda.cuDeviceGet(ctypes.byref(device), index) != 0:
+        return {"index": index, "error": "cuDeviceGet failed"}
+    name = ctypes.create_string_buffer(256)
+    cuda.cuDeviceGetName(name, 256, device)
+    values: dict[str, int | None] = {}
+    for key, attribute in CU_ATTRIBUTES.items():
+        value = ctypes.c_int()
+        ok = cuda.cuDeviceGetAttribute(ctypes.byref(value), attribute, device) == 0
+        values[key] = value.value if ok else None
+    total = ctypes.c_size_t()
+    has_total = cuda.cuDeviceTotalMem_v2(ctypes.byref(total), device) == 0
+    major, minor = values.pop("capability_major"), values.pop("capability_minor")
+    integrated = values.pop("integrated")
+    return {
+        "index": index,
+        "name": name.value.decode(errors="replace"),
+        "capability": f"{major}.{minor}" if major is not None and minor is not None else None,
+        "integrated": bool(integrated) if integrated is not None else None,
+        "total_memory": total.value if has_total else None,
+        **values,
+    }
+
+
+def _torch_cross_check() -> dict[str, Any] | None:
+    """torch's view of the same limits, when torch imports here (None: not installed)."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        return None
+    code = (
+        "import json, torch\n"
+        "out = []\n"
+        "for i in range(torch.cuda.device_count() if torch.cuda.is_available() else 0):\n"
+        "    p = torch.cuda.get_device_properties(i)\n"
+        "    out.append({'index': i, 'name': p.name, 'sm_count': p.multi_processor_count,\n"
+        "        'total_memory': p.total_memory, 'integrated': bool(getattr(p, 'is_integrated', 0)),\n"
+        "        'shared_memory_per_sm': getattr(p, 'shared_memory_per_multiprocessor', None),\n"
+        "        'shared_memory_per_block_optin': getattr(p, 'shared_memory_per_block_optin', None)})\n"
+        "print(json.dumps(out))\n"
+    )
+    out, err = _run([sys.executable, "-c", code])
+    if out is None:
+        return {"error": f"torch: {err}", "devices": []}
+    try:
+        return {"devices": json.loads(out.strip().splitlines()[-1])}
+    except (ValueError, IndexError):
+        return {"error": "torch printed no JSON", "devices": []}
+
+
+# -- what may trace what: Yama, and a container's capabilities and seccomp -------------------------
+
+# Linux capability bit numbers (include/uapi/linux/capability.h); CapEff is a hex mask of them.
+CAPABILITIES = (
+    "CHOWN", "DAC_OVERRIDE", "DAC_READ_SEARCH", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID",
+    "SETPCAP", "LINUX_IMMUTABLE", "NET_BIND_SERVICE", "NET_BROADCAST", "NET_ADMIN", "NET_RAW",
+    "IPC_LOCK", "IPC_OWNER", "SYS_MODULE", "SYS_RAWIO", "SYS_CHROOT", "SYS_PTRACE", "SYS_PACCT",
+    "SYS_ADMIN", "SYS_BOOT", "SYS_NICE", "SYS_RESOURCE", "SYS_TIME", "SYS_TTY_CONFIG", "MKNOD",
+    "LEASE", "AUDIT_WRITE", "AUDIT_CONTROL", "SETFCAP", "MAC_OVERRIDE", "MAC_ADMIN", "SYSLOG",
+    "WAKE_ALARM", "BLOCK_SUSPEND", "AUDIT_READ", "PERFMON", "BPF", "CHECKPOINT_RESTORE",
+)  # fmt: skip
+SECCOMP_MODES = {0: "disabled", 1: "strict", 2: "filter"}
+
+
+def security_facts(proc: Path = Path("/proc")) -> dict[str, Any]:
+    """Yama's ptrace scope (None: no Yama, nothing restricts ptrace beyond the usual checks) and
+    this process's effective capabilities and seccomp mode. Inside a container they are the
+    container's: SYS_PTRACE missing, or seccomp `filter` (docker's default profile), refuses the
+    ptrace a PLE offload handshake needs (vllm-project/vllm#53960)."""
+    scope: int | None = None
+    try:
+        scope = int((proc / "sys/kernel/yama/ptrace_scope").read_text().strip())
+    except (OSError, ValueError):
+        scope = None
+    status: dict[str, str] = {}
+    try:
+        for line in (proc / "self/status").read_text().splitlines():
+            key, _, value = line.partition(":")
+            status[key.strip()] = value.strip()
+    except OSError:
+        pass
+    cap_eff = status.get("CapEff")
+    seccomp = status.get("Seccomp")
+    return {
+        "ptrace_scope": scope,
+        "yama": scope is not None,
+        "cap_eff": cap_eff,
+        "capabilities": decode_capabilities(cap_eff) if cap_eff else None,
+        "seccomp": SECCOMP_MODES.get(int(seccomp), seccomp) if seccomp and seccomp.isdigit() else seccomp,
+    }
+
+
+def decode_capabilities(mask: str) -> list[str]:
+    """`00000000a80425fb` -> ["CHOWN", ...]; bits past the known names read as `CAP_<bit>`."""
+    value = int(mask, 16)
+    names = []
+    bit = 0
+    while value >> bit:
+        if value >> bit & 1:
+            names.append(CAPABILITIES[bit] if bit < len(CAPABILITIES) else f"CAP_{bit}")
+        bit += 1
+    return names
 
 
 # -- CUDA toolkit and the host's cuDNN --------------------------------------------------------------
