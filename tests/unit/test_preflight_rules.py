@@ -292,3 +292,25 @@ def test_doctor_prints_the_limits_and_receipts_compare_them(capsys: pytest.Captu
     gb10 = HostFingerprint.parse({"limits": flatten_limits(json.loads((LIMITS / "gb10.json").read_text()))})
     assert "shared memory per sm 233472 vs 102400" in differences(h200, gb10)
     assert differences(h200, HostFingerprint.parse({})) == []  # a receipt without limits compares as before
+
+
+def test_the_probe_script_run_on_the_h200_gives_the_recorded_limits() -> None:
+    """`python3 verify/doctor_probe.py` itself, run on the H200 (h200-doctor-probe.json), against the
+    values recorded there through the same driver calls inline (h200.json): equal, and so every
+    rule judges both the same."""
+    probed = json.loads((LIMITS / "h200-doctor-probe.json").read_text())
+    inline = json.loads((LIMITS / "h200.json").read_text())
+    assert probed["cuda_devices"]["source"] == "cuda-driver"
+    assert probed["cuda_devices"]["devices"] == inline["cuda_devices"]["devices"]
+    [device] = probed["cuda_devices"]["devices"]
+    assert (device["shared_memory_per_sm"], device["shared_memory_per_block_optin"], device["sm_count"]) == (
+        233472,
+        232448,
+        132,
+    )
+    assert probed["cuda_devices"]["torch"]["devices"][0]["shared_memory_per_sm"] == 233472  # torch agrees
+    assert probed["security"]["yama"] is False and probed["security"]["seccomp"] == "disabled"
+    a, b = recorded("h200-doctor-probe"), recorded("h200")
+    for rule in load_rules():
+        for facts in (cell(arch="sm90"), cell(arch="sm90", args=("--kv-cache-dtype", "fp8"))):
+            assert verdict(rule.id, facts, a).status == verdict(rule.id, facts, b).status, rule.id
