@@ -2,8 +2,9 @@
 kept up for the whole run, loaded in interleaved slices of a few seconds at concurrency 8.
 
 - A/A (the cell against itself): every metric NO CHANGE, greedy answers identical;
-- A/B against the `one-seq` arm (`--max-num-seqs 1` against the cell's 8): B serves one sequence at
-  a time, so its output tokens per second fall far below A's: a REGRESSION with the right sign.
+- The A/B against the `one-seq` arm (`--max-num-seqs 1` against the cell's 8) is not in this tier:
+  on this machine kind its effect ranged from -47% to none at all in six pairs of 5 s slices (three
+  CI runs; docs/ab.md), so it cannot be asserted here without flaking. It is issue 28's open proof.
 
 Each run is bounded (a few minutes) and leaves nothing: no marked process, nothing listening.
 Run as this process's user, whose cache holds the cell's environment (`stackproof build` finds it
@@ -82,14 +83,3 @@ def test_a_against_itself_is_no_change(built: None, out: Path) -> None:
     assert code == 0
     assert report["correctness"]["agreement"] == 1.0  # type: ignore[index]
     assert [s["pair"] for s in report["slices"]][:2] == [-1, -1]  # type: ignore[index]
-
-
-def test_one_sequence_at_a_time_is_a_regression_in_tokens_per_second(built: None, out: Path) -> None:
-    code, report, _ = run_ab(CELL, f"{CELL}:one-seq", out)
-    assert code == 1 and report["verdict"] == "REGRESSION"
-    tok_s = by_name(report)["output_tok_s"]
-    # The verdict and its sign, not the effect's size: that depends on the host's load (-47% on a
-    # quiet moment, -28% with other servers on the same two cores); the interval must clear -5%.
-    assert tok_s["verdict"] == "REGRESSION", tok_s
-    assert tok_s["change"] < 0 and tok_s["ci_high"] < -0.05, tok_s  # type: ignore[operator]
-    assert by_name(report)["e2el_p50"]["change"] > 0  # type: ignore[operator]
