@@ -212,7 +212,7 @@ class _Walk:
     def scalar(self, node: yaml.Node) -> Any:
         """Construct a scalar with YAML 1.1 safe rules (so `true`, `1`, `null` get their types),
         once per distinct (tag, text, style): a generated matrix repeats its values many times."""
-        key = (node.tag, node.value, node.style)
+        key = (node.tag, node.value, getattr(node, "style", None))
         if key in self.scalars:
             return self.scalars[key]
         try:

@@ -101,11 +101,11 @@ def _dispatch(args: argparse.Namespace) -> int:
     except BrokenPipeError:
         return _broken_pipe()
     except MatrixError as exc:
-        shown = _first_problems(exc.problems)
-        for problem in shown:
+        listed = _first_problems(exc.problems)
+        for problem in listed:
             print(problem, file=sys.stderr)
         print(f"stackproof: {len(exc.problems)} problem(s) in the matrix; nothing was built or run", file=sys.stderr)
-        return _fail(args, exc.exit_code, "the matrix is invalid", shown)
+        return _fail(args, exc.exit_code, "the matrix is invalid", listed)
     except PipelineError as exc:
         # A failed tool's last lines were printed by its phase (pipeline.console): not twice.
         shown = str(exc).splitlines()[0] if getattr(exc, "tail_shown", False) else str(exc)
