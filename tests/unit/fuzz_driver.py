@@ -33,10 +33,15 @@ def _alarm(signum: int, frame: object) -> None:
 _CHUNK = b'data: {"choices": [{"index": 0, "delta": {"content": "w "}, "finish_reason": null}]}\n\n'
 
 
-def _million_series() -> Iterator[bytes]:
-    """A /metrics page of a million series (about 24 MB), in pieces of 10,000 lines."""
-    for start in range(0, 1_000_000, 10_000):
-        yield b"".join(b'vllm:x{i="%d"} 1\n' % i for i in range(start, start + 10_000))
+_MILLION: list[bytes] = []
+
+
+def million_series() -> list[bytes]:
+    """A /metrics page of a million series (about 24 MB), in 100 pieces of 10,000 lines, made once."""
+    if not _MILLION:
+        for start in range(0, 1_000_000, 10_000):
+            _MILLION.append(b"".join(b'vllm:x{i="%d"} 1\n' % i for i in range(start, start + 10_000)))
+    return _MILLION
 
 
 class Hostile(BaseHTTPRequestHandler):
@@ -72,7 +77,7 @@ class Hostile(BaseHTTPRequestHandler):
             status, body, kind = bodies.get(mode, (200, b'{"data": [{"id": "hostile/model"}]}', "application/json"))
             self._send(status, body, kind)
         elif rest == "metrics" and mode == "million-series":
-            self._pieces(_million_series())
+            self._pieces(iter(million_series()))
         elif rest == "metrics":
             self._send(200, b"vllm:generation_tokens_total NaN\nnot a metric line {{{\n", "text/plain")
         else:

@@ -23,7 +23,7 @@ from verify.loadrun import LoadOutcome, LoadTarget, grace_s, run_load
 from verify.serving import DEFAULT
 from verify.serving.openai import MAX_METRICS_BYTES, ErrorClass, ServerAPI
 
-from .fuzz_driver import Hostile, QuietServer
+from .fuzz_driver import Hostile, QuietServer, million_series
 
 SPEC = LoadSpec(
     questions=2,
@@ -42,6 +42,7 @@ def hostile() -> Iterator[str]:
     server = QuietServer(("127.0.0.1", 0), Hostile)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
+    million_series()  # made before any test traces memory: the server's cost is not the client's
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
     server.server_close()
@@ -96,10 +97,11 @@ def test_a_stream_line_without_end_is_cut_not_buffered(hostile: str, tmp_path: P
 
 def test_a_dribbling_stream_ends_at_duration_plus_grace(hostile: str, tmp_path: Path) -> None:
     """One chunk every 0.5 s for ever, never silent for a chunk timeout: only the deadline ends it."""
-    spec = LoadSpec(**{**vars(SPEC), "max_tokens": 500})
+    spec = LoadSpec(**{**vars(SPEC), "max_tokens": 500, "chunk_timeout_s": 3.0})
     outcome, took, _ = _load(f"{hostile}/dribble", spec, tmp_path, 60)
     bound = spec.duration_s + grace_s(spec)
-    assert bound - 1 <= outcome.seconds <= bound + 3, outcome.seconds
+    why = (outcome.stop_reason, [r.error for r in outcome.records])
+    assert bound - 1 <= outcome.seconds <= bound + 3, (outcome.seconds, why)
     assert took <= bound + 10
     assert "grace" in outcome.stop_reason and "still streaming" in outcome.stop_reason
     assert [r.error_class for r in outcome.records] == [ErrorClass.OVERRUN] * 2
@@ -146,3 +148,25 @@ def test_an_endless_error_answer_is_read_up_to_its_cap(hostile: str, tmp_path: P
     assert record.status_code == 500 and record.error_class is ErrorClass.HTTP_5XX
     assert "larger than 64 KiB" in (record.error or "")
     assert took < 15 and peak < 64 * 2**20
+
+
+def test_the_blocking_client_refuses_an_endless_models_answer(hostile: str) -> None:
+    from verify.serving.openai import ModelNotNamed, ServerCalls
+
+    def ask() -> str:
+        with ServerCalls(f"{hostile}/endless-models", DEFAULT) as calls:
+            return calls.model_id()
+
+    with pytest.raises(ModelNotNamed, match="larger than"):
+        _within(40, ask)
+    with ServerCalls(f"{hostile}/ok", DEFAULT) as calls:  # the other way: a good answer names its model
+        assert calls.model_id() == "hostile/model"
+
+
+def test_a_status_probe_reads_no_body(hostile: str) -> None:
+    async def probe() -> int | None:
+        async with ServerAPI(f"{hostile}/million-series", DEFAULT) as api:
+            return await api.status(api.paths.metrics)
+
+    status, took, _ = _within(20, lambda: asyncio.run(probe()))
+    assert status == 200 and took < 5

@@ -29,7 +29,8 @@ from typing import Any
 
 import httpx
 
-from pipeline.errors import CheckFailed
+from pipeline.errors import CheckFailed, InfraError
+from pipeline.httppolicy import HttpPolicy, fetch
 from verify.serving.driver import Endpoints, ServingDriver
 
 __all__ = [
@@ -253,9 +254,13 @@ class ServerAPI:
 
     async def status(self, path: str) -> int | None:
         """The HTTP status of GET path: 0 when refused, None when it timed out."""
-        try:
-            return (await self.client.get(path, timeout=PROBE_TIMEOUT_S)).status_code
-        except httpx.TimeoutException:
+        try:  # the status line only: a body (a million-series /metrics, one without end) is never read
+            async with (
+                asyncio.timeout(PROBE_TIMEOUT_S),
+                self.client.stream("GET", path, timeout=PROBE_TIMEOUT_S) as response,
+            ):
+                return response.status_code
+        except (httpx.TimeoutException, TimeoutError):
             return None
         except httpx.TransportError:
             return 0
@@ -311,14 +316,20 @@ class ServerCalls:
     def healthy(self) -> bool:
         """The health path answers 200 (False while it refuses, times out or answers otherwise)."""
         try:
-            return self.client.get(self.paths.health, timeout=5.0).status_code == 200
+            with self.client.stream("GET", self.paths.health, timeout=5.0) as response:  # the status, no body
+                return response.status_code == 200
         except httpx.HTTPError:
             return False
 
+    def _get(self, path: str, *, timeout: float, cap: int) -> httpx.Response:
+        """GET path, its body read under the HTTP policy: `cap` bytes and `timeout` seconds in all."""
+        policy = HttpPolicy(connect_s=5.0, read_s=timeout, total_s=timeout, max_body=cap)
+        return fetch(self.client, self.client.build_request("GET", path), policy=policy, what=f"{self.base_url}{path}")
+
     def model_id(self) -> str:
         try:
-            body = self.client.get(self.paths.models, timeout=10.0).json()
-        except (httpx.HTTPError, *_UNREADABLE) as exc:
+            body = self._get(self.paths.models, timeout=10.0, cap=MAX_BODY_BYTES).json()
+        except (httpx.HTTPError, InfraError, *_UNREADABLE) as exc:
             raise ModelNotNamed(
                 f"{self.base_url}{self.paths.models} did not name a model: {type(exc).__name__}: {exc}"
             ) from exc
@@ -332,11 +343,14 @@ class ServerCalls:
 
     def _post(self, path: str, body: dict[str, Any]) -> Answer:
         started = time.monotonic()
+        timeout = self.client.timeout.read or 120.0
+        policy = HttpPolicy(connect_s=5.0, read_s=timeout, total_s=timeout, max_body=MAX_BODY_BYTES)
         try:
-            response = self.client.post(path, json=body)
+            request = self.client.build_request("POST", path, json=body)
+            response = fetch(self.client, request, policy=policy, what=f"{self.base_url}{path}")
         except httpx.TimeoutException as exc:
             return Answer(status=None, error=f"timed out: {type(exc).__name__}: {exc}")
-        except httpx.HTTPError as exc:
+        except (httpx.HTTPError, InfraError) as exc:
             return Answer(status=None, error=f"{type(exc).__name__}: {exc}")
         return dataclasses.replace(_answer(response), seconds=round(time.monotonic() - started, 2))
 
