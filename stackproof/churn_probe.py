@@ -212,8 +212,12 @@ def _sample(torch: Any, make: Maker, m: int, n: int, k: int, *, calls: int, warm
         torch.cuda.synchronize()
         measured = [_one_call(torch, call) for _ in range(calls)]
     except Exception as exc:  # a backend that refuses this shape or device: its message is the finding
-        torch.cuda.synchronize()
-        return {"m": m, "error": f"{type(exc).__name__}: {str(exc)[:400]}", "calls": []}
+        error = f"{type(exc).__name__}: {str(exc)[:400]}"
+        try:
+            torch.cuda.synchronize()
+        except Exception as sticky:  # a fault the context keeps (an illegal address): said, not raised
+            error += f"; and the device then: {type(sticky).__name__}: {str(sticky)[:200]}"
+        return {"m": m, "error": error, "calls": []}
     times = [c.pop("seconds") for c in measured]
     return {"m": m, "error": None, "calls": measured, "median_us": round(statistics.median(times) * 1e6, 1)}
 
