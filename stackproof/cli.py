@@ -406,6 +406,7 @@ def _commands() -> tuple[Command, ...]:
                 arg("--config", type=Path, required=True, help="the model's HF config.json (no weights needed)"),
                 arg("--max-num-batched-tokens", type=int, default=8192),
                 arg("--arch", default=None, help="judge for this arch (default: from the GPU's compute capability)"),
+                arg("--churn", action="store_true", help="also measure per-call device allocations per GEMM and M"),
                 arg("--out", type=Path, default=Path("stackproof-out/kernel-probe")),
             ),
         ),
@@ -1154,6 +1155,7 @@ def _probe_kernels(args: argparse.Namespace) -> int:
         docker=docker,
         image=image,
         gpus=gpus,
+        churn=args.churn,
     )
     lines = [
         f"{args.config}: {len(result.table)} shapes on {result.report.get('gpu')} ({result.arch}), "
