@@ -93,3 +93,41 @@ def test_the_axis_parses_and_refuses_what_is_not_a_curve() -> None:
     ):
         with pytest.raises(ValueError, match=why):
             parse_sweep(bad)
+
+
+def test_the_runner_keeps_one_server_for_every_point(tmp_path: Path) -> None:
+    """Fake-backed (tests/unit/fake_openai.py): one server made and removed once, a warm-up and a
+    slice per point in the axis's order, each point's files, and sweep.json the report returned."""
+    from pipeline.load import load_matrix
+    from pipeline.model import LoadSpec
+    from stackproof.ab import Side
+    from stackproof.sweep import run_sweep
+
+    from .fake_openai import FakeVllm
+    from .test_ab import StandIn
+
+    repo = Path(__file__).parents[2]
+    cell = load_matrix(repo / "matrix.yaml", images_dir=repo / "images").cell("cpu-tiny-host")
+    fake = FakeVllm(chunk_delay_s=0.002).start()
+    removed: list[str] = []
+    made: list[str] = []
+
+    def new_server(runtime: Any, cell: Any, image: str, **_: Any) -> StandIn:
+        made.append(image)
+        return StandIn(fake, removed)
+
+    try:
+        report = run_sweep(
+            Side(label="cpu-tiny-host", cell=cell, arm=None, runtime=None, image="s"),  # type: ignore[arg-type]
+            axis=parse_sweep("concurrency=1,3"), spec=LoadSpec(max_tokens=8, scrape_interval_s=0.2), slice_s=0.6,
+            ttft_p99_limit_ms=60_000.0, out_dir=tmp_path, new_server=new_server,
+        )  # fmt: skip
+    finally:
+        fake.stop()
+    assert made == ["s"] and len(removed) == 1  # one server for the whole sweep
+    assert [p.value for p in report.points] == [1, 3]
+    assert all(p.output_tok_s and p.questions for p in report.points), report.points
+    assert (report.verdict, report.crossed_at) == ("WITHIN LIMIT", None)
+    for name in ("warmup", "point000", "point001"):
+        assert json.loads((tmp_path / name / "load.json").read_text())["questions"]["attempted"] > 0
+    assert SweepReport.from_json(json.loads((tmp_path / "sweep.json").read_text())) == report
