@@ -131,3 +131,45 @@ def test_the_runner_keeps_one_server_for_every_point(tmp_path: Path) -> None:
     for name in ("warmup", "point000", "point001"):
         assert json.loads((tmp_path / name / "load.json").read_text())["questions"]["attempted"] > 0
     assert SweepReport.from_json(json.loads((tmp_path / "sweep.json").read_text())) == report
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--sweep", "qps=1,2"], "--sweep"),
+        (["--sweep", "concurrency=1"], "--sweep"),
+        (["--sweep", "concurrency=1,2", "--ttft-p99-limit", "0ms"], "--ttft-p99-limit"),
+        (["--sweep", "concurrency=1,2", "--ttft-p99-limit", "soon"], "--ttft-p99-limit"),
+        (["--sweep", "concurrency=1,2", "--slice", "0"], "--slice"),
+        ([], "--sweep"),
+    ],
+)
+def test_bad_options_are_exit_2_naming_the_option(
+    argv: list[str], named: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from stackproof.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["sweep", "cpu-tiny-host", *argv, "--json"])
+    assert exc.value.code == 2
+    out, err = capsys.readouterr()
+    assert named in err
+    assert json.loads(out)["error"]["exit_code"] == 2
+
+
+@pytest.mark.parametrize(
+    ("target", "said"), [("no-such-cell", "no cell 'no-such-cell'"), ("cpu-tiny-host:nope", "no arm")]
+)
+def test_an_unknown_cell_or_arm_is_exit_2_before_anything_starts(
+    target: str, said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from stackproof.cli import main
+
+    assert main(["sweep", target, "--sweep", "concurrency=1,2", "--json"]) == 2
+    assert said in json.loads(capsys.readouterr().out)["error"]["message"]
+
+
+def test_the_limit_reads_milliseconds_and_seconds() -> None:
+    from stackproof.cli_sweep import parse_limit_ms
+
+    assert (parse_limit_ms("2s"), parse_limit_ms("1500ms"), parse_limit_ms("250")) == (2000.0, 1500.0, 250.0)
