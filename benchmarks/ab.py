@@ -51,6 +51,7 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--readiness-timeout", type=float, default=1200.0, help="seconds (a loaded host starts slowly)")
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
     from verify.ab import SliceMetrics
@@ -168,6 +169,9 @@ def measure_aa(args: argparse.Namespace) -> tuple[list[Any], float, int, float]:
     matrix = load_matrix(REPO / "matrix.yaml", images_dir=REPO / "images")
     a, b = (resolve_side(matrix, REPO / "images", args.measure_aa, which) for which in ("A", "B"))
     assert a.cell.serve is not None
+    # Two servers compiling at once on two shared cores took more than the cell's 420 s (load average 35).
+    serve = dataclasses.replace(a.cell.serve, readiness_timeout_s=args.readiness_timeout)
+    a, b = (dataclasses.replace(side, cell=dataclasses.replace(side.cell, serve=serve)) for side in (a, b))
     spec = dataclasses.replace(a.cell.serve.load, concurrency=args.concurrency, max_tokens=args.max_tokens)
     out = args.out or Path(tempfile.mkdtemp(prefix="stackproof-ab-aa-"))
     sides = {"A": a, "B": b}

@@ -112,7 +112,8 @@ def start_servers(
         try:
             server.wait_ready()
         except ServerFailed as exc:
-            raise CheckFailed(f"side {key} ({sides[key].label}): {exc.reason}") from exc
+            which = f"side {key} ({sides[key].label})" if len(sides) > 1 else sides[key].label
+            raise CheckFailed(f"{which}: {exc.reason}") from exc
     return servers
 
 

@@ -15,7 +15,8 @@ the engine does run one sequence per step there, but the tiny model's step is so
 API server and the load client bound the throughput on two shared cores (docs/ab.md, "Why one-seq
 is no proof here").
 
-Each run is bounded (a few minutes) and leaves nothing: no marked process, nothing listening.
+Each run is bounded (a hang guard: a crowded start and its slices) and leaves nothing: no marked
+process, nothing listening.
 Run as this process's user, whose cache holds the cell's environment (`stackproof build` finds it
 or builds it once).
 """
@@ -31,9 +32,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from pipeline.hostproc import marked_processes
-from tests.integration.conftest import IMAGES, REPO, runner_dir, stackproof, write_matrix
+from tests.integration.conftest import IMAGES, MATRIX, REPO, runner_dir, stackproof, write_matrix
 
 pytestmark = pytest.mark.integration
 
@@ -42,7 +44,10 @@ SHORT = ["--slice", "5", "--pairs", "6", "--concurrency", "8", "--max-tokens", "
 SERVER = re.compile(r"server process group (\S+) on http://127\.0\.0\.1:")
 STEP_DELAY_MS = 250  # per engine step; A's TPOT p50 on these two cores was ~10-60 ms (docs/ab.md)
 HOOK = REPO / "tests" / "recipes" / "step-delay"
-BOUND_S = 600  # a hang guard, not a timing goal: two server starts (1-5 min on two shared cores) and 14 slices of 5 s
+# A server start took 7 min and more with other vLLM servers compiling on the two cores (load average
+# 35): the tests' matrix waits up to READY_S; the hang guard covers that and 14 slices of 5-8 s.
+READY_S = 900
+BOUND_S = READY_S + 240
 # The planted A/B: B takes >= 8 x 250 ms per 8-token turn, so fewer, shorter slices; the effect is tenfold.
 SLOW = ["--slice", "4", "--pairs", "3", "--concurrency", "8", "--max-tokens", "8", "--json"]
 
@@ -61,21 +66,24 @@ def out() -> Iterator[Path]:
 
 
 @pytest.fixture
-def slow_matrix(out: Path) -> Path:
-    """The real matrix with one more arm of the cell: the planted per-step delay."""
+def matrix(out: Path) -> Path:
+    """The real matrix, the cell's servers given READY_S to get ready, and one more arm of the cell:
+    the planted per-step delay."""
     arm = {
         "description": f"every engine step sleeps {STEP_DELAY_MS} ms first (tests/recipes/step-delay)",
         "env": {"PYTHONPATH": str(HOOK), "STACKPROOF_TEST_STEP_DELAY_MS": str(STEP_DELAY_MS)},
     }
-    return write_matrix(out / "matrix.yaml", edit={CELL: {"arms": {"slow-step": arm}}})
+    cell = next(c for c in yaml.safe_load(MATRIX.read_text())["cells"] if c["id"] == CELL)
+    serve = {**cell["serve"], "readiness_timeout": READY_S}
+    return write_matrix(out / "matrix.yaml", edit={CELL: {"arms": {"slow-step": arm}, "serve": serve}})
 
 
 def run_ab(
-    a: str, b: str, out: Path, *, matrix: Path | None = None, options: list[str] = SHORT
+    a: str, b: str, out: Path, *, matrix: Path, options: list[str] = SHORT
 ) -> tuple[int, dict[str, object], float]:
     started = time.monotonic()
-    where = ["--matrix", str(matrix), "--images", str(IMAGES)] if matrix else []
-    done = stackproof(["ab", a, b, "--out", str(out), *where, *options], timeout=BOUND_S + 60)
+    where = ["--matrix", str(matrix), "--images", str(IMAGES)]
+    done = stackproof(["ab", a, b, "--out", str(out), *where, *options], timeout=BOUND_S)
     seconds = time.monotonic() - started
     assert done.returncode in (0, 1), done.stderr[-3000:]
     report = json.loads(done.stdout)
@@ -99,10 +107,10 @@ def by_name(report: dict[str, object]) -> dict[str, dict[str, object]]:
     return {m["name"]: m for m in report["metrics"]}  # type: ignore[attr-defined,index]
 
 
-def test_a_against_itself_is_no_change(built: None, out: Path) -> None:
+def test_a_against_itself_is_no_change(built: None, out: Path, matrix: Path) -> None:
     """No metric may be called a REGRESSION or an IMPROVEMENT of a cell against itself; on a quiet
     host every one is NO CHANGE, on a shared one some stay UNDECIDED (saying how many more pairs)."""
-    code, report, _ = run_ab(CELL, CELL, out)
+    code, report, _ = run_ab(CELL, CELL, out, matrix=matrix)
     metrics = by_name(report)
     for m in metrics.values():
         assert m["verdict"] in ("NO CHANGE", "UNDECIDED"), m
@@ -111,8 +119,8 @@ def test_a_against_itself_is_no_change(built: None, out: Path) -> None:
     assert [s["pair"] for s in report["slices"]][:2] == [-1, -1]  # type: ignore[index]
 
 
-def test_a_planted_step_delay_is_a_regression_with_its_sign(built: None, out: Path, slow_matrix: Path) -> None:
-    code, report, _ = run_ab(CELL, f"{CELL}:slow-step", out, matrix=slow_matrix, options=SLOW)
+def test_a_planted_step_delay_is_a_regression_with_its_sign(built: None, out: Path, matrix: Path) -> None:
+    code, report, _ = run_ab(CELL, f"{CELL}:slow-step", out, matrix=matrix, options=SLOW)
     metrics = by_name(report)
     assert code == 1 and report["verdict"] == "REGRESSION", [(m["name"], m["verdict"]) for m in metrics.values()]
     threshold = report["config"]["threshold"]  # type: ignore[index]
