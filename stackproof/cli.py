@@ -346,6 +346,24 @@ def _commands() -> tuple[Command, ...]:
             ),
         ),
         Command(
+            path=("sweep",),
+            help="the throughput-latency curve of a built cell: a slice per load point, where TTFT p99 crosses a limit",
+            handler=_sweep,
+            load_options=True,
+            args=(
+                arg("target", metavar="CELL", help="CELL or CELL:ARM"),
+                arg("--sweep", type=_sweep_axis, required=True, help="concurrency=1,2,4,8 or rate=0.5,1,2"),
+                arg("--slice", type=_seconds, default=20.0, help="seconds of load per point (default 20)"),
+                arg(
+                    "--ttft-p99-limit",
+                    type=_ttft_limit,
+                    default=2000.0,
+                    help="TTFT p99 limit: 2000ms or 2s (default 2s)",
+                ),
+                arg("--out", type=Path, default=Path("stackproof-out")),
+            ),
+        ),
+        Command(
             path=("inspect", "log"),
             help="what failed in a log: class, incident, facts, last exception",
             handler=_inspect_log,
@@ -897,6 +915,25 @@ def _ab(args: argparse.Namespace) -> int:
     from stackproof.cli_ab import ab_command
 
     return ab_command(args, _load_spec)
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    """The command lives in stackproof/cli_sweep.py."""
+    from stackproof.cli_sweep import sweep_command
+
+    return sweep_command(args, _load_spec)
+
+
+def _sweep_axis(text: str) -> object:
+    from stackproof.cli_sweep import parse_axis
+
+    return parse_axis(text)
+
+
+def _ttft_limit(text: str) -> float:
+    from stackproof.cli_sweep import parse_limit_ms
+
+    return parse_limit_ms(text)
 
 
 def _ab_pairs(text: str) -> int:
