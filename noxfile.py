@@ -33,8 +33,15 @@ def lint(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """Unit tier always; the integration tier with `-- --run-docker` (real dockerd, real builds)."""
     _install(session)
-    # The slowest tests are listed at the end: where the tier's minutes go, in every CI log.
-    session.run("pytest", "-ra", "--durations=25", "tests", *session.posargs)
+    docker = "--run-docker" in session.posargs
+    rest = [arg for arg in session.posargs if arg != "--run-docker"]
+    # The unit tier on every core, a file per worker (a module fixture, like the fuzz suite's one
+    # child process for all its cases, runs once); the integration tier after it, one test at a
+    # time: its real servers share the host's cores and one daemon. The slowest tests are listed at
+    # the end of each: where the minutes go, in every CI log.
+    session.run("pytest", "-ra", "--durations=15", "-n", "auto", "--dist", "loadfile", "tests/unit", *rest)
+    if docker:
+        session.run("pytest", "-ra", "--durations=25", "tests/integration", "--run-docker", *rest)
 
 
 @nox.session(python=PYTHON)
