@@ -6,10 +6,15 @@ Per cell, before any runner spends an hour on it:
    a package whose index gives no wheel is "not checkable", never passed;
 3. index (index.py): what each package can print, the env vars it reads, the classes it defines;
 4. checks (checks.py): every expect/forbid/evidence rule (built-in sets that apply, the cell's,
-   each arm's) and every signature can match printed text (`source: external` rules and external
+   each arm's) and every signature can match text its owning package prints (`package:`, else the
+   cell's serving engine: a rule about vLLM text is read in vLLM, never in FlashInfer); a stale
+   rule gets the closest current text with its file:line, and a rewrite proven to match it (fix.py) (`source: external` rules and external
    signatures are listed, not checked); every VLLM_*/FLASHINFER_* variable set by the cell, its
    serve env or an arm is read; every kernel class in VLLM_DISABLED_KERNELS or a rule exists; a
-   kernel the cell relies on whose support check names another compute capability is a WARN.
+   kernel the cell relies on whose support check names another compute capability is a WARN;
+5. assumptions (assumptions.py): the project's own facts about the engine and FlashInfer at the
+   cell's versions (autotune lines and cache layout, metric names, dead-engine markers, FlashInfer's
+   import-time version checks).
 Findings are data (`Finding`, `Status`); report.py renders them. Exit 1 on any ERROR.
 """
 
@@ -24,6 +29,7 @@ from typing import Any
 from pipeline.errors import InfraError
 from pipeline.model import Cell, LogRule, Matrix
 from pipeline.pins import Lookup
+from verify.audit.assumptions import assumption_findings
 from verify.audit.checks import (
     Evidence,
     Finding,
@@ -34,6 +40,7 @@ from verify.audit.checks import (
     check_variable,
     kernel_literals,
 )
+from verify.audit.fix import closest
 from verify.audit.index import PackageIndex, load_or_build
 from verify.audit.versions import PackagePin, cell_packages, target_of
 from verify.audit.wheels import Unavailable, fetch_wheel
@@ -111,6 +118,7 @@ def audit_matrix(
         pins = cell_packages(matrix, cell, lookup)
         statuses, indexes = _read_packages(matrix, cell, pins, sources, cache, downloaded, progress)
         findings = _cell_findings(cell, pins, indexes, statuses, rulesets, signatures)
+        findings += _assumptions(cell, pins, indexes, sources)
         out.append(CellAudit(cell=cell.id, arch=cell.arch, packages=tuple(statuses), findings=tuple(findings)))
     return AuditReport(cells=tuple(out), seconds=time.monotonic() - started, downloaded=tuple(downloaded))
 
@@ -181,6 +189,36 @@ def _read_packages(
     return statuses, indexes
 
 
+def _assumptions(
+    cell: Cell, pins: dict[str, PackagePin], indexes: dict[str, PackageIndex], sources: Sources
+) -> list[Finding]:
+    driver = driver_for(cell.serve)
+    version = driver.version({n: i.version for n, i in indexes.items()})
+    fi = indexes.get("flashinfer-python")
+    return assumption_findings(driver, version, indexes, _wheel_files(indexes, sources), fi.version if fi else None)
+
+
+def _wheel_files(indexes: dict[str, PackageIndex], sources: Sources) -> Any:
+    """A reader of the members of each audited wheel, in place (the wheels sit in the cache)."""
+    import zipfile
+
+    def read(package: str, wanted: Callable[[str], bool]) -> list[tuple[str, str]]:
+        index = indexes.get(package)
+        if index is None:
+            return []
+        found = sorted((sources.root / "wheels" / package).glob(f"*/{index.wheel}"))
+        if not found:
+            return []
+        with zipfile.ZipFile(found[0]) as archive:
+            return [
+                (name, archive.read(name).decode("utf-8", errors="replace"))
+                for name in archive.namelist()
+                if wanted(name)
+            ]
+
+    return read
+
+
 def _status(pin: PackagePin, status: str, *, note: str) -> PackageStatus:
     return PackageStatus(
         name=pin.name, version=pin.version, index=pin.index, source=pin.source, status=status, note=note
@@ -222,7 +260,7 @@ def _cell_findings(
         if (where, rule.id, rule.pattern) in seen:
             continue
         seen.add((where, rule.id, rule.pattern))
-        findings.append(_rule_finding(rule, where, indexes, pins, uncheckable))
+        findings.append(_rule_finding(rule, where, indexes, pins, uncheckable, driver.distributions))
     for sig in signatures:
         findings += _signature_findings(sig, facts, indexes, pins, uncheckable)
     for where, name, _ in _variables(cell):
@@ -271,12 +309,17 @@ def _variables(cell: Cell) -> list[tuple[str, str, str]]:
 
 
 def _search(
-    package: str | None, indexes: dict[str, PackageIndex], pins: dict[str, PackagePin]
+    package: str | None,
+    indexes: dict[str, PackageIndex],
+    pins: dict[str, PackagePin],
+    owner: tuple[str, ...] = (),
 ) -> tuple[list[PackageIndex], str | None]:
-    """The indexes a pattern may match in, or a reason it cannot be checked."""
-    if package is None:
+    """The indexes a pattern may match in, or a reason it cannot be checked. A pattern naming no
+    package is the owner's (the serving engine's distributions), when given."""
+    if package is None and not owner:
         return list(indexes.values()), None
-    names = ALIASES.get(package, (package,))
+    names = ALIASES.get(package, (package,)) if package is not None else owner
+    package = package or owner[0]
     chosen = [indexes[n] for n in names if n in indexes]
     if chosen:
         return chosen, None
@@ -286,21 +329,43 @@ def _search(
 
 
 def _rule_finding(
-    rule: LogRule, where: str, indexes: dict[str, PackageIndex], pins: dict[str, PackagePin], uncheckable: list[str]
+    rule: LogRule,
+    where: str,
+    indexes: dict[str, PackageIndex],
+    pins: dict[str, PackagePin],
+    uncheckable: list[str],
+    owner: tuple[str, ...] = (),
 ) -> Finding:
     subject = f"{rule.kind} {rule.id}: {rule.pattern}"
+    ident = (rule.id, rule.kind, rule.pattern)
     if rule.source == "external":
         return Finding(
-            kind="rule", subject=subject, where=where, status=Status.EXTERNAL, message="external, not checked"
+            kind="rule",
+            subject=subject,
+            where=where,
+            status=Status.EXTERNAL,
+            message="external, not checked",
+            rule=ident,
         )
-    search, reason = _search(rule.package, indexes, pins)
+    search, reason = _search(rule.package, indexes, pins, owner)
     if reason is not None:
-        return Finding(kind="rule", subject=subject, where=where, status=Status.ERROR, message=reason)
+        return Finding(kind="rule", subject=subject, where=where, status=Status.ERROR, message=reason, rule=ident)
     evidence = check_pattern(rule.pattern, search)
     if evidence is not None:
-        return Finding(kind="rule", subject=subject, where=where, status=Status.OK, evidence=(evidence,))
+        return Finding(kind="rule", subject=subject, where=where, status=Status.OK, evidence=(evidence,), rule=ident)
+    message = _nowhere(search, uncheckable)
+    near = closest(rule.pattern, search)
+    if near is not None:
+        message += f"; closest current text: {near.evidence.text!r} ({near.evidence})"
     return Finding(
-        kind="rule", subject=subject, where=where, status=Status.ERROR, message=_nowhere(search, uncheckable)
+        kind="rule",
+        subject=subject,
+        where=where,
+        status=Status.ERROR,
+        message=message,
+        rule=ident,
+        closest=near.evidence if near else None,
+        suggestion=(near.pattern or "") if near else "",
     )
 
 
@@ -341,6 +406,9 @@ def _signature_findings(
         found = check_pattern(pattern, search if pattern != sig.then else list(indexes.values()))
         if found is None:
             message = f"{pattern!r}: {_nowhere(search, uncheckable)}"
+            near = closest(pattern, search)
+            if near is not None:
+                message += f"; closest current text: {near.evidence.text!r} ({near.evidence})"
             return [Finding(kind="signature", subject=subject, where=where, status=Status.ERROR, message=message)]
         evidence.append(found)
     return [Finding(kind="signature", subject=subject, where=where, status=Status.OK, evidence=tuple(evidence))]
