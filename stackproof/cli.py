@@ -548,7 +548,9 @@ def _audit_fix(path: Path, report: Any, out: Any) -> int:
         print(f"matrix audit --fix: {problem}", file=sys.stderr)
     if plan.edits:
         path.write_text(plan.new_text)
-        print(f"matrix audit --fix: rewrote {len(plan.edits)} rule(s) in {path}; run matrix audit again", file=sys.stderr)
+        print(
+            f"matrix audit --fix: rewrote {len(plan.edits)} rule(s) in {path}; run matrix audit again", file=sys.stderr
+        )
     return 1 if plan.unfixed else 0
 
 

@@ -91,7 +91,9 @@ def vllm_files(generated: str = "vllm:generation_tokens") -> dict[str, str]:
 def audit(tmp_path: Path, vllm: dict[str, str], fi_version: str = "0.6.18.post1") -> dict[str, object]:
     wheels = {
         "vllm": make_wheel(tmp_path, "vllm", "0.28.0", vllm),
-        "flashinfer-python": make_wheel(tmp_path, "flashinfer-python", fi_version, {"flashinfer/jit/env.py": FI_RAISES}),
+        "flashinfer-python": make_wheel(
+            tmp_path, "flashinfer-python", fi_version, {"flashinfer/jit/env.py": FI_RAISES}
+        ),
     }
     indexes = {n: index_wheel(w, name=n, version=w.name.split("-")[1], sha256=n) for n, w in wheels.items()}
 

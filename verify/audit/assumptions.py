@@ -101,15 +101,25 @@ def _autotune(
     out: list[Finding] = []
     for pattern in facts.announcements:
         found = check_pattern(pattern, engine)
-        message = f"the autotune announcement the stage reads the path from: no text {_who(engine)} can print matches it"
+        message = (
+            f"the autotune announcement the stage reads the path from: no text {_who(engine)} can print matches it"
+        )
         out.append(_finding("assumption", f"autotune announcement: {pattern}", where, found, message))
     for name, text in (("disabled line", facts.disabled_line), ("empty line", facts.empty_line)):
         if text:
             message = f"the stage looks for this exact line: no literal text of {_who(engine)} holds it"
             out.append(_finding("assumption", f"autotune {name}: {text}", where, literal_text(text, engine), message))
     variable = check_variable(facts.cache_env, where, engine)
-    out.append(Finding(kind="assumption", subject=f"autotune cache variable {facts.cache_env}", where=where,
-                       status=variable.status, message=variable.message, evidence=variable.evidence))
+    out.append(
+        Finding(
+            kind="assumption",
+            subject=f"autotune cache variable {facts.cache_env}",
+            where=where,
+            status=variable.status,
+            message=variable.message,
+            evidence=variable.evidence,
+        )
+    )
     writers = [(i.name, i.version) for i in (*engine, indexes.get("flashinfer-python")) if i is not None]
     spelled = _strings(files, writers, lambda p: "autotune" in p.rsplit("/", 1)[-1] and p.endswith(".py"))
     for glob in facts.files:
@@ -155,9 +165,10 @@ def _spells(glob: str, strings: list[_String]) -> Evidence | None:
     pieces = [p for p in name.split("*") if p]
     directory = [p for p in glob.split("/")[:-1] if p and "*" not in p]
     for s in strings:
-        if all(p in s.text for p in pieces) and _in_order(pieces, s.text):
-            if all(any(d == t.text or f"{d}/" in t.text for t in strings if t.file == s.file) for d in directory):
-                return Evidence(package=s.package, version=s.version, file=s.file, line=s.line, text=s.text)
+        if _in_order(pieces, s.text) and all(
+            any(d == t.text or f"{d}/" in t.text for t in strings if t.file == s.file) for d in directory
+        ):
+            return Evidence(package=s.package, version=s.version, file=s.file, line=s.line, text=s.text)
     return None
 
 
@@ -186,7 +197,7 @@ def metric_definitions(path: str, text: str) -> dict[str, tuple[str, int]]:
         if not isinstance(node, ast.Call):
             continue
         func = node.func
-        label = (func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else "")
+        label = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
         kind = next((k for w, k in _METRIC_TYPES.items() if w in label.lower()), None)
         if kind is None:
             continue
@@ -299,8 +310,9 @@ def _walk(
         catches = any(_catches(h) for h in node.handlers)
         for child in node.body:
             _walk(child, functions, caught=node.lineno if catches else caught, chain=chain, found=found, depth=depth)
-        for child in [*node.handlers, *node.orelse, *node.finalbody]:
-            _walk(child, functions, caught=caught, chain=chain, found=found, depth=depth)
+        rest: list[ast.AST] = [*node.handlers, *node.orelse, *node.finalbody]
+        for after in rest:
+            _walk(after, functions, caught=caught, chain=chain, found=found, depth=depth)
         return
     if isinstance(node, ast.Raise) and node.exc is not None:
         text = " ".join([*chain, *_literals(node.exc)])
@@ -313,11 +325,11 @@ def _walk(
         callee = functions[node.func.id]
         if callee.name not in chain:
             labels = (*chain, callee.name, *(a for n in node.args for a in _literals(n)))
-            for child in callee.body:
-                _walk(child, functions, caught=caught, chain=labels, found=found, depth=depth + 1)
-    for child in ast.iter_child_nodes(node):
-        if not isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
-            _walk(child, functions, caught=caught, chain=chain, found=found, depth=depth)
+            for statement in callee.body:
+                _walk(statement, functions, caught=caught, chain=labels, found=found, depth=depth + 1)
+    for sub in ast.iter_child_nodes(node):
+        if not isinstance(sub, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            _walk(sub, functions, caught=caught, chain=chain, found=found, depth=depth)
 
 
 def _catches(handler: ast.ExceptHandler) -> bool:
@@ -338,13 +350,22 @@ def _flashinfer(version: str, files: Files) -> list[Finding]:
     sources = files("flashinfer-python", lambda p: p == FLASHINFER_ENV)
     if not sources:
         message = f"flashinfer-python=={version} has no {FLASHINFER_ENV}: its import-time checks were not read"
-        return [Finding(kind="assumption", subject="flashinfer version check", where=where,
-                        status=Status.NOT_CHECKABLE, message=message)]
+        return [
+            Finding(
+                kind="assumption",
+                subject="flashinfer version check",
+                where=where,
+                status=Status.NOT_CHECKABLE,
+                message=message,
+            )
+        ]
     checks = {c.package: c for c in flashinfer_checks(sources[0][1])}
     model = flashinfer_import_check(version)
     out = []
-    for package, expected, cited in (("cubin", model.cubin, model.cubin_where),
-                                     ("jit_cache", model.jit_cache, model.jit_cache_where)):
+    for package, expected, cited in (
+        ("cubin", model.cubin, model.cubin_where),
+        ("jit_cache", model.jit_cache, model.jit_cache_where),
+    ):
         subject = f"flashinfer {package.replace('_', '-')} version check {expected} (row since {model.since})"
         check = checks.get(package)
         if check is None:
@@ -352,8 +373,13 @@ def _flashinfer(version: str, files: Files) -> list[Finding]:
             out.append(Finding(kind="assumption", subject=subject, where=where, status=Status.ERROR, message=message))
             continue
         actual = RAISES if check.outcome == "raises" else IGNORES
-        evidence = Evidence(package="flashinfer-python", version=version, file=FLASHINFER_ENV, line=check.line,
-                            text="raise (uncaught at import)" if check.outcome == "raises" else "caught: try at this line")
+        evidence = Evidence(
+            package="flashinfer-python",
+            version=version,
+            file=FLASHINFER_ENV,
+            line=check.line,
+            text="raise (uncaught at import)" if check.outcome == "raises" else "caught: try at this line",
+        )
         if actual == expected:
             out.append(Finding(kind="assumption", subject=subject, where=where, status=Status.OK, evidence=(evidence,)))
             continue
@@ -361,6 +387,14 @@ def _flashinfer(version: str, files: Files) -> list[Finding]:
             f"the wheel's check {'raises' if actual == RAISES else 'is caught and the import goes on'} "
             f"(the row cites {cited}): the imports stage would judge this version wrongly; add a row"
         )
-        out.append(Finding(kind="assumption", subject=subject, where=where, status=Status.ERROR,
-                           message=message, evidence=(evidence,)))
+        out.append(
+            Finding(
+                kind="assumption",
+                subject=subject,
+                where=where,
+                status=Status.ERROR,
+                message=message,
+                evidence=(evidence,),
+            )
+        )
     return out

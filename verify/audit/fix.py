@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from verify.audit.checks import Evidence, _candidates, _plan, check_pattern
-from verify.audit.index import Hole, Message, PackageIndex
+from verify.audit.index import Message, PackageIndex
 
 __all__ = ["Closest", "Edit", "FixPlan", "apply_edits", "closest", "locate_rule", "plan_fix", "unified_diff"]
 
@@ -117,7 +117,7 @@ def _merged(pattern: str, pieces: list[tuple[str, bool]]) -> str:
         atoms = _ATOM.findall(text)
         target += atoms
         literal += [not hole] * len(atoms)
-    out = []
+    out: list[str] = []
     opcodes = difflib.SequenceMatcher(None, source, target, autojunk=False).get_opcodes()
     for n, (op, i1, i2, j1, j2) in enumerate(opcodes):
         if op == "insert" and n in (0, len(opcodes) - 1):
@@ -200,7 +200,7 @@ def plan_fix(path: Path, findings: Sequence[Any]) -> FixPlan:
     its owning package prints now; nothing is written here."""
     from pipeline.yamlsrc import load_yaml
 
-    wanted: dict[tuple[str, str, str], set[str]] = {}
+    wanted: dict[tuple[str, ...], set[str]] = {}
     problems: list[str] = []
     unfixed = 0
     for f in findings:
