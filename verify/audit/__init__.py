@@ -360,6 +360,8 @@ def rule_finding(
     near = closest(rule.pattern, search)
     if near is not None:
         message += f"; closest current text: {near.evidence.text!r} ({near.evidence})"
+        if near.pattern:
+            message += f"; rewrite: {near.pattern!r} (matrix audit --fix writes it in a cell's or arm's rule)"
     return Finding(
         kind="rule",
         subject=subject,
