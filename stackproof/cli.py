@@ -101,10 +101,11 @@ def _dispatch(args: argparse.Namespace) -> int:
     except BrokenPipeError:
         return _broken_pipe()
     except MatrixError as exc:
-        for problem in exc.problems:
+        listed = _first_problems(exc.problems)
+        for problem in listed:
             print(problem, file=sys.stderr)
         print(f"stackproof: {len(exc.problems)} problem(s) in the matrix; nothing was built or run", file=sys.stderr)
-        return _fail(args, exc.exit_code, "the matrix is invalid", exc.problems)
+        return _fail(args, exc.exit_code, "the matrix is invalid", listed)
     except PipelineError as exc:
         # A failed tool's last lines were printed by its phase (pipeline.console): not twice.
         shown = str(exc).splitlines()[0] if getattr(exc, "tail_shown", False) else str(exc)
@@ -120,6 +121,18 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _report(args, 3, f"{where}{exc.strerror or exc}: fix the path or its permissions")
     except MemoryError:
         return _report(args, 3, "out of memory: the input or the run is larger than this host allows")
+
+
+# A person reads the first screenfuls; a broken generator's 300,000 identical problems cost half a
+# minute to print (and a CI log's limit) and say nothing the first hundred do not.
+MAX_PROBLEMS_SHOWN = 100
+
+
+def _first_problems(problems: list[str]) -> list[str]:
+    if len(problems) <= MAX_PROBLEMS_SHOWN:
+        return problems
+    rest = len(problems) - MAX_PROBLEMS_SHOWN
+    return [*problems[:MAX_PROBLEMS_SHOWN], f"... and {rest:,} more problem(s) not listed (fix these first)"]
 
 
 def _report(args: argparse.Namespace, code: int, message: str) -> int:
