@@ -59,6 +59,31 @@ def test_the_h200_shape_is_clean_and_says_mm_fp4_is_not_available_on_sm90() -> N
     assert "mm_fp4: not available on sm90" in table and "flashinfer-ai/flashinfer#4549" in table
 
 
+def test_the_h200_s_measured_run_is_clean_where_it_ran_and_says_why_where_it_could_not() -> None:
+    """The real run on the H200 (benchmarks/h200_host/churn.py, FlashInfer 0.6.14, torch 2.11.0+cu130):
+    torch.mm and bmm_fp8 (cublas, auto) allocate nothing transient for M 1..8192; bmm_fp8's cutlass
+    backend refuses capability 90 (an error sample each M, kept); mm_fp4 is unavailable on sm90."""
+    measured = json.loads((FIXTURES / "h200-sm90-measured.json").read_text())
+    assert measured["gpu"] == "NVIDIA H200" and measured["arch"] == "sm90"
+    verdicts = judge_churn(measured)
+    ran = {(v.gemm, v.backend) for v in verdicts if v.verdict == "clean"}
+    assert ran == {("torch.mm", "bf16"), ("flashinfer.bmm_fp8", "cublas"), ("flashinfer.bmm_fp8", "auto")}
+    assert all(v.transient_bytes == 0 for v in verdicts if v.verdict == "clean")
+    cutlass = [v for v in verdicts if (v.gemm, v.backend) == ("flashinfer.bmm_fp8", "cutlass")]
+    assert cutlass and {v.verdict for v in cutlass} == {"error"}
+    assert all("capability 90" in v.reason for v in cutlass)
+    fp4 = [v for v in verdicts if v.gemm == "flashinfer.mm_fp4"]
+    assert fp4 and {v.verdict for v in fp4} == {"unavailable"}
+    # the same measured counters with a planted 34 MiB transient in torch.mm at M=1 must churn
+    planted = json.loads(json.dumps(measured))
+    mm = next(g for g in planted["gemms"] if g["gemm"] == "torch.mm")
+    sample = next(s for s in mm["samples"] if s["m"] == 1)
+    for call in sample["calls"]:  # allocated and freed inside the call: transient
+        call["allocated_bytes.all.allocated"] += 34 * MiB
+        call["allocation.all.allocated"] += 1
+    assert by_key(judge_churn(planted))[("torch.mm", "bf16", 1)].verdict == "churn"
+
+
 def test_a_threshold_above_the_workspace_turns_churn_into_clean() -> None:
     verdicts = by_key(judge_churn(document("sm120-cutlass-fp4"), threshold=64 * MiB))
     assert verdicts[("flashinfer.mm_fp4", "cutlass", 1)].verdict == "clean"
