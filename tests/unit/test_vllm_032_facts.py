@@ -65,10 +65,10 @@ def test_the_0_28_cache_file_is_not_taken_for_a_0_32_one(real_matrix: Matrix, tm
 def test_the_0_32_announcement_still_names_the_file_it_writes(real_matrix: Matrix, tmp_path: Path) -> None:
     """`Using FlashInfer autotune cache file: %s` (kernel_warmup.py:460 @0.32.0, :260 @0.28.0): the
     text did not move, so both releases' facts read the 0.32 line and the 0.28 one alike."""
-    line_032 = f"INFO [kernel_warmup.py:460] Using FlashInfer autotune cache file: {CACHE_MOUNT}/{HASH}/autotune_configs_dp0_rank0.json"
+    wanted = f"{CACHE_MOUNT}/{HASH}/autotune_configs_dp0_rank0.json"
+    line_032 = f"INFO [kernel_warmup.py:460] Using FlashInfer autotune cache file: {wanted}"
     facts_028, facts_032 = VLLM.autotune_at("0.28.0"), VLLM.autotune_at("0.32.0")
     assert facts_028 is not None and facts_032 is not None and facts_032 is not facts_028
-    wanted = f"{CACHE_MOUNT}/{HASH}/autotune_configs_dp0_rank0.json"
     assert re.search(facts_032.announcements[0], line_032).group("path") == wanted  # type: ignore[union-attr]
     assert re.search(facts_028.announcements[0], line_032).group("path") == wanted  # type: ignore[union-attr]
     # 0.33's managed-store line is not a 0.32 fact (no `managed autotune cache` text in the 0.32 wheel).
