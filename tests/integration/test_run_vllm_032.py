@@ -10,6 +10,7 @@ server start: every test below reads the same report (CI time).
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from collections.abc import Iterator
@@ -106,3 +107,10 @@ def test_the_load_reads_the_0_32_metrics_and_the_tokens_add_up(run: dict[str, An
     assert names.generated in accounting["message"] and names.prompt in accounting["message"]
     assert checks["questions"]["evidence"]["faulted"] == 0 and checks["questions"]["evidence"]["clean"] > 0
     assert checks["signatures"]["status"] == "PASS", "the whole log, after the load, shows no failure"
+    # Every scrape of the real 0.32 /metrics, read under the driver's 0.32 names: the engine's steps,
+    # the tokens they carried and both token counters all moved (a renamed metric would read 0).
+    scrapes = [json.loads(line) for line in Path(load["artifacts"]["scrapes"]).read_text().splitlines()]
+    first, last = scrapes[0], scrapes[-1]
+    for field in ("steps", "tokens", "generated", "prompt"):
+        assert last[field] > first[field], (field, first, last)
+    assert last["generated"] < last["tokens"] <= last["generated"] + last["prompt"]

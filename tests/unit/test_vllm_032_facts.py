@@ -97,7 +97,8 @@ def test_metric_names_at_0_32_are_0_28s_cited_at_0_32s_lines() -> None:
     for path, names in ((METRICS_028, names_028), (METRICS_032, names_032)):
         counters = parse_metrics(path.read_text(), names)
         assert counters.generated > 0 and counters.prompt > 0 and counters.steps > 0, path
-        assert counters.tokens == counters.generated + counters.prompt, "the iteration histogram carries every token"
+        # Steps carry the tokens computed: every generated one, prompt ones less any a prefix cache held.
+        assert counters.generated < counters.tokens <= counters.generated + counters.prompt, path
     # Another engine's names read nothing from it: the names, not the file, are what is proven.
     assert parse_metrics(METRICS_032.read_text(), DRIVERS["sglang"].metric_names(None)).generated == 0
 
