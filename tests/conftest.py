@@ -23,6 +23,7 @@ INTEGRATION_GROUPS: dict[str, tuple[str, ...]] = {
     "build": ("test_build", "test_base_conflicts", "test_imports", "test_nonroot"),
     "serve": (
         "test_run",
+        "test_run_vllm_032",
         "test_load",
         "test_correctness",
         "test_serving_contract",

@@ -36,10 +36,11 @@ SGLANG_CPU = "sglang-cpu-tiny"  # bootstrapped like cpu-tiny, with the tiny-mode
 ON_SGLANG_IMAGES = {"sm120-sglang-0.5.18-qwen3.8-nvfp4", "sm120-sglang-0.5.19-qwen3.8-nvfp4"}
 CPU_HOST = "cpu-tiny-host"  # cpu-tiny's lock and recipes on the host runtime: no Dockerfile
 H200 = "h200-vllm-0.26.0-tiny"  # the host's own environment: no lock, no recipe, no Dockerfile
-IN_DOCKER = ON_CPU_TINY | ON_VLLM_IMAGE | {SGLANG_CPU} | ON_SGLANG_IMAGES  # rendered from the templates
+CPU_032 = "cpu-tiny-vllm-0.32"  # extends cpu-tiny (its packages, recipes), with a lock of its own
+IN_DOCKER = ON_CPU_TINY | ON_VLLM_IMAGE | {SGLANG_CPU, CPU_032} | ON_SGLANG_IMAGES  # rendered from the templates
 ALL = IN_DOCKER | {CPU_HOST, H200}
 ON_CPU_TINY_LOCK = ON_CPU_TINY | {CPU_HOST}
-ON_TINY_MODEL = ON_CPU_TINY | {SGLANG_CPU, CPU_HOST}  # the tiny-model recipe's cells
+ON_TINY_MODEL = ON_CPU_TINY | {SGLANG_CPU, CPU_HOST, CPU_032}  # the tiny-model recipe's cells
 
 
 @pytest.fixture(autouse=True)
@@ -269,7 +270,7 @@ CHANGES: dict[str, tuple[Callable[[GitRepo], None], set[str]]] = {
     "unrelated file": (_unrelated, set()),
     "env of a leaf cell": (_leaf_env, {SPARK}),
     "env of a cell others extend": (_parent_env, ON_VLLM_IMAGE),
-    "cell others are built on": (_base_cell, ON_CPU_TINY),
+    "cell others are built on": (_base_cell, ON_CPU_TINY | {CPU_032}),
     "registry base digest": (_registry_base, ON_VLLM_IMAGE),
     "index url": (_index_url, {FIXED, SPARK}),
     "new cell": (_new_cell, {"sm90-new"}),
@@ -277,7 +278,7 @@ CHANGES: dict[str, tuple[Callable[[GitRepo], None], set[str]]] = {
     "dockerfile template": (_template, IN_DOCKER),
     "pip-install.sh": (_pip_install, IN_DOCKER),
     "recipe file": (_recipe_file, ON_TINY_MODEL),
-    "untracked recipe file": (_untracked_recipe_file, ON_CPU_TINY_LOCK),
+    "untracked recipe file": (_untracked_recipe_file, ON_CPU_TINY_LOCK | {CPU_032}),
 }
 
 
@@ -314,7 +315,7 @@ def test_reasons_go_to_stderr_and_the_table(repo: GitRepo, capsys: pytest.Captur
     out = capsys.readouterr().out.splitlines()
     assert out[0].split()[-1] == "why"
     assert out[1].startswith(CPU) and out[1].endswith("locks/cpu-tiny.lock.json changed")
-    assert out[-1] == "5 of 12 cells selected, changed since HEAD"
+    assert out[-1] == "5 of 13 cells selected, changed since HEAD"
 
 
 def test_changed_since_and_named_cells_intersect(repo: GitRepo, capsys: pytest.CaptureFixture[str]) -> None:
@@ -328,7 +329,7 @@ def test_no_change_is_an_empty_include_list(repo: GitRepo, capsys: pytest.Captur
     code, doc, _ = ci_matrix(capsys, "--matrix", str(repo.matrix), "--changed-since", "HEAD")
     assert (code, doc) == (0, {"include": []})
     assert main(["ci-matrix", "--matrix", str(repo.matrix), "--changed-since", "HEAD"]) == 0
-    assert capsys.readouterr().out == "0 of 12 cells selected, changed since HEAD\n"
+    assert capsys.readouterr().out == "0 of 13 cells selected, changed since HEAD\n"
 
 
 def test_no_matrix_at_the_ref_selects_every_cell(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

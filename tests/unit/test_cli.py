@@ -68,7 +68,7 @@ def test_validate_real_matrix_reports_notes(real: list[str], repo: Path, capsys)
     out, err = capsys.readouterr()
     document = json.loads(out)
     assert document["valid"] is True
-    assert document["cells"] == 12
+    assert document["cells"] == 13
     assert document["file"] == str(repo / "matrix.yaml")
     assert len(document["notes"]) == 5  # the cells on the tag-only vllm-openai and SGLang release bases
     assert all("pinned by tag only" in note for note in document["notes"])
@@ -81,6 +81,7 @@ def test_list_json_is_one_document(real: list[str], capsys) -> None:
     rows = {row["id"]: row for row in document["cells"]}
     assert list(rows) == [
         "cpu-tiny",
+        "cpu-tiny-vllm-0.32",
         "cpu-tiny-host",
         "h200-vllm-0.26.0-tiny",
         "fi-0.6.13-matched",
@@ -119,6 +120,7 @@ def test_list_text_has_one_line_per_cell(real: list[str], capsys) -> None:
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in lines] == [
         "cpu-tiny",
+        "cpu-tiny-vllm-0.32",
         "cpu-tiny-host",
         "h200-vllm-0.26.0-tiny",
         "fi-0.6.13-matched",
@@ -131,10 +133,10 @@ def test_list_text_has_one_line_per_cell(real: list[str], capsys) -> None:
         "sm120-sglang-0.5.18-qwen3.8-nvfp4",
         "sm120-sglang-0.5.19-qwen3.8-nvfp4",
     ]
-    assert lines[4].endswith("expect fail at imports")
     assert lines[5].endswith("expect fail at imports")
-    assert lines[6].endswith("expect fail at autotune")
-    assert lines[10].endswith("expect fail at startup")
+    assert lines[6].endswith("expect fail at imports")
+    assert lines[7].endswith("expect fail at autotune")
+    assert lines[11].endswith("expect fail at startup")
 
 
 def test_show_cell_json(real: list[str], repo: Path, capsys) -> None:

@@ -52,6 +52,7 @@ def test_real_matrix_cells_in_file_order(real_matrix: Matrix) -> None:
     host = ["cpu-tiny-host", "h200-vllm-0.26.0-tiny"]
     assert [c.id for c in real_matrix.cells] == [
         "cpu-tiny",
+        "cpu-tiny-vllm-0.32",
         *host,
         MATCHED,
         MISMATCH,
@@ -63,6 +64,7 @@ def test_real_matrix_cells_in_file_order(real_matrix: Matrix) -> None:
     ]
     assert {c.id: c.arch for c in real_matrix.cells} == {
         "cpu-tiny": "none",
+        "cpu-tiny-vllm-0.32": "none",
         host[0]: "none",
         host[1]: "sm90",
         MATCHED: "none",
@@ -78,6 +80,7 @@ def test_real_matrix_cells_in_file_order(real_matrix: Matrix) -> None:
     assert [c.is_gpu for c in real_matrix.cells] == [
         False,
         False,
+        False,
         True,
         False,
         False,
@@ -89,7 +92,7 @@ def test_real_matrix_cells_in_file_order(real_matrix: Matrix) -> None:
         True,
         True,
     ]
-    assert [c.serve.engine for c in real_matrix.cells if c.serve] == ["vllm"] * 6 + ["sglang"] * 3
+    assert [c.serve.engine for c in real_matrix.cells if c.serve] == ["vllm"] * 7 + ["sglang"] * 3
     assert [c.id for c in real_matrix.cells if c.on_host] == host
 
 

