@@ -105,11 +105,12 @@ def audit_matrix(
     started = time.monotonic()
     cache: dict[tuple[str, str | None, str, str], PackageIndex | str] = {}
     downloaded: list[str] = []
+    unreachable: dict[str, str] = {}  # index URL -> why it could not be reached: asked once per command
     out = []
     for n, cell in enumerate(cells, 1):
         progress(f"[audit {n}/{len(cells)}] {cell.id}")
         pins = cell_packages(matrix, cell, lookup)
-        statuses, indexes = _read_packages(matrix, cell, pins, sources, cache, downloaded, progress)
+        statuses, indexes = _read_packages(matrix, cell, pins, sources, cache, downloaded, progress, unreachable)
         findings = _cell_findings(cell, pins, indexes, statuses, rulesets, signatures)
         out.append(CellAudit(cell=cell.id, arch=cell.arch, packages=tuple(statuses), findings=tuple(findings)))
     return AuditReport(cells=tuple(out), seconds=time.monotonic() - started, downloaded=tuple(downloaded))
@@ -123,6 +124,7 @@ def _read_packages(
     cache: dict[tuple[str, str | None, str, str], PackageIndex | str],
     downloaded: list[str],
     progress: Callable[[str], None],
+    unreachable: dict[str, str],
 ) -> tuple[list[PackageStatus], dict[str, PackageIndex]]:
     target = target_of(matrix, cell)
     statuses: list[PackageStatus] = []
@@ -134,6 +136,8 @@ def _read_packages(
             continue
         url, local = sources.index_url(pin.index)
         key = (name, pin.version, url, target.key())
+        if key not in cache and local is None and url in unreachable:
+            cache[key] = f"{name}=={pin.version} from {url}: {unreachable[url]} (not asked again in this audit)"
         if key not in cache:
             try:
                 wheel = fetch_wheel(
@@ -158,6 +162,8 @@ def _read_packages(
                         "bundle pip uses (STACKPROOF_CA_BUNDLE), or map the index to a mirror (STACKPROOF_MIRRORS)"
                     ) from None
                 cache[key] = str(exc)
+                if exc.network:
+                    unreachable[url] = "index unreachable: " + str(exc).split(": ", 1)[-1]
         found = cache[key]
         if isinstance(found, str):
             statuses.append(_status(pin, "not-checkable", note=found))

@@ -115,8 +115,9 @@ def fetch_wheel(
                 raise InfraError(
                     f"{sys.executable} has no pip: install it (python -m ensurepip) and run again"
                 ) from None
-            reason = f"{spec} from {index_url}: {_last_error(text)}"
             network = bool(_NETWORK.search(text))
+            # pip's last line says "No matching distribution" for an unreachable index too: name the cause.
+            reason = f"{spec} from {index_url}: {_network_error(text) if network else _last_error(text)}"
             if not network and version is not None:
                 _remember_missing(root / name / version, request, reason)
             raise Unavailable(reason, network=network) from None
@@ -226,6 +227,15 @@ def _sha256(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def _network_error(text: str) -> str:
+    line = next(ln for ln in text.splitlines() if _NETWORK.search(ln))
+    for cause in (r"Failed to establish a new connection: ([^'\")]*)", r"(\w+Error)\b"):
+        found = re.search(cause, line)
+        if found:
+            return f"the index cannot be reached ({found.group(1).strip()[:200]})"
+    return f"the index cannot be reached ({line.strip()[:200]})"
 
 
 def _last_error(text: str) -> str:
