@@ -3,7 +3,11 @@
 Goals (issue 13): warm under 10 s; cold within download time + 60 s. The cold run's download time
 is pip's own (the `wheels.py` progress lines are timed), so the comparison is honest on any network.
 
-    python benchmarks/audit.py [--cache DIR]   # DIR is emptied first (default: a temporary one)
+    python benchmarks/audit.py [--cache DIR] [--cells A,B] [--code CHECKOUT]   # DIR is emptied first
+    python benchmarks/audit.py --cache DIR --warm-only [--cells A,B] [--code CHECKOUT]  # DIR kept
+
+`--code` runs another checkout's `pipeline` (e.g. an export of main) against the same cache, so a
+before/after pair differs in the code only. Measured (issue 25; numbers below).
 """
 
 from __future__ import annotations
@@ -22,13 +26,13 @@ REPO = Path(__file__).resolve().parents[1]
 WARM_GOAL, COLD_EXTRA_GOAL = 10.0, 60.0
 
 
-def run(cache: Path) -> tuple[float, float, int]:
-    """(wall seconds, seconds pip spent downloading, exit code) of one whole-matrix audit."""
+def run(cache: Path, cells: list[str], code: Path = REPO) -> tuple[float, float, int]:
+    """(wall seconds, seconds pip spent downloading, exit code) of one audit (all cells by default)."""
     env = {**os.environ, "STACKPROOF_CACHE_DIR": str(cache)}
     started = time.monotonic()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pipeline", "matrix", "audit", "--json"],
-        cwd=REPO,
+        [sys.executable, "-m", "pipeline", "matrix", "audit", "--json", "--matrix", str(REPO / "matrix.yaml"), *cells],
+        cwd=code,
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -50,11 +54,25 @@ def run(cache: Path) -> tuple[float, float, int]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cache", type=Path, default=None)
+    parser.add_argument("--cells", default="", help="comma-separated cells (default: all)")
+    parser.add_argument("--code", type=Path, default=REPO, help="the checkout whose code runs (default: this one)")
+    parser.add_argument("--warm-only", action="store_true", help="keep --cache and time one warm run")
     args = parser.parse_args()
+    cells = [c for c in args.cells.split(",") if c]
+    if args.warm_only:
+        if args.cache is None:
+            parser.error("--warm-only needs --cache (a cache a cold run filled)")
+        warm, _, code_warm = run(args.cache, cells, args.code)
+        verdict = "met" if warm < WARM_GOAL else "MISSED"
+        print(
+            f"warm   {warm:8.1f}  < {WARM_GOAL:.0f} s{'':<22} {verdict} "
+            f"(exit {code_warm}; load average {os.getloadavg()[0]:.1f})"
+        )
+        return 0
     cache = args.cache or Path(tempfile.mkdtemp(prefix="stackproof-audit-bench-"))
     shutil.rmtree(cache, ignore_errors=True)
-    cold, download, code_cold = run(cache)
-    warm, _, code_warm = run(cache)
+    cold, download, code_cold = run(cache, cells, args.code)
+    warm, _, code_warm = run(cache, cells, args.code)
     extra = cold - download
     print(f"{'run':<6} {'seconds':>8}  {'goal':<28} verdict")
     print(

@@ -101,9 +101,9 @@ def plan_proposal(
     for cell_id in ids:
         if any(c.id == cell_id for c in matrix.cells):
             raise InputError(f"{matrix.file}: a cell {cell_id!r} exists already: nothing to propose")
-    header = f"  # Proposed by `stackproof matrix propose vllm=={wanted.vllm}"
-    header += f" {FI_PYTHON}=={wanted.flashinfer}`" if wanted.flashinfer else "`"
-    header += f": the {previous} cells on vLLM {wanted.vllm}'s release image ({pins.source}).\n"
+    command = f"vllm=={wanted.vllm}" + (f" {FI_PYTHON}=={wanted.flashinfer}" if wanted.flashinfer else "")
+    header = f"  # Proposed by `stackproof matrix propose {command}`: the {previous} cells on vLLM\n"
+    header += f"  # {wanted.vllm}'s release image. Its pins: {pins.source}.\n"
     return Proposal(
         version=wanted.vllm,
         previous=previous,
@@ -187,6 +187,7 @@ def _cell_yaml(
 
 def _base_yaml(name: str, version: str, old: RegistryBase, require_cuda: tuple[str, str] | None) -> str:
     lines = [
+        "",
         f"  {name}:",
         "    # Pinned by tag only until a runner records the digest it pulled; `stackproof build`",
         "    # prints that digest, and it belongs here.",

@@ -26,6 +26,7 @@ from stackproof.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures"
+IMAGES = str(REPO / "images")
 METADATA = {
     "0.28.0": FIXTURES / "repro" / "pypi-metadata-vllm-0.28.0.json",
     "0.33.0": FIXTURES / "pins" / "pypi-metadata-vllm-0.33.0.json",
@@ -123,7 +124,9 @@ def before_033(tmp_path: Path) -> Path:
 
 
 def test_propose_writes_033_cells_with_the_028_models_and_args(before_033: Path) -> None:
-    assert main(["matrix", "propose", "vllm==0.33.0", "--matrix", str(before_033), "--no-audit"]) == 0
+    assert (
+        main(["matrix", "propose", "--images", IMAGES, "vllm==0.33.0", "--matrix", str(before_033), "--no-audit"]) == 0
+    )
     matrix = load_matrix(before_033, images_dir=REPO / "images")
     new = {c.id: c for c in matrix.cells if "-vllm-0.33.0-" in c.id}
     assert set(new) == {"sm120-vllm-0.33.0-release", "sm121-vllm-0.33.0-release"}
@@ -131,24 +134,33 @@ def test_propose_writes_033_cells_with_the_028_models_and_args(before_033: Path)
     for cell in new.values():
         old = matrix.cell(pairs[cell.arch])
         assert cell.serve is not None and old.serve is not None
-        assert (cell.serve.model, cell.serve.revision, cell.serve.args) == (
-            old.serve.model,
-            old.serve.revision,
-            old.serve.args,
-        )
+        assert (cell.serve.model, cell.serve.args, cell.arms) == (old.serve.model, old.serve.args, old.arms)
         assert cell.base.name == "vllm-openai-0.33.0" and cell.expect is None and cell.overrides == ()
         assert (cell.platform, cell.runner) == (old.platform, old.runner)
     base = yaml.safe_load(before_033.read_text())["bases"]["vllm-openai-0.33.0"]
     assert base["image"] == "vllm/vllm-openai:v0.33.0" and base["require_cuda"] == "cuda>=13.0"
     # A second proposal of the same release finds its cells there: bad input, the file unchanged.
     text = before_033.read_text()
-    assert main(["matrix", "propose", "vllm==0.33.0", "--matrix", str(before_033), "--no-audit"]) == 2
+    assert (
+        main(["matrix", "propose", "--images", IMAGES, "vllm==0.33.0", "--matrix", str(before_033), "--no-audit"]) == 2
+    )
     assert before_033.read_text() == text
 
 
 def test_propose_with_flashinfer_overrides_the_trio_next_to_the_release_cells(before_033: Path) -> None:
-    assert main(["matrix", "propose", "vllm==0.33.0", "--matrix", str(before_033), "--no-audit"]) == 0
-    args = ["matrix", "propose", "vllm==0.33.0", "flashinfer-python==0.7.4", "--matrix", str(before_033)]
+    assert (
+        main(["matrix", "propose", "--images", IMAGES, "vllm==0.33.0", "--matrix", str(before_033), "--no-audit"]) == 0
+    )
+    args = [
+        "matrix",
+        "propose",
+        "--images",
+        IMAGES,
+        "vllm==0.33.0",
+        "flashinfer-python==0.7.4",
+        "--matrix",
+        str(before_033),
+    ]
     assert main([*args, "--no-audit"]) == 0
     matrix = load_matrix(before_033, images_dir=REPO / "images")
     cell = matrix.cell("sm120-vllm-0.33.0-fi-0.7.4-cu130")
@@ -168,13 +180,28 @@ def test_propose_with_flashinfer_overrides_the_trio_next_to_the_release_cells(be
 )
 def test_a_bad_spec_exits_2_and_writes_nothing(before_033: Path, specs: list[str]) -> None:
     text = before_033.read_text()
-    assert main(["matrix", "propose", *specs, "--matrix", str(before_033), "--no-audit"]) == 2
+    assert main(["matrix", "propose", "--images", IMAGES, *specs, "--matrix", str(before_033), "--no-audit"]) == 2
     assert before_033.read_text() == text
 
 
 def test_dry_run_prints_the_cells_and_writes_nothing(before_033: Path, capsys: pytest.CaptureFixture[str]) -> None:
     text = before_033.read_text()
-    assert main(["matrix", "propose", "vllm==0.33.0", "--matrix", str(before_033), "--dry-run", "--no-audit"]) == 0
+    assert (
+        main(
+            [
+                "matrix",
+                "propose",
+                "--images",
+                IMAGES,
+                "vllm==0.33.0",
+                "--matrix",
+                str(before_033),
+                "--dry-run",
+                "--no-audit",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "  - id: sm120-vllm-0.33.0-release\n    extends: sm120-vllm-0.28.0-release\n" in out
     assert before_033.read_text() == text
