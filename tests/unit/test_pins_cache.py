@@ -113,3 +113,71 @@ def test_an_unreachable_index_is_asked_once_per_command(
     state["down"] = False
     pins, _ = ReleaseLookup(online=True, cache=tmp_path / "cache", index_url=url)("0.31.0", "linux/amd64")
     assert pins is not None and len(requests) > after_first
+
+
+AUDIT_MATRIX = """\
+schema_version: 1
+indexes:
+  pypi: {url: "http://127.0.0.1:9/simple"}
+  flashinfer: {url: "http://127.0.0.1:9/whl"}
+  flashinfer-cu130: {url: "http://127.0.0.1:9/whl/cu130"}
+bases:
+  vllm-openai-0.28.0: {image: "vllm/vllm-openai:v0.28.0", python: python3}
+cells:
+  - id: release
+    base: vllm-openai-0.28.0
+    platform: linux/amd64
+    arch: sm120
+    runner: [self-hosted, gpu]
+    serve:
+      model: {source: "hf:org/model", revision: "0123456789abcdef0123456789abcdef01234567"}
+      readiness_timeout: 900
+      shm_size: 8g
+      gpus: all
+  - id: fix
+    extends: release
+    overrides:
+      flashinfer-python: {version: "0.6.18.post1", index: pypi}
+      flashinfer-jit-cache: {version: "0.6.18.post1+cu130", index: flashinfer-cu130}
+  - id: fix-arm
+    extends: fix
+    platform: linux/arm64
+    arch: sm121
+"""
+
+
+def test_the_audit_asks_an_unreachable_wheel_index_once(
+    index: tuple[str, list[str], dict[str, Any]], tmp_path: Path
+) -> None:
+    """Three cells, three different jit-cache requests (two versions, two platforms) on one index
+    that answers 503: one pip run reaches it, the rest are not checkable without asking."""
+    from pipeline.load import load_matrix
+    from tests.unit.test_audit_cell import wheel
+    from verify.audit import Sources, audit_matrix
+
+    url, requests, state = index
+    state["down"] = True
+    links = tmp_path / "links"
+    links.mkdir()
+    wheel(links, "vllm", "0.28.0", {"vllm/envs.py": "import os\n"})
+    for version in ("0.6.16.post3", "0.6.18.post1"):
+        wheel(links, "flashinfer-python", version, {"flashinfer/__init__.py": "print('hello')\n"})
+    wheel(links, "uvicorn", "0.54.0", {"uvicorn/on.py": 'logger.info("Application startup complete.")\n'})
+    (tmp_path / "matrix.yaml").write_text(AUDIT_MATRIX)
+    matrix = load_matrix(tmp_path / "matrix.yaml", images_dir=REPO / "images")
+    sources = Sources(root=tmp_path / "cache", index_url=lambda n: ("local", links) if n == "pypi" else (url, None))
+    report = audit_matrix(
+        matrix,
+        matrix.cells,
+        sources=sources,
+        lookup=ReleaseLookup(online=False),
+        rulesets=lambda facts: [],
+        signatures=[],
+        progress=lambda line: None,
+    )
+    jit = [next(p for p in c.packages if p.name == "flashinfer-jit-cache") for c in report.cells]
+    assert [p.version for p in jit] == ["0.6.16.post3+cu130", "0.6.18.post1+cu130", "0.6.18.post1+cu130"]
+    assert all(p.status == "not-checkable" for p in jit)
+    assert "cannot be reached" in jit[0].note and "No matching distribution" not in jit[0].note
+    assert all("not asked again in this audit" in p.note for p in jit[1:])
+    assert len({r for r in requests}) == 1  # one pip run: /simple/flashinfer-jit-cache/ (and its retry)

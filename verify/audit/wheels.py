@@ -37,7 +37,8 @@ __all__ = ["Target", "Unavailable", "Wheel", "fetch_wheel"]
 # pip's words for a connection problem, as opposed to "this index has no such file"
 _NETWORK = re.compile(
     r"ProxyError|NewConnectionError|Max retries exceeded|ConnectTimeout|ReadTimeout|SSLError|"
-    r"Network is unreachable|Temporary failure in name resolution|Connection refused|Could not fetch URL"
+    r"Network is unreachable|Temporary failure in name resolution|Connection refused|Could not fetch URL|"
+    r"too many \d+ error responses"  # the index answers, but only 5xx (pip's Retry status_forcelist)
 )
 DOWNLOAD_TIMEOUT = 900  # seconds for one wheel: the vLLM wheel is ~300 MB
 
@@ -99,6 +100,9 @@ def fetch_wheel(
         argv += ["--disable-pip-version-check", "--retries", "1", "--timeout", "30", "--progress-bar", "off"]
         argv += ["--platform", target.platform, "--python-version", target.python, "--implementation", "cp"]
         argv += ["--no-index", "--find-links", str(find_links)] if find_links else ["--index-url", index_url]
+        # pip logs an index page it could not fetch (a 5xx after its retries) at debug level only:
+        # its --log keeps that, and it is what tells "unreachable" from "no such file".
+        argv += ["--log", str(Path(scratch) / "pip.log")]
         argv += ([f"--cert={cert}"] if cert else []) + ["-d", scratch, spec]
         lines: list[str] = []
 
@@ -111,6 +115,11 @@ def fetch_wheel(
             cmd.stream(argv, on_line=on_line, timeout=DOWNLOAD_TIMEOUT)
         except cmd.CommandFailed as exc:
             text = "\n".join(lines) or exc.output_tail
+            log = Path(scratch) / "pip.log"
+            if log.is_file():  # the debug-level lines that name a connection problem, if any
+                text += "\n" + "\n".join(
+                    ln for ln in log.read_text(errors="replace").splitlines() if _NETWORK.search(ln)
+                )
             if "No module named pip" in text:
                 raise InfraError(
                     f"{sys.executable} has no pip: install it (python -m ensurepip) and run again"
