@@ -137,6 +137,8 @@ def _read_packages(
         url, local = sources.index_url(pin.index)
         key = (name, pin.version, url, target.key())
         if key not in cache and local is None and url in unreachable:
+            if name in CORE:
+                raise InfraError(_unreachable_core(pin.index, url, name, unreachable[url]))
             cache[key] = f"{name}=={pin.version} from {url}: {unreachable[url]} (not asked again in this audit)"
         if key not in cache:
             try:
@@ -157,10 +159,7 @@ def _read_packages(
                 )
             except Unavailable as exc:
                 if exc.network and name in CORE:
-                    raise InfraError(
-                        f"cannot reach index {pin.index!r} ({url}) for {name}: {exc}. Check the proxy and CA "
-                        "bundle pip uses (STACKPROOF_CA_BUNDLE), or map the index to a mirror (STACKPROOF_MIRRORS)"
-                    ) from None
+                    raise InfraError(_unreachable_core(pin.index, url, name, str(exc))) from None
                 cache[key] = str(exc)
                 if exc.network:
                     unreachable[url] = "index unreachable: " + str(exc).split(": ", 1)[-1]
@@ -185,6 +184,13 @@ def _read_packages(
             )
         )
     return statuses, indexes
+
+
+def _unreachable_core(index: str, url: str, name: str, why: str) -> str:
+    return (
+        f"cannot reach index {index!r} ({url}) for {name}: {why}. Check the proxy and CA "
+        "bundle pip uses (STACKPROOF_CA_BUNDLE), or map the index to a mirror (STACKPROOF_MIRRORS)"
+    )
 
 
 def _status(pin: PackagePin, status: str, *, note: str) -> PackageStatus:
