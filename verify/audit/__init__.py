@@ -162,7 +162,7 @@ def _read_packages(
                     raise InfraError(_unreachable_core(pin.index, url, name, str(exc))) from None
                 cache[key] = str(exc)
                 if exc.network:
-                    unreachable[url] = "index unreachable: " + str(exc).split(": ", 1)[-1]
+                    unreachable[url] = str(exc).split(": ", 1)[-1]
         found = cache[key]
         if isinstance(found, str):
             statuses.append(_status(pin, "not-checkable", note=found))
