@@ -9,17 +9,21 @@ is pip's own (the `wheels.py` progress lines are timed), so the comparison is ho
 `--code` runs another checkout's `pipeline` (e.g. an export of main) against the same cache, so a
 before/after pair differs in the code only.
 
-Measured 2026-12-02 on the 2-core dev box while it ran four other helpers' test tiers (load average
-30-50, so wall time is mostly waiting for a core; user+sys CPU beside it), warm cache, the two
-v0.33.0 cells (`--cells sm120-vllm-0.33.0-release,sm121-vllm-0.33.0-release`):
-  before (main a28d7f1): 218.2 s wall, 22.7 s CPU: release pins of 0.33.0 re-read from the index on
-                         every command (4 pip runs: vllm and torch, two platforms), FlashInfer's
-                         unreachable wheel index asked once per jit-cache request (2 pip runs)
-  after:                  53.5 s wall,  5.6 s CPU: 0.33.0 from the release-pin table, that index
-                         asked once; the CPU left is reading the wheel indexes (JSON) and matching
-The issue's own numbers for four 0.33 cells on a quieter box: 70-93 s warm, 799 s cold. The cold
-run (empty cache) of the whole matrix was not completed here: at that load its downloads and first
-indexing passes had taken 26 minutes when it was stopped.
+Measured 2026-12-02 on the 2-core dev box, warm cache (every wheel downloaded and indexed), wall
+time with the process's user+sys CPU beside it:
+  the two v0.33.0 cells (--cells sm120-vllm-0.33.0-release,sm121-vllm-0.33.0-release)
+    load average ~4:   before (main a28d7f1)  72.9 s, 20.2 s CPU   after  6.2 s, 4.7 s CPU  (goal met)
+    load average 30+:  before                218.2 s, 22.7 s CPU   after 53.5 s, 5.6 s CPU
+  before: the release pins of 0.33.0 re-read from the index on every command (4 pip runs: vllm and
+  torch, two platforms) and FlashInfer's unreachable wheel index asked once per jit-cache request
+  (2 pip runs); after: 0.33.0 from the release-pin table, that index asked once.
+  six cells (cpu-tiny, cpu-tiny-host, h200-vllm-0.26.0-tiny, fi-0.7.4-cubin-0.6.13 and the two
+  above), load ~3.5, after: 11.2 s and 14.3 s (goal MISSED): what is left is reading each wheel's
+  ast index back from its JSON (json decode and rebuilding the facts: about 60% of the CPU in a
+  profile) and matching the patterns, once per cell; that is verify/audit/index.py's format, not
+  network. The issue's numbers for four 0.33 cells: 70-93 s warm, 799 s cold. No cold run of the
+  whole matrix was completed here: at load 30-50 its downloads and first indexing passes had taken
+  26 minutes when it was stopped.
 """
 
 from __future__ import annotations
