@@ -3,7 +3,27 @@
 Goals (issue 13): warm under 10 s; cold within download time + 60 s. The cold run's download time
 is pip's own (the `wheels.py` progress lines are timed), so the comparison is honest on any network.
 
-    python benchmarks/audit.py [--cache DIR]   # DIR is emptied first (default: a temporary one)
+    python benchmarks/audit.py [--cache DIR] [--cells A,B] [--code CHECKOUT]   # DIR is emptied first
+    python benchmarks/audit.py --cache DIR --warm-only [--cells A,B] [--code CHECKOUT]  # DIR kept
+
+`--code` runs another checkout's `pipeline` (e.g. an export of main) against the same cache, so a
+before/after pair differs in the code only.
+
+Measured 2026-12-02 on the 2-core dev box, warm cache (every wheel downloaded and indexed), wall
+time with the process's user+sys CPU beside it:
+  the two v0.33.0 cells (--cells sm120-vllm-0.33.0-release,sm121-vllm-0.33.0-release)
+    load average ~4:   before (main a28d7f1)  72.9 s, 20.2 s CPU   after  6.2 s, 4.7 s CPU  (goal met)
+    load average 30+:  before                218.2 s, 22.7 s CPU   after 53.5 s, 5.6 s CPU
+  before: the release pins of 0.33.0 re-read from the index on every command (4 pip runs: vllm and
+  torch, two platforms) and FlashInfer's unreachable wheel index asked once per jit-cache request
+  (2 pip runs); after: 0.33.0 from the release-pin table, that index asked once.
+  six cells (cpu-tiny, cpu-tiny-host, h200-vllm-0.26.0-tiny, fi-0.7.4-cubin-0.6.13 and the two
+  above), load ~3.5, after: 11.2 s and 14.3 s (goal MISSED): what is left is reading each wheel's
+  ast index back from its JSON (json decode and rebuilding the facts: about 60% of the CPU in a
+  profile) and matching the patterns, once per cell; that is verify/audit/index.py's format, not
+  network. The issue's numbers for four 0.33 cells: 70-93 s warm, 799 s cold. No cold run of the
+  whole matrix was completed here: at load 30-50 its downloads and first indexing passes had taken
+  26 minutes when it was stopped.
 """
 
 from __future__ import annotations
@@ -22,13 +42,13 @@ REPO = Path(__file__).resolve().parents[1]
 WARM_GOAL, COLD_EXTRA_GOAL = 10.0, 60.0
 
 
-def run(cache: Path) -> tuple[float, float, int]:
-    """(wall seconds, seconds pip spent downloading, exit code) of one whole-matrix audit."""
+def run(cache: Path, cells: list[str], code: Path = REPO) -> tuple[float, float, int]:
+    """(wall seconds, seconds pip spent downloading, exit code) of one audit (all cells by default)."""
     env = {**os.environ, "STACKPROOF_CACHE_DIR": str(cache)}
     started = time.monotonic()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pipeline", "matrix", "audit", "--json"],
-        cwd=REPO,
+        [sys.executable, "-m", "pipeline", "matrix", "audit", "--json", "--matrix", str(REPO / "matrix.yaml"), *cells],
+        cwd=code,
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -50,11 +70,25 @@ def run(cache: Path) -> tuple[float, float, int]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cache", type=Path, default=None)
+    parser.add_argument("--cells", default="", help="comma-separated cells (default: all)")
+    parser.add_argument("--code", type=Path, default=REPO, help="the checkout whose code runs (default: this one)")
+    parser.add_argument("--warm-only", action="store_true", help="keep --cache and time one warm run")
     args = parser.parse_args()
+    cells = [c for c in args.cells.split(",") if c]
+    if args.warm_only:
+        if args.cache is None:
+            parser.error("--warm-only needs --cache (a cache a cold run filled)")
+        warm, _, code_warm = run(args.cache, cells, args.code)
+        verdict = "met" if warm < WARM_GOAL else "MISSED"
+        print(
+            f"warm   {warm:8.1f}  < {WARM_GOAL:.0f} s{'':<22} {verdict} "
+            f"(exit {code_warm}; load average {os.getloadavg()[0]:.1f})"
+        )
+        return 0
     cache = args.cache or Path(tempfile.mkdtemp(prefix="stackproof-audit-bench-"))
     shutil.rmtree(cache, ignore_errors=True)
-    cold, download, code_cold = run(cache)
-    warm, _, code_warm = run(cache)
+    cold, download, code_cold = run(cache, cells, args.code)
+    warm, _, code_warm = run(cache, cells, args.code)
     extra = cold - download
     print(f"{'run':<6} {'seconds':>8}  {'goal':<28} verdict")
     print(

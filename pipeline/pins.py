@@ -1,14 +1,17 @@
 """What a base carries, as exact pins: a vLLM release image's own metadata, or a cell's stack.
 
 `release_pins` answers "what does `vllm/vllm-openai:vX.Y.Z` pin?" from, in order:
-1. the built-in table below (read from PyPI once; the raw metadata it came from is kept in
-   tests/fixtures/repro/pypi-metadata-vllm-0.28.0.json and a unit test re-derives the table from it),
-2. PyPI itself, when fetching is allowed: `pip install --dry-run --no-deps --report -` with
+1. the release-pin table (pipeline/release_pins.json, pipeline/pins_table.py): each release's raw
+   wheel metadata, written by `stackproof matrix pins refresh vllm==X.Y.Z`, never by hand; a unit
+   test re-derives the pins from the same text kept in tests/fixtures,
+2. when fetching is allowed, the same metadata kept under the cache directory by an earlier
+   command, else PyPI itself: `pip install --dry-run --no-deps --report -` with
    `--use-feature=fast-deps` reads each wheel's METADATA through HTTP range requests (PyPI's
    `/pypi/NAME/VERSION/json` answers 404 for these releases, and the simple index carries no
-   PEP 658 metadata for them), first for vllm, then for the torch it pins,
+   PEP 658 metadata for them), first for vllm, then for the torch it pins; what it read is kept,
 3. nothing: the pins are unknown, and the caller says so.
-Every answer carries `source`, which the caller prints.
+Every answer carries `source`, which the caller prints. `ReleaseLookup` asks an index that could
+not be reached once per command.
 
 The release's pins are vllm's own `==` Requires-Dist and torch's (torch brings cuDNN and NCCL). The
 image also carries flashinfer-cubin and flashinfer-jit-cache, which no metadata pins: they are
@@ -20,13 +23,16 @@ uninstalls and its overrides.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import date
 from pathlib import Path
+from typing import Any
 
 from packaging.markers import InvalidMarker
 from packaging.requirements import InvalidRequirement, Requirement
@@ -36,18 +42,28 @@ from packaging.version import InvalidVersion, Version
 from pipeline import cmd
 from pipeline.errors import InputError, PipelineError
 from pipeline.model import BootstrapBase, Cell, CellBase, HostBase, Matrix, RegistryBase
+from pipeline.pins_table import (
+    NETWORK_WORDS,
+    Release,
+    WheelMetadata,
+    cached_release,
+    load_table,
+    store_cached,
+)
 
 __all__ = [
-    "BUILTIN_RELEASES",
     "FI_CUBIN",
     "FI_JIT",
     "FI_PYTHON",
-    "IMAGE_DOCKERFILE_OVERRIDES",
     "Lookup",
     "Pins",
     "ReleaseLookup",
+    "builtin_releases",
     "cell_stack",
+    "derive",
+    "dockerfile_overrides",
     "exact_pins",
+    "fetch_metadata",
     "fetch_requires_dist",
     "release_of_image",
     "release_pins",
@@ -57,50 +73,27 @@ FI_PYTHON, FI_CUBIN, FI_JIT = "flashinfer-python", "flashinfer-cubin", "flashinf
 OFFICIAL_IMAGE = "vllm/vllm-openai"
 LOCKSTEP = "assumed to follow flashinfer-python in lockstep (no metadata pins it)"
 
-# Exact pins of vLLM release images, read from PyPI on 2026-11-30 (vllm and torch wheels for
-# cp312 manylinux_2_28, x86_64 and aarch64 alike). Re-derived from the raw metadata by
-# tests/unit/test_repro.py::test_builtin_table_is_what_pypi_said.
-BUILTIN_RELEASES: dict[str, dict[str, str]] = {
-    "0.28.0": {
-        # vllm 0.28.0 Requires-Dist, exact pins
-        "vllm": "0.28.0",
-        "lm-format-enforcer": "0.11.3",
-        "outlines-core": "0.2.14",
-        "lark": "1.2.2",
-        "compressed-tensors": "0.17.0",
-        "depyf": "0.20.0",
-        "numba": "0.65.0",
-        "torch": "2.13.0",
-        "torchaudio": "2.11.0",
-        "torchvision": "0.28.0",
-        "pynvvideocodec": "2.0.4",
-        "flashinfer-python": "0.6.16.post3",
-        "apache-tvm-ffi": "0.1.11",
-        "tilelang": "0.1.12",
-        "nvtx": "0.2.15",
-        "nvidia-cutlass-dsl": "4.6.2",
-        "quack-kernels": "0.6.4",
-        "tokenspeed-mla": "0.1.8",
-        "humming-kernels": "0.1.12",
-        # torch 2.13.0 Requires-Dist, exact pins (Linux)
-        "cuda-toolkit": "13.0.3",
-        "nvidia-cudnn-cu13": "9.20.0.48",
-        "nvidia-cusparselt-cu13": "0.8.1",
-        "nvidia-nccl-cu13": "2.29.7",
-        "nvidia-nvshmem-cu13": "3.4.5",
-        "triton": "3.7.1",
-    },
-}
-BUILTIN_SOURCE = "built-in table (vllm {v} and torch {t} METADATA, read from PyPI 2026-11-30)"
 
-# What a release image's Dockerfile installs over its wheels' metadata. v0.28.0 (release commit
-# 2cf0a691, docker/Dockerfile, runtime stage): `ARG NCCL_VERSION=2.30.7`, then
-# `echo "nvidia-nccl-cu${CUDA_MAJOR}==${NCCL_VERSION}" > /etc/uv-overrides.txt` with
-# `ENV UV_OVERRIDE=/etc/uv-overrides.txt` before the requirements install, so the image has NCCL
-# 2.30.7 although torch 2.13.0 requires ==2.29.7: a conflict the untouched image itself carries.
-IMAGE_DOCKERFILE_OVERRIDES: dict[str, dict[str, str]] = {
-    "0.28.0": {"nvidia-nccl-cu13": "2.30.7"},
-}
+def builtin_releases(platform: str = "linux/amd64") -> dict[str, dict[str, str]]:
+    """version -> the exact pins its wheels' metadata give on `platform`, for every release in the
+    table (pipeline/release_pins.json, written by `stackproof matrix pins refresh`), before the
+    lockstep companions and the Dockerfile's overrides."""
+    return {version: derive(release, platform) for version, release in load_table().items()}
+
+
+def dockerfile_overrides(version: str) -> dict[str, str]:
+    """What the release's Dockerfile installs over its metadata; {} when not read or none."""
+    release = load_table().get(version)
+    return dict(release.dockerfile.overrides) if release and release.dockerfile else {}
+
+
+def derive(release: Release, platform: str) -> dict[str, str]:
+    """vllm's own `==` Requires-Dist and its torch's, evaluated for the image on `platform`."""
+    environment = marker_environment(platform)
+    pins = exact_pins(list(release.requires("vllm", platform) or ()), environment)
+    pins["vllm"] = release.version
+    pins.update(exact_pins(list(release.requires("torch", platform) or ()), environment))
+    return pins
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -191,49 +184,113 @@ def cuda_tag(pins: dict[str, str]) -> str | None:
     return None
 
 
+RequiresFetch = Callable[[str, str, str], "list[str] | WheelMetadata"]
+
+
 def release_pins(
     version: str,
     platform: str,
     *,
     online: bool,
-    fetch: Callable[[str, str, str], list[str]] | None = None,
+    fetch: RequiresFetch | None = None,
+    cache: tuple[Path, str] | None = None,
 ) -> tuple[Pins | None, str]:
-    """The pins of `vllm/vllm-openai:v{version}`, and a line saying where they came from (or why none)."""
+    """The pins of `vllm/vllm-openai:v{version}`, and a line saying where they came from (or why none).
+
+    Metadata comes from the release-pin table, else (online) from `cache` = (cache dir, index URL)
+    where an earlier command kept it, else from `fetch`, whose answer is then kept there."""
     try:
         parsed = Version(version)
     except InvalidVersion:
         return None, f"vLLM {version!r} is not a version: its image's pins are unknown"
     if parsed.is_devrelease or parsed.local:
         return None, f"vLLM {version} is a development build, not on PyPI: its image's pins are unknown"
-    table = BUILTIN_RELEASES.get(version)
-    if table is not None:
-        pins = dict(table)
-        source = BUILTIN_SOURCE.format(v=version, t=pins.get("torch", "?"))
+    release = load_table().get(version)
+    if release is not None and release.requires("vllm", platform) is not None:
+        source = f"release-pin table (vllm {version} and torch {release.torch_version} METADATA, {release.read_on})"
     elif not online:
-        return None, f"vLLM {version} is not in the built-in table and fetching is off (--offline): pins unknown"
+        return None, (
+            f"vLLM {version} is not in the release-pin table and fetching is off (--offline): pins unknown "
+            f"(add it with `stackproof matrix pins refresh vllm=={version}`)"
+        )
     else:
-        fetch = fetch or fetch_requires_dist
-        try:
-            environment = marker_environment(platform)
-            pins = exact_pins(fetch("vllm", version, platform), environment)
-            pins["vllm"] = version
-            if "torch" in pins:
-                pins.update(exact_pins(fetch("torch", pins["torch"], platform), environment))
-        except PipelineError as exc:
-            return None, f"vLLM {version}: reading its metadata from PyPI failed ({exc}): pins unknown"
-        source = f"PyPI (vllm {version} and torch {pins.get('torch', '?')} METADATA, fetched now)"
+        release = cached_release(*cache, version) if cache else None
+        if release is not None and release.requires("vllm", platform) is not None:
+            source = f"PyPI (vllm {version} and torch {release.torch_version} METADATA, kept by an earlier command)"
+        else:
+            try:
+                release = fetch_release(version, (platform,), fetch or fetch_requires_dist, known=release)
+            except PipelineError as exc:
+                return None, f"vLLM {version}: reading its metadata from PyPI failed ({_first_line(exc)}): pins unknown"
+            if cache:
+                store_cached(*cache, release)
+            source = f"PyPI (vllm {version} and torch {release.torch_version} METADATA, fetched now)"
+    return _pins_of(release, platform, source)
+
+
+def _pins_of(release: Release, platform: str, source: str) -> tuple[Pins, str]:
+    pins = derive(release, platform)
     extra = lockstep(pins)
     pins.update(extra)
-    dockerfile = IMAGE_DOCKERFILE_OVERRIDES.get(version, {})
+    dockerfile = dict(release.dockerfile.overrides) if release.dockerfile else {}
     pins.update(dockerfile)
     if dockerfile:
         moved = ", ".join(f"{name} {v}" for name, v in sorted(dockerfile.items()))
         source += f"; {moved} as the image's Dockerfile installs it (UV_OVERRIDE)"
+    notes = (
+        ()
+        if release.dockerfile
+        else (
+            f"vLLM {release.version}: its release Dockerfile was not read, so "
+            "what it installs over the metadata is unknown",
+        )
+    )
     assumed = tuple((name, LOCKSTEP) for name in sorted(extra))
-    return Pins(pins=_pins(pins), complete=False, source=source, assumed=assumed), source
+    return Pins(pins=_pins(pins), complete=False, source=source, assumed=assumed, notes=notes), source
 
 
-def fetch_requires_dist(
+def fetch_release(
+    version: str, platforms: tuple[str, ...], fetch: RequiresFetch, *, known: Release | None = None
+) -> Release:
+    """vllm==version's metadata and its torch's on `platforms`, added to what `known` holds."""
+    vllm = dict(known.vllm) if known else {}
+    torch = dict(known.torch) if known else {}
+    torch_version = known.torch_version if known else None
+    for platform in platforms:
+        vllm[platform] = _metadata(fetch("vllm", version, platform))
+        pinned = exact_pins(list(vllm[platform].requires_dist), marker_environment(platform)).get("torch")
+        if pinned is not None:
+            torch_version = pinned
+            torch[platform] = _metadata(fetch("torch", pinned, platform))
+    return Release(
+        version=version,
+        read=f"{date.today().isoformat()} from the pypi index (pip --use-feature=fast-deps)",
+        vllm=tuple(sorted(vllm.items())),
+        torch_version=torch_version,
+        torch=tuple(sorted(torch.items())),
+        dockerfile=known.dockerfile if known else None,
+    )
+
+
+def _metadata(answer: list[str] | WheelMetadata) -> WheelMetadata:
+    if isinstance(answer, WheelMetadata):
+        return answer
+    return WheelMetadata(wheel="", sha256="", requires_dist=tuple(answer))
+
+
+def _first_line(exc: Exception) -> str:
+    tail = getattr(exc, "output_tail", "")
+    errors = [ln.strip() for ln in tail.splitlines() if ln.strip().startswith("ERROR")]
+    network = [ln.strip() for ln in tail.splitlines() if NETWORK_WORDS.search(ln)]
+    return (network or errors or [str(exc).splitlines()[0]])[0]
+
+
+def fetch_requires_dist(name: str, version: str, platform: str, **options: Any) -> list[str]:
+    """`Requires-Dist` of the cp312 manylinux wheel of name==version (see `fetch_metadata`)."""
+    return list(fetch_metadata(name, version, platform, **options).requires_dist)
+
+
+def fetch_metadata(
     name: str,
     version: str,
     platform: str,
@@ -241,39 +298,84 @@ def fetch_requires_dist(
     index_url: str = "https://pypi.org/simple",
     cert: Path | None = None,
     redact: tuple[str, ...] = (),
-) -> list[str]:
-    """`Requires-Dist` of the cp312 manylinux wheel of name==version, read through range requests.
+) -> WheelMetadata:
+    """The cp312 manylinux wheel of name==version: its file name, sha256 and `Requires-Dist`, read
+    through range requests (`--use-feature=fast-deps`; a server without ranges sends the file).
 
     `--isolated` keeps the host's pip configuration (extra indexes, constraints) out of the
-    answer; `cert` is then the CA bundle to pass on (the site's, see pipeline/site.py).
+    answer; `cert` is then the CA bundle to pass on (the site's, see pipeline/site.py). One retry:
+    an unreachable index costs seconds, not pip's default five retries with back-off.
     """
     machine = "aarch64" if platform == "linux/arm64" else "x86_64"
     with tempfile.TemporaryDirectory(prefix="stackproof-pins-") as target:
         argv = [sys.executable, "-m", "pip", "install", "--isolated", "--dry-run", "--no-deps", "--ignore-installed"]
         argv += ["--quiet", "--report", "-", "--index-url", index_url, "--only-binary=:all:", "--python-version"]
         argv += ["3.12", "--platform", f"manylinux_2_28_{machine}", "--target", target, "--use-feature=fast-deps"]
+        argv += ["--retries", "1", "--timeout", "30", "--disable-pip-version-check"]
+        # --quiet keeps stdout for the report and hides pip's retry warnings; its --log keeps them,
+        # and they are what tells "the index cannot be reached" from "it has no such file".
+        argv += ["--log", str(Path(target) / "pip.log")]
         argv += ([f"--cert={cert}"] if cert else []) + [f"{name}=={version}"]
-        result = cmd.run(argv, timeout=180, redact=redact)
+        try:
+            result = cmd.run(argv, timeout=180, redact=redact)
+        except cmd.CommandFailed as exc:
+            log = (Path(target) / "pip.log").read_text(errors="replace") if (Path(target) / "pip.log").exists() else ""
+            for secret in redact:  # the log names the index URL, credentials and all
+                log = log.replace(secret, "***") if secret else log
+            network = [line for line in log.splitlines() if NETWORK_WORDS.search(line)][-3:]
+            raise cmd.CommandFailed(exc.argv, exc.returncode, "\n".join([*network, exc.output_tail])) from None
     try:
-        report = json.loads(result.stdout)
-        return list(report["install"][0]["metadata"].get("requires_dist") or [])
-    except (ValueError, KeyError, IndexError) as exc:
+        item = json.loads(result.stdout)["install"][0]
+        info = item.get("download_info") or {}
+        return WheelMetadata(
+            wheel=str(info.get("url", "")).rsplit("/", 1)[-1].split("#")[0],
+            sha256=str((info.get("archive_info") or {}).get("hashes", {}).get("sha256", "")),
+            requires_dist=tuple(item["metadata"].get("requires_dist") or ()),
+        )
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
         raise InputError(f"pip's report for {name}=={version} has no metadata ({exc})") from exc
 
 
 class ReleaseLookup:
-    """`release_pins` with a cache and one setting for the whole command (online or not)."""
+    """`release_pins` for one whole command: one setting (online or not), each (version, platform)
+    answered once, metadata kept on disk under `cache` (by index URL and version), and an index
+    that could not be reached asked once: every later fetch in the command fails at once."""
 
-    def __init__(self, *, online: bool, fetch: Callable[[str, str, str], list[str]] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        online: bool,
+        fetch: RequiresFetch | None = None,
+        cache: Path | None = None,
+        index_url: str = "https://pypi.org/simple",
+    ) -> None:
         self.online = online
-        self.fetch = fetch
+        self.fetch = fetch or functools.partial(fetch_metadata, index_url=index_url)
+        self.cache = (cache, index_url) if cache is not None else None
         self._seen: dict[tuple[str, str], tuple[Pins | None, str]] = {}
+        self._failed: dict[tuple[str, str] | None, str] = {}  # (name, version), or None: the index
+        self.asked = 0  # fetches that reached the index (tests and the benchmark read it)
 
     def __call__(self, version: str, platform: str) -> tuple[Pins | None, str]:
         key = (version, platform)
         if key not in self._seen:
-            self._seen[key] = release_pins(version, platform, online=self.online, fetch=self.fetch)
+            self._seen[key] = release_pins(
+                version, platform, online=self.online, fetch=self._fetch_once, cache=self.cache
+            )
         return self._seen[key]
+
+    def _fetch_once(self, name: str, version: str, platform: str) -> list[str] | WheelMetadata:
+        for key in (None, (name, version)):
+            if key in self._failed:
+                raise InputError(f"{self._failed[key]} (asked once in this command, not again)")
+        self.asked += 1
+        try:
+            return self.fetch(name, version, platform)
+        except PipelineError as exc:
+            reason = _first_line(exc)
+            unreachable = NETWORK_WORDS.search(f"{exc} {getattr(exc, 'output_tail', '')}")
+            self._failed[None if unreachable else (name, version)] = reason
+            raise
 
 
 def release_of_image(image: str) -> str | None:

@@ -473,7 +473,9 @@ def _parser() -> argparse.ArgumentParser:
         p.set_defaults(handler=command.handler)
 
     # The commands of the other command modules register themselves.
-    from stackproof import cli_ci, cli_compare, cli_model, cli_publish, cli_report, cli_repro
+    from stackproof import cli_ci, cli_compare, cli_model, cli_propose, cli_publish, cli_report, cli_repro
+
+    cli_propose.add_matrix_commands(groups["matrix"], common)
 
     for module in (cli_publish, cli_ci, cli_repro, cli_model, cli_report, cli_compare):
         module.add_commands(commands, common)
@@ -533,15 +535,26 @@ def _matrix_show(args: argparse.Namespace) -> int:
 
 
 def _matrix_audit(args: argparse.Namespace) -> int:
-    from pipeline.cache import cache_dir
-    from pipeline.pins import ReleaseLookup
-    from pipeline.site import load_site
-    from verify.audit import Sources, audit_matrix
+    from stackproof.cli_propose import release_lookup
     from verify.audit.report import render_json, render_text
-    from verify.logscan import load_catalog, rulesets_for
 
     matrix, _ = _load(args)
     cells = [matrix.cell(c) for c in args.cells] if args.cells else list(matrix.cells)
+    report = audit_cells(matrix, cells, release_lookup(matrix))
+    _emit(args, render_json(report), render_text(report))
+    if getattr(args, "fix", False) and report.errors:
+        return _audit_fix(args.matrix, report, sys.stderr if getattr(args, "json", False) else sys.stdout)
+    return 1 if report.errors else 0
+
+
+def audit_cells(matrix: Matrix, cells: list[Cell], lookup: Any) -> Any:
+    """The audit of `cells` (`matrix audit`, `matrix propose`): wheels from the cells' indexes
+    (mirrors applied) into the cache directory, release pins from `lookup`."""
+    from pipeline.cache import cache_dir
+    from pipeline.site import load_site
+    from verify.audit import Sources, audit_matrix
+    from verify.logscan import load_catalog, rulesets_for
+
     site = load_site(matrix)
 
     def index_url(name: str) -> tuple[str, Path | None]:
@@ -555,18 +568,14 @@ def _matrix_audit(args: argparse.Namespace) -> int:
         # Each rule under the set it came from (two sets may hold equal rules, e.g. no-traceback).
         return [(f"logrules.yaml {rs.id}", r) for rs in rulesets_for(facts) for r in rs.rules]
 
-    report = audit_matrix(
+    return audit_matrix(
         matrix,
         cells,
         sources=Sources(root=cache_dir(), index_url=index_url, cert=site.ca_bundle),
-        lookup=ReleaseLookup(online=True),
+        lookup=lookup,
         rulesets=rulesets,
         signatures=load_catalog(),
     )
-    _emit(args, render_json(report), render_text(report))
-    if getattr(args, "fix", False) and report.errors:
-        return _audit_fix(args.matrix, report, sys.stderr if getattr(args, "json", False) else sys.stdout)
-    return 1 if report.errors else 0
 
 
 def _audit_fix(path: Path, report: Any, out: Any) -> int:

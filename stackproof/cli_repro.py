@@ -9,7 +9,6 @@ formatting kept), validates the file, and restores it unchanged when the result 
 from __future__ import annotations
 
 import argparse
-import functools
 import re
 import sys
 from pathlib import Path
@@ -53,7 +52,7 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--write", action="store_true", help="append the cell (and any new base/index) to the matrix")
     p.add_argument("--arch", default=None, help="the GPU arch, when the source names no GPU (e.g. a pip freeze)")
     p.add_argument("--platform", default=None, help="linux/amd64 or linux/arm64, when the source does not say")
-    p.add_argument("--offline", action="store_true", help="never read release pins from PyPI; built-in table only")
+    p.add_argument("--offline", action="store_true", help="never read release pins from PyPI; the pin table only")
     p.set_defaults(handler=_repro)
 
     p = commands.add_parser(
@@ -135,16 +134,9 @@ def _read_source(source: str) -> tuple[str, str]:
 
 
 def _release_lookup(matrix: Matrix, *, online: bool) -> ReleaseLookup:
-    from pipeline.pins import ReleaseLookup, fetch_requires_dist
-    from pipeline.site import load_site
+    from stackproof.cli_propose import release_lookup
 
-    site = load_site(matrix)
-    index_url = "https://pypi.org/simple"
-    if any(ix.name == "pypi" for ix in matrix.indexes):
-        mirror = site.index_location(matrix, "pypi")
-        index_url = index_url if mirror.is_local else mirror.location
-    fetch = functools.partial(fetch_requires_dist, index_url=index_url, cert=site.ca_bundle, redact=site.secrets())
-    return ReleaseLookup(online=online, fetch=fetch)
+    return release_lookup(matrix, online=online)
 
 
 def write_cell(matrix_file: Path, cell: ReproCell, *, images_dir: Path) -> Path:

@@ -68,9 +68,9 @@ def test_validate_real_matrix_reports_notes(real: list[str], repo: Path, capsys)
     out, err = capsys.readouterr()
     document = json.loads(out)
     assert document["valid"] is True
-    assert document["cells"] == 13
+    assert document["cells"] == 15
     assert document["file"] == str(repo / "matrix.yaml")
-    assert len(document["notes"]) == 5  # the cells on the tag-only vllm-openai and SGLang release bases
+    assert len(document["notes"]) == 7  # the cells on the tag-only vllm-openai and SGLang release bases
     assert all("pinned by tag only" in note for note in document["notes"])
     assert err.splitlines() == document["notes"]
 
@@ -90,6 +90,8 @@ def test_list_json_is_one_document(real: list[str], capsys) -> None:
         "sm120-vllm-0.28.0-release",
         FIXED,
         SPARK,
+        "sm120-vllm-0.33.0-release",
+        "sm121-vllm-0.33.0-release",
         "sglang-cpu-tiny",
         "sm120-sglang-0.5.18-qwen3.8-nvfp4",
         "sm120-sglang-0.5.19-qwen3.8-nvfp4",
@@ -129,6 +131,8 @@ def test_list_text_has_one_line_per_cell(real: list[str], capsys) -> None:
         "sm120-vllm-0.28.0-release",
         FIXED,
         SPARK,
+        "sm120-vllm-0.33.0-release",
+        "sm121-vllm-0.33.0-release",
         "sglang-cpu-tiny",
         "sm120-sglang-0.5.18-qwen3.8-nvfp4",
         "sm120-sglang-0.5.19-qwen3.8-nvfp4",
@@ -136,7 +140,7 @@ def test_list_text_has_one_line_per_cell(real: list[str], capsys) -> None:
     assert lines[5].endswith("expect fail at imports")
     assert lines[6].endswith("expect fail at imports")
     assert lines[7].endswith("expect fail at autotune")
-    assert lines[11].endswith("expect fail at startup")
+    assert lines[13].endswith("expect fail at startup")
 
 
 def test_show_cell_json(real: list[str], repo: Path, capsys) -> None:

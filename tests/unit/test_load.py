@@ -60,6 +60,8 @@ def test_real_matrix_cells_in_file_order(real_matrix: Matrix) -> None:
         RELEASE,
         FIXED,
         SPARK,
+        "sm120-vllm-0.33.0-release",
+        "sm121-vllm-0.33.0-release",
         *sglang,
     ]
     assert {c.id: c.arch for c in real_matrix.cells} == {
@@ -73,6 +75,8 @@ def test_real_matrix_cells_in_file_order(real_matrix: Matrix) -> None:
         RELEASE: "sm120",
         FIXED: "sm120",
         SPARK: "sm121",
+        "sm120-vllm-0.33.0-release": "sm120",
+        "sm121-vllm-0.33.0-release": "sm121",
         sglang[0]: "none",
         sglang[1]: "sm120",
         sglang[2]: "sm120",
@@ -88,11 +92,13 @@ def test_real_matrix_cells_in_file_order(real_matrix: Matrix) -> None:
         True,
         True,
         True,
+        True,
+        True,
         False,
         True,
         True,
     ]
-    assert [c.serve.engine for c in real_matrix.cells if c.serve] == ["vllm"] * 7 + ["sglang"] * 3
+    assert [c.serve.engine for c in real_matrix.cells if c.serve] == ["vllm"] * 9 + ["sglang"] * 3
     assert [c.id for c in real_matrix.cells if c.on_host] == host
 
 
@@ -112,7 +118,8 @@ def test_real_matrix_indexes_and_bases(real_matrix: Matrix) -> None:
     names = [ix.name for ix in real_matrix.indexes]
     assert names == ["pypi", "pytorch-cpu", "flashinfer", "flashinfer-cu130"]
     assert real_matrix.index("flashinfer-cu130").url == "https://flashinfer.ai/whl/cu130"
-    debian, cpu_tiny, vllm, sglang_0_5_18, sglang_0_5_19 = real_matrix.bases
+    debian, cpu_tiny, vllm, vllm_0_33, sglang_0_5_18, sglang_0_5_19 = real_matrix.bases
+    assert isinstance(vllm_0_33, RegistryBase) and vllm_0_33.image == "vllm/vllm-openai:v0.33.0"
     assert (sglang_0_5_18.image, sglang_0_5_19.image) == (
         "lmsysorg/sglang:v0.5.18-cu130",
         "lmsysorg/sglang:v0.5.19-cu130",

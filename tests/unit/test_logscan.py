@@ -53,6 +53,10 @@ SAMPLES = {
     "flashinfer-sm12x-cuda-too-old": f"""\
 {CORE} ERROR 11-30 10:00:00 [core.py:1010] RuntimeError: SM 12.x requires CUDA >= 12.9
 """,
+    # FlashInfer 0.7.2.post1 flashinfer/compilation_context.py:107, on a GB10 with CUDA 12.8.
+    "flashinfer-sm12x-cuda-too-old-0.7": f"""\
+{CORE} ERROR 11-30 10:00:00 [core.py:1010] RuntimeError: SM 12.1+ requires CUDA >= 12.9
+""",
     "flashinfer-autotune-cache-other-environment": f"""\
 {CORE} WARNING 11-30 10:00:00 [autotuner.py:2750] [Autotuner]: Cache file /cache/autotune_configs.json was created in a different environment (cudnn_version: saved=92000 vs current=92301). Ignoring cached configs.
 """,

@@ -25,8 +25,8 @@ from pipeline.errors import InputError, MatrixError
 from pipeline.load import load_matrix
 from pipeline.model import Matrix
 from pipeline.pins import (
-    BUILTIN_RELEASES,
     ReleaseLookup,
+    builtin_releases,
     exact_pins,
     marker_environment,
     release_pins,
@@ -102,7 +102,7 @@ def test_builtin_table_is_what_pypi_said(platform: str) -> None:
     pins = exact_pins(metadata["vllm"][platform]["requires_dist"], environment)
     pins.update(exact_pins(metadata["torch"][platform]["requires_dist"], environment))
     pins["vllm"] = "0.28.0"
-    assert pins == BUILTIN_RELEASES["0.28.0"]
+    assert pins == builtin_releases(platform)["0.28.0"]
     # The facts file's numbers (§7), read from these very lines.
     assert (pins["flashinfer-python"], pins["torch"]) == ("0.6.16.post3", "2.13.0")
     assert (pins["nvidia-cudnn-cu13"], pins["nvidia-nccl-cu13"]) == ("9.20.0.48", "2.29.7")
@@ -110,7 +110,7 @@ def test_builtin_table_is_what_pypi_said(platform: str) -> None:
 
 def test_release_pins_mark_the_lockstep_companions_as_assumed() -> None:
     pins, source = release_pins("0.28.0", "linux/amd64", online=False)
-    assert pins is not None and "built-in table" in source
+    assert pins is not None and "release-pin table" in source
     assert pins.get("flashinfer-cubin") == "0.6.16.post3"
     assert pins.get("flashinfer-jit-cache") == "0.6.16.post3+cu130"
     assert {name for name, _ in pins.assumed} == {"flashinfer-cubin", "flashinfer-jit-cache"}
@@ -121,7 +121,7 @@ def test_release_pins_take_the_nccl_the_image_dockerfile_installs() -> None:
     pins, source = release_pins("0.28.0", "linux/amd64", online=False)
     assert pins is not None
     assert pins.get("nvidia-nccl-cu13") == "2.30.7"
-    assert BUILTIN_RELEASES["0.28.0"]["nvidia-nccl-cu13"] == "2.29.7"  # the metadata, unchanged
+    assert builtin_releases()["0.28.0"]["nvidia-nccl-cu13"] == "2.29.7"  # the metadata, unchanged
     assert "nvidia-nccl-cu13 2.30.7 as the image's Dockerfile installs it" in source
 
 
@@ -136,7 +136,7 @@ def test_release_pins_fetch_from_pypi_only_when_missing_and_allowed() -> None:
     pins, source = release_pins("0.29.0", "linux/amd64", online=True, fetch=fetch)
     assert calls == [("vllm", "0.29.0"), ("torch", "2.13.0")]
     assert pins is not None and source.startswith("PyPI") and pins.get("vllm") == "0.29.0"
-    assert release_pins("0.28.0", "linux/amd64", online=True, fetch=fetch)[1].startswith("built-in")
+    assert release_pins("0.28.0", "linux/amd64", online=True, fetch=fetch)[1].startswith("release-pin table")
     assert len(calls) == 2  # the table answers without fetching
     unknown, why = release_pins("0.29.0", "linux/amd64", online=False)
     assert unknown is None and "--offline" in why

@@ -115,11 +115,12 @@ def audit_matrix(
     started = time.monotonic()
     cache: dict[tuple[str, str | None, str, str], PackageIndex | str] = {}
     downloaded: list[str] = []
+    unreachable: dict[str, str] = {}  # index URL -> why it could not be reached: asked once per command
     out = []
     for n, cell in enumerate(cells, 1):
         progress(f"[audit {n}/{len(cells)}] {cell.id}")
         pins = cell_packages(matrix, cell, lookup)
-        statuses, indexes = _read_packages(matrix, cell, pins, sources, cache, downloaded, progress)
+        statuses, indexes = _read_packages(matrix, cell, pins, sources, cache, downloaded, progress, unreachable)
         findings = _cell_findings(cell, pins, indexes, statuses, rulesets, signatures)
         findings += _assumptions(cell, pins, indexes, sources)
         out.append(CellAudit(cell=cell.id, arch=cell.arch, packages=tuple(statuses), findings=tuple(findings)))
@@ -134,6 +135,7 @@ def _read_packages(
     cache: dict[tuple[str, str | None, str, str], PackageIndex | str],
     downloaded: list[str],
     progress: Callable[[str], None],
+    unreachable: dict[str, str],
 ) -> tuple[list[PackageStatus], dict[str, PackageIndex]]:
     target = target_of(matrix, cell)
     statuses: list[PackageStatus] = []
@@ -145,6 +147,10 @@ def _read_packages(
             continue
         url, local = sources.index_url(pin.index)
         key = (name, pin.version, url, target.key())
+        if key not in cache and local is None and url in unreachable:
+            if name in CORE:
+                raise InfraError(_unreachable_core(pin.index, url, name, unreachable[url]))
+            cache[key] = f"{name}=={pin.version} from {url}: {unreachable[url]} (not asked again in this audit)"
         if key not in cache:
             try:
                 wheel = fetch_wheel(
@@ -164,11 +170,10 @@ def _read_packages(
                 )
             except Unavailable as exc:
                 if exc.network and name in CORE:
-                    raise InfraError(
-                        f"cannot reach index {pin.index!r} ({url}) for {name}: {exc}. Check the proxy and CA "
-                        "bundle pip uses (STACKPROOF_CA_BUNDLE), or map the index to a mirror (STACKPROOF_MIRRORS)"
-                    ) from None
+                    raise InfraError(_unreachable_core(pin.index, url, name, str(exc))) from None
                 cache[key] = str(exc)
+                if exc.network:
+                    unreachable[url] = str(exc).split(": ", 1)[-1]
         found = cache[key]
         if isinstance(found, str):
             statuses.append(_status(pin, "not-checkable", note=found))
@@ -230,6 +235,13 @@ def _wheel_files(indexes: dict[str, PackageIndex], sources: Sources) -> Any:
 def _archive(path: Path) -> zipfile.ZipFile:
     # Reading a 300 MB wheel's central directory costs a quarter second: once per wheel and run.
     return zipfile.ZipFile(path)
+
+
+def _unreachable_core(index: str, url: str, name: str, why: str) -> str:
+    return (
+        f"cannot reach index {index!r} ({url}) for {name}: {why}. Check the proxy and CA "
+        "bundle pip uses (STACKPROOF_CA_BUNDLE), or map the index to a mirror (STACKPROOF_MIRRORS)"
+    )
 
 
 def _status(pin: PackagePin, status: str, *, note: str) -> PackageStatus:

@@ -37,7 +37,8 @@ __all__ = ["Target", "Unavailable", "Wheel", "fetch_wheel"]
 # pip's words for a connection problem, as opposed to "this index has no such file"
 _NETWORK = re.compile(
     r"ProxyError|NewConnectionError|Max retries exceeded|ConnectTimeout|ReadTimeout|SSLError|"
-    r"Network is unreachable|Temporary failure in name resolution|Connection refused|Could not fetch URL"
+    r"Network is unreachable|Temporary failure in name resolution|Connection refused|Could not fetch URL|"
+    r"too many \d+ error responses"  # the index answers, but only 5xx (pip's Retry status_forcelist)
 )
 DOWNLOAD_TIMEOUT = 900  # seconds for one wheel: the vLLM wheel is ~300 MB
 
@@ -99,6 +100,9 @@ def fetch_wheel(
         argv += ["--disable-pip-version-check", "--retries", "1", "--timeout", "30", "--progress-bar", "off"]
         argv += ["--platform", target.platform, "--python-version", target.python, "--implementation", "cp"]
         argv += ["--no-index", "--find-links", str(find_links)] if find_links else ["--index-url", index_url]
+        # pip logs an index page it could not fetch (a 5xx after its retries) at debug level only:
+        # its --log keeps that, and it is what tells "unreachable" from "no such file".
+        argv += ["--log", str(Path(scratch) / "pip.log")]
         argv += ([f"--cert={cert}"] if cert else []) + ["-d", scratch, spec]
         lines: list[str] = []
 
@@ -111,12 +115,18 @@ def fetch_wheel(
             cmd.stream(argv, on_line=on_line, timeout=DOWNLOAD_TIMEOUT)
         except cmd.CommandFailed as exc:
             text = "\n".join(lines) or exc.output_tail
+            log = Path(scratch) / "pip.log"
+            if log.is_file():  # the debug-level lines that name a connection problem, if any
+                text += "\n" + "\n".join(
+                    ln for ln in log.read_text(errors="replace").splitlines() if _NETWORK.search(ln)
+                )
             if "No module named pip" in text:
                 raise InfraError(
                     f"{sys.executable} has no pip: install it (python -m ensurepip) and run again"
                 ) from None
-            reason = f"{spec} from {index_url}: {_last_error(text)}"
             network = bool(_NETWORK.search(text))
+            # pip's last line says "No matching distribution" for an unreachable index too: name the cause.
+            reason = f"{spec} from {index_url}: {_network_error(text) if network else _last_error(text)}"
             if not network and version is not None:
                 _remember_missing(root / name / version, request, reason)
             raise Unavailable(reason, network=network) from None
@@ -226,6 +236,15 @@ def _sha256(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def _network_error(text: str) -> str:
+    line = next(ln for ln in text.splitlines() if _NETWORK.search(ln))
+    for cause in (r"Failed to establish a new connection: ([^'\")]*)", r"(\w+Error)\b"):
+        found = re.search(cause, line)
+        if found:
+            return f"the index cannot be reached ({found.group(1).strip()[:200]})"
+    return f"the index cannot be reached ({line.strip()[:200]})"
 
 
 def _last_error(text: str) -> str:
