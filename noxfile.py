@@ -33,7 +33,19 @@ def lint(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """Unit tier always; the integration tier with `-- --run-docker` (real dockerd, real builds)."""
     _install(session)
-    session.run("pytest", "-ra", "tests", *session.posargs)
+    # The slowest tests are listed at the end: where the tier's minutes go, in every CI log.
+    session.run("pytest", "-ra", "--durations=25", "tests", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def integration(session: nox.Session) -> None:
+    """One integration group alone (`nox -s integration -- serve`): build, serve, registry, audit,
+    host (INTEGRATION_GROUPS in tests/conftest.py; a name that is none selects no test and fails)."""
+    if not session.posargs:
+        session.error("name a group: nox -s integration -- build|serve|registry|audit|host [pytest options]")
+    group, *rest = session.posargs
+    _install(session)
+    session.run("pytest", "-ra", "--durations=15", "tests/integration", "--run-docker", "-m", group, *rest)
 
 
 @nox.session(python=PYTHON)

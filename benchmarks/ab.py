@@ -11,6 +11,16 @@ nothing.
 Usage: python benchmarks/ab.py AB_JSON [--trials 60] [--max-pairs 200]
        (AB_JSON: `stackproof ab cpu-tiny-host cpu-tiny-host --json`'s report, e.g.
         stackproof-out/ab/ab-*/ab.json)
+
+The A/A false-alarm rate, measured (`--measure-aa CELL`): two servers of the built cell, kept up
+(stackproof/ab.py's start_servers), one warm-up pair, then `--repeats` independent A/A runs of
+`--pairs` pairs each (measure_slices), every repeat judged by the real judge on its own slices.
+Prints how many repeats ended NO CHANGE, UNDECIDED, and with a false alarm (any metric called a
+REGRESSION or an IMPROVEMENT of the cell against itself), per metric too; then, from the pooled
+pairs' noise, the pairs at which an A/A is called NO CHANGE in 19 of 20 runs, and the pairs a 5%
+and a 10% effect need (as above). Writes every repeat's report and the pooled slices to --out.
+       python benchmarks/ab.py --measure-aa cpu-tiny-host [--repeats 20] [--pairs 3] [--slice 3]
+                               [--concurrency 8] [--max-tokens 16] [--out DIR]
 """
 
 from __future__ import annotations
@@ -31,22 +41,43 @@ EFFECTS = ((0.10, 0.05), (0.05, 0.025))  # (planted effect, threshold it is judg
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("report", type=Path)
+    parser.add_argument("report", type=Path, nargs="?")
     parser.add_argument("--trials", type=int, default=60)
     parser.add_argument("--max-pairs", type=int, default=200)
+    parser.add_argument("--measure-aa", metavar="CELL", default=None)
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument("--slice", type=float, default=3.0)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--readiness-timeout", type=float, default=1200.0, help="seconds (a loaded host starts slowly)")
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
-    from verify.ab import METRICS, SliceMetrics
+    from verify.ab import SliceMetrics
 
-    # The slices and timings only (their schema is the oldest part of ab.json): any A/A run's noise.
-    document = json.loads(args.report.read_text())
-    slices = [SliceMetrics.from_json(s) for s in document["slices"]]
-    slice_s, pairs, seconds = document["config"]["slice_s"], document["config"]["pairs"], document["seconds"]
-    fixed_s = max(0.0, seconds - 2 * pairs * slice_s)  # server starts, the warm-up pair, the judge
-    print(f"A/A run {args.report}: {document['a']} vs {document['b']}, {pairs} pairs of {slice_s:.0f}s slices, "
-          f"{seconds:.0f}s in all; fixed cost (server starts, warm-up pair) {fixed_s:.0f}s")  # fmt: skip
-    print(f"A/A verdict as reported: {document['verdict']}")
-    print(f"{'metric':<13} {'pair sd':>8}   " + "   ".join(f"{e:.0%} @ {t:.1%}: pairs / time" for e, t in EFFECTS))
+    if args.measure_aa:
+        slices, slice_s, pairs, fixed_s = measure_aa(args)
+        print(f"pooled noise of {len(slices) // 2} A/A pairs of {slice_s:.0f}s slices:")
+    elif args.report is None:
+        parser.error("give an A/B report (AB_JSON) or --measure-aa CELL")
+    else:
+        # The slices and timings only (their schema is the oldest part of ab.json): any A/A run's noise.
+        document = json.loads(args.report.read_text())
+        slices = [SliceMetrics.from_json(s) for s in document["slices"]]
+        slice_s, pairs, seconds = document["config"]["slice_s"], document["config"]["pairs"], document["seconds"]
+        fixed_s = max(0.0, seconds - 2 * pairs * slice_s)  # server starts, the warm-up pair, the judge
+        print(f"A/A run {args.report}: {document['a']} vs {document['b']}, {pairs} pairs of {slice_s:.0f}s slices, "
+              f"{seconds:.0f}s in all; fixed cost (server starts, warm-up pair) {fixed_s:.0f}s")  # fmt: skip
+        print(f"A/A verdict as reported: {document['verdict']}")
+    return _noise_table(args, slices, slice_s, fixed_s)
+
+
+def _noise_table(args: argparse.Namespace, slices: list[Any], slice_s: float, fixed_s: float) -> int:
+    from verify.ab import METRICS
+
+    print(f"{'metric':<13} {'pair sd':>8}   " + "   ".join(f"{e:.0%} @ {t:.1%}: pairs / time" for e, t in EFFECTS)
+          + "   A/A NO CHANGE 19/20 @ 5%")  # fmt: skip
     rng = np.random.default_rng(0)
     worst = dict.fromkeys(EFFECTS, 0)
     for metric in METRICS:
@@ -61,6 +92,12 @@ def main() -> int:
             n = _pairs_needed(metric, centred, effect, threshold, rng, trials=args.trials, limit=args.max_pairs)
             worst[(effect, threshold)] = max(worst[(effect, threshold)], n or args.max_pairs)
             cells.append(f"> {args.max_pairs}" if n is None else f"{n:>3} / {_minutes(fixed_s + 2 * n * slice_s)}")
+        quiet = _pairs_needed(
+            metric, centred, 0.0, 0.05, rng, trials=args.trials, limit=args.max_pairs, want="NO CHANGE", power=0.95
+        )
+        cells.append(
+            f"> {args.max_pairs}" if quiet is None else f"{quiet:>3} / {_minutes(fixed_s + 2 * quiet * slice_s)}"
+        )
         print(f"{metric.name:<13} {sd:>8.2%}   " + "   ".join(f"{c:<24}" for c in cells))
     for (effect, threshold), n in worst.items():
         print(f"every metric decided, {effect:.0%} effect at threshold {threshold:.1%}: {n} pairs, "
@@ -79,9 +116,9 @@ def _pair_log_ratios(slices: list[Any], name: str) -> np.ndarray:
 
 def _pairs_needed(
     metric: object, noise: np.ndarray, effect: float, threshold: float, rng: np.random.Generator, *, trials: int,
-    limit: int,
+    limit: int, want: str = "REGRESSION", power: float = POWER,
 ) -> int | None:  # fmt: skip
-    """The smallest n at which the judge calls REGRESSION in POWER of the trials (None: beyond limit)."""
+    """The smallest n at which the judge calls `want` in `power` of the trials (None: beyond limit)."""
     from verify.ab import AbConfig, Metric, SliceMetrics, judge
 
     assert isinstance(metric, Metric)
@@ -109,11 +146,73 @@ def _pairs_needed(
             config = AbConfig(threshold=threshold, confidence=0.95, resamples=1000, slice_s=1.0, pairs=n,
                               concurrency=1, seed=trial, max_tokens=1, resolution_ms=0.0)  # fmt: skip
             verdict = next(m for m in judge(slices, a="a", b="b", config=config).metrics if m.name == metric.name)
-            hits += verdict.verdict == "REGRESSION"
-        if hits >= POWER * trials:
+            hits += verdict.verdict == want
+        if hits >= power * trials:
             return n
         n = n + 1 if n < 16 else int(n * 1.25)
     return None
+
+
+def measure_aa(args: argparse.Namespace) -> tuple[list[Any], float, int, float]:
+    """Two servers of the cell kept up; a warm-up pair, then args.repeats A/A runs of args.pairs
+    pairs, each judged on its own slices. Prints the tally; returns the pooled measured slices."""
+    import contextlib
+    import dataclasses
+    import tempfile
+    import time
+
+    from pipeline.load import load_matrix
+    from stackproof.ab import measure_slices, start_servers
+    from stackproof.cli_ab import resolve_side
+    from verify.ab import AbConfig, judge, slice_order
+
+    matrix = load_matrix(REPO / "matrix.yaml", images_dir=REPO / "images")
+    a, b = (resolve_side(matrix, REPO / "images", args.measure_aa, which) for which in ("A", "B"))
+    assert a.cell.serve is not None
+    # Two servers compiling at once on two shared cores took more than the cell's 420 s (load average 35).
+    serve = dataclasses.replace(a.cell.serve, readiness_timeout_s=args.readiness_timeout)
+    a, b = (dataclasses.replace(side, cell=dataclasses.replace(side.cell, serve=serve)) for side in (a, b))
+    spec = dataclasses.replace(a.cell.serve.load, concurrency=args.concurrency, max_tokens=args.max_tokens)
+    out = args.out or Path(tempfile.mkdtemp(prefix="stackproof-ab-aa-"))
+    sides = {"A": a, "B": b}
+    started = time.monotonic()
+    reports, pooled = [], []
+    with contextlib.ExitStack() as stack:
+        servers = start_servers(sides, out_dir=out, stack=stack)
+        fixed_s = time.monotonic() - started
+        measure_slices(servers, sides, spec, args.slice, slice_order(0), out / "warm")
+        for repeat in range(args.repeats):
+            order = [entry for entry in slice_order(args.pairs) if entry[0] >= 0]
+            slices = measure_slices(servers, sides, spec, args.slice, order, out / f"repeat{repeat:02d}")
+            config = AbConfig(threshold=0.05, confidence=0.95, resamples=4000, slice_s=args.slice, pairs=args.pairs,
+                              concurrency=spec.concurrency, seed=repeat, max_tokens=spec.max_tokens)  # fmt: skip
+            report = judge(slices, a=a.label, b=b.label, config=config)
+            (out / f"repeat{repeat:02d}" / "ab.json").write_text(json.dumps(report.to_json(), indent=2) + "\n")
+            reports.append(report)
+            # Pairs renumbered across repeats, so the pooled noise keeps every pair apart.
+            pooled += [dataclasses.replace(s, pair=s.pair + repeat * args.pairs) for s in slices]
+            print(f"repeat {repeat + 1}/{args.repeats}: {report.verdict}", file=sys.stderr)
+    _tally(reports, args, out, time.monotonic() - started)
+    return pooled, args.slice, args.pairs, fixed_s
+
+
+def _tally(reports: list[Any], args: argparse.Namespace, out: Path, seconds: float) -> None:
+    from verify.ab import METRICS
+
+    n = len(reports)
+    verdicts = [r.verdict for r in reports]
+    alarms = [r for r in reports if any(m.verdict in ("REGRESSION", "IMPROVEMENT") for m in r.metrics)]
+    print(f"A/A {args.measure_aa} vs itself, {n} repeats of {args.pairs} pairs of {args.slice:.0f}s slices "
+          f"(concurrency {args.concurrency}, max tokens {args.max_tokens}), both servers kept up, {seconds:.0f}s; "
+          f"reports under {out}")  # fmt: skip
+    print(f"run verdicts: NO CHANGE {verdicts.count('NO CHANGE')}/{n}, "
+          f"UNDECIDED {verdicts.count('UNDECIDED')}/{n}, IMPROVEMENT {verdicts.count('IMPROVEMENT')}/{n}, "
+          f"REGRESSION {verdicts.count('REGRESSION')}/{n}")  # fmt: skip
+    print(f"false alarms (any metric REGRESSION or IMPROVEMENT): {len(alarms)}/{n} = {len(alarms) / n:.0%}")
+    for metric in METRICS:
+        got = [next(m for m in r.metrics if m.name == metric.name).verdict for r in reports]
+        print(f"  {metric.name:<13} NO CHANGE {got.count('NO CHANGE'):>2}  UNDECIDED {got.count('UNDECIDED'):>2}  "
+              f"false alarm {got.count('REGRESSION') + got.count('IMPROVEMENT'):>2}")  # fmt: skip
 
 
 def _minutes(seconds: float) -> str:

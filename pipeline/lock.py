@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import tempfile
 from dataclasses import dataclass
@@ -101,9 +102,21 @@ def write_lock(cell: Cell, lock: Lock) -> Path:
             {"name": p.name, "version": p.version, "index": p.index, "hashes": list(p.hashes)} for p in lock.packages
         ],
     }
-    cell.install.lock.parent.mkdir(parents=True, exist_ok=True)
-    cell.install.lock.write_text(json.dumps(document, indent=1) + "\n")
-    return cell.install.lock
+    path = cell.install.lock
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Atomic: a private temporary file beside the lock, then a rename over it. Two `lock`s racing to
+    # one file (or a `verify` reading it meanwhile) see the old lock or a new one whole, never a
+    # truncated file (issue 27); the last rename wins.
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(document, indent=1) + "\n")
+        os.chmod(temporary, 0o644)  # mkstemp's 0600 would differ from a lock written by hand
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    return path
 
 
 def resolve_lock(matrix: Matrix, cell: Cell, site: SiteSettings) -> Lock:

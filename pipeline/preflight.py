@@ -179,6 +179,7 @@ class PreflightFacts:
     host_limits: dict[str, Any] | None = None
     model_architecture: str | None = None
     model_architecture_source: str = ""
+    model_type: str | None = None  # config.json's (text) model_type, read with the architecture
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -209,6 +210,7 @@ class PreflightFacts:
             host_limits=dict(data["host_limits"]) if isinstance(data.get("host_limits"), dict) else None,
             model_architecture=data.get("model_architecture"),
             model_architecture_source=str(data.get("model_architecture_source", "")),
+            model_type=data.get("model_type"),
         )
 
 
@@ -239,10 +241,11 @@ def gather_facts(
     not known); the model store is measured only for a cell whose model is downloaded (`hf:`).
     `rules`: gather the facts the preflight rules read (device limits, the model's architecture)."""
     from pipeline.host import host_fingerprint
-    from pipeline.preflight_rules import model_architecture
+    from pipeline.preflight_rules import cell_facts
 
     host = host_fingerprint(None, limits=rules)  # nvidia-smi only; docker is asked below, once
-    architecture, architecture_source = model_architecture(cell, model_store) if rules else (None, "")
+    model = cell_facts(cell, model_store=model_store) if rules else None
+    architecture, architecture_source = (model.architecture, model.architecture_source) if model else (None, "")
     gpus = tuple(
         GpuFact(index=i, name=g.get("name", ""), capability=g.get("compute_capability") or None)
         for i, g in enumerate(host.gpus)
@@ -278,6 +281,7 @@ def gather_facts(
         host_limits=host.limits if rules else None,
         model_architecture=architecture,
         model_architecture_source=architecture_source,
+        model_type=model.model_type if model else None,
     )
 
 
@@ -505,7 +509,9 @@ def _rules(cell: Cell, facts: PreflightFacts) -> list[CheckResult]:
         return []
     architecture = (facts.model_architecture, facts.model_architecture_source)
     return judge_rules(
-        load_rules(), cell_facts(cell, architecture=architecture), HostLimits.from_record(facts.host_limits)
+        load_rules(),
+        cell_facts(cell, architecture=architecture, model_type=facts.model_type),
+        HostLimits.from_record(facts.host_limits),
     )
 
 

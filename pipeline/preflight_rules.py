@@ -41,6 +41,7 @@ __all__ = [
     "judge_rules",
     "load_rules",
     "model_architecture",
+    "model_config",
 ]
 
 RULES_FILE = Path(__file__).with_name("preflight_rules.yaml")
@@ -62,7 +63,7 @@ REQUIRED = ("id", "title", "severity", "incident", "what", "workaround", "cell",
 SEVERITIES = {"warn": Status.WARN, "fail": Status.FAIL}
 _REF = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+#\d+$")
 # Plain cell facts; `arg:--FLAG` and `env:NAME` are families.
-CELL_FACTS = ("runtime", "arch", "architecture", "args")
+CELL_FACTS = ("runtime", "arch", "architecture", "model_type", "args")
 HOST_FACTS = (
     "shared_memory_per_sm",
     "shared_memory_per_block_optin",
@@ -111,6 +112,9 @@ class CellFacts:
     env: tuple[tuple[str, str], ...]
     versions: tuple[tuple[str, str], ...] = ()  # canonical name -> version, where the cell pins one
     architecture_source: str = ""
+    # config.json's text `model_type` (text_config's for a multimodal model), what vLLM keys MLA on
+    # (`is_deepseek_mla`); None: unknown, like the architecture.
+    model_type: str | None = None
 
     def value(self, name: str) -> Any:
         if name == "runtime":
@@ -119,6 +123,8 @@ class CellFacts:
             return self.arch
         if name == "architecture":
             return _UNKNOWN if self.architecture is None else self.architecture
+        if name == "model_type":
+            return _UNKNOWN if self.model_type is None else self.model_type
         if name == "args":
             return " ".join([*self.args, *(v for _, v in self.env)])
         if name.startswith("env:"):
@@ -301,28 +307,43 @@ def _known_fact(name: str, side: str) -> bool:
 
 
 def cell_facts(
-    cell: Cell, *, model_store: Path | None = None, architecture: tuple[str | None, str] | None = None
+    cell: Cell,
+    *,
+    model_store: Path | None = None,
+    architecture: tuple[str | None, str] | None = None,
+    model_type: str | None = None,
 ) -> CellFacts:
     """A cell's facts for the rules: serve args, env (the image's, then the serve spec's), pinned
-    versions, and the model's architecture from its config.json where it is on this machine (a
-    `path:` model, or an `hf:` model already in the store; `architecture`: already read, with its source)."""
+    versions, and the model's architecture and model_type from its config.json where it is on this
+    machine (a `path:` model, or an `hf:` model already in the store; `architecture`: already read,
+    with its source, and then `model_type` is the one read with it)."""
     env = {**dict(cell.env), **cell.serve_env()} if cell.serve else dict(cell.env)
     versions = {r.name: r.version for r in (*cell.overrides, *cell.given)}
-    architecture_, source = architecture or model_architecture(cell, model_store)
+    if architecture is None:
+        config, source = model_config(cell, model_store)
+        architecture = (_architecture(config), source)
+        model_type = _model_type(config)
     return CellFacts(
         id=cell.id,
         runtime=cell.runtime,
         arch=cell.arch,
-        architecture=architecture_,
+        architecture=architecture[0],
         args=tuple(cell.serve.args) if cell.serve else (),
         env=tuple(sorted(env.items())),
         versions=tuple(sorted(versions.items())),
-        architecture_source=source,
+        architecture_source=architecture[1],
+        model_type=model_type,
     )
 
 
 def model_architecture(cell: Cell, model_store: Path | None = None) -> tuple[str | None, str]:
     """config.json's `architectures[0]` and the file it came from, or None and why not."""
+    config, source = model_config(cell, model_store)
+    return _architecture(config), source
+
+
+def model_config(cell: Cell, model_store: Path | None = None) -> tuple[dict[str, Any] | None, str]:
+    """The model's config.json and the file it came from, or None and why not."""
     if cell.serve is None:
         return None, "no model: the cell serves none"
     model = cell.serve.model
@@ -337,10 +358,26 @@ def model_architecture(cell: Cell, model_store: Path | None = None) -> tuple[str
         return None, f"unknown: no config.json for {model.source} on this machine"
     try:
         config = json.loads((directory / "config.json").read_text())
-        architectures = config.get("architectures") or []
-        return (str(architectures[0]) if architectures else None), str(directory / "config.json")
-    except (OSError, ValueError, AttributeError) as exc:
+    except (OSError, ValueError) as exc:
         return None, f"unknown: {directory / 'config.json'}: {exc}"
+    if not isinstance(config, dict):
+        return None, f"unknown: {directory / 'config.json'}: not a JSON object"
+    return config, str(directory / "config.json")
+
+
+def _architecture(config: dict[str, Any] | None) -> str | None:
+    architectures = (config or {}).get("architectures") or []
+    return str(architectures[0]) if isinstance(architectures, list) and architectures else None
+
+
+def _model_type(config: dict[str, Any] | None) -> str | None:
+    """The text model's `model_type`: vLLM reads `hf_text_config.model_type`, which is a multimodal
+    config's `text_config` (vllm/transformers_utils/model_arch_config_convertor.py:294-297 at 0.34.0)."""
+    if not config:
+        return None
+    text = config.get("text_config")
+    value = text.get("model_type") if isinstance(text, dict) and text.get("model_type") else config.get("model_type")
+    return str(value) if value else None
 
 
 def _flag(args: Sequence[str], flag: str) -> Any:

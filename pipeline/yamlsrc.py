@@ -113,6 +113,8 @@ def load_yaml(file: Path) -> YamlSource:
     problems: list[str] = []
     walk = _Walk(file=file, lines=lines, raw=raw, problems=problems)
     try:
+        if node is not None:
+            _refuse_expansion_bomb(file, node)
         data_ = walk.convert(node, (), ()) if node is not None else None
     except _TooBig as exc:
         raise MatrixError([str(exc)]) from None
@@ -125,6 +127,43 @@ class _TooBig(Exception):
     pass
 
 
+def _refuse_expansion_bomb(file: Path, root: yaml.Node) -> None:
+    """Refuse a document whose aliases expand past MAX_VALUES before walking it: the sizes of the
+    distinct nodes (an alias is the same node object) are summed once each, so nine lines of
+    billion laughs cost microseconds here instead of a million-value walk. Depth and recursion are
+    left to the walk, which names the path."""
+    sizes: dict[int, int] = {}
+
+    def size(node: yaml.Node, depth: int, open_: frozenset[int]) -> int:
+        known = sizes.get(id(node))
+        if known is not None:
+            return known
+        if depth > MAX_DEPTH or id(node) in open_:
+            return 1
+        inner = open_ | {id(node)}
+        children: list[yaml.Node] = []
+        if isinstance(node, yaml.MappingNode):
+            children = [value for _, value in node.value]
+        elif isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        total = 1 + sum(size(child, depth + 1, inner) for child in children)
+        sizes[id(node)] = total
+        return total
+
+    if size(root, 0, frozenset()) <= MAX_VALUES:
+        return
+    node = root
+    while True:  # down to the smallest node that alone is too big: its line is the one to fix
+        children = [v for _, v in node.value] if isinstance(node, yaml.MappingNode) else node.value
+        bigger = [c for c in children if isinstance(c, yaml.Node) and sizes.get(id(c), 0) > MAX_VALUES]
+        if not bigger:
+            break
+        node = bigger[0]
+    raise _TooBig(
+        f"{file}:{node.start_mark.line + 1}: more than {MAX_VALUES:,} values (aliases expanded): not a matrix"
+    )
+
+
 class _Walk:
     """One pass over the composed nodes, bounded in depth and in values (aliases count each time
     they are expanded); a recursive alias is an error, not an endless loop."""
@@ -133,6 +172,7 @@ class _Walk:
         self.file, self.lines, self.raw, self.problems = file, lines, raw, problems
         self.values = 0
         self.loader = yaml.SafeLoader("")
+        self.scalars: dict[tuple[Any, ...], Any] = {}
 
     def convert(self, node: yaml.Node, path: Path_, parents: tuple[int, ...]) -> Any:
         self.values += 1
@@ -170,15 +210,20 @@ class _Walk:
         return self.scalar(node)
 
     def scalar(self, node: yaml.Node) -> Any:
-        """Construct a scalar with YAML 1.1 safe rules (so `true`, `1`, `null` get their types)."""
+        """Construct a scalar with YAML 1.1 safe rules (so `true`, `1`, `null` get their types),
+        once per distinct (tag, text, style): a generated matrix repeats its values many times."""
+        key = (node.tag, node.value, getattr(node, "style", None))
+        if key in self.scalars:
+            return self.scalars[key]
         try:
             value = self.loader.construct_object(node, deep=True)
-        except yaml.YAMLError as exc:
+        except yaml.YAMLError as exc:  # not remembered: each occurrence is its own located problem
             self.problems.append(f"{self.file}:{node.start_mark.line + 1}: {getattr(exc, 'problem', exc)}")
             return None
         self.loader.constructed_objects.clear()
         try:
             hash(value)
         except TypeError:
-            return str(node.value)
+            value = str(node.value)
+        self.scalars[key] = value
         return value

@@ -30,7 +30,7 @@ from verify.logscan import LogWatcher, load_catalog
 from verify.runtime import Runtime
 from verify.server import Server, ServerFailed
 
-__all__ = ["AB_FILE", "Side", "run_ab"]
+__all__ = ["AB_FILE", "Side", "measure_slices", "run_ab", "start_servers"]
 
 AB_FILE = "ab.json"
 
@@ -72,37 +72,9 @@ def run_ab(
         seed=spec.seed,
         max_tokens=spec.max_tokens,
     )
-    slices: list[SliceMetrics] = []
     with contextlib.ExitStack() as stack:
-        servers = {}
-        for key, side in (("A", a), ("B", b)):
-            server = new_server(
-                side.runtime,
-                side.cell,
-                side.image,
-                out_dir=out_dir / f"server-{key}",
-                arm=side.arm,
-                watcher=LogWatcher(load_catalog()),
-            )
-            stack.callback(server.remove)
-            server.start()
-            servers[key] = server
-        for key, server in servers.items():
-            try:
-                server.wait_ready()
-            except ServerFailed as exc:
-                raise CheckFailed(f"side {key} ({(a if key == 'A' else b).label}): {exc.reason}") from exc
-        for position, (pair, key) in enumerate(slice_order(pairs)):
-            side = a if key == "A" else b
-            slice_dir = out_dir / ("warmup" if pair < 0 else f"pair{pair:03d}") / key
-            print(
-                f"ab: slice {position + 1}/{2 * pairs + 2}: {'warm-up' if pair < 0 else f'pair {pair}'} "
-                f"side {key} ({side.label}), {slice_s:.0f}s",
-                file=sys.stderr,
-            )
-            slices.append(
-                _one_slice(servers[key], side, spec, slice_s, slice_dir, key=key, pair=pair, position=position)
-            )
+        servers = start_servers({"A": a, "B": b}, out_dir=out_dir, stack=stack, new_server=new_server)
+        slices = measure_slices(servers, {"A": a, "B": b}, spec, slice_s, slice_order(pairs), out_dir)
     correctness = _correctness(out_dir / "warmup" / "A" / GREEDY_FILE, out_dir / "warmup" / "B" / GREEDY_FILE)
     report = judge(
         slices,
@@ -116,6 +88,60 @@ def run_ab(
     path = out_dir / AB_FILE
     path.write_text(json.dumps(report.to_json(), indent=2, allow_nan=False) + "\n")
     return AbReport.from_json(json.loads(path.read_text()), source=str(path))  # written once, read back
+
+
+def start_servers(
+    sides: dict[str, Side], *, out_dir: Path, stack: contextlib.ExitStack, new_server: ServerMaker = Server
+) -> dict[str, Server]:
+    """One server per side (key "A", "B", ...), all started before any is waited for (their starts
+    overlap), each removed when `stack` closes; CheckFailed naming the side whose server never got ready."""
+    servers = {}
+    for key, side in sides.items():
+        server = new_server(
+            side.runtime,
+            side.cell,
+            side.image,
+            out_dir=out_dir / f"server-{key}",
+            arm=side.arm,
+            watcher=LogWatcher(load_catalog()),
+        )
+        stack.callback(server.remove)
+        server.start()
+        servers[key] = server
+    for key, server in servers.items():
+        try:
+            server.wait_ready()
+        except ServerFailed as exc:
+            which = f"side {key} ({sides[key].label})" if len(sides) > 1 else sides[key].label
+            raise CheckFailed(f"{which}: {exc.reason}") from exc
+    return servers
+
+
+def measure_slices(
+    servers: dict[str, Server],
+    sides: dict[str, Side],
+    spec: LoadSpec,
+    slice_s: float,
+    order: list[tuple[int, str]],
+    out_dir: Path,
+    *,
+    first_position: int = 0,
+) -> list[SliceMetrics]:
+    """The slices of `order` ((pair, side key); pair -1 the warm-up, whose slices also take the
+    greedy answers) on servers kept up; each slice's files under out_dir/pairNNN/KEY (warmup/KEY)."""
+    slices: list[SliceMetrics] = []
+    total = first_position + len(order)
+    for offset, (pair, key) in enumerate(order):
+        position = first_position + offset
+        side = sides[key]
+        slice_dir = out_dir / ("warmup" if pair < 0 else f"pair{pair:03d}") / key
+        print(
+            f"ab: slice {position + 1}/{total}: {'warm-up' if pair < 0 else f'pair {pair}'} "
+            f"side {key} ({side.label}), {slice_s:.0f}s",
+            file=sys.stderr,
+        )
+        slices.append(_one_slice(servers[key], side, spec, slice_s, slice_dir, key=key, pair=pair, position=position))
+    return slices
 
 
 def _one_slice(

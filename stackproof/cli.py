@@ -101,10 +101,11 @@ def _dispatch(args: argparse.Namespace) -> int:
     except BrokenPipeError:
         return _broken_pipe()
     except MatrixError as exc:
-        for problem in exc.problems:
+        listed = _first_problems(exc.problems)
+        for problem in listed:
             print(problem, file=sys.stderr)
         print(f"stackproof: {len(exc.problems)} problem(s) in the matrix; nothing was built or run", file=sys.stderr)
-        return _fail(args, exc.exit_code, "the matrix is invalid", exc.problems)
+        return _fail(args, exc.exit_code, "the matrix is invalid", listed)
     except PipelineError as exc:
         # A failed tool's last lines were printed by its phase (pipeline.console): not twice.
         shown = str(exc).splitlines()[0] if getattr(exc, "tail_shown", False) else str(exc)
@@ -120,6 +121,18 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _report(args, 3, f"{where}{exc.strerror or exc}: fix the path or its permissions")
     except MemoryError:
         return _report(args, 3, "out of memory: the input or the run is larger than this host allows")
+
+
+# A person reads the first screenfuls; a broken generator's 300,000 identical problems cost half a
+# minute to print (and a CI log's limit) and say nothing the first hundred do not.
+MAX_PROBLEMS_SHOWN = 100
+
+
+def _first_problems(problems: list[str]) -> list[str]:
+    if len(problems) <= MAX_PROBLEMS_SHOWN:
+        return problems
+    rest = len(problems) - MAX_PROBLEMS_SHOWN
+    return [*problems[:MAX_PROBLEMS_SHOWN], f"... and {rest:,} more problem(s) not listed (fix these first)"]
 
 
 def _report(args: argparse.Namespace, code: int, message: str) -> int:
@@ -333,6 +346,24 @@ def _commands() -> tuple[Command, ...]:
             ),
         ),
         Command(
+            path=("sweep",),
+            help="the throughput-latency curve of a built cell: a slice per load point, where TTFT p99 crosses a limit",
+            handler=_sweep,
+            load_options=True,
+            args=(
+                arg("target", metavar="CELL", help="CELL or CELL:ARM"),
+                arg("--sweep", type=_sweep_axis, required=True, help="concurrency=1,2,4,8 or rate=0.5,1,2"),
+                arg("--slice", type=_seconds, default=20.0, help="seconds of load per point (default 20)"),
+                arg(
+                    "--ttft-p99-limit",
+                    type=_ttft_limit,
+                    default=2000.0,
+                    help="TTFT p99 limit: 2000ms or 2s (default 2s)",
+                ),
+                arg("--out", type=Path, default=Path("stackproof-out")),
+            ),
+        ),
+        Command(
             path=("inspect", "log"),
             help="what failed in a log: class, incident, facts, last exception",
             handler=_inspect_log,
@@ -393,6 +424,7 @@ def _commands() -> tuple[Command, ...]:
                 arg("--config", type=Path, required=True, help="the model's HF config.json (no weights needed)"),
                 arg("--max-num-batched-tokens", type=int, default=8192),
                 arg("--arch", default=None, help="judge for this arch (default: from the GPU's compute capability)"),
+                arg("--churn", action="store_true", help="also measure per-call device allocations per GEMM and M"),
                 arg("--out", type=Path, default=Path("stackproof-out/kernel-probe")),
             ),
         ),
@@ -885,6 +917,25 @@ def _ab(args: argparse.Namespace) -> int:
     return ab_command(args, _load_spec)
 
 
+def _sweep(args: argparse.Namespace) -> int:
+    """The command lives in stackproof/cli_sweep.py."""
+    from stackproof.cli_sweep import sweep_command
+
+    return sweep_command(args, _load_spec)
+
+
+def _sweep_axis(text: str) -> object:
+    from stackproof.cli_sweep import parse_axis
+
+    return parse_axis(text)
+
+
+def _ttft_limit(text: str) -> float:
+    from stackproof.cli_sweep import parse_limit_ms
+
+    return parse_limit_ms(text)
+
+
 def _ab_pairs(text: str) -> int:
     from stackproof.cli_ab import parse_pairs
 
@@ -1141,6 +1192,7 @@ def _probe_kernels(args: argparse.Namespace) -> int:
         docker=docker,
         image=image,
         gpus=gpus,
+        churn=args.churn,
     )
     lines = [
         f"{args.config}: {len(result.table)} shapes on {result.report.get('gpu')} ({result.arch}), "

@@ -23,7 +23,7 @@ from stackproof.ab import Side, run_ab
 from stackproof.cliutil import emit, load
 from verify.ab import AbReport
 
-__all__ = ["MAX_PAIRS", "ab_command", "parse_pairs", "parse_threshold"]
+__all__ = ["MAX_PAIRS", "ab_command", "parse_pairs", "parse_threshold", "resolve_side"]
 
 MAX_PAIRS = 1000
 
@@ -66,6 +66,12 @@ def ab_command(args: argparse.Namespace, spec_of: Callable[[argparse.Namespace, 
     )
     emit(args, report.to_json(), _text(report))
     return 1 if report.failed else 0
+
+
+def resolve_side(matrix: Matrix, images: Path, text: str, which: str) -> Side:
+    """`CELL` or `CELL:ARM` on the command line: the built side that serves it (`stackproof sweep`'s too)."""
+    cell, arm = _side(matrix, text, which)
+    return _resolve(matrix, images, cell, arm, text)
 
 
 def _side(matrix: Matrix, text: str, which: str) -> tuple[Cell, str | None]:

@@ -9,7 +9,12 @@ reports whether the shared bmm_fp8 workspace grew beyond its 32 MiB default (the
 path), which under CUDA graph capture is the suspected mechanism of the SM120 fault.
 
     python kernel_probe.py --config config.json --cache OUT/autotune.json --report OUT/report.json
-                           [--max-num-batched-tokens 8192]
+                           [--max-num-batched-tokens 8192] [--churn]
+
+With `--churn` it then measures, for each shape, the device allocations of every call of each GEMM
+it knows (torch.mm, bmm_fp8, mm_fp4 where the device has FP4) over M buckets, with the tuned cache
+in force: `churn_probe.py` (beside this file) does it, and the report keeps its counters under
+`churn` for the judge to read next to the winners (flashinfer-ai/flashinfer#4549).
 
 Writes one JSON document to --report (not stdout: cudnn-frontend prints to stdout when it
 creates a handle); FlashInfer's log goes to stderr.
@@ -18,7 +23,9 @@ creates a handle); FlashInfer's log goes to stderr.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
+import os
 import sys
 import time
 from typing import Any
@@ -47,6 +54,7 @@ def main() -> int:
     parser.add_argument("--cache", required=True, help="where FlashInfer writes its autotune cache (must not exist)")
     parser.add_argument("--report", required=True, help="where the JSON report is written")
     parser.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    parser.add_argument("--churn", action="store_true", help="also measure per-call allocations (churn_probe.py)")
     args = parser.parse_args()
 
     import flashinfer
@@ -94,6 +102,8 @@ def main() -> int:
             )
     report["wall_seconds"] = round(time.monotonic() - started, 1)
     report["workspace"] = workspace_report(fi_utils, device)
+    if args.churn:
+        report["churn"] = churn_report(shapes, m)
     with open(args.report, "w") as f:
         json.dump(report, f, indent=1, sort_keys=True)
         f.write("\n")
@@ -120,6 +130,19 @@ def workspace_report(fi_utils: Any, device: Any) -> dict[str, Any]:
         "grew": None,
         "found_in": "not found: flashinfer.utils has no bmm_fp8 workspace cache this probe knows",
     }
+
+
+def churn_report(shapes: dict[str, tuple[int, int]], max_tokens: int) -> list[dict[str, Any]]:
+    """churn_probe's document per linear shape, over the buckets up to max_num_batched_tokens."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    churn_probe = importlib.import_module("churn_probe")  # beside this file, in the image's mount too
+
+    buckets = tuple(m for m in churn_probe.DEFAULT_BUCKETS if m <= max_tokens)
+    documents = []
+    for name, (n, k) in shapes.items():
+        document = churn_probe.measure(n=n, k=k, buckets=buckets, calls=5, warmup=2)
+        documents.append({"shape": name, **document})
+    return documents
 
 
 if __name__ == "__main__":

@@ -20,11 +20,13 @@ from pipeline.errors import CheckFailed
 from pipeline.result import CheckResult, Status
 from verify.autotune import judge_cache, load_policies, read_cache
 from verify.autotune_stage import winners_table
+from verify.churn import CHURN_INCIDENT, ChurnInputError, ChurnVerdict, judge_churn
 from verify.probe import PROBE_ROLE
 
-__all__ = ["KERNEL_PROBE_FILE", "KernelProbeResult", "arch_of", "judge_probe", "probe_kernels"]
+__all__ = ["KERNEL_PROBE_FILE", "KernelProbeResult", "arch_of", "churn_checks", "judge_probe", "probe_kernels"]
 
 KERNEL_PROBE_FILE = Path(__file__).with_name("kernel_probe.py")
+CHURN_PROBE_FILE = Path(__file__).with_name("churn_probe.py")  # imported by kernel_probe.py --churn
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,13 +68,14 @@ def probe_kernels(
     docker: Docker | None = None,
     image: str | None = None,
     gpus: str | None = None,
+    churn: bool = False,
 ) -> KernelProbeResult:
     out_dir.mkdir(parents=True, exist_ok=True)
     cache, report = out_dir / "autotune.json", out_dir / "kernel-probe.json"
     for stale in (cache, report):
         stale.unlink(missing_ok=True)  # FlashInfer merges into an existing file: always start fresh
     started = time.monotonic()
-    args = ["--max-num-batched-tokens", str(max_tokens)]
+    args = ["--max-num-batched-tokens", str(max_tokens), *(["--churn"] if churn else [])]
     if docker is not None and image is not None:
         _probe_in_container(docker, image, config, out_dir, python=python, gpus=gpus, args=args)
     else:
@@ -112,6 +115,7 @@ def _probe_in_container(
         ),
         mounts=(
             Mount(source=KERNEL_PROBE_FILE, target="/stackproof/kernel_probe.py"),
+            Mount(source=CHURN_PROBE_FILE, target="/stackproof/churn_probe.py"),
             Mount(source=config.resolve(), target="/stackproof/config.json"),
         ),
         volumes=(out,),
@@ -180,6 +184,49 @@ def judge_probe(report: dict[str, Any], cache_file: Path, *, arch: str | None, s
                 message=f"the shared bmm_fp8 workspace stayed at {workspace['bytes']:,} bytes",
             )
         )
+    checks += churn_checks(report.get("churn"))
     return KernelProbeResult(
         arch=arch, report=report, table=table, checks=checks, seconds=round(seconds, 1), cache_file=str(cache_file)
     )
+
+
+def churn_checks(documents: list[dict[str, Any]] | None) -> list[CheckResult]:
+    """One item per probed shape and GEMM: WARN where every steady-state call allocates (churn),
+    SKIP saying why where the GEMM cannot run here; nothing when the probe ran without --churn."""
+    checks: list[CheckResult] = []
+    for document in documents or []:
+        try:
+            verdicts = judge_churn(document)
+        except ChurnInputError as exc:
+            checks.append(CheckResult(name="allocator-churn", status=Status.ERROR, message=str(exc)))
+            continue
+        for (gemm, backend), rows in _by_gemm(verdicts).items():
+            name = f"allocator-churn:{document.get('shape', '?')}:{gemm}:{backend}"
+            evidence = {"n": document.get("n"), "k": document.get("k"), "verdicts": [v.to_json() for v in rows]}
+            checks.append(CheckResult(name=name, evidence=evidence, **_churn_status(gemm, rows)))
+    return checks
+
+
+def _by_gemm(verdicts: tuple[ChurnVerdict, ...]) -> dict[tuple[str, str], list[ChurnVerdict]]:
+    grouped: dict[tuple[str, str], list[ChurnVerdict]] = {}
+    for v in verdicts:
+        grouped.setdefault((v.gemm, v.backend), []).append(v)
+    return grouped
+
+
+def _churn_status(gemm: str, rows: list[ChurnVerdict]) -> dict[str, Any]:
+    if rows[0].verdict == "unavailable":
+        return {"status": Status.SKIP, "message": rows[0].reason}
+    churn = [v for v in rows if v.verdict in ("churn", "sporadic")]
+    errors = [v for v in rows if v.verdict == "error"]
+    if churn:
+        worst = max(churn, key=lambda v: v.transient_bytes)
+        return {
+            "status": Status.WARN,
+            "message": f"{gemm} allocates per call (churn) at M={','.join(str(v.m) for v in churn)} "
+            f"(up to {worst.transient_bytes:,} transient bytes per call; {CHURN_INCIDENT})",
+        }
+    if errors and len(errors) == len(rows):
+        return {"status": Status.SKIP, "message": f"{gemm}: every M raised: {errors[0].reason}"}
+    note = f"; M={','.join(str(v.m) for v in errors)} raised" if errors else ""
+    return {"status": Status.PASS, "message": f"{gemm}: no per-call allocation beyond the output{note}"}

@@ -16,10 +16,50 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--run-docker", action="store_true", help="run the integration tier against a real dockerd")
 
 
+# The integration tier in groups that run alone (`pytest tests/integration --run-docker -m GROUP`,
+# or `nox -s integration -- GROUP`), by what they need of the machine. A new file must be placed
+# here: collection fails otherwise, so no test falls outside every group.
+INTEGRATION_GROUPS: dict[str, tuple[str, ...]] = {
+    "build": ("test_build", "test_base_conflicts", "test_imports", "test_nonroot"),
+    "serve": (
+        "test_run",
+        "test_load",
+        "test_correctness",
+        "test_serving_contract",
+        "test_stall_forensics",
+        "test_doctor",
+        "test_modelstore",
+        "test_reliability",
+    ),
+    "registry": ("test_publish", "test_publish_race", "test_fleet"),
+    "audit": ("test_audit_wheels",),
+    "host": ("test_host_runtime", "test_ab", "test_sweep"),
+}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for group in INTEGRATION_GROUPS:
+        config.addinivalue_line("markers", f"{group}: integration group {group!r} (tests/conftest.py)")
+
+
+def integration_group(module: str) -> str | None:
+    return next((group for group, modules in INTEGRATION_GROUPS.items() if module in modules), None)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # `pytest tests` collects alphabetically, which puts integration before unit: the minutes of
     # real builds would run before the seconds that catch most mistakes.
     items[:] = unit_tier_first(items)
+    integration = Path(__file__).parent / "integration"
+    for item in items:
+        if Path(item.path).parent != integration:
+            continue
+        group = integration_group(Path(item.path).stem)
+        if group is None:
+            raise pytest.UsageError(
+                f"{item.path}: in no integration group: add it to INTEGRATION_GROUPS (tests/conftest.py)"
+            )
+        item.add_marker(getattr(pytest.mark, group))
     if config.getoption("--run-docker"):
         return
     skip = pytest.mark.skip(reason="integration tier: pass --run-docker (needs a real docker daemon)")

@@ -36,7 +36,7 @@ from verify.stats import fault_stats
 from verify.watchdog import Event, Watchdog, scrape
 from verify.workload import Question, arrival_gaps, builtin_pool, cycle, read_questions
 
-__all__ = ["LoadOutcome", "LoadTarget", "judge_load", "run_load", "summarise", "time_budget"]
+__all__ = ["LoadOutcome", "LoadTarget", "grace_s", "judge_load", "run_load", "summarise", "time_budget"]
 
 LOAD_SCHEMA_VERSION = 1
 # Failures that say the server, not the request, is in trouble: the watchdog probes at once.
@@ -119,6 +119,7 @@ class _LoadRun:
         self.phase_b: list[Sample] = []
         self.b_tokens = (0, 0)  # (prompt, completion) tokens of phase B
         self.load_tasks: list[asyncio.Task[None]] = []
+        self.past_grace = False  # --duration and its grace are over: what is still in flight is an overrun
         self.source: Iterator[Question] = cycle(self.pool) if soak else iter(self.pool)
         self.requests_path, self.scrapes_path = out_dir / "requests.jsonl", out_dir / "scrapes.jsonl"
         self.names = target.driver.metric_names(target.engine_version)
@@ -222,7 +223,13 @@ class _LoadRun:
         try:
             pending: set[asyncio.Task[Any]] = set(workers)
             while pending:
-                done, pending = await asyncio.wait(pending | {stopper}, return_when=asyncio.FIRST_COMPLETED)
+                left = self.deadline + grace_s(spec) - self.clock()
+                if left <= 0:
+                    self._past_grace()
+                    break
+                done, pending = await asyncio.wait(
+                    pending | {stopper}, timeout=left, return_when=asyncio.FIRST_COMPLETED
+                )
                 pending.discard(stopper)
                 if stopper in done:
                     break
@@ -235,6 +242,17 @@ class _LoadRun:
                 helper.cancel()
             await asyncio.gather(watch, reporter, stopper, return_exceptions=True)
         return results
+
+    def _past_grace(self) -> None:
+        """--duration and its grace are over with requests still in flight: they are cancelled (ABORTED),
+        their questions incomplete, and the stop reason says so (a server whose streams do not end)."""
+        live = self.live
+        live.stop_reason = (
+            f"--duration {self.spec.duration_s:g}s and its grace of {grace_s(self.spec):g}s passed with "
+            f"{live.in_flight} requests still streaming: cancelled (a server whose answers do not end)"
+        )
+        self.past_grace = True
+        self.stop.set()
 
     async def _conclude(self, results: list[BaseException | None]) -> str | None:
         """Why the run stopped (`live.stop_reason`), and the worker crash that makes it prove nothing."""
@@ -298,6 +316,13 @@ class _LoadRun:
                     clock=self.clock,
                     on_chunk=lambda: self.tracker.chunk(self.clock()),
                 )
+            except asyncio.CancelledError:
+                if self.past_grace:  # the stream outlived --duration and its grace: the server's fault
+                    record.error_class = ErrorClass.OVERRUN
+                    record.error = f"still streaming {grace_s(self.spec):g}s past --duration: cancelled"
+                    self.questions[question.id] = False
+                    live.questions_done += 1
+                raise
             finally:
                 live.in_flight -= 1
                 self.keep(record)
@@ -441,6 +466,13 @@ def run_load(target: LoadTarget, spec: LoadSpec, out_dir: Path, *, soak: bool = 
             ) from None
 
     return asyncio.run(bounded())
+
+
+def grace_s(spec: LoadSpec) -> float:
+    """Seconds past `duration_s` the questions in flight may take to end: one chunk timeout (the
+    silence a stream is allowed) plus 10 s. A healthy answer that is streaming at the deadline ends
+    within max_tokens x TPOT, well inside it; a stream that goes on is cancelled (issue 27)."""
+    return spec.chunk_timeout_s + 10.0
 
 
 def time_budget(spec: LoadSpec) -> float:

@@ -1,12 +1,22 @@
 """`stackproof ab` for real: two vLLM 0.28.0 CPU servers of `cpu-tiny-host` on the host runtime,
 kept up for the whole run, loaded in interleaved slices of a few seconds at concurrency 8.
 
-- A/A (the cell against itself): every metric NO CHANGE, greedy answers identical;
-- The A/B against the `one-seq` arm (`--max-num-seqs 1` against the cell's 8) is not in this tier:
-  on this machine kind its effect ranged from -47% to none at all in six pairs of 5 s slices (three
-  CI runs; docs/ab.md), so it cannot be asserted here without flaking. It is issue 28's open proof.
+- A/A (the cell against itself): no metric a REGRESSION or an IMPROVEMENT, greedy answers identical;
+- A/B against a planted regression of known direction: the arm `slow-step` (a test matrix's, never
+  the real one's) puts tests/recipes/step-delay on the server's PYTHONPATH, whose sitecustomize makes
+  every vLLM engine step sleep STEP_DELAY_MS first. Every token of B waits at least that long, far
+  more than A's TPOT on two loaded cores, so B's TPOT must be a REGRESSION (up) and its output
+  tokens per second a REGRESSION (down), with intervals clearing the threshold, and the greedy
+  answers identical (a sleep changes no token).
 
-Each run is bounded (a few minutes) and leaves nothing: no marked process, nothing listening.
+The `one-seq` arm (`--max-num-seqs 1` against 8) is no known direction on this machine kind: its
+`--max-num-seqs 1` reaches vLLM (the server log's non-default args say `'max_num_seqs': 1`) and
+the engine does run one sequence per step there, but the tiny model's step is so cheap that the
+API server and the load client bound the throughput on two shared cores (docs/ab.md, "Why one-seq
+is no proof here").
+
+Each run is bounded (a hang guard: a crowded start and its slices) and leaves nothing: no marked
+process, nothing listening.
 Run as this process's user, whose cache holds the cell's environment (`stackproof build` finds it
 or builds it once).
 """
@@ -22,16 +32,24 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from pipeline.hostproc import marked_processes
-from tests.integration.conftest import runner_dir, stackproof
+from tests.integration.conftest import IMAGES, MATRIX, REPO, runner_dir, stackproof, write_matrix
 
 pytestmark = pytest.mark.integration
 
 CELL = "cpu-tiny-host"
 SHORT = ["--slice", "5", "--pairs", "6", "--concurrency", "8", "--max-tokens", "16", "--json"]
 SERVER = re.compile(r"server process group (\S+) on http://127\.0\.0\.1:")
-BOUND_S = 480  # a hang guard, not a timing goal: two server starts (1-3 min on two shared cores) and 14 slices of 5 s
+STEP_DELAY_MS = 250  # per engine step; A's TPOT p50 on these two cores was ~10-60 ms (docs/ab.md)
+HOOK = REPO / "tests" / "recipes" / "step-delay"
+# A server start took 7 min and more with other vLLM servers compiling on the two cores (load average
+# 35): the tests' matrix waits up to READY_S; the hang guard covers that and 14 slices of 5-8 s.
+READY_S = 900
+BOUND_S = READY_S + 240
+# The planted A/B: B takes >= 8 x 250 ms per 8-token turn, so fewer, shorter slices; the effect is tenfold.
+SLOW = ["--slice", "4", "--pairs", "3", "--concurrency", "8", "--max-tokens", "8", "--json"]
 
 
 @pytest.fixture(scope="module")
@@ -47,9 +65,25 @@ def out() -> Iterator[Path]:
     subprocess.run(["rm", "-rf", str(path)], check=False)
 
 
-def run_ab(a: str, b: str, out: Path) -> tuple[int, dict[str, object], float]:
+@pytest.fixture
+def matrix(out: Path) -> Path:
+    """The real matrix, the cell's servers given READY_S to get ready, and one more arm of the cell:
+    the planted per-step delay."""
+    arm = {
+        "description": f"every engine step sleeps {STEP_DELAY_MS} ms first (tests/recipes/step-delay)",
+        "env": {"PYTHONPATH": str(HOOK), "STACKPROOF_TEST_STEP_DELAY_MS": str(STEP_DELAY_MS)},
+    }
+    cell = next(c for c in yaml.safe_load(MATRIX.read_text())["cells"] if c["id"] == CELL)
+    serve = {**cell["serve"], "readiness_timeout": READY_S}
+    return write_matrix(out / "matrix.yaml", edit={CELL: {"arms": {"slow-step": arm}, "serve": serve}})
+
+
+def run_ab(
+    a: str, b: str, out: Path, *, matrix: Path, options: list[str] = SHORT
+) -> tuple[int, dict[str, object], float]:
     started = time.monotonic()
-    done = stackproof(["ab", a, b, "--out", str(out), *SHORT], timeout=BOUND_S + 60)
+    where = ["--matrix", str(matrix), "--images", str(IMAGES)]
+    done = stackproof(["ab", a, b, "--out", str(out), *where, *options], timeout=BOUND_S)
     seconds = time.monotonic() - started
     assert done.returncode in (0, 1), done.stderr[-3000:]
     report = json.loads(done.stdout)
@@ -73,13 +107,26 @@ def by_name(report: dict[str, object]) -> dict[str, dict[str, object]]:
     return {m["name"]: m for m in report["metrics"]}  # type: ignore[attr-defined,index]
 
 
-def test_a_against_itself_is_no_change(built: None, out: Path) -> None:
+def test_a_against_itself_is_no_change(built: None, out: Path, matrix: Path) -> None:
     """No metric may be called a REGRESSION or an IMPROVEMENT of a cell against itself; on a quiet
     host every one is NO CHANGE, on a shared one some stay UNDECIDED (saying how many more pairs)."""
-    code, report, _ = run_ab(CELL, CELL, out)
+    code, report, _ = run_ab(CELL, CELL, out, matrix=matrix)
     metrics = by_name(report)
     for m in metrics.values():
         assert m["verdict"] in ("NO CHANGE", "UNDECIDED"), m
     assert code == 0
     assert report["correctness"]["agreement"] == 1.0  # type: ignore[index]
     assert [s["pair"] for s in report["slices"]][:2] == [-1, -1]  # type: ignore[index]
+
+
+def test_a_planted_step_delay_is_a_regression_with_its_sign(built: None, out: Path, matrix: Path) -> None:
+    code, report, _ = run_ab(CELL, f"{CELL}:slow-step", out, matrix=matrix, options=SLOW)
+    metrics = by_name(report)
+    assert code == 1 and report["verdict"] == "REGRESSION", [(m["name"], m["verdict"]) for m in metrics.values()]
+    threshold = report["config"]["threshold"]  # type: ignore[index]
+    tpot, tok_s = metrics["tpot_p50"], metrics["output_tok_s"]
+    assert tpot["verdict"] == "REGRESSION" and tpot["ci_low"] > threshold, tpot  # type: ignore[operator]
+    assert tok_s["verdict"] == "REGRESSION" and tok_s["ci_high"] < -threshold, tok_s  # type: ignore[operator]
+    # B's step sleeps: its TPOT is at least the delay, whatever else the cores do.
+    assert tpot["b_median"] >= STEP_DELAY_MS, tpot  # type: ignore[operator]
+    assert report["correctness"]["agreement"] == 1.0  # type: ignore[index]

@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -29,8 +30,25 @@ def _alarm(signum: int, frame: object) -> None:
     raise _Hang
 
 
+_CHUNK = b'data: {"choices": [{"index": 0, "delta": {"content": "w "}, "finish_reason": null}]}\n\n'
+
+
+_MILLION: list[bytes] = []
+
+
+def million_series() -> list[bytes]:
+    """A /metrics page of a million series (about 24 MB), in 100 pieces of 10,000 lines, made once."""
+    if not _MILLION:
+        for start in range(0, 1_000_000, 10_000):
+            _MILLION.append(b"".join(b'vllm:x{i="%d"} 1\n' % i for i in range(start, start + 10_000)))
+    return _MILLION
+
+
 class Hostile(BaseHTTPRequestHandler):
-    """Bad answers a server could give: HTML, the wrong JSON shapes, garbage streams, bad usage."""
+    """Bad answers a server could give: HTML, the wrong JSON shapes, garbage streams, bad usage,
+    answers without end (issue 27): a stream that ignores max_tokens (`forever`), one chunk a second
+    for ever (`dribble`), a stream line that never ends (`long-line`), a /metrics page of a million
+    series (`million-series`), a models answer and an error answer without end."""
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
@@ -54,8 +72,12 @@ class Hostile(BaseHTTPRequestHandler):
                 "status-500": (500, b"oops", "text/plain"),
                 "list": (200, b"[1, 2, 3]", "application/json"),
             }
+            if mode == "endless-models":
+                return self._endless(b'{"data": [{"id": "' + b"m" * 65536)
             status, body, kind = bodies.get(mode, (200, b'{"data": [{"id": "hostile/model"}]}', "application/json"))
             self._send(status, body, kind)
+        elif rest == "metrics" and mode == "million-series":
+            self._pieces(iter(million_series()))
         elif rest == "metrics":
             self._send(200, b"vllm:generation_tokens_total NaN\nnot a metric line {{{\n", "text/plain")
         else:
@@ -65,6 +87,15 @@ class Hostile(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         self.rfile.read(length)
         mode = self.path.lstrip("/").partition("/")[0]
+        endless = {
+            "forever": (b"", _CHUNK, 0.0),
+            "dribble": (b"", _CHUNK, 0.5),
+            "long-line": (b"data: ", b"x" * 65536, 0.0),
+        }
+        if mode in endless:
+            return self._endless(*endless[mode], kind="text/event-stream")
+        if mode == "endless-error":
+            return self._endless(b"", b"e" * 65536, 0.0, status=500)
         events = {
             "bad-usage": [
                 {"choices": [{"delta": {"content": "hi"}, "finish_reason": None}]},
@@ -83,6 +114,37 @@ class Hostile(BaseHTTPRequestHandler):
             b"data: " + (e.encode() if isinstance(e, str) else json.dumps(e).encode()) + b"\n\n" for e in events
         )
         self._send(200, body + b"data: [DONE]\n\n", "text/event-stream")
+
+    def _endless(
+        self,
+        head: bytes,
+        piece: bytes = b"m" * 65536,
+        pause: float = 0.0,
+        *,
+        status: int = 200,
+        kind: str = "application/json",
+    ) -> None:
+        """An answer without end (HTTP/1.0, no length): `piece` after `piece` until the client hangs up."""
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.end_headers()
+        try:
+            self.wfile.write(head)
+            while True:
+                self.wfile.write(piece)
+                self.wfile.flush()
+                if pause:
+                    time.sleep(pause)
+        except OSError:
+            return
+
+    def _pieces(self, pieces: Iterator[bytes]) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain")
+        self.end_headers()
+        with contextlib.suppress(OSError):
+            for piece in pieces:
+                self.wfile.write(piece)
 
 
 class QuietServer(ThreadingHTTPServer):

@@ -628,6 +628,21 @@ def _reliability_cases() -> list[Case]:
         files={"l.log": patho},
         timeout=10,
     )
+    # 3. and 4. a server whose answers do not end: `load` stops at --duration plus its grace
+    # (--chunk-timeout + 10 s), each stream within max_tokens chunks and a byte cap, each scrape and
+    # models answer within a byte cap (verify/serving/openai.py)
+    hostile_load = ["--questions", "2", "--concurrency", "2", "--determinism-repeats", "0", "--duration", "5",
+                    "--chunk-timeout", "3", "--out", "{DIR}/o"]  # fmt: skip
+    for klass, mode, tokens, expect in (
+        ("3", "forever", "2", (1,)),
+        ("3", "dribble", "200", (1,)),
+        ("4", "long-line", "2", (1,)),
+        ("3", "million-series", "2", (0, 1)),
+        ("4", "endless-models", "2", (1,)),
+        ("4", "endless-error", "2", (1,)),
+    ):
+        add(klass, f"load-server-{mode}", ["load", "--url", f"http://127.0.0.1:{{PORT}}/{mode}", "--max-tokens",
+            tokens, *hostile_load], expect, r"127\.0\.0\.1", timeout=40)  # fmt: skip
     # 4. unbounded memory: an endless input given as each file the tool reads
     for name, argv in {
         "autotune": ["inspect", "autotune", "/dev/zero"],

@@ -60,11 +60,11 @@ def test_the_five_incidents_are_the_first_rules_each_citing_its_incident() -> No
 @pytest.mark.parametrize(
     ("old", "new", "message"),
     [
-        ("    severity: warn\n", "    severity: loud\n", ":24: rules[0].severity: must be one of warn, fail"),
-        ("vllm-project/vllm#55872\n", "vllm#55872\n", ":25: rules[0].incident: must be owner/repo#N"),
-        ("shared_memory_per_sm: {lt", "shared_memory_per_sn: {lt", ":41: rules[0].host.shared_memory_per_sn: unknown"),
-        ("{lt: 131072}", "{below: 131072}", ":41: rules[0].host.shared_memory_per_sm: must be one test"),
-        ("    what: >-\n      Every", "    wat: >-\n      Every", ":29: rules[0].wat: unknown key"),
+        ("    severity: warn\n", "    severity: loud\n", ":25: rules[0].severity: must be one of warn, fail"),
+        ("vllm-project/vllm#55872\n", "vllm#55872\n", ":26: rules[0].incident: must be owner/repo#N"),
+        ("shared_memory_per_sm: {lt", "shared_memory_per_sn: {lt", ":51: rules[0].host.shared_memory_per_sn: unknown"),
+        ("{lt: 131072}", "{below: 131072}", ":51: rules[0].host.shared_memory_per_sm: must be one test"),
+        ("    what: >-\n      A graph", "    wat: >-\n      A graph", ":30: rules[0].wat: unknown key"),
     ],
 )
 def test_a_broken_rule_is_a_located_error(tmp_path: Path, old: str, new: str, message: str) -> None:
@@ -81,18 +81,34 @@ def test_a_broken_rule_is_a_located_error(tmp_path: Path, old: str, new: str, me
 
 
 def test_gb10_graph_safe_topk_warns_on_gb10_and_passes_on_the_h200() -> None:
-    topk = cell(env=(("VLLM_USE_FLASHINFER_SAMPLER", "1"),))
+    topk = cell(args=("--dsa-topk-backend", "flashinfer"))
     bad = verdict("gb10-graph-safe-topk-shared-memory", topk, recorded("gb10"))
     assert bad.status == Status.WARN
-    assert "vllm-project/vllm#55872" in bad.message and "VLLM_USE_FLASHINFER_SAMPLER=0" in bad.message
+    assert "vllm-project/vllm#55872" in bad.message and "Drop --dsa-topk-backend flashinfer" in bad.message
     assert bad.evidence["facts"] == {"shared_memory_per_sm": 102400}
     assert verdict("gb10-graph-safe-topk-shared-memory", topk, recorded("h200")).status == Status.PASS
     # A cell that asks for no TopK is not the incident's, on GB10 too.
     assert verdict("gb10-graph-safe-topk-shared-memory", cell(), recorded("gb10")).status == Status.SKIP
 
 
+@pytest.mark.parametrize(
+    "facts",
+    [
+        # The FlashInfer sampler samples with flashinfer.sampling.*, not FilteredTopK (the rule's old guess).
+        {"env": (("VLLM_USE_FLASHINFER_SAMPLER", "1"),)},
+        # vLLM 0.34.0's sparse-indexer FlashInfer backend: no dsa_graph_safe, no tie-break, so it falls back.
+        {"args": ("--sparse-indexer-topk-backend", "flashinfer")},
+        # A DeepSeek V3.2 model on the default DSA TopK backend (vLLM's own kernels).
+        {"architecture": "DeepseekV32ForCausalLM", "model_type": "deepseek_v32"},
+        {"args": ("--dsa-topk-backend", "sgl-kernel")},
+    ],
+)
+def test_what_does_not_ask_for_filtered_topk_is_not_the_gb10_incident(facts: dict[str, Any]) -> None:
+    assert verdict("gb10-graph-safe-topk-shared-memory", cell(**facts), recorded("gb10")).status == Status.SKIP
+
+
 def test_mla_fp8_kv_fails_on_sm12x_opt_in_and_passes_on_the_h200() -> None:
-    mla = cell(architecture="DeepseekV3ForCausalLM", args=("--kv-cache-dtype", "fp8"))
+    mla = cell(architecture="DeepseekV3ForCausalLM", model_type="deepseek_v3", args=("--kv-cache-dtype", "fp8"))
     for host in ("rtx-pro-6000", "gb10"):
         bad = verdict("mla-fp8-kv-decode-shared-memory", mla, recorded(host))
         assert bad.status == Status.FAIL, host
@@ -102,11 +118,28 @@ def test_mla_fp8_kv_fails_on_sm12x_opt_in_and_passes_on_the_h200() -> None:
     assert verdict("mla-fp8-kv-decode-shared-memory", bf16, recorded("rtx-pro-6000")).status == Status.SKIP
 
 
-def test_mla_rule_with_an_unknown_architecture_warns_unknown_never_passes_silently() -> None:
+@pytest.mark.parametrize(
+    ("architecture", "model_type", "status"),
+    [
+        # MLA by vLLM's model_type list, whatever the class is called (Kimi K2 ships DeepseekV3's class).
+        ("DeepseekV3ForCausalLM", "kimi_k2", Status.FAIL),
+        ("Glm4MoeLiteForCausalLM", "glm4_moe_lite", Status.FAIL),
+        ("GlmMoeDsaForCausalLM", "glm_moe_dsa", Status.FAIL),
+        # Not MLA in vLLM: the old rule's MiniCPM3 guess, and a plain GQA model.
+        ("MiniCPM3ForCausalLM", "minicpm3", Status.SKIP),
+        ("LlamaForCausalLM", "llama", Status.SKIP),
+    ],
+)
+def test_mla_rule_keys_on_vllms_mla_model_types(architecture: str, model_type: str, status: Status) -> None:
+    facts = cell(architecture=architecture, model_type=model_type, args=("--kv-cache-dtype", "fp8_e4m3"))
+    assert verdict("mla-fp8-kv-decode-shared-memory", facts, recorded("gb10")).status == status
+
+
+def test_mla_rule_with_an_unknown_model_type_warns_unknown_never_passes_silently() -> None:
     unknown = cell(architecture=None, args=("--kv-cache-dtype=fp8",))
     item = verdict("mla-fp8-kv-decode-shared-memory", unknown, recorded("rtx-pro-6000"))
     assert item.status == Status.WARN and item.message.startswith("unknown:")
-    assert item.evidence["unknown"] == ["architecture"]
+    assert item.evidence["unknown"] == ["model_type"]
 
 
 def test_b12x_reservation_fails_on_a_32_gib_card_and_passes_on_the_h200() -> None:
@@ -134,9 +167,17 @@ def test_ple_offload_at_tp1_needs_ptrace_both_ways() -> None:
     assert bad.status == Status.FAIL and "--cap-add=SYS_PTRACE" in bad.message
     inside = dataclasses.replace(free, in_container=True, capabilities=("CHOWN", "SYS_PTRACE"))
     assert verdict("ple-offload-tp1-needs-ptrace", docker, inside).status == Status.PASS
-    # TP=2 is not the incident's.
+    # TP=2 is not the incident's, in either spelling; TP=1 spelt short is.
     tp2 = dataclasses.replace(ple, args=("--tensor-parallel-size", "2"))
     assert verdict("ple-offload-tp1-needs-ptrace", tp2, yama1).status == Status.SKIP
+    tp2_short = dataclasses.replace(ple, args=("-tp", "2"))
+    assert verdict("ple-offload-tp1-needs-ptrace", tp2_short, yama1).status == Status.SKIP
+    tp1_short = dataclasses.replace(ple, args=("-tp", "1"))
+    assert verdict("ple-offload-tp1-needs-ptrace", tp1_short, yama1).status == Status.FAIL
+    # Without the variable (or with it off) there is no offload worker to attach to.
+    for env in ((), (("VLLM_PLE_CPU_OFFLOAD", "0"),)):
+        off = dataclasses.replace(ple, env=env)
+        assert verdict("ple-offload-tp1-needs-ptrace", off, yama1).status == Status.SKIP
 
 
 def test_cutlass_fp4_workspace_warns_on_sm120_and_passes_on_the_h200() -> None:
@@ -152,7 +193,7 @@ def test_fixed_in_rules_a_rule_out(tmp_path: Path) -> None:
     file = tmp_path / "rules.yaml"
     file.write_text(text.replace("    fixed_by: vllm-project/vllm#54013\n", "    fixed_in: {vllm: 0.30.0}\n"))
     (rule,) = [r for r in load_rules(file) if r.id == "mla-fp8-kv-decode-shared-memory"]
-    mla = cell(architecture="DeepseekV3ForCausalLM", args=("--kv-cache-dtype", "fp8"))
+    mla = cell(architecture="DeepseekV3ForCausalLM", model_type="deepseek_v3", args=("--kv-cache-dtype", "fp8"))
     assert judge_rules([rule], mla, recorded("gb10"))[0].status == Status.FAIL
     fixed = dataclasses.replace(mla, versions=(("vllm", "0.30.1"),))
     assert judge_rules([rule], fixed, recorded("gb10"))[0].status == Status.SKIP
@@ -166,11 +207,12 @@ def test_cell_facts_read_the_architecture_from_a_local_models_config(tmp_path: P
 
     model = tmp_path / "model"
     model.mkdir()
-    (model / "config.json").write_text(json.dumps({"architectures": ["DeepseekV3ForCausalLM"]}))
+    config = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "kimi_k2", "kv_lora_rank": 512}
+    (model / "config.json").write_text(json.dumps(config))
     matrix_file = tmp_path / "matrix.yaml"
     matrix_file.write_text(gb10_matrix(f"path:{model}"))
     facts = cell_facts(load_matrix(matrix_file).cell("sm121-topk"))
-    assert facts.architecture == "DeepseekV3ForCausalLM"
+    assert facts.architecture == "DeepseekV3ForCausalLM" and facts.model_type == "kimi_k2"
     assert facts.value("env:VLLM_USE_FLASHINFER_SAMPLER") == "1"
     assert facts.value("arg:--kv-cache-dtype") == "fp8"
 
@@ -231,7 +273,7 @@ cells:
     runner: [self-hosted, linux, arm64, gpu, sm121]
     serve:
       model: {{source: "{model}"}}
-      args: [--kv-cache-dtype, fp8]
+      args: [--kv-cache-dtype, fp8, --dsa-topk-backend, flashinfer]
       env: {{VLLM_USE_FLASHINFER_SAMPLER: "1"}}
       gpus: all
 """
@@ -247,7 +289,7 @@ def test_doctor_cell_on_recorded_gb10_facts_warns_naming_the_incident(
     items = {i["name"]: i for i in json.loads(capsys.readouterr().out)["doctor"]["preflight"]["items"]}
     topk = items["rule:gb10-graph-safe-topk-shared-memory"]
     assert topk["status"] == "WARN" and "vllm-project/vllm#55872" in topk["message"]
-    assert "VLLM_USE_FLASHINFER_SAMPLER=0" in topk["message"]
+    assert "--dsa-topk-backend flashinfer" in topk["message"]
     # The MLA rule cannot know the architecture (no config.json here): a WARN saying so.
     assert items["rule:mla-fp8-kv-decode-shared-memory"]["status"] == "WARN"
     assert main(args) == 0
@@ -314,3 +356,19 @@ def test_the_probe_script_run_on_the_h200_gives_the_recorded_limits() -> None:
     for rule in load_rules():
         for facts in (cell(arch="sm90"), cell(arch="sm90", args=("--kv-cache-dtype", "fp8"))):
             assert verdict(rule.id, facts, a).status == verdict(rule.id, facts, b).status, rule.id
+
+
+def test_preflight_facts_keep_the_model_type_for_the_mla_rule(tmp_path: Path) -> None:
+    from pipeline.load import load_matrix
+    from pipeline.preflight import PreflightFacts, judge_preflight
+
+    matrix_file = tmp_path / "matrix.yaml"
+    matrix_file.write_text(gb10_matrix("path:/models/not-here"))
+    sm121 = load_matrix(matrix_file).cell("sm121-topk")
+    limits = flatten_limits(json.loads((LIMITS / "gb10.json").read_text()))
+    base = {"machine": "aarch64", "host_limits": limits, "model_architecture": "DeepseekV3ForCausalLM"}
+    for model_type, status in (("deepseek_v3", Status.FAIL), (None, Status.WARN), ("llama", Status.SKIP)):
+        facts = PreflightFacts.parse(json.loads(json.dumps({**base, "model_type": model_type})))
+        assert facts.model_type == model_type
+        items = {i.name: i for i in judge_preflight(sm121, facts, docker_required=False)}
+        assert items["rule:mla-fp8-kv-decode-shared-memory"].status == status, model_type

@@ -218,6 +218,50 @@ def test_many_problems_are_reported_in_linear_time(invalid: Callable[..., Invali
     assert len(r.problems) == 30_000 and time.process_time() - started < 5  # quadratic: minutes
 
 
+def test_an_alias_bomb_is_refused_before_it_is_expanded_naming_the_node_too_big(
+    invalid: Callable[..., Invalid], header: str
+) -> None:
+    """Nine lines of billion laughs: the distinct nodes are sized once each (the walk used to expand
+    a million values first). The line named is the smallest node alone over the limit."""
+    import time
+
+    levels = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{c}: &{c} [{', '.join(['*' + p] * 10)}]\n" for p, c in zip("abcdefgh", "bcdefghi", strict=True)
+    )
+    started = time.process_time()
+    r = invalid(header + levels + "cells: *i\n")
+    assert time.process_time() - started < 5
+    (problem,) = r.problems
+    line = header.count("\n") + 6  # `f:` (1.1 million values) is the first alone over 1,000,000
+    assert f":{line}: more than 1,000,000 values (aliases expanded)" in problem
+
+
+def test_aliases_under_the_limit_still_expand(tmp_path: Path) -> None:
+    from pipeline.yamlsrc import load_yaml
+
+    path = tmp_path / "m.yaml"
+    path.write_text("a: &a [x, 1, true]\nb: [*a, *a]\n")
+    assert load_yaml(path).data == {"a": ["x", 1, True], "b": [["x", 1, True], ["x", 1, True]]}
+
+
+def test_the_cli_lists_the_first_hundred_problems_and_counts_the_rest(tmp_path: Path, header: str) -> None:
+    import subprocess
+    import sys
+
+    path = tmp_path / "m.yaml"
+    path.write_text(header + "cells: [" + "1, " * 1_000 + "]\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "stackproof", "matrix", "validate", "--matrix", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    lines = proc.stderr.splitlines()
+    assert proc.returncode == 2 and sum("must be a mapping" in line for line in lines) == 100
+    assert "... and 900 more problem(s) not listed (fix these first)" in lines
+    assert lines[-1].startswith("stackproof: 1000 problem(s) in the matrix")
+
+
 def test_env_values_keep_non_ascii_in_the_dockerfile(load: Callable[..., Any], header: str, images_dir: Path) -> None:
     from pipeline.plan import plan_cell
     from pipeline.site import SiteSettings

@@ -7,7 +7,11 @@ else under verify/ opens a connection to the server.
 
 `stream_chat` is one streamed chat completion, timed and classified. Every wait is bounded: the
 first chunk by `ttft_timeout`, each later one by `chunk_timeout`, so a hung stream ends on its
-own and never blocks the run. Metric definitions follow vLLM's serving benchmark
+own and never blocks the run. Every answer is bounded too (issue 27): a stream ends as OVERRUN
+past `max_tokens` + `CHUNK_SLACK` content chunks (each carries at least one token), past
+`stream_cap(max_tokens)` bytes or at a line longer than `MAX_LINE`; every other body (models,
+metrics, completions, an error answer) is read under a byte cap and a total deadline, so a server
+that answers without end costs a bounded wait and bounded memory. Metric definitions follow vLLM's serving benchmark
 (TTFT to the first chunk that carries output, ITL = gaps between chunks, TPOT = (E2EL - TTFT) /
 (tokens - 1)); token counts come from the server's own usage block (`include_usage`).
 """
@@ -18,14 +22,15 @@ import asyncio
 import dataclasses
 import json
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
 import httpx
 
-from pipeline.errors import CheckFailed
+from pipeline.errors import CheckFailed, InfraError
+from pipeline.httppolicy import HttpPolicy, fetch
 from verify.serving.driver import Endpoints, ServingDriver
 
 __all__ = [
@@ -50,6 +55,7 @@ class ErrorClass(StrEnum):
     STREAM_TRUNCATED = "stream_truncated"  # the stream ended without a finish reason or [DONE]
     ENGINE_DEAD = "engine_dead"  # HTTP 503 or a dead-engine marker of the driver in the stream
     ABORTED = "aborted"  # cancelled because the run ended (a stall verdict, the duration, Ctrl-C)
+    OVERRUN = "overrun"  # the stream went past max_tokens or its byte cap: the server ignores the request's bound
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,6 +104,54 @@ class RequestRecord:
 
 
 PROBE_TIMEOUT_S = 5.0
+# Byte caps on what a server answers. A real vLLM /metrics page is tens of KB (about 600 lines for
+# one model); 8 MiB and 100,000 lines leave room for many engines and adapters, and keep one scrape's
+# parse (pure Python, in the event loop) well under a second.
+MAX_METRICS_BYTES = 8 * 2**20
+MAX_METRICS_LINES = 100_000
+MAX_BODY_BYTES = 16 * 2**20  # a models list, one completion with logprobs
+MAX_ERROR_BYTES = 64 * 2**10  # an error answer: 500 characters of it are kept
+MAX_LINE = 2**20  # one SSE line: a chunk is a few hundred bytes
+CHUNK_SLACK = 8  # content chunks past max_tokens before the stream is an overrun (role and finish chunks carry none)
+
+
+def stream_cap(max_tokens: int) -> int:
+    """Bytes one stream may carry: 4 KiB per allowed chunk (a chunk is a few hundred bytes) plus 64 KiB."""
+    return 64 * 2**10 + (max_tokens + CHUNK_SLACK) * 4 * 2**10
+
+
+class Overrun(Exception):
+    """An answer past its cap: the server ignored the bound the request set."""
+
+
+async def capped_body(response: httpx.Response, cap: int, what: str) -> bytes:
+    """The body of a streamed response, refused (Overrun) past `cap` bytes, checked while reading."""
+    parts, size = [], 0
+    async for chunk in response.aiter_bytes():
+        size += len(chunk)
+        if size > cap:
+            raise Overrun(f"{what}: the answer is larger than {cap:,} bytes: refused while reading")
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+async def _bounded_lines(response: httpx.Response, *, max_line: int, max_bytes: int) -> AsyncIterator[str]:
+    """The lines of a streamed answer, none longer than `max_line`, `max_bytes` in all (Overrun past either)."""
+    pending, size = b"", 0
+    async for chunk in response.aiter_bytes():
+        size += len(chunk)
+        if size > max_bytes:
+            raise Overrun(f"the stream carried more than {max_bytes:,} bytes")
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            yield line.rstrip(b"\r").decode("utf-8", errors="replace")
+        if len(pending) > max_line:
+            raise Overrun(f"a stream line longer than {max_line:,} bytes")
+    if pending:
+        yield pending.decode("utf-8", errors="replace")
+
+
 # Bodies that answer "which model": a bad one (HTML, {"data": "x"}) is the server's fault, not ours.
 _UNREADABLE = (ValueError, KeyError, IndexError, TypeError, AttributeError, RecursionError)
 
@@ -167,12 +221,18 @@ class ServerAPI:
     async def __aexit__(self, *exc: object) -> None:
         await self.client.aclose()
 
+    async def get_capped(self, path: str, *, cap: int, timeout: float) -> tuple[int, bytes]:
+        """(status, body) of GET path, the body capped at `cap` bytes and the whole answer at `timeout`
+        seconds (TimeoutError); httpx's own timeout bounds each read, not a dribble."""
+        async with asyncio.timeout(timeout), self.client.stream("GET", path, timeout=timeout) as response:
+            return response.status_code, await capped_body(response, cap, f"{self.base_url}{path}")
+
     async def model_id(self) -> str:
         """The first model the server lists; ModelNotNamed when it names none."""
         try:
-            response = await self.client.get(self.paths.models, timeout=10)
-            body = response.json()
-        except (httpx.HTTPError, *_UNREADABLE) as exc:
+            _, data = await self.get_capped(self.paths.models, cap=MAX_BODY_BYTES, timeout=10)
+            body = json.loads(data)
+        except (httpx.HTTPError, TimeoutError, Overrun, *_UNREADABLE) as exc:
             raise ModelNotNamed(
                 f"{self.base_url}{self.paths.models} did not name a model: {type(exc).__name__}: {exc}"
             ) from exc
@@ -181,18 +241,26 @@ class ServerAPI:
     async def metrics_text(self) -> tuple[str | None, str | None]:
         """(the Prometheus exposition, None) or (None, why not): a failed scrape is unknown, never idle."""
         try:
-            response = await self.client.get(self.paths.metrics, timeout=PROBE_TIMEOUT_S)
-        except httpx.HTTPError as exc:
+            status, data = await self.get_capped(self.paths.metrics, cap=MAX_METRICS_BYTES, timeout=PROBE_TIMEOUT_S)
+        except TimeoutError:
+            return None, f"the /metrics answer took longer than {PROBE_TIMEOUT_S:g}s"
+        except (httpx.HTTPError, Overrun) as exc:
             return None, f"{type(exc).__name__}: {exc}"
-        if response.status_code != 200:
-            return None, f"HTTP {response.status_code}"
-        return response.text, None
+        if status != 200:
+            return None, f"HTTP {status}"
+        if (lines := data.count(b"\n")) > MAX_METRICS_LINES:
+            return None, f"the /metrics answer has {lines:,} lines, more than {MAX_METRICS_LINES:,}: not parsed"
+        return data.decode("utf-8", errors="replace"), None
 
     async def status(self, path: str) -> int | None:
         """The HTTP status of GET path: 0 when refused, None when it timed out."""
-        try:
-            return (await self.client.get(path, timeout=PROBE_TIMEOUT_S)).status_code
-        except httpx.TimeoutException:
+        try:  # the status line only: a body (a million-series /metrics, one without end) is never read
+            async with (
+                asyncio.timeout(PROBE_TIMEOUT_S),
+                self.client.stream("GET", path, timeout=PROBE_TIMEOUT_S) as response,
+            ):
+                return response.status_code
+        except (httpx.TimeoutException, TimeoutError):
             return None
         except httpx.TransportError:
             return 0
@@ -208,10 +276,16 @@ class ServerAPI:
     async def complete(self, body: dict[str, Any], *, timeout: float) -> Answer:
         """One completion; never raises for server trouble."""
         try:
-            response = await self.client.post(self.paths.completions, json=body, timeout=timeout)
-        except httpx.HTTPError as exc:
+            async with (
+                asyncio.timeout(timeout),
+                self.client.stream("POST", self.paths.completions, json=body, timeout=timeout) as response,
+            ):
+                data = await capped_body(response, MAX_BODY_BYTES, f"{self.base_url}{self.paths.completions}")
+        except TimeoutError:
+            return Answer(status=None, error=f"no whole answer within {timeout:g}s")
+        except (httpx.HTTPError, Overrun) as exc:
             return Answer(status=None, error=f"{type(exc).__name__}: {exc}")
-        return _answer(response)
+        return _answer(httpx.Response(response.status_code, content=data, headers=response.headers))
 
     async def stream_chat(self, **kwargs: Any) -> RequestRecord:
         """`stream_chat` on this server's chat path, with the driver's dead markers and extensions."""
@@ -242,14 +316,20 @@ class ServerCalls:
     def healthy(self) -> bool:
         """The health path answers 200 (False while it refuses, times out or answers otherwise)."""
         try:
-            return self.client.get(self.paths.health, timeout=5.0).status_code == 200
+            with self.client.stream("GET", self.paths.health, timeout=5.0) as response:  # the status, no body
+                return response.status_code == 200
         except httpx.HTTPError:
             return False
 
+    def _get(self, path: str, *, timeout: float, cap: int) -> httpx.Response:
+        """GET path, its body read under the HTTP policy: `cap` bytes and `timeout` seconds in all."""
+        policy = HttpPolicy(connect_s=5.0, read_s=timeout, total_s=timeout, max_body=cap)
+        return fetch(self.client, self.client.build_request("GET", path), policy=policy, what=f"{self.base_url}{path}")
+
     def model_id(self) -> str:
         try:
-            body = self.client.get(self.paths.models, timeout=10.0).json()
-        except (httpx.HTTPError, *_UNREADABLE) as exc:
+            body = self._get(self.paths.models, timeout=10.0, cap=MAX_BODY_BYTES).json()
+        except (httpx.HTTPError, InfraError, *_UNREADABLE) as exc:
             raise ModelNotNamed(
                 f"{self.base_url}{self.paths.models} did not name a model: {type(exc).__name__}: {exc}"
             ) from exc
@@ -263,11 +343,14 @@ class ServerCalls:
 
     def _post(self, path: str, body: dict[str, Any]) -> Answer:
         started = time.monotonic()
+        timeout = self.client.timeout.read or 120.0
+        policy = HttpPolicy(connect_s=5.0, read_s=timeout, total_s=timeout, max_body=MAX_BODY_BYTES)
         try:
-            response = self.client.post(path, json=body)
+            request = self.client.build_request("POST", path, json=body)
+            response = fetch(self.client, request, policy=policy, what=f"{self.base_url}{path}")
         except httpx.TimeoutException as exc:
             return Answer(status=None, error=f"timed out: {type(exc).__name__}: {exc}")
-        except httpx.HTTPError as exc:
+        except (httpx.HTTPError, InfraError) as exc:
             return Answer(status=None, error=f"{type(exc).__name__}: {exc}")
         return dataclasses.replace(_answer(response), seconds=round(time.monotonic() - started, 2))
 
@@ -308,7 +391,7 @@ async def stream_chat(
     if ignore_eos and ignore_eos_field:
         body[ignore_eos_field] = True  # the engine's extension: fixed output lengths
     record.start = started = clock()
-    stream = _Stream(path=path, dead_markers=dead_markers)
+    stream = _Stream(path=path, dead_markers=dead_markers, max_tokens=max_tokens)
     try:
         done = await _read_stream(client, stream, body, timeouts, record, clock, on_chunk)
     except asyncio.CancelledError:
@@ -317,6 +400,9 @@ async def stream_chat(
         raise
     except httpx.ConnectError as exc:
         record.error_class, record.error = ErrorClass.CONNECT, f"connect: {exc}"
+        return record
+    except Overrun as exc:
+        record.error_class, record.error = ErrorClass.OVERRUN, f"stream cut after {record.chunks} chunks: {exc}"
         return record
     except httpx.TimeoutException as exc:  # connect/write/pool timeouts; reads are bounded in _read_stream
         cls = (
@@ -350,6 +436,7 @@ async def stream_chat(
 class _Stream:
     path: str
     dead_markers: tuple[str, ...]
+    max_tokens: int
 
 
 async def _read_stream(
@@ -366,11 +453,14 @@ async def _read_stream(
     async with client.stream("POST", stream.path, json=body) as response:
         record.status_code = response.status_code
         if response.status_code != 200:
-            text = (await response.aread()).decode(errors="replace")[:500]
+            try:
+                text = (await capped_body(response, MAX_ERROR_BYTES, "the error answer")).decode(errors="replace")[:500]
+            except Overrun:
+                text = "(an error answer larger than 64 KiB, not read)"
             record.error = f"HTTP {response.status_code}: {text}"
             record.error_class = _http_class(response.status_code, text, stream.dead_markers)
             return None
-        lines = response.aiter_lines()
+        lines = _bounded_lines(response, max_line=MAX_LINE, max_bytes=stream_cap(stream.max_tokens))
         last = record.start
         while True:
             limit, on_timeout = (
@@ -398,6 +488,10 @@ async def _read_stream(
             if took is None:
                 return None
             last = took
+            if record.chunks > stream.max_tokens + CHUNK_SLACK:
+                raise Overrun(
+                    f"{record.chunks} content chunks for max_tokens {stream.max_tokens}: the server ignores it"
+                )
 
 
 def _take_payload(
