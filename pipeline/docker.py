@@ -243,8 +243,8 @@ class Docker:
         )
         if result.returncode != 0 or not result.stdout.strip():
             raise InfraError(
-                "no docker daemon answers: start one (e.g. `dockerd --bridge=none --iptables=false`, see README) "
-                f"and retry.\n{result.stderr.strip()[-500:]}"
+                "no docker daemon answers: start one (e.g. `dockerd --bridge=none --iptables=false`, "
+                f"see docs/setup.md) and retry.\n{result.stderr.strip()[-500:]}"
             )
         return docker
 

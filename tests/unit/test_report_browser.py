@@ -4,7 +4,7 @@ Proves, on the site rendered from the real cpu-tiny receipts: no console message
 or a console.error would be one), the inline filter script ran (it un-hides the filter form), the
 receipt's numbers are in the DOM, and every local link and image resolves. The checker itself is
 proven on a page that throws. Screenshots go to $STACKPROOF_SCREENSHOTS when set (docs/ holds
-the ones the README shows), else to the test's tmp dir.
+the ones docs/report.md shows), else to the test's tmp dir.
 
 Chromium comes from `.ci/setup` (Debian's `chromium`); without it this file skips, except in CI.
 """
