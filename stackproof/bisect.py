@@ -134,7 +134,14 @@ def _pins_at(
 
 
 def run_bisect(
-    matrix: Matrix, images: Path, site: SiteSettings, ask: Bisect, *, spec: LoadSpec, out: Path
+    matrix: Matrix,
+    images: Path,
+    site: SiteSettings,
+    ask: Bisect,
+    *,
+    moved: tuple[tuple[str, str, str], ...],
+    spec: LoadSpec,
+    out: Path,
 ) -> BisectReport:
     """Build what the probes need, run the A/Bs, write bisect.json (read back before it is returned)."""
     started = time.monotonic()

@@ -12,8 +12,8 @@ import jsonschema
 import pytest
 
 from pipeline.errors import InputError
-from pipeline.hostlayer import _rewrite_scripts, plan_layer
 from pipeline.hostenv import plan_host_env
+from pipeline.hostlayer import _rewrite_scripts, plan_layer
 from pipeline.load import load_matrix
 from pipeline.model import Requirement
 from pipeline.simpleindex import files_of_page, list_versions, versions_of_files
@@ -74,7 +74,7 @@ def test_a_bad_end_that_is_good_is_no_regression_and_an_undecided_step_stops() -
     outcome = {**{v: "BAD" for v in VERSIONS}, "4.0": "UNDECIDED"}
     search, probed = search_with(VERSIONS, outcome)
     assert probed == ["8.0", "4.0"] and search.result == "UNDECIDED"
-    result, first, _, reason = conclude(search)
+    _, first, _, reason = conclude(search)
     assert first is None and "after 1.0 and no later than 8.0" in reason
 
 
@@ -107,7 +107,8 @@ def test_start_and_greedy_judge_what_they_say() -> None:
 def report() -> BisectReport:
     env = {"ref": "host:/x/cpu-tiny-host-Labc", "digest": "sha256:" + "0" * 64, "source": "built", "built_in_s": 1.4}
     e: Evidence = replace(evidence_of_no_start("", 60.0), started=True, verdict="REGRESSION", change=-0.6,
-                          ci_low=-0.7, ci_high=-0.5, threshold=0.3, higher_is_worse=False, report="/x/ab.json")  # fmt: skip
+                          ci_low=-0.7, ci_high=-0.5, threshold=0.3, higher_is_worse=False,
+                          report="/x/ab.json")  # fmt: skip
     step = Step(number=1, version="8.0", pins=("p==8.0",), environment=env, evidence=e, judgement="BAD", why="w",
                 interval=("1.0", "8.0"))  # fmt: skip
     return BisectReport(cell="c", package="p", moved=("p",), index="planted", metric="tok_s", threshold=0.3,
@@ -123,7 +124,7 @@ def test_the_document_matches_its_schema_and_reads_back_the_same() -> None:
     broken = {**document, "result": "MAYBE"}
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.Draft202012Validator(SCHEMA).validate(broken)
-    with pytest.raises(ValueError, match="stackproof.bisect"):
+    with pytest.raises(ValueError, match=r"stackproof\.bisect"):
         BisectReport.from_json({**document, "kind": "stackproof.ab"})
 
 
