@@ -14,9 +14,9 @@ import time
 from collections.abc import Callable
 
 from pipeline.model import LoadSpec
-from stackproof.bisect import Bisect, canonical, check_ends, moved_packages, parse_version, run_bisect
+from stackproof.bisection import Bisect, canonical, check_ends, moved_packages, parse_version, run_bisect
 from stackproof.cliutil import emit, load
-from verify.bisect import BisectReport
+from verify.bisection import BisectReport
 
 __all__ = ["bisect_command"]
 

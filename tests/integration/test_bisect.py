@@ -43,9 +43,12 @@ RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "planted"
 VERSIONS = tuple(f"{n}.0" for n in range(1, 9))
 DELAY_S = 0.05  # per engine step, from 5.0 on: several times the tiny model's own step on this box
 FIRST_BAD = "5.0"
-LOAD = ["--concurrency", "2", "--max-tokens", "16", "--slice", "4", "--pairs", "3", "--threshold", "30%"]
+# Six pairs, not three: the A/B's interval widens by sqrt(n/(n-1)) t(n-1)/z (docs/ab.md), 2.7 at
+# three pairs, 1.44 at six; with three pairs of 4 s a good version against the good end read
+# tok/s +18% [-76%, +366%] here (load average 21 on two cores). The planted delay costs -76%.
+LOAD = ["--concurrency", "2", "--max-tokens", "16", "--slice", "5", "--pairs", "6", "--threshold", "50%"]
 SERVER = re.compile(r"server process group (\S+) on http://127\.0\.0\.1:")
-BOUND_S = 1500  # a hang guard: up to 4 A/B runs of two server starts and 8 slices each
+BOUND_S = 2400  # a hang guard: up to 4 A/B runs of two server starts (~3 min here) and 14 slices each
 
 
 def _wheel(directory: Path, version: str) -> Path:
@@ -127,7 +130,7 @@ def bisect(matrix: Path, out: Path) -> tuple[dict[str, object], float, str]:
     argv += ["--good", VERSIONS[0], "--bad", VERSIONS[-1], "--metric", "tok_s", *LOAD, "--out", str(out), "--json"]
     done = stackproof(argv, timeout=BOUND_S)
     seconds = time.monotonic() - started
-    assert done.returncode == 0, done.stderr[-4000:]
+    assert done.returncode in (0, 1), done.stderr[-4000:]  # 1: UNDECIDED (asserted by the caller)
     report = json.loads(done.stdout)
     assert json.loads(Path(report["files"]["report"]).read_text()) == report  # printed = written
     print(
@@ -161,10 +164,12 @@ def test_bisect_names_the_first_slow_version_and_a_rerun_builds_nothing(built: N
         assert first["builds"] == sources.count("built"), sources
 
         second, second_s, stderr = bisect(matrix, out)
-        assert second["builds"] == 0, second
+        assert second["builds"] == 0, second  # its A/B verdicts are the first run's question; its reuse is this one
+        print(f"rerun: {second['result']} {second['first_bad']}")
         assert {second["baseline"]["source"], *(s["environment"]["source"] for s in second["steps"])} == {"local"}
         assert "layer built" not in stderr and "host environment built" not in stderr
-        assert [s["environment"]["ref"] for s in second["steps"]] == [s["environment"]["ref"] for s in steps]
+        refs = {s["environment"]["ref"] for s in steps} | {first["baseline"]["ref"]}
+        assert {s["environment"]["ref"] for s in second["steps"]} <= refs  # the same layers, found
         print(f"bisect: first run {first_s:.0f}s ({first['builds']} builds), rerun {second_s:.0f}s (0 builds)")
         runs = set(SERVER.findall(stderr))
         assert len(runs) == 2 * second["ab_runs"], runs  # two servers per A/B run

@@ -1,4 +1,4 @@
-"""The bisect's search and judge (verify/bisect.py) on fake step outcomes, the index listing
+"""The bisect's search and judge (verify/bisection.py) on fake step outcomes, the index listing
 (pipeline/simpleindex.py), the layer's plan and scripts (pipeline/hostlayer.py), the document
 against its schema, and the CLI's bad input (exit 2, nothing run)."""
 
@@ -18,11 +18,11 @@ from pipeline.load import load_matrix
 from pipeline.model import Requirement
 from pipeline.simpleindex import files_of_page, list_versions, versions_of_files
 from pipeline.site import Mirror
-from stackproof.bisect import moved_packages
+from stackproof.bisection import moved_packages
 from stackproof.cli import main
 from tests.unit.test_ab import config, synthetic
 from verify.ab import judge
-from verify.bisect import (
+from verify.bisection import (
     BisectReport,
     Evidence,
     Search,

@@ -4,19 +4,21 @@ The versions of the package between the good end V1 and the bad end V2, ascendin
 searched. Every step is one `stackproof ab` of the cell with the package at V1 (A, the baseline)
 against the cell with the package at the probed version (B), judged on one metric:
 
-- `tok_s`, `tpot_p50`, `ttft_p50`: the A/B's verdict of that metric (verify/ab.py). REGRESSION is
-  bad; NO CHANGE and IMPROVEMENT are good; UNDECIDED ends the search, naming the interval left and
-  the pairs the A/B said it needs. A side that does not start is not a performance answer: it ends
-  the search too (bisect it with `--metric start`).
+- `tok_s`, `tpot_p50`, `ttft_p50`: the A/B's interval of that metric (verify/ab.py), one-sided as
+  a bisect asks "is this one bad?": BAD when the whole interval is worse than +t (the A/B's
+  REGRESSION), GOOD when the whole interval is better than +t (NO CHANGE, IMPROVEMENT, or an
+  interval that straddles -t only: no worse than the threshold), else UNDECIDED, which ends the
+  search naming the interval left and the pairs the A/B said it needs. A side that does not start
+  is not a performance answer: it ends the search too (bisect it with `--metric start`).
 - `greedy`: bad when B's greedy answers differ from V1's (agreement below 100%, or corruption).
 - `start`: bad when B's server never became ready.
 
 The first step probes V2 itself (the bad end must be bad against V1, or there is nothing to
 bisect: NO REGRESSION); after that the probe is the middle of the interval (newest known good,
 oldest known bad), until the two are adjacent and the oldest bad is the first bad version. Over n
-versions after V1 that is 1 + ceil(log2(n - 1)) A/B runs at most (8 versions 1.0..8.0: 1 + 3).
+versions from V1 to V2 that is 1 + ceil(log2(n - 1)) A/B runs at most (8 versions 1.0..8.0: 1 + 3).
 
-Pure: evidence in (`Evidence`), the next probe and the report out; the edge (stackproof/bisect.py)
+Pure: evidence in (`Evidence`), the next probe and the report out; the edge (stackproof/bisection.py)
 builds the environments and runs the A/Bs.
 """
 

@@ -5,7 +5,7 @@ entry or `given:` names, mapped through the site's mirrors as every build is); t
 moves in lockstep when NAME is flashinfer-python. Each probed version is the cell with NAME pinned
 there: a layered host environment over the cell's environment without NAME (pipeline/hostlayer.py),
 named by its content, so a rerun builds nothing. Each step is one `stackproof ab` (stackproof/ab.py
-`run_ab`, in this process) of V1's environment against the version's; verify/bisect.py plans the
+`run_ab`, in this process) of V1's environment against the version's; verify/bisection.py plans the
 probes and judges the steps.
 """
 
@@ -27,7 +27,7 @@ from pipeline.model import Cell, LoadSpec, Matrix, Requirement
 from pipeline.simpleindex import list_versions, local_label
 from pipeline.site import SiteSettings
 from stackproof.ab import Side, run_ab
-from verify.bisect import (
+from verify.bisection import (
     BisectReport,
     Evidence,
     Search,
