@@ -57,6 +57,7 @@ class Bisect:
     index: str | None  # --index: for a package the cell does not name
     slice_s: float
     pairs: int
+    build_only: bool = False  # make every version's environment, run no A/B
 
 
 def moved_packages(matrix: Matrix, cell: Cell, package: str, index: str | None) -> tuple[tuple[str, str, str], ...]:
@@ -150,12 +151,15 @@ def run_bisect(
     envs = _Environments(matrix, images, site, ask.cell, tuple(name for name, _, _ in moved))
     names = tuple(v for v, _ in versions)
     print(f"bisect: {ask.package} {len(names)} versions {names[0]} .. {names[-1]}: {', '.join(names)}", file=sys.stderr)
-    baseline = envs.get(pins[ask.good])
+    # Every listed version's environment now (a layer is 1-2 s): a rerun, or a later bisect with
+    # another metric over the same versions, finds each one built.
+    made = {version: envs.get(pins[version]) for version in names}
+    baseline = made[ask.good]
     side_a = envs.side(baseline, ask.good, pins[ask.good])
     search, steps = Search(versions=names), list[Step]()
-    while (probe := search.next_probe()) is not None:
+    while not ask.build_only and (probe := search.next_probe()) is not None:
         version = names[probe]
-        env = envs.get(pins[version])
+        env = made[version]
         number = len(steps) + 1
         print(
             f"bisect: step {number}: {ask.good} (A) against {version} (B), interval {search.interval}", file=sys.stderr
@@ -177,6 +181,13 @@ def run_bisect(
         )
         print(f"bisect: step {number}: {version} is {judgement}: {why}", file=sys.stderr)
     result, first_bad, last_good, reason = conclude(search)
+    if ask.build_only:
+        result, first_bad, last_good, reason = (
+            "NOT RUN",
+            None,
+            None,
+            "every environment made; no A/B run (--build-only)",
+        )
     report = BisectReport(
         cell=ask.cell.id,
         package=ask.package,
@@ -188,6 +199,9 @@ def run_bisect(
         bad=ask.bad,
         versions=names,
         baseline=_env_json(baseline),
+        environments=tuple(
+            {"version": v, "pins": [p.pin for p in pins[v]], **_env_json(env)} for v, env in made.items()
+        ),
         steps=tuple(steps),
         result=result,
         first_bad=first_bad,

@@ -353,6 +353,7 @@ def _commands() -> tuple[Command, ...]:
                 arg("--index", default=None, help="the package's index, when the cell names none for it"),
                 arg("--slice", type=_seconds, default=20.0, help="seconds of load per A/B slice (default 20)"),
                 arg("--pairs", type=_ab_pairs, default=5, help="measured slice pairs per A/B (default 5)"),
+                arg("--build-only", action="store_true", help="make every version's environment; run no A/B"),
                 arg("--out", type=Path, default=Path("stackproof-out")),
             ),
         ),

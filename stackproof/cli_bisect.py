@@ -43,6 +43,7 @@ def bisect_command(args: argparse.Namespace, spec_of: Callable[[argparse.Namespa
         index=args.index,
         slice_s=args.slice,
         pairs=args.pairs,
+        build_only=args.build_only,
     )
     moved = moved_packages(matrix, cell, ask.package, ask.index)  # exit 2 before anything is made
     spec = spec_of(args, cell.serve.load)

@@ -51,7 +51,7 @@ SCHEMA_VERSION = 1
 METRICS = {"tok_s": "output_tok_s", "tpot_p50": "tpot_p50", "ttft_p50": "ttft_p50"}
 BEHAVIOURS = ("greedy", "start")
 JUDGEMENTS = ("BAD", "GOOD", "UNDECIDED")
-RESULTS = ("FOUND", "NO REGRESSION", "UNDECIDED")
+RESULTS = ("FOUND", "NO REGRESSION", "UNDECIDED", "NOT RUN")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -258,6 +258,7 @@ class BisectReport:
     bad: str
     versions: tuple[str, ...]
     baseline: dict[str, Any]  # V1's environment
+    environments: tuple[dict[str, Any], ...]  # every listed version's: {version, pins, ref, digest, source, built_in_s}
     steps: tuple[Step, ...]
     result: str  # one of RESULTS
     first_bad: str | None
@@ -286,6 +287,7 @@ class BisectReport:
             "bad": self.bad,
             "versions": list(self.versions),
             "baseline": dict(self.baseline),
+            "environments": [dict(e) for e in self.environments],
             "steps": [s.to_json() for s in self.steps],
             "result": self.result,
             "first_bad": self.first_bad,
@@ -308,6 +310,7 @@ class BisectReport:
             threshold=float(data["threshold"]),
             versions=tuple(data["versions"]),
             baseline=dict(data["baseline"]),
+            environments=tuple(dict(e) for e in data["environments"]),
             steps=tuple(Step.from_json(s) for s in data["steps"]),
             first_bad=data["first_bad"],
             last_good=data["last_good"],

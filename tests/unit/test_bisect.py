@@ -112,7 +112,9 @@ def report() -> BisectReport:
     step = Step(number=1, version="8.0", pins=("p==8.0",), environment=env, evidence=e, judgement="BAD", why="w",
                 interval=("1.0", "8.0"))  # fmt: skip
     return BisectReport(cell="c", package="p", moved=("p",), index="planted", metric="tok_s", threshold=0.3,
-                        good="1.0", bad="8.0", versions=VERSIONS, baseline=env, steps=(step,), result="UNDECIDED",
+                        good="1.0", bad="8.0", versions=VERSIONS, baseline=env,
+                        environments=({"version": "1.0", "pins": ["p==1.0"], **env},), steps=(step,),
+                        result="UNDECIDED",
                         first_bad=None, last_good=None, reason="r", builds=2, ab_runs=1, seconds=70.0,
                         files={"dir": "/x", "report": "/x/bisect.json"})  # fmt: skip
 
