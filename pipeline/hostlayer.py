@@ -11,7 +11,7 @@ is never written to. The base's console scripts are rewritten with the layer's i
 host runtime finds `vllm` on the environment's PATH), and its `files/` (the recipes' model) is
 shared by a symbolic link.
 
-A layer is named by its content like a full environment (`envs/<cell>-L<digest16>`): the base's
+A layer is named by its content like a full environment (`envs/<cell>-L<digest15>`): the base's
 plan digest and the pins' requirement text; a second request of the same layer finds it built.
 """
 
