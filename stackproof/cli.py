@@ -367,6 +367,31 @@ def _commands() -> tuple[Command, ...]:
             ),
         ),
         Command(
+            path=("bisect",),
+            help="the first version of a package that made a cell worse: A/B runs against the good end",
+            handler=_bisect,
+            load_options=True,
+            args=(
+                arg("cell"),
+                arg("--package", required=True, help="the package moved (flashinfer-python moves the trio)"),
+                arg("--good", required=True, help="a version of the package known good: every step's baseline"),
+                arg("--bad", required=True, help="a newer version known bad"),
+                arg(
+                    "--metric",
+                    choices=("tok_s", "tpot_p50", "ttft_p50", "greedy", "start"),
+                    default="tok_s",
+                    help="what makes a version bad (default tok_s): an A/B REGRESSION of a metric, "
+                    "greedy answers that differ, or a server that does not start",
+                ),
+                arg("--threshold", type=_ab_threshold, default=0.05, help="smallest change that matters: 5%% or 0.05"),
+                arg("--index", default=None, help="the package's index, when the cell names none for it"),
+                arg("--slice", type=_seconds, default=20.0, help="seconds of load per A/B slice (default 20)"),
+                arg("--pairs", type=_ab_pairs, default=5, help="measured slice pairs per A/B (default 5)"),
+                arg("--build-only", action="store_true", help="make every version's environment; run no A/B"),
+                arg("--out", type=Path, default=Path("stackproof-out")),
+            ),
+        ),
+        Command(
             path=("inspect", "log"),
             help="what failed in a log: class, incident, facts, last exception",
             handler=_inspect_log,
@@ -965,6 +990,13 @@ def _ttft_limit(text: str) -> float:
     from stackproof.cli_sweep import parse_limit_ms
 
     return parse_limit_ms(text)
+
+
+def _bisect(args: argparse.Namespace) -> int:
+    """Exit 1 when the bisect cannot decide; the command lives in stackproof/cli_bisect.py."""
+    from stackproof.cli_bisect import bisect_command
+
+    return bisect_command(args, _load_spec)
 
 
 def _ab_pairs(text: str) -> int:

@@ -34,7 +34,7 @@ INTEGRATION_GROUPS: dict[str, tuple[str, ...]] = {
     ),
     "registry": ("test_publish", "test_publish_race", "test_fleet"),
     "audit": ("test_audit_wheels", "test_audit_assumptions_wheels"),
-    "host": ("test_host_runtime", "test_ab", "test_sweep"),
+    "host": ("test_host_runtime", "test_ab", "test_sweep", "test_bisect"),
 }
 
 

@@ -40,7 +40,8 @@ ON_SGLANG_IMAGES = {"sm120-sglang-0.5.18-qwen3.8-nvfp4", "sm120-sglang-0.5.19-qw
 CPU_HOST = "cpu-tiny-host"  # cpu-tiny's lock and recipes on the host runtime: no Dockerfile
 H200 = "h200-vllm-0.26.0-tiny"  # the host's own environment: no lock, no recipe, no Dockerfile
 CPU_032 = "cpu-tiny-vllm-0.32"  # extends cpu-tiny (its packages, recipes), with a lock of its own
-IN_DOCKER = ON_CPU_TINY | ON_VLLM_IMAGE | ON_VLLM_033 | {SGLANG_CPU, CPU_032} | ON_SGLANG_IMAGES  # rendered from the templates
+# rendered from the templates
+IN_DOCKER = ON_CPU_TINY | ON_VLLM_IMAGE | ON_VLLM_033 | {SGLANG_CPU, CPU_032} | ON_SGLANG_IMAGES
 ALL = IN_DOCKER | {CPU_HOST, H200}
 ON_CPU_TINY_LOCK = ON_CPU_TINY | {CPU_HOST}
 ON_TINY_MODEL = ON_CPU_TINY | {SGLANG_CPU, CPU_HOST, CPU_032}  # the tiny-model recipe's cells

@@ -1,0 +1,299 @@
+"""`stackproof bisect CELL --package NAME --good V1 --bad V2`: the edge of the search (docs/bisect.md).
+
+The versions come from the cell's own index for NAME (the index its override, requirement, lock
+entry or `given:` names, mapped through the site's mirrors as every build is); the FlashInfer trio
+moves in lockstep when NAME is flashinfer-python. Each probed version is the cell with NAME pinned
+there: a layered host environment over the cell's environment without NAME (pipeline/hostlayer.py),
+named by its content, so a rerun builds nothing. Each step is one `stackproof ab` (stackproof/ab.py
+`run_ab`, in this process) of V1's environment against the version's; verify/bisection.py plans the
+probes and judges the steps.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+
+from pipeline.errors import CheckFailed, InputError
+from pipeline.hostenv import HostEnv, build_host_env, built_host_env, plan_host_env
+from pipeline.hostlayer import build_layer, plan_layer
+from pipeline.model import Cell, LoadSpec, Matrix, Requirement
+from pipeline.simpleindex import list_versions, local_label
+from pipeline.site import SiteSettings
+from stackproof.ab import Side, run_ab
+from verify.bisection import (
+    BisectReport,
+    Evidence,
+    Search,
+    Step,
+    conclude,
+    evidence_of_ab,
+    evidence_of_no_start,
+    judge_evidence,
+)
+
+__all__ = ["BISECT_FILE", "TRIO", "Bisect", "moved_packages", "run_bisect"]
+
+BISECT_FILE = "bisect.json"
+TRIO = ("flashinfer-python", "flashinfer-cubin", "flashinfer-jit-cache")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Bisect:
+    """What the command line asked for, checked."""
+
+    cell: Cell
+    package: str  # canonical
+    good: str
+    bad: str
+    metric: str
+    threshold: float
+    index: str | None  # --index: for a package the cell does not name
+    slice_s: float
+    pairs: int
+    build_only: bool = False  # make every version's environment, run no A/B
+
+
+def moved_packages(matrix: Matrix, cell: Cell, package: str, index: str | None) -> tuple[tuple[str, str, str], ...]:
+    """(name, index, version the cell has or '') of every package a step pins: NAME, or the trio."""
+    names = TRIO if package == TRIO[0] else (package,)
+    known = _cell_pins(cell)
+    moved = []
+    for name in names:
+        found = known.get(name)
+        if found is None and name != package:
+            continue  # a trio member the cell does not carry stays absent
+        if found is None:
+            if index is None:
+                raise InputError(
+                    f"{matrix.file}:{cell.line}: cells[{cell.id}]: names no index for {package} (not in its "
+                    "overrides, requirements, lock or given): pass --index INDEX"
+                )
+            matrix.index(index)  # exit 2 when the matrix declares no such index
+            found = (index, "")
+        moved.append((name, found[0], found[1]))
+    return tuple(moved)
+
+
+def _cell_pins(cell: Cell) -> dict[str, tuple[str, str]]:
+    """name -> (index, version) from the cell's own declarations, the most specific last."""
+    from pipeline.lock import read_lock
+
+    pins: dict[str, tuple[str, str]] = {g.name: (g.index, g.version) for g in cell.given}
+    if cell.install is not None:
+        pins |= {p.name: (p.index, p.version) for p in read_lock(cell).packages}
+        pins |= {r.name: (r.index, r.version) for r in cell.install.requirements}
+    pins |= {o.name: (o.index, o.version) for o in cell.overrides}
+    return pins
+
+
+def candidate_versions(
+    matrix: Matrix, site: SiteSettings, ask: Bisect, moved: tuple[tuple[str, str, str], ...]
+) -> tuple[tuple[str, tuple[Requirement, ...]], ...]:
+    """Every version from V1 to V2 with the pins that make it (the trio member at the same public version)."""
+    cell = ask.cell
+    python = cell.install.python_version if cell.install else "3"
+    machine = (cell.install.python_platform if cell.install else cell.platform).replace("linux/amd64", "x86_64")
+    machine = "aarch64" if "aarch64" in machine or "arm64" in machine else "x86_64"
+    listed = {
+        name: list_versions(site.index_location(matrix, index), name, python=python, machine=machine)
+        for name, index, _ in moved
+    }
+    good, bad = Version(ask.good), Version(ask.bad)
+    for end, flag in ((ask.good, "--good"), (ask.bad, "--bad")):
+        if Version(end) not in listed[ask.package]:
+            near = ", ".join(str(v) for v in listed[ask.package][-8:]) or "none"
+            raise InputError(f"{flag} {end}: {ask.package} has no such version on index {moved[0][1]} (newest: {near})")
+    pre = good.is_prerelease or bad.is_prerelease
+    out = []
+    for version in listed[ask.package]:
+        if not good <= version <= bad or (version.is_prerelease and not pre):
+            continue
+        pins = _pins_at(version, moved, listed)
+        if pins is not None:
+            out.append((str(version), pins))
+    return tuple(out)
+
+
+def _pins_at(
+    version: Version, moved: tuple[tuple[str, str, str], ...], listed: dict[str, tuple[Version, ...]]
+) -> tuple[Requirement, ...] | None:
+    pins = []
+    for name, index, current in moved:
+        label = local_label(current)  # jit-cache keeps the cell's +cuXY
+        same = [v for v in listed[name] if v.public == version.public and (not label or f"+{v.local}" == label)]
+        if not same:
+            return None  # a trio member missing at this version: not a version the trio can move to
+        pins.append(Requirement(name=name, version=str(same[-1]), index=index))
+    return tuple(pins)
+
+
+def run_bisect(
+    matrix: Matrix,
+    images: Path,
+    site: SiteSettings,
+    ask: Bisect,
+    *,
+    moved: tuple[tuple[str, str, str], ...],
+    spec: LoadSpec,
+    out: Path,
+) -> BisectReport:
+    """Build what the probes need, run the A/Bs, write bisect.json (read back before it is returned)."""
+    started = time.monotonic()
+    versions = candidate_versions(matrix, site, ask, moved)
+    pins = dict(versions)
+    envs = _Environments(matrix, images, site, ask.cell, tuple(name for name, _, _ in moved))
+    names = tuple(v for v, _ in versions)
+    print(f"bisect: {ask.package} {len(names)} versions {names[0]} .. {names[-1]}: {', '.join(names)}", file=sys.stderr)
+    # Every listed version's environment now (a layer is 1-2 s): a rerun, or a later bisect with
+    # another metric over the same versions, finds each one built.
+    made = {version: envs.get(pins[version]) for version in names}
+    baseline = made[ask.good]
+    side_a = envs.side(baseline, ask.good, pins[ask.good])
+    search, steps = Search(versions=names), list[Step]()
+    while not ask.build_only and (probe := search.next_probe()) is not None:
+        version = names[probe]
+        env = made[version]
+        number = len(steps) + 1
+        print(
+            f"bisect: step {number}: {ask.good} (A) against {version} (B), interval {search.interval}", file=sys.stderr
+        )
+        evidence = _step(side_a, envs.side(env, version, pins[version]), ask, spec, out / f"step{number:02d}-{version}")
+        judgement, why = judge_evidence(ask.metric, evidence)
+        search = search.after(probe, judgement, why)
+        steps.append(
+            Step(
+                number=number,
+                version=version,
+                pins=tuple(p.pin for p in pins[version]),
+                environment=_env_json(env),
+                evidence=evidence,
+                judgement=judgement,
+                why=why,
+                interval=search.interval,
+            )
+        )
+        print(f"bisect: step {number}: {version} is {judgement}: {why}", file=sys.stderr)
+    result, first_bad, last_good, reason = conclude(search)
+    if ask.build_only:
+        result, first_bad, last_good, reason = (
+            "NOT RUN",
+            None,
+            None,
+            "every environment made; no A/B run (--build-only)",
+        )
+    report = BisectReport(
+        cell=ask.cell.id,
+        package=ask.package,
+        moved=tuple(name for name, _, _ in moved),
+        index=moved[0][1],
+        metric=ask.metric,
+        threshold=ask.threshold,
+        good=ask.good,
+        bad=ask.bad,
+        versions=names,
+        baseline=_env_json(baseline),
+        environments=tuple(
+            {"version": v, "pins": [p.pin for p in pins[v]], **_env_json(env)} for v, env in made.items()
+        ),
+        steps=tuple(steps),
+        result=result,
+        first_bad=first_bad,
+        last_good=last_good,
+        reason=reason,
+        builds=envs.builds,
+        ab_runs=len(steps),
+        seconds=round(time.monotonic() - started, 1),
+        files={"dir": str(out), "report": str(out / BISECT_FILE)},
+    )
+    path = out / BISECT_FILE
+    path.write_text(json.dumps(report.to_json(), indent=2, allow_nan=False) + "\n")
+    return BisectReport.from_json(json.loads(path.read_text()))  # written once, read back
+
+
+def _step(a: Side, b: Side, ask: Bisect, spec: LoadSpec, out: Path) -> Evidence:
+    started = time.monotonic()
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        report = run_ab(a, b, spec=spec, slice_s=ask.slice_s, pairs=ask.pairs, threshold=ask.threshold, out_dir=out)
+    except CheckFailed as exc:
+        if not str(exc).startswith("side B"):
+            raise CheckFailed(f"the good end {ask.good} does not start: {exc}") from exc
+        return evidence_of_no_start(str(exc), time.monotonic() - started)
+    return evidence_of_ab(report, ask.metric)
+
+
+def _env_json(env: HostEnv) -> dict[str, object]:
+    return {"ref": env.ref, "digest": env.digest, "source": env.source, "built_in_s": env.built_in_s}
+
+
+class _Environments:
+    """The layered environment of each set of pins over the cell's environment without them, built once."""
+
+    def __init__(self, matrix: Matrix, images: Path, site: SiteSettings, cell: Cell, moved: tuple[str, ...]) -> None:
+        if not cell.on_host:
+            raise InputError(
+                f"{matrix.file}:{cell.line}: cells[{cell.id}]: bisect runs on host cells (runtime: host, with "
+                "install:); an image cell is not supported yet"
+            )
+        self.matrix, self.site, self.cell = matrix, site, cell
+        self.stem_plan = plan_host_env(
+            matrix, replace(cell, overrides=tuple(o for o in cell.overrides if o.name not in moved)), images
+        )
+        self.images = images
+        self.builds = 0
+        self._stem: HostEnv | None = None
+        self._made: dict[tuple[str, ...], HostEnv] = {}
+
+    def stem(self) -> HostEnv:
+        if self._stem is None:
+            found = built_host_env(self.stem_plan)
+            if found is None:
+                found = build_host_env(self.stem_plan, self.site, self.matrix, self.images)
+                self.builds += 1
+            self._stem = found
+        return self._stem
+
+    def get(self, pins: tuple[Requirement, ...]) -> HostEnv:
+        key = tuple(p.pin for p in pins)
+        if key not in self._made:
+            env = build_layer(plan_layer(self.stem_plan, pins), self.stem(), self.site, self.matrix)
+            self.builds += env.source == "built"
+            self._made[key] = env
+        return self._made[key]
+
+    def side(self, env: HostEnv, version: str, pins: tuple[Requirement, ...]) -> Side:
+        from stackproof.runjob import lineage_env
+        from verify.runtime.host import HostRuntime
+
+        runtime = HostRuntime(
+            python=env.python, files_root=env.files_root, image_env=lineage_env(self.matrix, self.cell)
+        )
+        cell = replace(
+            self.cell, overrides=(*(o for o in self.cell.overrides if o.name not in {p.name for p in pins}), *pins)
+        )
+        return Side(
+            label=f"{self.cell.id}@{pins[0].name}=={version}", cell=cell, arm=None, runtime=runtime, image=env.ref
+        )
+
+
+def parse_version(text: str, flag: str) -> str:
+    try:
+        return str(Version(text))
+    except InvalidVersion:
+        raise InputError(f"{flag} {text!r} is not a version (PEP 440)") from None
+
+
+def check_ends(good: str, bad: str) -> None:
+    if Version(good) >= Version(bad):
+        raise InputError(f"--good {good} must be older than --bad {bad}")
+
+
+def canonical(name: str) -> str:
+    return str(canonicalize_name(name))

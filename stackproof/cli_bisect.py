@@ -1,0 +1,75 @@
+"""`stackproof bisect CELL --package NAME --good V1 --bad V2`: the first bad version (docs/bisect.md).
+
+Exit 0: the bisect named the first bad version, or found the bad end no worse than the good end
+(NO REGRESSION); 1: it could not decide (a step UNDECIDED, named with the pairs it needs); 2: bad
+input (a cell, package, version or option, named), nothing run; 3: infrastructure (an index that
+cannot be read, a build or a server that failed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+
+from pipeline.model import LoadSpec
+from stackproof.bisection import Bisect, canonical, check_ends, moved_packages, parse_version, run_bisect
+from stackproof.cliutil import emit, load
+from verify.bisection import BisectReport
+
+__all__ = ["bisect_command"]
+
+
+def bisect_command(args: argparse.Namespace, spec_of: Callable[[argparse.Namespace, LoadSpec], LoadSpec]) -> int:
+    from pipeline.errors import InputError
+    from pipeline.site import load_site
+    from stackproof.runjob import exclusive_dir
+    from verify.runtime.host import remove_dead_host_runs
+
+    matrix, images = load(args)
+    cell = matrix.cell(args.cell)
+    if cell.serve is None:
+        raise InputError(f"{matrix.file}:{cell.line}: cells[{cell.id}] has no serve spec: nothing to load")
+    good, bad = parse_version(args.good, "--good"), parse_version(args.bad, "--bad")
+    check_ends(good, bad)
+    ask = Bisect(
+        cell=cell,
+        package=canonical(args.package),
+        good=good,
+        bad=bad,
+        metric=args.metric,
+        threshold=args.threshold,
+        index=args.index,
+        slice_s=args.slice,
+        pairs=args.pairs,
+        build_only=args.build_only,
+    )
+    moved = moved_packages(matrix, cell, ask.package, ask.index)  # exit 2 before anything is made
+    spec = spec_of(args, cell.serve.load)
+    site = load_site(matrix)
+    for run in remove_dead_host_runs():
+        print(f"stackproof: ended {run}: its run is gone", file=sys.stderr)
+    out = exclusive_dir(args.out / "bisect", time.strftime("bisect-%Y%m%dT%H%M%S"))
+    report = run_bisect(matrix, images, site, ask, moved=moved, spec=spec, out=out)
+    emit(args, report.to_json(), _text(report))
+    return 1 if report.failed else 0
+
+
+def _text(report: BisectReport) -> str:
+    lines = [
+        f"{report.cell}: {report.package} {report.good} (good) .. {report.bad} (bad) on {report.metric}, "
+        f"threshold {report.threshold:.0%}: {report.result}"
+    ]
+    for s in report.steps:
+        e = s.evidence
+        lines.append(
+            f"  step {s.number}: {s.version:<12} {s.judgement:<9} {s.why}  "
+            f"[interval {s.interval[0]} .. {s.interval[1] or '?'}; env {s.environment['source']}; {e.seconds:.0f}s]"
+        )
+    lines.append(f"  {report.reason}")
+    lines.append(
+        f"  {report.ab_runs} A/B runs, {report.builds} environments built, {report.seconds:.0f}s; "
+        f"bisect report: {report.files.get('report')}"
+    )
+    return "\n".join(lines)
