@@ -60,9 +60,7 @@ def served(
     assert containers(f"{RUN_LABEL}={server.run_id}") == [], "the server container is gone after stop"
 
 
-def _chat_and_counters(
-    server: Server, driver: ServingDriver
-) -> tuple[RequestRecord, float, float, float, float]:
+def _chat_and_counters(server: Server, driver: ServingDriver) -> tuple[RequestRecord, float, float, float, float]:
     names = driver.metric_names(None)
 
     async def main() -> tuple[RequestRecord, float, float, float, float]:
