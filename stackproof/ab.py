@@ -22,7 +22,16 @@ from pathlib import Path
 
 from pipeline.errors import CheckFailed, InfraError, PipelineError
 from pipeline.model import Arm, Cell, LoadSpec
-from verify.ab import AbConfig, AbReport, Correctness, SliceMetrics, judge, metrics_of_summary, slice_order
+from verify.ab import (
+    METRICS,
+    AbConfig,
+    AbReport,
+    Correctness,
+    SliceMetrics,
+    judge,
+    metrics_of_summary,
+    slice_order,
+)
 from verify.compare import GREEDY_FILE, compare_runs, read_greedy
 from verify.load_stage import load_target
 from verify.loadrun import run_load, summarise
@@ -59,8 +68,10 @@ def run_ab(
     threshold: float,
     out_dir: Path,
     new_server: ServerMaker = Server,
+    family: int = len(METRICS),
 ) -> AbReport:
-    """Start both servers, run the slices, judge them, write ab.json (read back before it is returned)."""
+    """Start both servers, run the slices, judge them, write ab.json (read back before it is returned).
+    `family`: how many metrics the caller decides on (verify/ab.py: per_metric_confidence)."""
     started = time.monotonic()
     config = AbConfig(
         threshold=threshold,
@@ -71,6 +82,7 @@ def run_ab(
         concurrency=spec.concurrency,
         seed=spec.seed,
         max_tokens=spec.max_tokens,
+        family=family,
     )
     with contextlib.ExitStack() as stack:
         servers = start_servers({"A": a, "B": b}, out_dir=out_dir, stack=stack, new_server=new_server)

@@ -221,7 +221,10 @@ def _step(a: Side, b: Side, ask: Bisect, spec: LoadSpec, out: Path) -> Evidence:
     started = time.monotonic()
     out.mkdir(parents=True, exist_ok=True)
     try:
-        report = run_ab(a, b, spec=spec, slice_s=ask.slice_s, pairs=ask.pairs, threshold=ask.threshold, out_dir=out)
+        # One metric decides a step (--metric): its interval at 95%, not the run's family-wise one.
+        report = run_ab(
+            a, b, spec=spec, slice_s=ask.slice_s, pairs=ask.pairs, threshold=ask.threshold, out_dir=out, family=1
+        )
     except CheckFailed as exc:
         if not str(exc).startswith("side B"):
             raise CheckFailed(f"the good end {ask.good} does not start: {exc}") from exc

@@ -79,10 +79,10 @@ def test_a_bad_end_that_is_good_is_no_regression_and_an_undecided_step_stops() -
 
 
 def test_the_judge_reads_a_real_ab_report_one_sided() -> None:
-    slow = judge(synthetic(4, effect=1.0, noise=0.05), a="A", b="B", config=config(4, threshold=0.3), correctness=None)
-    same = judge(synthetic(4, noise=0.05, seed=3), a="A", b="B", config=config(4, threshold=0.3), correctness=None)
-    noisy = judge(synthetic(4, effect=0.3, noise=0.4, seed=1), a="A", b="B", config=config(4, threshold=0.3),
-                  correctness=None)  # fmt: skip
+    one = replace(config(4, threshold=0.3), family=1)  # a step decides on its one metric (stackproof/bisection.py)
+    slow = judge(synthetic(4, effect=1.0, noise=0.05), a="A", b="B", config=one, correctness=None)
+    same = judge(synthetic(4, noise=0.05, seed=3), a="A", b="B", config=one, correctness=None)
+    noisy = judge(synthetic(4, effect=0.3, noise=0.4, seed=1), a="A", b="B", config=one, correctness=None)
     for metric in ("tok_s", "tpot_p50", "ttft_p50"):
         assert judge_evidence(metric, evidence_of_ab(slow, metric))[0] == "BAD"
         assert judge_evidence(metric, evidence_of_ab(same, metric))[0] == "GOOD"
