@@ -271,3 +271,18 @@ def test_sglang_s_metrics_collector_is_read_for_its_series() -> None:
     assert _metrics_module("sglang/srt/observability/metrics_collector.py")
     assert _metrics_module("vllm/v1/metrics/loggers.py")
     assert not _metrics_module("vllm/model_executor/layers/linear.py")
+
+
+def test_sglang_s_envs_class_fields_are_variables_it_reads(tmp_path: Path) -> None:
+    """SGLang reads `envs.SGLANG_CACHE_DIR.get()`: the name is a class attribute of `Envs`
+    (srt/environ.py:1088 @0.5.19), never a string looked up in os.environ."""
+    from verify.audit.checks import check_variable
+
+    text = (
+        "class EnvStr:\n    def __init__(self, default): ...\n"
+        "class Envs:\n    SGLANG_CACHE_DIR = EnvStr('~/.cache/sglang')\n    helper = object()\n"
+    )
+    index = index_of(tmp_path, "sglang", text)
+    assert check_variable("SGLANG_CACHE_DIR", "driver", [index]).status is Status.OK
+    assert check_variable("SGLANG_CACHE_DIRS", "driver", [index]).status is Status.ERROR
+    assert "helper" not in index.env

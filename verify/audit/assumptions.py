@@ -121,7 +121,7 @@ def _autotune(
         )
     )
     writers = [(i.name, i.version) for i in (*engine, indexes.get("flashinfer-python")) if i is not None]
-    spelled = _strings(files, writers, lambda p: "autotune" in p.rsplit("/", 1)[-1] and p.endswith(".py"))
+    spelled = _strings(files, writers, _autotune_module)
     for glob in facts.files:
         found = _spells(glob, spelled)
         message = (
@@ -170,6 +170,13 @@ def _spells(glob: str, strings: list[_String]) -> Evidence | None:
         ):
             return Evidence(package=s.package, version=s.version, file=s.file, line=s.line, text=s.text)
     return None
+
+
+def _autotune_module(path: str) -> bool:
+    # FlashInfer's autotuner.py / autotune_cache.py, vLLM's flashinfer_autotune_cache.py, and vLLM's
+    # kernel_warmup.py, where 0.32.0 renames the legacy file per rank (:455-457).
+    base = path.rsplit("/", 1)[-1]
+    return base.endswith(".py") and ("autotune" in base or base == "kernel_warmup.py")
 
 
 def _could_write(text: str, name: str) -> bool:

@@ -51,7 +51,7 @@ __all__ = [
     "load_or_build",
 ]
 
-INDEX_VERSION = 7  # 7: an f-string's `{'a' if c else 'b'}` is indexed as both texts
+INDEX_VERSION = 8  # 8: SGLang's `class Envs: NAME = EnvStr(...)` variables; 7: f-string branches both texts
 LOG_METHODS = frozenset(
     {
         "debug",
@@ -384,6 +384,8 @@ class _PythonIndexer(ast.NodeVisitor):
         except (SyntaxError, ValueError):
             return self.facts
         for node in tree.body:
+            if isinstance(node, ast.ClassDef):
+                self._env_fields(node)
             targets: list[ast.expr] = []
             if isinstance(node, ast.Assign):
                 targets, value = node.targets, node.value
@@ -398,6 +400,21 @@ class _PythonIndexer(ast.NodeVisitor):
                                 self.facts.env.setdefault(key.value, (self.facts.file, key.lineno))
         self.visit(tree)
         return self.facts
+
+    def _env_fields(self, node: ast.ClassDef) -> None:
+        """SGLang declares its variables as class attributes, `SGLANG_CACHE_DIR = EnvStr(...)` in
+        `class Envs`, named by `EnvField.__set_name__` (srt/environ.py:45-56, 1088 @0.5.19) and read
+        as `envs.SGLANG_CACHE_DIR.get()`: no string of the name is ever looked up."""
+        for item in node.body:
+            if not (isinstance(item, ast.Assign) and isinstance(item.value, ast.Call)):
+                continue
+            func = item.value.func
+            called = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+            if not called.startswith("Env"):
+                continue
+            for target in item.targets:
+                if isinstance(target, ast.Name) and target.id.isupper():
+                    self.facts.env.setdefault(target.id, (self.facts.file, item.lineno))
 
     # functions give name holes their context
     def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
