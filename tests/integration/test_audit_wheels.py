@@ -73,10 +73,13 @@ def test_three_planted_mistakes_exit_1_naming_each(wheel_cache: Path, tmp_path: 
     assert code == 1
     errors = [f for c in report["cells"] for f in c["findings"] if f["status"] == "ERROR"]
     subjects = {f["subject"] for f in errors}
-    assert r"expect cutlass-nvfp4-selected: Selected CutlassNvFp4LinearKernel for \w+" in subjects
-    assert "VLLM_FLASHINFER_AUTOTUNE_SKIP_OP" in subjects
-    assert "FlashInferFP8ScaledMMLinearKernell" in subjects
-    assert len(errors) == 3, errors
+    # The three mistakes and nothing else; a mistake in an arm that several cells carry (the 0.33
+    # cells repeat the 0.28 cutlass-kernel arm's env) is reported once per cell, the same subject.
+    assert subjects == {
+        r"expect cutlass-nvfp4-selected: Selected CutlassNvFp4LinearKernel for \w+",
+        "VLLM_FLASHINFER_AUTOTUNE_SKIP_OP",
+        "FlashInferFP8ScaledMMLinearKernell",
+    }, errors
 
 
 def test_the_sm121_arms_old_disable_is_a_capability_warn(wheel_cache: Path, tmp_path: Path) -> None:
