@@ -178,7 +178,12 @@ def plan_host_env(matrix: Matrix, cell: Cell, images_dir: Path) -> HostEnvPlan:
 
 def built_host_env(plan: HostEnvPlan, *, envs_dir: Path | None = None) -> HostEnv | None:
     """The environment of this content, when a complete build of it is here."""
-    root = (envs_dir or cache_dir() / ENVS_DIR) / plan.name
+    return built_env_at((envs_dir or cache_dir() / ENVS_DIR) / plan.name)
+
+
+def built_env_at(root: Path) -> HostEnv | None:
+    """The environment built at `root` (a full environment or a layer), when its build completed:
+    its interpreter's inventory, and the build time its marker recorded."""
     marker = root / COMPLETE
     if not marker.is_file():
         return None

@@ -34,8 +34,8 @@ from pipeline.hostenv import (  # the same install steps as a full build
     _install_step,
     _step,
     _uv,
+    built_env_at,
     built_host_env,
-    inventory,
 )
 from pipeline.model import Matrix, Requirement
 from pipeline.plan import RequirementGroup, override_groups
@@ -73,25 +73,9 @@ def plan_layer(base: HostEnvPlan, pins: tuple[Requirement, ...]) -> LayerPlan:
 def built_layer(plan: LayerPlan, *, envs_dir: Path | None = None) -> HostEnv | None:
     """The layer of this content, when a complete build of it is here (and its base still is)."""
     root = (envs_dir or cache_dir() / ENVS_DIR) / plan.name
-    marker = root / COMPLETE
-    if not marker.is_file() or built_host_env(plan.base, envs_dir=envs_dir) is None:
+    if not (root / COMPLETE).is_file() or built_host_env(plan.base, envs_dir=envs_dir) is None:
         return None
-    try:
-        recorded = json.loads(marker.read_text())
-    except ValueError:
-        return None
-    python = root / "venv" / "bin" / "python"
-    identity = inventory(python)
-    return HostEnv(
-        python=python,
-        root=root,
-        digest=identity.digest,
-        python_version=identity.python_version,
-        packages=len(identity.packages),
-        versions=identity.versions,
-        source="local",
-        built_in_s=recorded.get("built_in_s"),
-    )
+    return built_env_at(root)
 
 
 def build_layer(
