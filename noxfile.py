@@ -1,7 +1,7 @@
 """Task runner: one session per job. `nox -l` lists them.
 
 Sessions that touch docker need a running daemon (`bash .ci/setup` starts one on a fresh machine).
-Site settings (index mirrors, the local wheel directory) are the CLI's own (pipeline/site.py): the
+Site settings (index mirrors, the local wheel directory) are the CLI's own (pipeline/matrix/site.py): the
 sessions pass nothing, so `stackproof run cpu-tiny` alone does what `nox -s demo` does.
 """
 

@@ -54,7 +54,7 @@ def main() -> int:
     parser.add_argument("--readiness-timeout", type=float, default=1200.0, help="seconds (a loaded host starts slowly)")
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
-    from verify.ab import SliceMetrics
+    from verify.perf.ab import SliceMetrics
 
     if args.measure_aa:
         slices, slice_s, pairs, fixed_s = measure_aa(args)
@@ -74,7 +74,7 @@ def main() -> int:
 
 
 def _noise_table(args: argparse.Namespace, slices: list[Any], slice_s: float, fixed_s: float) -> int:
-    from verify.ab import METRICS
+    from verify.perf.ab import METRICS
 
     print(f"{'metric':<13} {'pair sd':>8}   " + "   ".join(f"{e:.0%} @ {t:.1%}: pairs / time" for e, t in EFFECTS)
           + "   A/A NO CHANGE 19/20 @ 5%")  # fmt: skip
@@ -119,7 +119,7 @@ def _pairs_needed(
     limit: int, want: str = "REGRESSION", power: float = POWER,
 ) -> int | None:  # fmt: skip
     """The smallest n at which the judge calls `want` in `power` of the trials (None: beyond limit)."""
-    from verify.ab import AbConfig, Metric, SliceMetrics, judge
+    from verify.perf.ab import AbConfig, Metric, SliceMetrics, judge
 
     assert isinstance(metric, Metric)
     shift = math.log(1 + effect) * (1 if metric.higher_is_worse else -1)
@@ -161,10 +161,10 @@ def measure_aa(args: argparse.Namespace) -> tuple[list[Any], float, int, float]:
     import tempfile
     import time
 
-    from pipeline.load import load_matrix
+    from pipeline.matrix.read import load_matrix
     from stackproof.ab import measure_slices, start_servers
     from stackproof.cli_ab import resolve_side
-    from verify.ab import AbConfig, judge, slice_order
+    from verify.perf.ab import AbConfig, judge, slice_order
 
     matrix = load_matrix(REPO / "matrix.yaml", images_dir=REPO / "images")
     a, b = (resolve_side(matrix, REPO / "images", args.measure_aa, which) for which in ("A", "B"))
@@ -197,7 +197,7 @@ def measure_aa(args: argparse.Namespace) -> tuple[list[Any], float, int, float]:
 
 
 def _tally(reports: list[Any], args: argparse.Namespace, out: Path, seconds: float) -> None:
-    from verify.ab import METRICS
+    from verify.perf.ab import METRICS
 
     n = len(reports)
     verdicts = [r.verdict for r in reports]

@@ -1,6 +1,6 @@
 """A user-triggered CUDA core dump of a process parked on a spinning kernel: the forensics' recipe, for real.
 
-Run with the environment the stall forensics give an opted-in server (verify/forensics.py
+Run with the environment the stall forensics give an opted-in server (verify/forensics/stall.py
 `coredump_env`), pointed at a scratch directory:
 
     CUDA_ENABLE_USER_TRIGGERED_COREDUMP=1 CUDA_COREDUMP_PIPE=DIR/corepipe.cuda.%p \

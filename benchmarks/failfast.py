@@ -27,7 +27,7 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
-    from pipeline.docker import Docker
+    from pipeline.docker.client import Docker
 
     docker = Docker.connect()
     out = Path(os.environ.get("TMPDIR", "/tmp")) / "stackproof-bench-failfast"

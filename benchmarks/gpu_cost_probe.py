@@ -1,7 +1,7 @@
 """The NVML cost sampler and the spin rule's inputs on a real GPU: idle, a bf16 matmul load, a spin.
 
 Runs where a GPU, torch, nvidia-ml-py (and, for the spin phase, cupy) are installed; no docker.
-Three phases, each sampled once a second by `verify.gpucost.GpuSampler` with this process as the
+Three phases, each sampled once a second by `verify.forensics.gpucost.GpuSampler` with this process as the
 "server":
 
 1. idle: a CUDA context and nothing running;
@@ -31,8 +31,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from verify.gpucost import GpuSample, GpuSampler, NvmlReader, SmiReader, cost_section
-from verify.spin import DeviceWindow, judge_spin
+from verify.forensics.gpucost import GpuSample, GpuSampler, NvmlReader, SmiReader, cost_section
+from verify.forensics.spin import DeviceWindow, judge_spin
 
 N = 8192
 SPIN_KERNEL = r"""

@@ -43,9 +43,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2, help="alternate the two clients this many times")
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
-    from pipeline.docker import Docker
-    from pipeline.load import load_matrix
-    from verify.server import Server
+    from pipeline.docker.client import Docker
+    from pipeline.matrix.read import load_matrix
+    from verify.stages.server import Server
 
     out = Path(os.environ.get("TMPDIR", "/tmp")) / "stackproof-bench-loadgen"
     build = subprocess.run(

@@ -2,7 +2,7 @@
 
 Goal (issue 26, after issue 14): at least grep's throughput with everything
 `inspect log` looks for: the failure classes, startup phases and facts of the diagnosis
-(verify/failure_classes.yaml), the whole signature catalog and the built-in rules. Prints MB/s side
+(verify/logs/failure_classes.yaml), the whole signature catalog and the built-in rules. Prints MB/s side
 by side (best of --repeat runs each); asserts nothing.
 Usage: python benchmarks/logscan.py [--mb 200] [--repeat 3]
 """
@@ -44,8 +44,8 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
-    from verify.diagnosis import scan_rules
-    from verify.logscan import Facts, load_catalog, rules_for
+    from verify.logs.diagnosis import scan_rules
+    from verify.logs.logscan import Facts, load_catalog, rules_for
 
     patterns = [r.pattern for r in scan_rules()]
     patterns += [r.pattern for r in rules_for(None, None, Facts(serve=True, arch=""))]

@@ -41,9 +41,9 @@ def main() -> int:
     parser.add_argument("--skip-cold", action="store_true", help="skip the --no-cache cold build (about 3 minutes)")
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
-    from pipeline.docker import Docker
-    from pipeline.load import load_matrix
-    from pipeline.site import load_site
+    from pipeline.docker.client import Docker
+    from pipeline.matrix.read import load_matrix
+    from pipeline.matrix.site import load_site
 
     docker = Docker.connect()
     docker = docker.cli.path

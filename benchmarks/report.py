@@ -46,8 +46,8 @@ def main() -> int:
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
     from stackproof.cli import main as stackproof
-    from verify.autotune import read_cache
-    from verify.autotune_stage import winners_table
+    from verify.kernels.autotune import read_cache
+    from verify.stages.autotune import winners_table
 
     winners = winners_table(read_cache(AUTOTUNE))
     base = json.loads((FIXTURE / "receipt.json").read_text())

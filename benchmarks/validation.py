@@ -23,7 +23,7 @@ HEADER = (
 
 
 def cpu_seconds(cells: int, directory: Path) -> float:
-    from pipeline.load import load_matrix
+    from pipeline.matrix.read import load_matrix
 
     body = "".join(
         f"  - id: c{i}\n    base: img\n    platform: linux/amd64\n    arch: none\n    env: {{VLLM_X: '{i}'}}\n"

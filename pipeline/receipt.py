@@ -1,5 +1,5 @@
 """The receipt as a document: its kind and version, whether one read back holds together, and its
-JUnit XML and Markdown renderings. It sits below the checks (which build receipts, verify/receipt.py)
+JUnit XML and Markdown renderings. It sits below the checks (which build receipts, verify/stages/receipt.py)
 and the registry work (which gates publishing on them), so both read it without reaching up.
 
 A receipt names the image by its id and the host by its fingerprint; it never claims more. Its
@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import pipeline
-from pipeline.host import HostFingerprint
-from pipeline.jsonfile import jsonable
-from pipeline.model import STAGES
+from pipeline.guard.jsonfile import jsonable
+from pipeline.host.geometry import HostFingerprint
+from pipeline.matrix.model import STAGES
 from pipeline.result import CheckResult, Outcome, StageResult, Status, worst
 
 __all__ = [
@@ -54,7 +54,7 @@ class ImageRef:
     id_is: str = "config"
     repo_digests: tuple[str, ...] = ()
     # Where it ran: "docker" (an image; `id` its digest) or "host" (a Python environment of the host,
-    # `id_is` "environment": `id` the digest of its inventory, pipeline/hostenv.py).
+    # `id_is` "environment": `id` the digest of its inventory, pipeline/host/env.py).
     runtime: str = "docker"
     environment: dict[str, Any] | None = None  # host: its python, root, version and package count
 
@@ -385,7 +385,7 @@ def _bytes(value: float) -> str:
 
 
 def _correctness_line(section: dict[str, Any]) -> str:
-    """Each detector's rate beside the cell's baseline, and the canary score (verify/correctness.py)."""
+    """Each detector's rate beside the cell's baseline, and the canary score (verify/load/correctness.py)."""
     rates, base = section["rates"], (section["baseline"]["rates"] or {})
     parts = [
         f"{name} {rates[name]:.0%}" + (f" (baseline {base[name]:.0%})" if base.get(name) is not None else "")

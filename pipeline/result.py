@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from pipeline.model import STAGES, Expectation
+from pipeline.matrix.model import STAGES, Expectation
 
 __all__ = ["CheckResult", "Expectation", "Outcome", "StageResult", "Status", "VerifyReport", "evaluate", "worst"]
 

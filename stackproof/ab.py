@@ -6,7 +6,7 @@ concurrency), on one host; the order is verify/ab.slice_order's (a warm-up pair,
 ...). Unlike soak, which starts a fresh server per slice to count faults, an A/B keeps each side's
 server up from the first slice to the last: a server start (compile, caches, allocator) must not
 land inside a measurement. The greedy answers of each side are taken once, alone, in its warm-up
-slice and compared as `stackproof compare` does. The judge (verify/ab.py) turns the slices into the
+slice and compared as `stackproof compare` does. The judge (verify/perf/ab.py) turns the slices into the
 report; this module is the edge: servers, slices, files.
 """
 
@@ -21,8 +21,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pipeline.errors import CheckFailed, InfraError, PipelineError
-from pipeline.model import Arm, Cell, LoadSpec
-from verify.ab import (
+from pipeline.matrix.model import Arm, Cell, LoadSpec
+from verify.load.compare import GREEDY_FILE, compare_runs, read_greedy
+from verify.load.run import run_load, summarise
+from verify.logs.logscan import LogWatcher, load_catalog
+from verify.perf.ab import (
     METRICS,
     AbConfig,
     AbReport,
@@ -32,12 +35,9 @@ from verify.ab import (
     metrics_of_summary,
     slice_order,
 )
-from verify.compare import GREEDY_FILE, compare_runs, read_greedy
-from verify.load_stage import load_target
-from verify.loadrun import run_load, summarise
-from verify.logscan import LogWatcher, load_catalog
 from verify.runtime import Runtime
-from verify.server import Server, ServerFailed
+from verify.stages.load import load_target
+from verify.stages.server import Server, ServerFailed
 
 __all__ = ["AB_FILE", "Side", "measure_slices", "run_ab", "start_servers"]
 
@@ -71,7 +71,7 @@ def run_ab(
     family: int = len(METRICS),
 ) -> AbReport:
     """Start both servers, run the slices, judge them, write ab.json (read back before it is returned).
-    `family`: how many metrics the caller decides on (verify/ab.py: per_metric_confidence)."""
+    `family`: how many metrics the caller decides on (verify/perf/ab.py: per_metric_confidence)."""
     started = time.monotonic()
     config = AbConfig(
         threshold=threshold,

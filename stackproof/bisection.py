@@ -3,9 +3,9 @@
 The versions come from the cell's own index for NAME (the index its override, requirement, lock
 entry or `given:` names, mapped through the site's mirrors as every build is); the FlashInfer trio
 moves in lockstep when NAME is flashinfer-python. Each probed version is the cell with NAME pinned
-there: a layered host environment over the cell's environment without NAME (pipeline/hostlayer.py),
+there: a layered host environment over the cell's environment without NAME (pipeline/host/layer.py),
 named by its content, so a rerun builds nothing. Each step is one `stackproof ab` (stackproof/ab.py
-`run_ab`, in this process) of V1's environment against the version's; verify/bisection.py plans the
+`run_ab`, in this process) of V1's environment against the version's; verify/perf/bisection.py plans the
 probes and judges the steps.
 """
 
@@ -21,13 +21,13 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from pipeline.errors import CheckFailed, InputError
-from pipeline.hostenv import HostEnv, build_host_env, built_host_env, plan_host_env
-from pipeline.hostlayer import build_layer, plan_layer
-from pipeline.model import Cell, LoadSpec, Matrix, Requirement
-from pipeline.simpleindex import list_versions, local_label
-from pipeline.site import SiteSettings
+from pipeline.host.env import HostEnv, build_host_env, built_host_env, plan_host_env
+from pipeline.host.layer import build_layer, plan_layer
+from pipeline.matrix.model import Cell, LoadSpec, Matrix, Requirement
+from pipeline.matrix.site import SiteSettings
+from pipeline.releases.simpleindex import list_versions, local_label
 from stackproof.ab import Side, run_ab
-from verify.bisection import (
+from verify.perf.bisection import (
     BisectReport,
     Evidence,
     Search,
@@ -83,7 +83,7 @@ def moved_packages(matrix: Matrix, cell: Cell, package: str, index: str | None) 
 
 def _cell_pins(cell: Cell) -> dict[str, tuple[str, str]]:
     """name -> (index, version) from the cell's own declarations, the most specific last."""
-    from pipeline.lock import read_lock
+    from pipeline.build.lock import read_lock
 
     pins: dict[str, tuple[str, str]] = {g.name: (g.index, g.version) for g in cell.given}
     if cell.install is not None:

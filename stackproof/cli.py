@@ -23,23 +23,23 @@ from typing import TYPE_CHECKING, Any
 import pipeline
 from pipeline.console import console
 from pipeline.errors import InfraError, InputError, Interrupted, MatrixError, PipelineError
-from pipeline.load import MAX_CONCURRENCY, MAX_COUNT, MAX_SECONDS
-from pipeline.model import DEFAULT_ENGINE, SERVING_ENGINES, Cell, LoadSpec, Matrix
+from pipeline.matrix.model import DEFAULT_ENGINE, SERVING_ENGINES, Cell, LoadSpec, Matrix
+from pipeline.matrix.read import MAX_CONCURRENCY, MAX_COUNT, MAX_SECONDS
 from stackproof.cliutil import NO_PREFLIGHT_HELP
 from stackproof.cliutil import emit as _emit
 from stackproof.cliutil import jsonable as _jsonable
 from stackproof.cliutil import load as _load
 
 if TYPE_CHECKING:
-    from pipeline.docker import Docker
+    from pipeline.docker.client import Docker
+    from pipeline.matrix.site import SiteSettings
     from pipeline.result import VerifyReport
-    from pipeline.site import SiteSettings
 
 __all__ = ["main"]
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Every line that leaves the process passes one redaction (pipeline.redact.RedactingStream):
+    """Every line that leaves the process passes one redaction (pipeline.guard.redact.RedactingStream):
     a credential in a URL, a pip-freeze line, a doctor input or a server's answer never reaches the
     terminal, a log or a --json document, whichever command printed it."""
     with _redacted_output():
@@ -74,7 +74,7 @@ def _usage_error(argv: list[str] | None, exc: UsageError) -> int:
 
 @contextlib.contextmanager
 def _redacted_output() -> Any:
-    from pipeline.redact import RedactingStream
+    from pipeline.guard.redact import RedactingStream
 
     saved = sys.stdout, sys.stderr
     if not isinstance(sys.stdout, RedactingStream):
@@ -576,9 +576,9 @@ def audit_cells(matrix: Matrix, cells: list[Cell], lookup: Any) -> Any:
     """The audit of `cells` (`matrix audit`, `matrix propose`): wheels from the cells' indexes
     (mirrors applied) into the cache directory, release pins from `lookup`."""
     from pipeline.cache import cache_dir
-    from pipeline.site import load_site
+    from pipeline.matrix.site import load_site
     from verify.audit import Sources, audit_matrix
-    from verify.logscan import load_catalog, rulesets_for
+    from verify.logs.logscan import load_catalog, rulesets_for
 
     site = load_site(matrix)
 
@@ -624,8 +624,8 @@ def _audit_fix(path: Path, report: Any, out: Any) -> int:
 
 
 def _render(args: argparse.Namespace) -> int:
-    from pipeline.plan import plan_cell
-    from pipeline.site import load_site
+    from pipeline.build.plan import plan_cell
+    from pipeline.matrix.site import load_site
 
     matrix, images = _load(args)
     site = load_site(matrix)
@@ -652,8 +652,8 @@ def _render(args: argparse.Namespace) -> int:
 
 
 def _lock(args: argparse.Namespace) -> int:
-    from pipeline.lock import resolve_lock, write_lock
-    from pipeline.site import load_site
+    from pipeline.build.lock import resolve_lock, write_lock
+    from pipeline.matrix.site import load_site
 
     matrix, _ = _load(args)
     site = load_site(matrix)
@@ -668,7 +668,7 @@ def _lock(args: argparse.Namespace) -> int:
 
 
 def _build(args: argparse.Namespace) -> int:
-    from pipeline.build import build_cell
+    from pipeline.build.image import build_cell
 
     matrix, images = _load(args)
     cell = matrix.cell(args.cell)
@@ -695,7 +695,7 @@ def _build(args: argparse.Namespace) -> int:
 
 def _build_host_env(args: argparse.Namespace, matrix: Matrix, cell: Cell, images: Path, site: SiteSettings) -> int:
     """A `runtime: host` cell's build: its Python environment, under the cache directory."""
-    from pipeline.hostenv import build_host_env, plan_host_env
+    from pipeline.host.env import build_host_env, plan_host_env
 
     plan = plan_host_env(matrix, cell, images)
     out = args.out / cell.id
@@ -707,7 +707,7 @@ def _build_host_env(args: argparse.Namespace, matrix: Matrix, cell: Cell, images
 
 def _site(matrix: Matrix) -> SiteSettings:
     """This machine's site settings, saying on stderr what was found rather than set (a mirror)."""
-    from pipeline.site import load_site
+    from pipeline.matrix.site import load_site
 
     site = load_site(matrix)
     for note in site.notes:
@@ -718,13 +718,13 @@ def _site(matrix: Matrix) -> SiteSettings:
 def _engine(args: argparse.Namespace, matrix: Matrix, cell: Cell, images: Path, site: SiteSettings) -> Docker:
     """The docker engine for a job that builds or runs `cell`: for a GPU cell, only after its
     preflight passed (exit 3 listing every failing item otherwise), unless `--no-preflight`."""
-    from pipeline.docker import Docker
+    from pipeline.docker.client import Docker
 
     if not cell.is_gpu or args.no_preflight:
         return Docker.connect()
-    from pipeline.modelstore import snapshot_in_store, store_dir
-    from pipeline.plan import plan_cell
-    from pipeline.preflight import preflight_job
+    from pipeline.build.plan import plan_cell
+    from pipeline.host.modelstore import snapshot_in_store, store_dir
+    from pipeline.host.preflight import preflight_job
 
     # A model already in the store needs no disk; one still to fetch is of a size the hub knows
     # and this host does not (a WARN), never guessed.
@@ -743,7 +743,7 @@ def _verify(args: argparse.Namespace) -> int:
 
 def _verify_or_run(args: argparse.Namespace, *, build: bool) -> int:
     from stackproof.runjob import run_cell
-    from verify.runner import parse_stages
+    from verify.stages.runner import parse_stages
 
     matrix, images = _load(args)
     cell = matrix.cell(args.cell)
@@ -752,7 +752,7 @@ def _verify_or_run(args: argparse.Namespace, *, build: bool) -> int:
     stages = parse_stages(args.stages)
     site = _site(matrix)
     if args.previous is not None:
-        from pipeline.jsonfile import read_json
+        from pipeline.guard.jsonfile import read_json
 
         read_json(args.previous, "earlier report (--previous)")  # a bad file is exit 2 before anything runs
     load = _load_spec(args, cell.serve.load) if cell.serve else None
@@ -795,13 +795,13 @@ def _on_host(
     from verify.runtime.host import remove_dead_host_runs
 
     if args.python is not None:
-        from pipeline.hostenv import given_env
+        from pipeline.host.env import given_env
 
         given_env(args.python)  # a missing or broken interpreter is exit 2 before anything starts
     elif build is False and cell.install is None:
         raise InputError(f"cell {cell.id} has no `install:` to build a host environment from: pass --python PY")
     if cell.is_gpu and not args.no_preflight:
-        from pipeline.preflight import preflight_host
+        from pipeline.host.preflight import preflight_host
 
         preflight_host(matrix, cell)  # a host without the cell's GPU is exit 3 before anything starts
     for run in remove_dead_host_runs():
@@ -839,7 +839,7 @@ def _remove_dead_runs(docker: Docker) -> list[str]:
 
 def _gc(args: argparse.Namespace) -> int:
     """Containers and host server processes of dead runs; with no daemon, the host's only."""
-    from pipeline.docker import Docker
+    from pipeline.docker.client import Docker
     from verify.runtime.host import remove_dead_host_runs
 
     ended = remove_dead_host_runs()
@@ -858,7 +858,7 @@ def _gc(args: argparse.Namespace) -> int:
 
 def _load_spec(args: argparse.Namespace, spec: LoadSpec) -> LoadSpec:
     """The cell's load spec with the command line's overrides on top (checked before anything runs)."""
-    from verify.stats import parse_rate
+    from verify.load.stats import parse_rate
 
     changes: dict[str, Any] = {
         "questions": args.questions,
@@ -873,7 +873,7 @@ def _load_spec(args: argparse.Namespace, spec: LoadSpec) -> LoadSpec:
         "determinism_repeats": args.determinism_repeats,
     }
     if args.questions_file is not None:
-        from verify.workload import read_questions
+        from verify.load.workload import read_questions
 
         read_questions(args.questions_file)  # a bad file is a usage error now, not mid-run
         changes["questions_file"] = str(args.questions_file)
@@ -887,7 +887,7 @@ def _load_url(args: argparse.Namespace) -> int:
     from urllib.parse import urlsplit
 
     from pipeline.result import Status
-    from verify.loadrun import LoadTarget, judge_load, run_load, summarise
+    from verify.load.run import LoadTarget, judge_load, run_load, summarise
     from verify.serving import driver_named
 
     try:
@@ -909,7 +909,7 @@ def _load_url(args: argparse.Namespace) -> int:
         serving_engine = cell.serve.engine if cell.serve else serving_engine
     spec = _load_spec(args, base)
     driver = driver_named(args.engine or serving_engine)
-    from pipeline.redact import redact
+    from pipeline.guard.redact import redact
 
     # The label is what artifacts and progress lines name: the URL without its user info.
     target = LoadTarget(base_url=args.url.rstrip("/"), label=redact(args.url), driver=driver)
@@ -926,9 +926,9 @@ def _load_url(args: argparse.Namespace) -> int:
 
 def _soak(args: argparse.Namespace) -> int:
     """Exit 1 when any arm saw a fault."""
-    from pipeline.build import built_image
-    from pipeline.docker import Docker
-    from pipeline.site import load_site
+    from pipeline.build.image import built_image
+    from pipeline.docker.client import Docker
+    from pipeline.matrix.site import load_site
     from stackproof.runjob import exclusive_dir
     from stackproof.soak import DEFAULT_ARM, soak
 
@@ -946,7 +946,7 @@ def _soak(args: argparse.Namespace) -> int:
     duration = args.duration or spec.duration_s
     docker = Docker.connect()
     tag = built_image(docker, matrix, cell, load_site(matrix), images)[0].tag
-    from pipeline.modelstore import ensure_model
+    from pipeline.host.modelstore import ensure_model
 
     ensure_model(cell.serve.model, where=f"{matrix.file}:{cell.line}: cells[{cell.id}].serve.model")
     out = exclusive_dir(args.out / cell.id, time.strftime("soak-%Y%m%dT%H%M%S"))
@@ -1041,13 +1041,13 @@ _seconds = _number(float, high=MAX_SECONDS)
 def _inspect_log(args: argparse.Namespace) -> int:
     """Exit 1 when the log names a failure, 0 otherwise (clean, or inconclusive), 2 on bad input.
 
-    The diagnosis (verify/diagnosis.py) names the failure class, the incident only when its
+    The diagnosis (verify/logs/diagnosis.py) names the failure class, the incident only when its
     preconditions are shown, the facts and the last exception; docs/inspect-log.md is the JSON.
     Without --cell no expectation applies; with it, the cell's rules (and built-in sets) do.
     """
     from pipeline.result import CheckResult, Status
-    from verify.diagnosis import cell_facts, diagnose
-    from verify.logscan import Facts, judge, open_log, rules_for, scan
+    from verify.logs.diagnosis import cell_facts, diagnose
+    from verify.logs.logscan import Facts, judge, open_log, rules_for, scan
 
     cell = arm = None
     if args.cell:
@@ -1130,7 +1130,7 @@ def _not_a_text_log(data: Any) -> str | None:
 
 def _undecodable(data: Any, limit: int = 16 << 20) -> tuple[int, int] | None:
     """(count, line of the first) of the byte sequences that are not UTF-8 in the first `limit` bytes."""
-    from verify.logtext import decode
+    from verify.logs.logtext import decode
 
     head = bytes(data[:limit])
     _, count, first = decode(head)
@@ -1169,9 +1169,9 @@ def _diagnosis_text(name: str, verdict: str, diagnosis: Any, checks: list[Any]) 
 def _inspect_autotune(args: argparse.Namespace) -> int:
     """Exit 1 when a policy is violated."""
     from pipeline.result import Status
-    from verify.autotune import FORMATS, judge_cache, load_policies, map_to_hybrid_bucket, read_cache, winners
-    from verify.autotune_stage import winners_table
+    from verify.kernels.autotune import FORMATS, judge_cache, load_policies, map_to_hybrid_bucket, read_cache, winners
     from verify.serving import autotune_file_patterns
+    from verify.stages.autotune import winners_table
 
     cache = read_cache(args.file, files=autotune_file_patterns())
     written_by = next(f for f in FORMATS if f.name == cache.format)
@@ -1237,9 +1237,9 @@ def _probe_kernels(args: argparse.Namespace) -> int:
     docker = image = gpus = None
     python = args.python
     if args.cell:
-        from pipeline.build import built_image
-        from pipeline.docker import Docker
-        from pipeline.site import load_site
+        from pipeline.build.image import built_image
+        from pipeline.docker.client import Docker
+        from pipeline.matrix.site import load_site
 
         matrix, images = _load(args)
         cell = matrix.cell(args.cell)
@@ -1269,7 +1269,7 @@ def _probe_kernels(args: argparse.Namespace) -> int:
 
 
 def _stats(args: argparse.Namespace) -> int:
-    from verify.stats import compare_arms, fault_stats, parse_rate
+    from verify.load.stats import compare_arms, fault_stats, parse_rate
 
     p0 = parse_rate(args.baseline_rate)
     result = fault_stats(p0, args.questions, args.faults)
@@ -1303,7 +1303,7 @@ def _stats(args: argparse.Namespace) -> int:
 
 
 def _probe_imports(args: argparse.Namespace) -> int:
-    from verify.probe import probe_host
+    from verify.stages.probe import probe_host
 
     if args.host == bool(args.cell):
         raise InputError("probe imports: give a CELL, or --host")
@@ -1311,10 +1311,10 @@ def _probe_imports(args: argparse.Namespace) -> int:
         modules = tuple(args.modules.split(",")) if args.modules else SERVING_ENGINES[DEFAULT_ENGINE]
         report = probe_host(args.python, modules=modules)
     else:
-        from pipeline.build import built_image
-        from pipeline.docker import Docker
-        from pipeline.site import load_site
-        from verify.probe import probe_image
+        from pipeline.build.image import built_image
+        from pipeline.docker.client import Docker
+        from pipeline.matrix.site import load_site
+        from verify.stages.probe import probe_image
 
         matrix, images = _load(args)
         cell = matrix.cell(args.cell)

@@ -18,10 +18,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pipeline.errors import InfraError, InputError
-from pipeline.model import Cell, LoadSpec, Matrix
+from pipeline.matrix.model import Cell, LoadSpec, Matrix
 from stackproof.ab import Side, run_ab
 from stackproof.cliutil import emit, load
-from verify.ab import AbReport
+from verify.perf.ab import AbReport
 
 __all__ = ["MAX_PAIRS", "ab_command", "parse_pairs", "parse_threshold", "resolve_side"]
 
@@ -89,12 +89,12 @@ def _side(matrix: Matrix, text: str, which: str) -> tuple[Cell, str | None]:
 
 def _resolve(matrix: Matrix, images: Path, cell: Cell, arm_name: str | None, label: str) -> Side:
     """The side's runtime and image: the cell's built host environment, or its built image."""
-    from pipeline.site import load_site
+    from pipeline.matrix.site import load_site
 
     arm = cell.arm(arm_name) if arm_name else None
     site = load_site(matrix)
     if cell.on_host:
-        from pipeline.hostenv import built_host_env, plan_host_env
+        from pipeline.host.env import built_host_env, plan_host_env
         from stackproof.runjob import lineage_env
         from verify.runtime.host import HostRuntime, remove_dead_host_runs
 
@@ -105,9 +105,9 @@ def _resolve(matrix: Matrix, images: Path, cell: Cell, arm_name: str | None, lab
             raise InfraError(f"{cell.id}: its host environment is not built: run `stackproof build {cell.id}`")
         runtime = HostRuntime(python=env.python, files_root=env.files_root, image_env=lineage_env(matrix, cell))
         return Side(label=label, cell=cell, arm=arm, runtime=runtime, image=env.ref)
-    from pipeline.build import built_image
-    from pipeline.docker import Docker
-    from pipeline.modelstore import ensure_model
+    from pipeline.build.image import built_image
+    from pipeline.docker.client import Docker
+    from pipeline.host.modelstore import ensure_model
     from verify.runtime import as_runtime
 
     docker = Docker.connect()

@@ -13,17 +13,17 @@ import sys
 import time
 from collections.abc import Callable
 
-from pipeline.model import LoadSpec
+from pipeline.matrix.model import LoadSpec
 from stackproof.bisection import Bisect, canonical, check_ends, moved_packages, parse_version, run_bisect
 from stackproof.cliutil import emit, load
-from verify.bisection import BisectReport
+from verify.perf.bisection import BisectReport
 
 __all__ = ["bisect_command"]
 
 
 def bisect_command(args: argparse.Namespace, spec_of: Callable[[argparse.Namespace, LoadSpec], LoadSpec]) -> int:
     from pipeline.errors import InputError
-    from pipeline.site import load_site
+    from pipeline.matrix.site import load_site
     from stackproof.runjob import exclusive_dir
     from verify.runtime.host import remove_dead_host_runs
 

@@ -1,6 +1,6 @@
 """`stackproof ci-matrix`: the GitHub Actions matrix of the cells, all of them or those changed since a commit.
 
-The matrix logic is pure (`pipeline.cimatrix`); this module is its edge: it reads the matrix as
+The matrix logic is pure (`pipeline.matrix.cimatrix`); this module is its edge: it reads the matrix as
 it was at the older commit and the files changed since, through git (`pipeline.cmd.run`).
 """
 
@@ -14,9 +14,9 @@ import tempfile
 from pathlib import Path
 
 from pipeline import cmd
-from pipeline.cimatrix import Change, changed_cells, github_matrix, include_entries
 from pipeline.errors import InputError, MatrixError
-from pipeline.model import Matrix
+from pipeline.matrix.cimatrix import Change, changed_cells, github_matrix, include_entries
+from pipeline.matrix.model import Matrix
 
 __all__ = ["add_commands", "changes_since"]
 
@@ -38,7 +38,7 @@ def add_commands(
 
 
 def _ci_matrix(args: argparse.Namespace) -> int:
-    from pipeline.load import load_matrix
+    from pipeline.matrix.read import load_matrix
 
     images = args.images or args.matrix.parent / "images"
     matrix = load_matrix(args.matrix, images_dir=images)
@@ -47,7 +47,7 @@ def _ci_matrix(args: argparse.Namespace) -> int:
     if args.changed_since is not None:
         reasons = {c.cell: c.reasons for c in changes_since(matrix, images, args.changed_since)}
         ids = [i for i in ids if i in reasons]
-    from pipeline.runners import load_runner_labels
+    from pipeline.matrix.runners import load_runner_labels
 
     # Only the label mapping of the site settings: the plan job has no mirrors or CA bundle to check.
     labels_file = os.environ.get("STACKPROOF_RUNNER_LABELS")
@@ -102,7 +102,7 @@ def changes_since(matrix: Matrix, images_dir: Path, ref: str) -> tuple[Change, .
 
 def _matrix_at(commit: str, root: Path, matrix_file: Path, images_dir: Path) -> Matrix | None:
     """The matrix as it was at `commit`; None when it did not exist there or does not load."""
-    from pipeline.load import load_matrix
+    from pipeline.matrix.read import load_matrix
 
     rel = matrix_file.relative_to(root)
     if _git(["cat-file", "-e", f"{commit}:{rel.as_posix()}"], root).returncode != 0:

@@ -11,7 +11,7 @@ import argparse
 import math
 from pathlib import Path
 
-from verify.compare import NEAR_TIE_NATS, compare_runs, find_greedy, read_greedy, render_table
+from verify.load.compare import NEAR_TIE_NATS, compare_runs, find_greedy, read_greedy, render_table
 
 __all__ = ["add_commands"]
 

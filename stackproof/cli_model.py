@@ -28,7 +28,7 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
 
 def _fetch(args: argparse.Namespace) -> int:
     """Exit 2 for a revision or repository the hub does not have, 3 when the hub cannot be reached."""
-    from pipeline.modelstore import fetch, store_dir
+    from pipeline.host.modelstore import fetch, store_dir
 
     matrix, _ = load(args)
     cell = matrix.cell(args.cell)

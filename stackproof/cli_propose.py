@@ -3,9 +3,9 @@
 `pins refresh vllm==X.Y.Z` reads the release's wheel metadata (vllm's and its torch's Requires-Dist,
 both platforms of the official image) from the `pypi` index (its site mirror when one is set) and,
 with `--dockerfile FILE`, the release Dockerfile's overrides and CUDA version, and writes the entry
-of the release-pin table (pipeline/release_pins.json). `propose` refreshes the table when the
+of the release-pin table (pipeline/releases/release_pins.json). `propose` refreshes the table when the
 release is missing from it (or a Dockerfile is given), writes candidate cells next to the previous
-release's (pipeline/propose.py), validates the file and audits the new cells.
+release's (pipeline/releases/propose.py), validates the file and audits the new cells.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import InputError, MatrixError
-from pipeline.model import Matrix
-from pipeline.pins import ReleaseLookup
-from pipeline.pins_table import Release
+from pipeline.matrix.model import Matrix
+from pipeline.releases.pins import ReleaseLookup
+from pipeline.releases.table import Release
 from stackproof.cliutil import emit, load
 
 __all__ = ["add_matrix_commands", "release_lookup"]
@@ -38,7 +38,7 @@ def add_matrix_commands(matrix_group: Any, common: argparse.ArgumentParser) -> N
     p.add_argument("--no-audit", action="store_true", help="validate only; do not audit the new cells")
     p.set_defaults(handler=_propose)
 
-    pins = matrix_group.add_parser("pins", help="the release-pin table (pipeline/release_pins.json)")
+    pins = matrix_group.add_parser("pins", help="the release-pin table (pipeline/releases/release_pins.json)")
     sub = pins.add_subparsers(dest="pins_command", required=True)
     r = sub.add_parser("refresh", parents=[common], help="read a release's pins from its wheels' metadata")
     r.add_argument("specs", nargs="+", metavar="SPEC", help="vllm==X.Y.Z ...")
@@ -58,8 +58,8 @@ def release_lookup(matrix: Matrix, *, online: bool = True) -> ReleaseLookup:
     """The lookup a command shares: the `pypi` index (or its mirror), the site's CA bundle, the
     metadata kept under the cache directory, an unreachable index asked once."""
     from pipeline.cache import cache_dir
-    from pipeline.pins import fetch_metadata
-    from pipeline.site import load_site
+    from pipeline.matrix.site import load_site
+    from pipeline.releases.pins import fetch_metadata
 
     site = load_site(matrix)
     index_url = "https://pypi.org/simple"
@@ -71,7 +71,7 @@ def release_lookup(matrix: Matrix, *, online: bool = True) -> ReleaseLookup:
 
 
 def _refresh(args: argparse.Namespace) -> int:
-    from pipeline.propose import parse_specs
+    from pipeline.releases.propose import parse_specs
 
     matrix, _ = load(args)
     versions = [parse_specs([spec]).vllm for spec in args.specs]
@@ -90,9 +90,9 @@ def _refresh_one(
 ) -> Release:
     from packaging.utils import canonicalize_name
 
-    from pipeline.dockerfile_pins import read_dockerfile
-    from pipeline.pins import fetch_release
-    from pipeline.pins_table import PLATFORMS, TABLE, DockerfileFacts, load_table, write_release
+    from pipeline.releases.dockerfile import read_dockerfile
+    from pipeline.releases.pins import fetch_release
+    from pipeline.releases.table import PLATFORMS, TABLE, DockerfileFacts, load_table, write_release
 
     lookup = release_lookup(matrix)
     known = load_table().get(version) if TABLE.exists() else None
@@ -115,7 +115,7 @@ def _refresh_one(
 
 
 def _summary(release: Release) -> dict[str, Any]:
-    from pipeline.pins import derive
+    from pipeline.releases.pins import derive
 
     pins = derive(release, "linux/amd64")
     keys = ("flashinfer-python", "torch", "nvidia-cudnn-cu13", "nvidia-nccl-cu13")
@@ -126,8 +126,8 @@ def _summary(release: Release) -> dict[str, Any]:
 
 
 def _propose(args: argparse.Namespace) -> int:
-    from pipeline.pins_table import load_table
-    from pipeline.propose import insert, parse_specs, plan_proposal
+    from pipeline.releases.propose import insert, parse_specs, plan_proposal
+    from pipeline.releases.table import load_table
 
     wanted = parse_specs(args.specs)
     matrix, images = load(args)
@@ -135,7 +135,7 @@ def _propose(args: argparse.Namespace) -> int:
         raise InputError(f"--dockerfile {args.dockerfile}: no such file")
     if not args.dry_run and (wanted.vllm not in load_table() or args.dockerfile is not None):
         _refresh_one(matrix, wanted.vllm, args.dockerfile, [], None)
-        print(f"release-pin table: vllm {wanted.vllm} written (pipeline/release_pins.json)", file=sys.stderr)
+        print(f"release-pin table: vllm {wanted.vllm} written (pipeline/releases/release_pins.json)", file=sys.stderr)
     lookup = release_lookup(matrix)
     pins, source = lookup(wanted.vllm, "linux/amd64")
     if pins is None:
@@ -170,7 +170,7 @@ def _propose(args: argparse.Namespace) -> int:
 
 def _validated(file: Path, text: str, images: Path) -> Matrix:
     """The matrix `text` would be, loaded from a copy beside `file` (locks resolve as in it)."""
-    from pipeline.load import load_matrix
+    from pipeline.matrix.read import load_matrix
 
     with tempfile.NamedTemporaryFile("w", dir=file.parent, prefix=".propose-", suffix=".yaml", delete=False) as out:
         out.write(text)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import InputError, MatrixError
-from pipeline.model import Cell, Matrix
+from pipeline.matrix.model import Cell, Matrix
 from stackproof.cliutil import NO_PREFLIGHT_HELP
 
 __all__ = ["add_commands"]
@@ -88,7 +88,7 @@ def _credentials(args: argparse.Namespace, registry: str) -> Any:
     """The registry credentials for this command: never from argv, never printed."""
     import os
 
-    from pipeline.registry import find_credentials, split_registry
+    from pipeline.registry.oci import find_credentials, split_registry
 
     password = None
     if args.password_stdin:
@@ -103,10 +103,10 @@ def _credentials(args: argparse.Namespace, registry: str) -> Any:
 
 def _publish(args: argparse.Namespace) -> int:
     """Exit 1 when the receipt is not PASS (the image and receipt are pushed; no tag is moved)."""
-    from pipeline.docker import Docker
-    from pipeline.plan import plan_cell
-    from pipeline.publish import find_receipt, publish
-    from pipeline.site import load_site
+    from pipeline.build.plan import plan_cell
+    from pipeline.docker.client import Docker
+    from pipeline.matrix.site import load_site
+    from pipeline.registry.publish import find_receipt, publish
     from stackproof.cliutil import emit as _emit
     from stackproof.cliutil import load as _load
 
@@ -158,7 +158,7 @@ def _refuse_host(matrix: Matrix, cell: Cell, receipt: Path | None) -> None:
         raise InputError(f"{matrix.file}:{cell.line}: cells[{cell.id}] runs on the host runtime: {NO_IMAGE}")
     if receipt is None:
         return
-    from pipeline.jsonfile import read_json
+    from pipeline.guard.jsonfile import read_json
 
     document = read_json(receipt, "receipt (--receipt)")
     image = document.get("image") if isinstance(document, dict) else None
@@ -169,9 +169,9 @@ def _refuse_host(matrix: Matrix, cell: Cell, receipt: Path | None) -> None:
 
 
 def _pull(args: argparse.Namespace) -> int:
-    from pipeline.attest import parse_identity
-    from pipeline.docker import Docker
-    from pipeline.publish import pull
+    from pipeline.docker.client import Docker
+    from pipeline.registry.attest import parse_identity
+    from pipeline.registry.publish import pull
     from stackproof.cliutil import emit as _emit
 
     credentials = _credentials(args, args.registry)
@@ -185,7 +185,7 @@ def _pull(args: argparse.Namespace) -> int:
         raise InputError("--key and --identity: give one (a key-signed or a keyless receipt)")
     found = _cell_of(args)
     if found is not None and found[1].is_gpu and not args.no_preflight:
-        from pipeline.preflight import preflight_job
+        from pipeline.host.preflight import preflight_job
 
         docker = preflight_job(*found, tag=None)  # the image's size is known only from the registry
     else:

@@ -1,7 +1,7 @@
 """`stackproof repro` and `stackproof doctor`: their subcommands, handlers, and writing matrix.yaml.
 
 `repro SOURCE` parses what a reporter pasted (pipeline/repro/), finds the base's pins
-(pipeline/pins.py) and prints a new cell; `--write` appends it to matrix.yaml as text (comments and
+(pipeline/releases/pins.py) and prints a new cell; `--write` appends it to matrix.yaml as text (comments and
 formatting kept), validates the file, and restores it unchanged when the result does not load.
 `doctor` fingerprints this host or a cell's image (stackproof/doctor.py) and lists the cells that match.
 """
@@ -14,14 +14,14 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.boundedio import read_bytes
 from pipeline.errors import InfraError, InputError, MatrixError
-from pipeline.model import Matrix
-from pipeline.redact import redact
+from pipeline.guard.boundedio import read_bytes
+from pipeline.guard.redact import redact
+from pipeline.matrix.model import Matrix
 from stackproof.cliutil import NO_PREFLIGHT_HELP, emit, jsonable, load
 
 if TYPE_CHECKING:  # kept out of the CLI's start-up: only these commands need them
-    from pipeline.pins import Lookup, Pins, ReleaseLookup
+    from pipeline.releases.pins import Lookup, Pins, ReleaseLookup
     from pipeline.repro import Report, ReproCell
 
 __all__ = ["add_commands", "make_cell", "write_cell"]
@@ -100,7 +100,7 @@ def make_cell(
     platform: str | None = None,
 ) -> ReproCell:
     """A `Report` -> its `ReproCell`: plan, the base's pins from `lookup` (or the extended cell), build."""
-    from pipeline.pins import cell_stack
+    from pipeline.releases.pins import cell_stack
     from pipeline.repro import build_repro, image_env, plan_repro
 
     plan = plan_repro(report, matrix, arch=arch, platform=platform)
@@ -142,7 +142,7 @@ def _release_lookup(matrix: Matrix, *, online: bool) -> ReleaseLookup:
 def write_cell(matrix_file: Path, cell: ReproCell, *, images_dir: Path) -> Path:
     """Append `cell` (a `ReproCell`) and any new index and base to `matrix_file` as text, keeping
     every comment; then load the file. When it does not load, put the original back and raise."""
-    from pipeline.load import load_matrix
+    from pipeline.matrix.read import load_matrix
 
     original = matrix_file.read_text(encoding="utf-8")
     if re.search(rf"^\s*-\s+id:\s*['\"]?{re.escape(cell.id)}['\"]?\s*$", original, re.MULTILINE):
@@ -202,7 +202,7 @@ def _insert(text: str, key: str, entries: str, file: Path) -> str:
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from pipeline.site import load_site
+    from pipeline.matrix.site import load_site
     from stackproof.doctor import (
         Fingerprint,
         doctor_host,
@@ -213,7 +213,7 @@ def _doctor(args: argparse.Namespace) -> int:
         matrix_key,
         registry_fetcher,
     )
-    from verify.imports import check_flashinfer_trio
+    from verify.stages.imports import check_flashinfer_trio
 
     matrix = images = None
     if args.cell or args.matrix.is_file():
@@ -222,12 +222,12 @@ def _doctor(args: argparse.Namespace) -> int:
     facts = None
     early_notes: list[str] = []
     if args.input is not None:
-        from pipeline.jsonfile import read_json
+        from pipeline.guard.jsonfile import read_json
 
         document = read_json(args.input, "doctor JSON (--input)")
     elif args.cell:
-        from pipeline.plan import plan_cell
-        from pipeline.preflight import PreflightFailed, connect, gather_facts, judge_preflight
+        from pipeline.build.plan import plan_cell
+        from pipeline.host.preflight import PreflightFailed, connect, gather_facts, judge_preflight
 
         assert matrix is not None and images is not None
         cell = matrix.cell(args.cell)
@@ -250,7 +250,7 @@ def _doctor(args: argparse.Namespace) -> int:
             early_notes.append(f"docker not available ({docker_error}): fingerprinted this host, not {tag}")
         elif not built:
             if failed:
-                from pipeline.preflight import preflight_lines
+                from pipeline.host.preflight import preflight_lines
 
                 print("\n".join(preflight_lines(preflight)), file=sys.stderr)
                 raise PreflightFailed(cell.id, preflight)
@@ -300,21 +300,21 @@ def _doctor(args: argparse.Namespace) -> int:
         }
     lines = _doctor_lines(fp, key, trio, matches, receipts, notes)
     if preflight:
-        from pipeline.preflight import preflight_lines
+        from pipeline.host.preflight import preflight_lines
 
         lines = [*preflight_lines(preflight), *lines]
     emit(args, {**document, "doctor": derived}, "\n".join(lines))
     if any(i.status == "FAIL" for i in preflight):
-        from pipeline.preflight import PreflightFailed
+        from pipeline.host.preflight import PreflightFailed
 
         raise PreflightFailed(args.cell, preflight)  # after the report: every verdict is printed first
     return 0
 
 
 def _rule_items(matrix: Any, cell_id: str, document: dict[str, Any], source: str) -> list[Any]:
-    """The preflight rules (pipeline/preflight_rules.yaml) for the cell, on the facts this document
+    """The preflight rules (pipeline/host/preflight_rules.yaml) for the cell, on the facts this document
     records: a reporter's (`--input`), the host's, or the cell's image's (inside its container)."""
-    from pipeline.preflight_rules import HostLimits, cell_facts, judge_rules, load_rules
+    from pipeline.host.rules import HostLimits, cell_facts, judge_rules, load_rules
 
     assert matrix is not None
     cell = matrix.cell(cell_id)
@@ -323,7 +323,7 @@ def _rule_items(matrix: Any, cell_id: str, document: dict[str, Any], source: str
 
 def _limits_line(document: dict[str, Any]) -> str:
     """GPU 0's limits and the ptrace facts the preflight rules read (doctor_probe.py `cuda_devices`, `security`)."""
-    from pipeline.host import flatten_limits
+    from pipeline.host.geometry import flatten_limits
 
     if not document.get("cuda_devices"):
         return "limits: not recorded (a doctor probe from before cuda_devices)"

@@ -14,10 +14,10 @@ import math
 import time
 from collections.abc import Callable
 
-from pipeline.model import LoadSpec
+from pipeline.matrix.model import LoadSpec
 from stackproof.cli_ab import resolve_side
 from stackproof.cliutil import emit, load
-from verify.sweep import SweepAxis, SweepReport, parse_sweep
+from verify.perf.sweep import SweepAxis, SweepReport, parse_sweep
 
 __all__ = ["parse_axis", "parse_limit_ms", "sweep_command"]
 

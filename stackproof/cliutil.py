@@ -11,8 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pipeline.jsonfile import jsonable
-from pipeline.model import Matrix
+from pipeline.guard.jsonfile import jsonable
+from pipeline.matrix.model import Matrix
 
 __all__ = ["NO_PREFLIGHT_HELP", "emit", "jsonable", "load"]
 
@@ -21,7 +21,7 @@ NO_PREFLIGHT_HELP = "GPU cells: skip the host checks (GPU, compute capability, d
 
 def load(args: argparse.Namespace) -> tuple[Matrix, Path]:
     """The matrix from `--matrix` (validated) and the images directory (`--images`, else beside it)."""
-    from pipeline.load import load_matrix
+    from pipeline.matrix.read import load_matrix
 
     images = args.images or args.matrix.parent / "images"
     return load_matrix(args.matrix, images_dir=images), images

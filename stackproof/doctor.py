@@ -8,7 +8,7 @@ pure: `Fingerprint.parse`, `matrix_key`, `match_cells`, `match_receipts`, `host_
 The matrix key (docs/repro.md) has two halves, because a receipt never generalises beyond its image
 and its host geometry: `stack` (Python, vLLM, torch and its CUDA, the FlashInfer trio, the cuDNN
 torch loads, NCCL, Triton), the first 12 hex digits of the sha256 of its canonical JSON, and `host`,
-the very key receipts record (pipeline/host.py: architecture, GPU names and compute capabilities,
+the very key receipts record (pipeline/host/geometry.py: architecture, GPU names and compute capabilities,
 driver), so a receipt's host compares with this one by key. Equal facts give equal keys on any
 machine, whatever order they were collected in.
 """
@@ -29,14 +29,14 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from pipeline import cmd
-from pipeline.docker import Container, Docker, Mount
+from pipeline.docker.client import Container, Docker, Mount
 from pipeline.errors import CheckFailed, InfraError, InputError
-from pipeline.host import HostFingerprint, differences, flatten_limits
-from pipeline.model import Cell, Matrix
-from pipeline.pins import FI_CUBIN, FI_JIT, FI_PYTHON, Lookup, cell_stack
+from pipeline.host.geometry import HostFingerprint, differences, flatten_limits
+from pipeline.matrix.model import Cell, Matrix
+from pipeline.releases.pins import FI_CUBIN, FI_JIT, FI_PYTHON, Lookup, cell_stack
 from pipeline.repro import arch_of_gpu, cudnn_version_text
 from pipeline.result import CheckResult, Status
-from verify.probe import PROBE_FILE, PROBE_ROLE, ProbeReport
+from verify.stages.probe import PROBE_FILE, PROBE_ROLE, ProbeReport
 
 __all__ = [
     "DOCTOR_FILE",
@@ -210,7 +210,7 @@ class Fingerprint:
         return {d.name: d.version for d in self.probe.distributions if d.installer != "stackproof"}
 
     def host(self) -> HostFingerprint:
-        """This host in the terms receipts record (pipeline/host.py), so their keys compare."""
+        """This host in the terms receipts record (pipeline/host/geometry.py), so their keys compare."""
         gpus = tuple(
             {"name": g.name, "compute_capability": g.capability or "", "memory": f"{g.memory_mib} MiB"}
             for g in self.gpus
@@ -415,7 +415,7 @@ def match_receipts(directory: Path, fp: Fingerprint, cells: set[str]) -> list[di
 
 def match_registry(fetch: Callable[[str], dict[str, Any]], fp: Fingerprint, cells: list[str]) -> list[dict[str, Any]]:
     """The verified receipt behind `CELL-verified` for each matching cell; `fetch(cell)` reads it
-    (pipeline/publish.py `fetch_verified`) and raises `CheckFailed` when there is none."""
+    (pipeline/registry/publish.py `fetch_verified`) and raises `CheckFailed` when there is none."""
     found = []
     for cell in cells:
         try:
@@ -431,8 +431,8 @@ def registry_fetcher(registry: str, *, ca_bundle: str | None) -> tuple[Callable[
     """`fetch(cell)` against `registry` (HOST[:PORT][/NAMESPACE]), and the client to close."""
     import os
 
-    from pipeline.publish import REPOSITORY, fetch_verified
-    from pipeline.registry import RegistryClient, find_credentials, split_registry
+    from pipeline.registry.oci import RegistryClient, find_credentials, split_registry
+    from pipeline.registry.publish import REPOSITORY, fetch_verified
 
     host, namespace = split_registry(registry)
     repo = f"{namespace}/{REPOSITORY}" if namespace else REPOSITORY

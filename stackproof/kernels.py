@@ -15,18 +15,19 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import cmd
-from pipeline.docker import Container, Docker, Mount
+from pipeline.docker.client import Container, Docker, Mount
 from pipeline.errors import CheckFailed
 from pipeline.result import CheckResult, Status
-from verify.autotune import judge_cache, load_policies, read_cache
-from verify.autotune_stage import winners_table
-from verify.churn import CHURN_INCIDENT, ChurnInputError, ChurnVerdict, judge_churn
-from verify.probe import PROBE_ROLE
+from verify.kernels.autotune import judge_cache, load_policies, read_cache
+from verify.kernels.churn import CHURN_INCIDENT, ChurnInputError, ChurnVerdict, judge_churn
+from verify.stages.autotune import winners_table
+from verify.stages.probe import PROBE_ROLE
 
 __all__ = ["KERNEL_PROBE_FILE", "KernelProbeResult", "arch_of", "churn_checks", "judge_probe", "probe_kernels"]
 
-KERNEL_PROBE_FILE = Path(__file__).with_name("kernel_probe.py")
-CHURN_PROBE_FILE = Path(__file__).with_name("churn_probe.py")  # imported by kernel_probe.py --churn
+_PROBES = Path(__file__).resolve().parents[1] / "verify" / "probes"  # stdlib/torch scripts run on a GPU host
+KERNEL_PROBE_FILE = _PROBES / "kernel_probe.py"
+CHURN_PROBE_FILE = _PROBES / "churn_probe.py"  # imported by kernel_probe.py --churn
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -14,19 +14,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pipeline.build import build_cell, build_seconds, built_image
-from pipeline.docker import Docker
+from pipeline.build.image import build_cell, build_seconds, built_image
+from pipeline.docker.client import Docker
 from pipeline.errors import InfraError, InputError
-from pipeline.host import host_fingerprint
-from pipeline.hostenv import HostEnv, build_host_env, built_host_env, given_differences, given_env, plan_host_env
-from pipeline.model import Arm, Cell, LoadSpec, Matrix
-from pipeline.modelstore import ensure_model
+from pipeline.host.env import HostEnv, build_host_env, built_host_env, given_differences, given_env, plan_host_env
+from pipeline.host.geometry import host_fingerprint
+from pipeline.host.modelstore import ensure_model
+from pipeline.matrix.model import Arm, Cell, LoadSpec, Matrix
+from pipeline.matrix.site import SiteSettings
 from pipeline.receipt import write_all
 from pipeline.result import CheckResult, Status, VerifyReport
-from pipeline.site import SiteSettings
-from verify.receipt import build_receipt, build_section
-from verify.runner import verify_image
 from verify.runtime.host import HostRuntime
+from verify.stages.receipt import build_receipt, build_section
+from verify.stages.runner import verify_image
 
 __all__ = ["exclusive_dir", "host_build_section", "lineage_env", "run_cell", "run_on_host"]
 

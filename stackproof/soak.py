@@ -16,14 +16,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from pipeline.docker import Docker
-from pipeline.model import Arm, Cell, LoadSpec
-from verify.forensics import LoadInstruments
-from verify.load_stage import load_target
-from verify.loadrun import run_load, summarise
-from verify.logscan import LogWatcher, load_catalog
-from verify.server import Server, ServerFactory, ServerFailed
-from verify.stats import compare_arms, fault_stats
+from pipeline.docker.client import Docker
+from pipeline.matrix.model import Arm, Cell, LoadSpec
+from verify.forensics.stall import LoadInstruments
+from verify.load.run import run_load, summarise
+from verify.load.stats import compare_arms, fault_stats
+from verify.logs.logscan import LogWatcher, load_catalog
+from verify.stages.load import load_target
+from verify.stages.server import Server, ServerFactory, ServerFailed
 
 __all__ = ["ArmTally", "soak"]
 
@@ -121,7 +121,7 @@ def _one_slice(
             tally.faults += 1
             tally.questions += 1
             return
-        # GPU cost and stall forensics per slice, as in the load stage (verify/forensics.py).
+        # GPU cost and stall forensics per slice, as in the load stage (verify/forensics/stall.py).
         instruments = LoadInstruments.for_cell(docker, cell, run_dir=out_dir, forensics_dir=out_dir / "forensics")
         instruments.start(server.name)
         target = replace(

@@ -5,7 +5,7 @@ The server starts once (in the cell's runtime, as `stackproof ab` starts a side:
 and is discarded, so the start's compile and caches land in no point. Each point's slice is
 `stackproof soak`'s load (verify/loadrun.run_load in soak mode: the cell's question pool from its
 seed, cycled for `--slice` seconds) at that point's concurrency, or its rate (the open loop,
-capped by the spec's concurrency). The judge (verify/sweep.py) finds where TTFT p99 crosses the
+capped by the spec's concurrency). The judge (verify/perf/sweep.py) finds where TTFT p99 crosses the
 declared limit; this module is the edge: the server, the slices, the files.
 """
 
@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import InfraError
-from pipeline.model import LoadSpec
+from pipeline.matrix.model import LoadSpec
 from stackproof.ab import ServerMaker, Side, start_servers
-from verify.load_stage import load_target
-from verify.loadrun import run_load, summarise
-from verify.server import Server
-from verify.sweep import SweepAxis, SweepConfig, SweepPoint, SweepReport, judge_sweep, point_of_summary
+from verify.load.run import run_load, summarise
+from verify.perf.sweep import SweepAxis, SweepConfig, SweepPoint, SweepReport, judge_sweep, point_of_summary
+from verify.stages.load import load_target
+from verify.stages.server import Server
 
 __all__ = ["SWEEP_FILE", "run_sweep"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import signal
 
-from pipeline.docker import Docker
+from pipeline.docker.client import Docker
 from pipeline.errors import CheckFailed
 from verify.serving import DRIVERS
 

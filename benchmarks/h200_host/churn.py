@@ -4,8 +4,8 @@
     python3 benchmarks/h200_host/churn.py --judge DIR/churn-probe.json     # judge a recorded run, no GPU
 
 Needs torch with CUDA (FlashInfer where installed: without it only torch.mm is measured, and each
-FlashInfer GEMM says why it was not). Measures with stackproof/churn_probe.py, judges with
-verify/churn.py (both stdlib + torch; nothing else of stackproof's is imported), prints the table
+FlashInfer GEMM says why it was not). Measures with verify/probes/churn_probe.py, judges with
+verify/kernels/churn.py (both stdlib + torch; nothing else of stackproof's is imported), prints the table
 and writes DIR/churn-probe.json (the raw counters) and DIR/churn.json (the verdicts). On SM90 (the
 H200) mm_fp4 is reported as not available: the baseline there is torch.mm and bmm_fp8, whose
 steady-state calls are expected to allocate nothing beyond their output.
@@ -24,8 +24,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from stackproof import churn_probe  # noqa: E402  (stdlib + torch, imported by path from the checkout)
-from verify.churn import DEFAULT_THRESHOLD, ChurnInputError, judge_churn, render_table, summary  # noqa: E402
+from verify.kernels.churn import DEFAULT_THRESHOLD, ChurnInputError, judge_churn, render_table, summary  # noqa: E402
+from verify.probes import churn_probe  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

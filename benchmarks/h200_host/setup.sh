@@ -24,8 +24,8 @@ mkdir -p /models
 HF_HUB_OFFLINE=1 /tmp/venv/bin/python images/recipes/tiny-model/make_tiny_model.py /models/tiny-llama > /tmp/tiny.log 2>&1 \
   || { tail -20 /tmp/tiny.log; exit 1; }
 echo "model at $(el)"
-/tmp/venv/bin/python verify/doctor_probe.py > "$OUT/doctor-probe.json" 2> /tmp/doctor-probe.err || tail -5 /tmp/doctor-probe.err
-PYTHONPATH=$PWD /tmp/tools/bin/python -c 'import stackproof.cli, stackproof.runjob, verify.runner, verify.runtime.host, verify.stats, verify.loadrun; print("stackproof imports")'
+/tmp/venv/bin/python verify/probes/doctor_probe.py > "$OUT/doctor-probe.json" 2> /tmp/doctor-probe.err || tail -5 /tmp/doctor-probe.err
+PYTHONPATH=$PWD /tmp/tools/bin/python -c 'import stackproof.cli, stackproof.runjob, verify.stages.runner, verify.runtime.host, verify.load.stats, verify.load.run; print("stackproof imports")'
 cat /proc/sys/kernel/yama/ptrace_scope 2>/dev/null || echo "no yama ptrace_scope"
 ulimit -n
 echo "setup done at $(el)"

@@ -5,12 +5,12 @@ Three steps, each pure:
    stands on, plus what the source is silent or ambiguous about. Four kinds of source: the output
    of `vllm collect-env` (often inside an issue body, with a `docker run`/`vllm serve` line), a
    plain environment block (`GPU: ...`, `Driver: ...`, `FlashInfer: ...`), a `pip freeze`, and the
-   JSON of `stackproof doctor` (or of `verify/doctor_probe.py`).
+   JSON of `stackproof doctor` (or of `verify/probes/doctor_probe.py`).
 2. `plan_repro(report, matrix) -> ReproPlan`: the GPU arch and platform, and the base: the cell
    doctor ran in, else vLLM's release image when the report says it ran it, else a documented
    fallback (docs/repro.md).
 3. `build_repro(report, matrix, plan, base_pins) -> ReproCell`: overrides for every reported
-   version that differs from the base's pins (pipeline/pins.py finds those), each from its index;
+   version that differs from the base's pins (pipeline/releases/pins.py finds those), each from its index;
    the serve spec; the host expectations; every finding. `ReproCell.yaml()` renders it.
 
 The modules, each importing only from those listed before it:

@@ -12,9 +12,9 @@ from typing import Any
 from packaging.version import Version
 
 from pipeline.errors import InputError
-from pipeline.model import Matrix
-from pipeline.pins import FI_CUBIN, FI_JIT, FI_PYTHON, Pins, cuda_tag
-from pipeline.redact import secret_arg, secret_env
+from pipeline.guard.redact import secret_arg, secret_env
+from pipeline.matrix.model import Matrix
+from pipeline.releases.pins import FI_CUBIN, FI_JIT, FI_PYTHON, Pins, cuda_tag
 from pipeline.repro.commands import REPRODUCED_ENV_PREFIXES, SETTING_FLAGS
 from pipeline.repro.facts import Finding, Kind, Report, Seen
 from pipeline.repro.geometry import NewBase, ReproPlan, runner_labels

@@ -9,7 +9,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from pipeline.errors import InputError
-from pipeline.pins import FI_CUBIN, FI_JIT, FI_PYTHON
+from pipeline.releases.pins import FI_CUBIN, FI_JIT, FI_PYTHON
 from pipeline.repro.commands import _scan_commands
 from pipeline.repro.facts import Finding, Gpu, Kind, Report, Seen
 from pipeline.repro.util import OFFICIAL_USAGE_SOURCE, _check_version, _full_commit, _is_official, _known

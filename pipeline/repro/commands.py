@@ -7,7 +7,7 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
-from pipeline.redact import secret_arg, secret_env
+from pipeline.guard.redact import secret_arg, secret_env
 from pipeline.repro.facts import Finding, Kind, Seen
 from pipeline.repro.util import _IMAGE_REF
 

@@ -1,4 +1,4 @@
-"""The JSON of `stackproof doctor --json` (or of `verify/doctor_probe.py`) -> `Report`."""
+"""The JSON of `stackproof doctor --json` (or of `verify/probes/doctor_probe.py`) -> `Report`."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ import re
 import shlex
 
 from pipeline.errors import InputError
-from pipeline.pins import FI_CUBIN, FI_JIT, FI_PYTHON
+from pipeline.releases.pins import FI_CUBIN, FI_JIT, FI_PYTHON
 from pipeline.repro.collect_env import _ENV_LINE, _torch_from_dunder_version
 from pipeline.repro.commands import _scan_commands, _vllm_args
 from pipeline.repro.facts import Finding, Gpu, Kind, Report, Seen

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from packaging.version import Version
 
 from pipeline.errors import InputError
-from pipeline.load import KNOWN_ARCHES
-from pipeline.model import Matrix, RegistryBase
-from pipeline.pins import OFFICIAL_IMAGE, release_of_image
+from pipeline.matrix.model import Matrix, RegistryBase
+from pipeline.matrix.read import KNOWN_ARCHES
+from pipeline.releases.pins import OFFICIAL_IMAGE, release_of_image
 from pipeline.repro.facts import Finding, Kind, Report, Seen
 from pipeline.repro.util import _is_dev
 

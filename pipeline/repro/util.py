@@ -9,7 +9,7 @@ import re
 from packaging.version import InvalidVersion, Version
 
 from pipeline.errors import InputError
-from pipeline.pins import FI_CUBIN, FI_JIT, FI_PYTHON
+from pipeline.releases.pins import FI_CUBIN, FI_JIT, FI_PYTHON
 from pipeline.repro.facts import Report, Seen
 
 # Packages that make up a serving stack: pinned even when the base's own version is unknown.

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.errors import InputError
-from pipeline.model import STAGES
+from pipeline.matrix.model import STAGES
 from pipeline.receipt import RECEIPT_KIND, RECEIPT_SCHEMA_VERSION, receipt_problems
 
 __all__ = [

@@ -16,7 +16,7 @@ from typing import Any
 import jinja2
 from markupsafe import Markup
 
-from pipeline.jsonfile import jsonable
+from pipeline.guard.jsonfile import jsonable
 from stackproof.site_report import plots
 from stackproof.site_report.model import (
     NUMBERS,

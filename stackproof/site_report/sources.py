@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.boundedio import iter_lines, open_input, read_bytes
 from pipeline.errors import InputError
+from pipeline.guard.boundedio import iter_lines, open_input, read_bytes
 from stackproof.site_report.model import (
     ORIGIN_REGISTRY,
     ORIGIN_RUN_DIR,
@@ -159,14 +159,14 @@ def _tail(path: Path) -> bytes:
 def receipts_from_registry(registry: str, *, ca_bundle: str | None = None, credentials: Any = None) -> list[Receipt]:
     """Every receipt attached in the registry's stackproof repository.
 
-    A thin adapter over pipeline.registry / pipeline.publish (`_repo`, `RECEIPT_MEDIA_TYPE`,
+    A thin adapter over pipeline.registry.oci / pipeline.registry.publish (`_repo`, `RECEIPT_MEDIA_TYPE`,
     `RegistryClient.check/manifest/get_blob/tags/referrers`), with the command's credentials.
     It finds receipt artifacts three ways, as pull does: the OCI tag schema's `sha256-<hex>` image
     indexes, the referrers API for image tags without one, and the `sha256-<hex>.receipt` tags of
     stackproof 0.1; then reads each artifact's receipt layer.
     """
-    from pipeline.publish import RECEIPT_MEDIA_TYPE, _repo
-    from pipeline.registry import RegistryClient
+    from pipeline.registry.oci import RegistryClient
+    from pipeline.registry.publish import RECEIPT_MEDIA_TYPE, _repo
 
     host, repo = _repo(registry)
     receipts = []
@@ -233,8 +233,8 @@ class Fixtures:
 
 
 def read_fixtures(root: Path) -> Fixtures:
-    from verify.autotune import read_cache
-    from verify.autotune_stage import winners_table
+    from verify.kernels.autotune import read_cache
+    from verify.stages.autotune import winners_table
 
     if not root.is_dir():
         raise InputError(f"--fixtures {root}: no such directory")

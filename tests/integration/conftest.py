@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.docker import Docker
+from pipeline.docker.client import Docker
 from pipeline.errors import InfraError
 from tests.conftest import in_ci
 

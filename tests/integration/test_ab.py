@@ -34,7 +34,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.hostproc import marked_processes
+from pipeline.host.proc import marked_processes
 from tests.integration.conftest import IMAGES, MATRIX, REPO, runner_dir, stackproof, write_matrix
 
 pytestmark = pytest.mark.integration

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.model import LogRule
+from pipeline.matrix.model import LogRule
 from verify.audit import rule_finding
 from verify.audit.assumptions import assumption_findings, flashinfer_checks
 from verify.audit.checks import Status, check_pattern

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.docker import Docker
+from pipeline.docker.client import Docker
 from tests.integration.conftest import REPO, stackproof, write_matrix
 
 pytestmark = pytest.mark.integration

@@ -5,7 +5,7 @@
 hook around vLLM 0.28.0's engine step); from 5.0 on its DELAY_S is 50 ms, before it 0. The cell
 is cpu-tiny-host (vLLM 0.28.0 CPU, host runtime) with the package pinned at 1.0 from that index,
 in a matrix of this test's own; each probed version is a layer over the cell's environment
-(pipeline/hostlayer.py). Bisect must name 5.0 after at most 1 + 3 A/B runs (the bad end, then
+(pipeline/host/layer.py). Bisect must name 5.0 after at most 1 + 3 A/B runs (the bad end, then
 halving 2.0 .. 8.0), and a rerun must build nothing.
 
 The serve args add `--enforce-eager`: vLLM 0.28.0 then skips torch.compile
@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.hostproc import marked_processes
+from pipeline.host.proc import marked_processes
 from tests.integration.conftest import IMAGES, MATRIX, runner_dir, stackproof
 
 pytestmark = pytest.mark.integration

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.bootstrap import ensure_base
-from pipeline.docker import Docker
-from pipeline.load import load_matrix
-from pipeline.model import BootstrapBase
-from pipeline.site import load_site
+from pipeline.build.bootstrap import ensure_base
+from pipeline.docker.client import Docker
+from pipeline.matrix.model import BootstrapBase
+from pipeline.matrix.read import load_matrix
+from pipeline.matrix.site import load_site
 from tests.integration.conftest import IMAGES, MATRIX, docker_cmd, stackproof
 
 pytestmark = pytest.mark.integration

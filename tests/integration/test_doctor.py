@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 from packaging.utils import canonicalize_name
 
-from pipeline.docker import Docker
-from pipeline.load import load_matrix
-from pipeline.plan import plan_cell
-from pipeline.preflight_rules import CellFacts, HostLimits, judge_rules, load_rules
+from pipeline.build.plan import plan_cell
+from pipeline.docker.client import Docker
+from pipeline.host.rules import CellFacts, HostLimits, judge_rules, load_rules
+from pipeline.matrix.read import load_matrix
+from pipeline.matrix.site import SiteSettings
 from pipeline.result import Status
-from pipeline.site import SiteSettings
 from tests.integration.conftest import (
     IMAGES,
     JOB_LABEL,
@@ -33,7 +33,7 @@ from tests.integration.conftest import (
 pytestmark = pytest.mark.integration
 
 TOOLING = {"pip", "setuptools", "wheel"}
-PLE_ENV = (("VLLM_PLE_CPU_OFFLOAD", "1"),)  # the env the PLE rule reads (pipeline/preflight_rules.yaml)
+PLE_ENV = (("VLLM_PLE_CPU_OFFLOAD", "1"),)  # the env the PLE rule reads (pipeline/host/preflight_rules.yaml)
 
 
 def test_doctor_in_cpu_tiny_round_trips_through_repro(docker: Docker, cpu_tiny: str, tmp_path: Path) -> None:

@@ -22,14 +22,14 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.bootstrap import ensure_base
-from pipeline.docker import Docker
-from pipeline.load import load_matrix
-from pipeline.model import BootstrapBase
-from pipeline.plan import plan_cell
-from pipeline.registry import OCI_INDEX, OCI_MANIFEST, RegistryClient, platform_manifest
-from pipeline.reglayout import CACHE_REPOSITORY
-from pipeline.site import load_site
+from pipeline.build.bootstrap import ensure_base
+from pipeline.build.plan import plan_cell
+from pipeline.docker.client import Docker
+from pipeline.matrix.model import BootstrapBase
+from pipeline.matrix.read import load_matrix
+from pipeline.matrix.site import load_site
+from pipeline.registry.layout import CACHE_REPOSITORY
+from pipeline.registry.oci import OCI_INDEX, OCI_MANIFEST, RegistryClient, platform_manifest
 from tests.integration.conftest import IMAGES, REPO, Daemon, write_matrix
 from tests.integration.registries import Registry, start_registry
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.hostproc import Marked, group_members, marked_processes
+from pipeline.host.proc import Marked, group_members, marked_processes
 from tests.integration.conftest import JOB, REPO, python_as, runner_dir, stackproof
 
 pytestmark = pytest.mark.integration

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.docker import Docker
+from pipeline.docker.client import Docker
 from tests.integration.conftest import REPO, created_since, stackproof, write_matrix
 
 pytestmark = pytest.mark.integration

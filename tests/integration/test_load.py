@@ -18,14 +18,14 @@ from typing import Any
 
 import pytest
 
-from pipeline.docker import Docker
-from pipeline.load import load_matrix
-from pipeline.model import LoadSpec
+from pipeline.docker.client import Docker
+from pipeline.matrix.model import LoadSpec
+from pipeline.matrix.read import load_matrix
 from pipeline.result import StageResult, Status
 from tests.faults import signal_engine_core
 from tests.integration.conftest import IMAGES, MATRIX, containers, stackproof, write_matrix
-from verify.load_stage import run_load_stage
-from verify.server import Server
+from verify.stages.load import run_load_stage
+from verify.stages.server import Server
 
 pytestmark = pytest.mark.integration
 

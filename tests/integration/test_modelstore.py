@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from pipeline.docker import Docker
-from pipeline.load import load_matrix
-from pipeline.plan import plan_cell
-from pipeline.site import load_site
+from pipeline.build.plan import plan_cell
+from pipeline.docker.client import Docker
+from pipeline.matrix.read import load_matrix
+from pipeline.matrix.site import load_site
 from tests.integration.conftest import REPO, containers, docker_cmd, stackproof, write_matrix
 from tests.standin_hub import StandInHub, stand_in_hub
 

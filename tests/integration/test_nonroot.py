@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.docker import Docker
+from pipeline.docker.client import Docker
 from tests.integration.conftest import REPO, docker_cmd, python_as, runner_dir
 
 pytestmark = pytest.mark.integration
@@ -40,10 +40,10 @@ print("written", oct(os.stat("/stackproof/autotune-cache/abc123/autotune_configs
 READ_AS_RUNNER = """
 import json, shutil, sys
 from pathlib import Path
-from pipeline.docker import Docker
-from pipeline.load import load_matrix
-from verify.autotune_stage import CACHE_MOUNT, judge_fresh_cache
-from verify.logscan import Facts
+from pipeline.docker.client import Docker
+from pipeline.matrix.read import load_matrix
+from verify.stages.autotune import CACHE_MOUNT, judge_fresh_cache
+from verify.logs.logscan import Facts
 
 name, out, bind = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
 result = {}

@@ -31,18 +31,18 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from pipeline.host import HostFingerprint, host_fingerprint
-from pipeline.load import load_matrix
-from pipeline.model import STAGES
-from pipeline.plan import plan_cell
-from pipeline.publish import RECEIPT_MEDIA_TYPE, legacy_receipt_tag, referrers_tag
+from pipeline.build.plan import plan_cell
+from pipeline.host.geometry import HostFingerprint, host_fingerprint
+from pipeline.matrix.model import STAGES
+from pipeline.matrix.read import load_matrix
+from pipeline.matrix.site import load_site
 from pipeline.receipt import write_all
-from pipeline.registry import OCI_INDEX, OCI_MANIFEST, TRUSTED_REALMS_ENV, Credentials, RegistryClient
+from pipeline.registry.oci import OCI_INDEX, OCI_MANIFEST, TRUSTED_REALMS_ENV, Credentials, RegistryClient
+from pipeline.registry.publish import RECEIPT_MEDIA_TYPE, legacy_receipt_tag, referrers_tag
 from pipeline.result import CheckResult, Outcome, StageResult, Status, VerifyReport
-from pipeline.site import load_site
 from tests.integration.conftest import IMAGES, REPO, Daemon, write_matrix
 from tests.integration.registries import USER, Registry, TokenIssuer, start_registry
-from verify.receipt import build_receipt
+from verify.stages.receipt import build_receipt
 
 pytestmark = pytest.mark.integration
 
@@ -656,7 +656,7 @@ def test_signed_receipts_valid_tampered_and_wrong_key(bench: Bench, tmp_path: Pa
         body = json.dumps(receipt).encode()
         layer.update(digest=client.put_blob(REPO_NAME, body), size=len(body))
         forged = json.dumps(doc).encode()
-        from pipeline.registry import sha256_digest
+        from pipeline.registry.oci import sha256_digest
 
         client.put_manifest(REPO_NAME, sha256_digest(forged), forged, OCI_MANIFEST)
         index = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": [

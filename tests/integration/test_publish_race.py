@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.publish import RECEIPT_MEDIA_TYPE, _attach_receipt, referrers_tag
-from pipeline.registry import OCI_INDEX, OCI_MANIFEST, RegistryClient
+from pipeline.registry.oci import OCI_INDEX, OCI_MANIFEST, RegistryClient
+from pipeline.registry.publish import RECEIPT_MEDIA_TYPE, _attach_receipt, referrers_tag
 from tests.integration.registries import start_registry
 
 pytestmark = pytest.mark.integration

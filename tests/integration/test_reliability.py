@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.docker import Docker
-from pipeline.gc import owner_start_time
+from pipeline.docker.client import Docker
+from pipeline.docker.gc import owner_start_time
 from tests.integration.conftest import JOB, REPO, containers, docker_cmd, stackproof, write_matrix
 from tests.integration.test_build import _marked_wheel
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from pipeline.docker import Docker
+from pipeline.docker.client import Docker
 from tests.integration.conftest import JOB, REPO, containers, created_since, runner_dir, stackproof, write_matrix
 
 pytestmark = pytest.mark.integration

@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
-from pipeline.docker import Docker
+from pipeline.docker.client import Docker
 from tests.integration.conftest import built_by_the_pipeline, containers, created_since, stackproof
-from verify.diagnosis import diagnose, scan_rules
-from verify.logscan import scan
+from verify.logs.diagnosis import diagnose, scan_rules
+from verify.logs.logscan import scan
 from verify.serving import DRIVERS
 
 pytestmark = pytest.mark.integration

@@ -18,14 +18,14 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.docker import Docker
-from pipeline.load import load_matrix
-from pipeline.model import Cell
+from pipeline.docker.client import Docker
+from pipeline.matrix.model import Cell
+from pipeline.matrix.read import load_matrix
 from tests.integration.conftest import IMAGES, MATRIX, containers
-from verify.progress import parse_metrics
-from verify.server import RUN_LABEL, Server
+from verify.load.progress import parse_metrics
 from verify.serving import ServingDriver, driver_for
 from verify.serving.openai import RequestRecord, ServerAPI, Timeouts
+from verify.stages.server import RUN_LABEL, Server
 
 pytestmark = pytest.mark.integration
 
@@ -106,7 +106,7 @@ def test_a_streamed_chat_is_counted_by_the_drivers_counters(served: tuple[Server
 
 
 def test_greedy_completions_repeat_with_logprobs(served: tuple[Server, Cell]) -> None:
-    from verify.determinism import request_sample
+    from verify.load.determinism import request_sample
 
     server, _ = served
 

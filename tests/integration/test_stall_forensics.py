@@ -21,13 +21,13 @@ from pathlib import Path
 import jinja2
 import pytest
 
-from pipeline.docker import Docker
-from pipeline.load import load_matrix
-from pipeline.model import LoadSpec
+from pipeline.docker.client import Docker
+from pipeline.matrix.model import LoadSpec
+from pipeline.matrix.read import load_matrix
 from pipeline.result import Status
 from tests.integration.conftest import IMAGES, JOB, MATRIX, containers
-from verify.load_stage import run_load_stage
-from verify.server import Server
+from verify.stages.load import run_load_stage
+from verify.stages.server import Server
 
 pytestmark = pytest.mark.integration
 

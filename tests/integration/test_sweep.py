@@ -19,9 +19,9 @@ import jsonschema
 import pytest
 import yaml
 
-from pipeline.hostproc import marked_processes
+from pipeline.host.proc import marked_processes
 from tests.integration.conftest import IMAGES, MATRIX, REPO, runner_dir, stackproof, write_matrix
-from verify.sweep import SweepPoint, SweepReport, judge_sweep
+from verify.perf.sweep import SweepPoint, SweepReport, judge_sweep
 
 pytestmark = pytest.mark.integration
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from pipeline.errors import MatrixError
-from pipeline.load import load_matrix
-from pipeline.model import Matrix
+from pipeline.matrix.model import Matrix
+from pipeline.matrix.read import load_matrix
 
 REPO = Path(__file__).resolve().parents[2]
 

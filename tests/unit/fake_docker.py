@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pipeline import cmd
-from pipeline.docker import Docker, DockerCli
+from pipeline.docker.client import Docker, DockerCli
 
 
 class RecordingDocker(Docker):

@@ -13,9 +13,9 @@ from typing import Any
 
 import httpx
 
-from pipeline import attest
-from pipeline.publish import RECEIPT_MEDIA_TYPE, referrers_tag
-from pipeline.registry import OCI_INDEX, OCI_MANIFEST
+from pipeline.registry import attest
+from pipeline.registry.oci import OCI_INDEX, OCI_MANIFEST
+from pipeline.registry.publish import RECEIPT_MEDIA_TYPE, referrers_tag
 
 __all__ = ["FakeOci", "publish_receipt"]
 

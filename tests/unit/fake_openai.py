@@ -3,7 +3,7 @@
 It speaks a serving driver's dialect (default vLLM's): the driver's paths and metric names, its
 dead-engine marker. A stdlib `ThreadingHTTPServer` on 127.0.0.1 (a free port), one thread per
 connection, HTTP/1.0 (each response ends by closing the connection, so streams need no chunked
-encoding). It answers what `verify.loadrun.run_load` asks: the models, health and metrics paths
+encoding). It answers what `verify.load.run.run_load` asks: the models, health and metrics paths
 (Prometheus text whose counters move as it serves), the chat path (SSE, as vLLM streams it, with a
 usage block) and the completions path (greedy tokens as `token_id:N` with top-2 logprobs). `hang=True` makes
 every chat stream stop after its first content chunk while the rest keeps answering with frozen

@@ -1,4 +1,4 @@
-"""The A/B judge (verify/ab.py) on synthetic slices: a planted effect is found with its sign,
+"""The A/B judge (verify/perf/ab.py) on synthetic slices: a planted effect is found with its sign,
 identical distributions say NO CHANGE, the interleaving and the JSON round trip hold, and the CLI
 rejects bad options with exit 2 naming them."""
 
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from stackproof.cli import main
-from verify.ab import (
+from verify.perf.ab import (
     METRICS,
     AbConfig,
     AbReport,
@@ -247,8 +247,8 @@ def test_the_runner_keeps_one_server_per_side_and_finds_the_slower_side(tmp_path
     """B streams fifty times slower (100 ms a chunk: at a load average of 45 on two cores, ten times
     slower was UNDECIDED, the client's own starved turns drowning 20 ms): a REGRESSION in tok/s, TPOT up;
     greedy answers agree; both servers are removed once, at the end; ab.json is the report returned."""
-    from pipeline.load import load_matrix
-    from pipeline.model import LoadSpec
+    from pipeline.matrix.model import LoadSpec
+    from pipeline.matrix.read import load_matrix
     from stackproof.ab import Side, run_ab
 
     from .fake_openai import FakeVllm

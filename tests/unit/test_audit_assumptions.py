@@ -222,7 +222,7 @@ def f():
 
 
 def test_a_rule_naming_no_package_is_read_in_the_engine_only(tmp_path: Path) -> None:
-    from pipeline.model import LogRule
+    from pipeline.matrix.model import LogRule
     from verify.audit import rule_finding
 
     vllm = index_of(tmp_path, "vllm", KERNELS)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.load import load_matrix
-from pipeline.pins import ReleaseLookup
+from pipeline.matrix.read import load_matrix
+from pipeline.releases.pins import ReleaseLookup
 from verify.audit import Sources, audit_matrix
 from verify.audit.checks import Status
 
@@ -161,7 +161,7 @@ def test_the_index_serving_vllm_unreachable_is_exit_3_saying_what_to_fix(matrix_
 
 
 def test_signatures_both_ways_and_the_ones_listed_not_checked(matrix_file: Path, tmp_path: Path) -> None:
-    from verify.logscan import Signature
+    from verify.logs.logscan import Signature
 
     def sig(id_: str, match: str, **extra: object) -> Signature:
         base: dict = dict(title=id_, severity="fail", source="server", first=None, then=None, within=20)  # type: ignore[type-arg]

@@ -11,7 +11,7 @@ import pytest
 from pipeline.result import Status
 from stackproof.cli import main
 from stackproof.kernels import arch_of, judge_probe
-from verify.autotune import (
+from verify.kernels.autotune import (
     hybrid_buckets,
     judge_cache,
     load_policies,
@@ -20,8 +20,8 @@ from verify.autotune import (
     read_cache,
     winners,
 )
-from verify.autotune_stage import CACHE_MOUNT, diff_winners, judge_fresh_cache, winners_table
-from verify.logscan import Facts
+from verify.logs.logscan import Facts
+from verify.stages.autotune import CACHE_MOUNT, diff_winners, judge_fresh_cache, winners_table
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 TWO_SHAPES = FIXTURES / "autotune" / "h200-fi0.6.18.post1-cudnn9.19-two-shapes.json"
@@ -308,7 +308,7 @@ def test_inspect_autotune_exit_codes_and_bucket_answers(tmp_path: Path, capsys) 
 
 def test_cells_autotune_lists_load_and_are_validated(tmp_path: Path) -> None:
     from pipeline.errors import MatrixError
-    from pipeline.load import load_matrix
+    from pipeline.matrix.read import load_matrix
 
     text = """\
 schema_version: 1

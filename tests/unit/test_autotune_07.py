@@ -17,10 +17,10 @@ import pytest
 from pipeline.errors import InputError
 from pipeline.result import Status
 from stackproof.cli import main
-from verify.autotune import read_cache, winners
-from verify.autotune_stage import CACHE_MOUNT, judge_fresh_cache, winners_table
-from verify.logscan import Facts
+from verify.kernels.autotune import read_cache, winners
+from verify.logs.logscan import Facts
 from verify.serving import driver_named
+from verify.stages.autotune import CACHE_MOUNT, judge_fresh_cache, winners_table
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "autotune"
 H200 = FIXTURES / "h200-fi0.6.18.post1-cudnn9.19-two-shapes.json"

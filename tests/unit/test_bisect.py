@@ -1,5 +1,5 @@
-"""The bisect's search and judge (verify/bisection.py) on fake step outcomes, the index listing
-(pipeline/simpleindex.py), the layer's plan and scripts (pipeline/hostlayer.py), the document
+"""The bisect's search and judge (verify/perf/bisection.py) on fake step outcomes, the index listing
+(pipeline/releases/simpleindex.py), the layer's plan and scripts (pipeline/host/layer.py), the document
 against its schema, and the CLI's bad input (exit 2, nothing run)."""
 
 from __future__ import annotations
@@ -12,17 +12,17 @@ import jsonschema
 import pytest
 
 from pipeline.errors import InputError
-from pipeline.hostenv import plan_host_env
-from pipeline.hostlayer import _rewrite_scripts, plan_layer
-from pipeline.load import load_matrix
-from pipeline.model import Requirement
-from pipeline.simpleindex import files_of_page, list_versions, versions_of_files
-from pipeline.site import Mirror
+from pipeline.host.env import plan_host_env
+from pipeline.host.layer import _rewrite_scripts, plan_layer
+from pipeline.matrix.model import Requirement
+from pipeline.matrix.read import load_matrix
+from pipeline.matrix.site import Mirror
+from pipeline.releases.simpleindex import files_of_page, list_versions, versions_of_files
 from stackproof.bisection import moved_packages
 from stackproof.cli import main
 from tests.unit.test_ab import config, synthetic
-from verify.ab import judge
-from verify.bisection import (
+from verify.perf.ab import judge
+from verify.perf.bisection import (
     BisectReport,
     Evidence,
     Search,

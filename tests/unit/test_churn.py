@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from pipeline.result import Status
-from stackproof import churn_probe
 from stackproof.kernels import churn_checks
-from verify.churn import ChurnInputError, judge_churn, render_table, summary
+from verify.kernels.churn import ChurnInputError, judge_churn, render_table, summary
+from verify.probes import churn_probe
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "churn"

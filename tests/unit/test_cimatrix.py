@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import yaml
 
-from pipeline.cimatrix import ENTRY_KEYS, changed_cells, include_entries
-from pipeline.model import Matrix
+from pipeline.matrix.cimatrix import ENTRY_KEYS, changed_cells, include_entries
+from pipeline.matrix.model import Matrix
 from stackproof.cli import main
 from tests.unit.conftest import line_of
 
@@ -408,7 +408,7 @@ def _labels_file(tmp_path: Path, text: str) -> Path:
 
 
 def test_a_site_maps_default_labels_onto_arc_scale_sets(real_matrix: Matrix, tmp_path: Path) -> None:
-    from pipeline.runners import load_runner_labels
+    from pipeline.matrix.runners import load_runner_labels
 
     path = _labels_file(
         tmp_path,
@@ -443,7 +443,7 @@ def test_a_bad_runner_label_file_is_a_located_error(
     real_matrix: Matrix, tmp_path: Path, text: str, message: str
 ) -> None:
     from pipeline.errors import InputError
-    from pipeline.runners import load_runner_labels
+    from pipeline.matrix.runners import load_runner_labels
 
     with pytest.raises(InputError, match=message):
         load_runner_labels(_labels_file(tmp_path, text), real_matrix)
@@ -451,7 +451,7 @@ def test_a_bad_runner_label_file_is_a_located_error(
 
 def test_labels_that_map_to_nothing_are_refused(real_matrix: Matrix, tmp_path: Path) -> None:
     from pipeline.errors import InputError
-    from pipeline.runners import load_runner_labels
+    from pipeline.matrix.runners import load_runner_labels
 
     labels = load_runner_labels(
         _labels_file(tmp_path, "schema_version: 1\nlabels: {self-hosted: [], linux: [], x64: [], docker: []}\n"),

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.model import LoadSpec
+from pipeline.matrix.model import LoadSpec
 from stackproof.cli import main
-from verify import watchdog
-from verify.compare import compare_runs, find_greedy, read_greedy, render_table, write_greedy
-from verify.determinism import Sample
-from verify.loadrun import LoadTarget, run_load
+from verify.load import watchdog
+from verify.load.compare import compare_runs, find_greedy, read_greedy, render_table, write_greedy
+from verify.load.determinism import Sample
+from verify.load.run import LoadTarget, run_load
 
 from .fake_openai import FakeVllm
 

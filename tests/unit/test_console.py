@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.build import BuildSteps
+from pipeline.build.image import BuildSteps
 from pipeline.console import Console, clip, done_line, elapsed, failure_lines, phase_line, tool_line
 
 

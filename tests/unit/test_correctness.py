@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 
 from pipeline.errors import InputError
-from pipeline.model import Cell, LoadSpec
+from pipeline.matrix.model import Cell, LoadSpec
 from pipeline.result import CheckResult, Status
-from verify import watchdog
-from verify.baselines import baseline_key, path_of, read_baseline
-from verify.canary import Canary, CanaryAnswer, ask_canaries, judge_canaries, read_canaries, score
-from verify.correctness import ask_for_cell, judge_correctness
-from verify.degeneration import MARGIN, Rates, judge_degeneration, loop_period, measure
-from verify.loadrun import LoadOutcome, LoadTarget, judge_load, run_load, summarise
+from verify.load import watchdog
+from verify.load.baselines import baseline_key, path_of, read_baseline
+from verify.load.canary import Canary, CanaryAnswer, ask_canaries, judge_canaries, read_canaries, score
+from verify.load.correctness import ask_for_cell, judge_correctness
+from verify.load.degeneration import MARGIN, Rates, judge_degeneration, loop_period, measure
+from verify.load.run import LoadOutcome, LoadTarget, judge_load, run_load, summarise
 from verify.serving import DRIVERS
 
 from .fake_openai import FakeVllm
@@ -159,7 +159,7 @@ def test_too_few_answers_are_inconclusive() -> None:
 @pytest.fixture
 def cell() -> Cell:
     """The real matrix's cpu-tiny: what a baseline key is built from."""
-    from pipeline.load import load_matrix
+    from pipeline.matrix.read import load_matrix
 
     repo = Path(__file__).resolve().parents[2]
     return load_matrix(repo / "matrix.yaml", images_dir=repo / "images").cell("cpu-tiny")

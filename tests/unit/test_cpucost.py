@@ -1,4 +1,4 @@
-"""The CPU half of a load's cost (verify/cpucost.py): the server container's cgroup read on v1 and
+"""The CPU half of a load's cost (verify/forensics/cpucost.py): the server container's cgroup read on v1 and
 v2 (fake trees, and this test's own real cgroup), the arithmetic both ways, the load's instruments,
 the host's CPU in the fingerprint, the receipt's build section and the schema for all of it."""
 
@@ -12,11 +12,11 @@ from typing import Any
 import jsonschema
 import pytest
 
-from pipeline.host import HostFingerprint, cpu_model
+from pipeline.host.geometry import HostFingerprint, cpu_model
 from pipeline.receipt import SCHEMA_FILE
-from verify.cpucost import CgroupReader, CpuSample, cpu_cost_fields, parse_proc_cgroup, reader_for
-from verify.forensics import LoadInstruments
-from verify.receipt import build_section
+from verify.forensics.cpucost import CgroupReader, CpuSample, cpu_cost_fields, parse_proc_cgroup, reader_for
+from verify.forensics.stall import LoadInstruments
+from verify.stages.receipt import build_section
 
 V1 = """12:memory:/docker/abc
 11:cpu,cpuacct:/docker/abc
@@ -138,7 +138,7 @@ def test_a_cpu_cell_s_load_cost_has_cpu_values_and_the_gpu_fields_say_why(tmp_pa
 
 
 def test_a_gpu_cell_s_cost_is_unchanged_no_cpu_fields(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("verify.forensics.open_reader", lambda: "nvidia-ml-py (pynvml) is not installed")
+    monkeypatch.setattr("verify.forensics.stall.open_reader", lambda: "nvidia-ml-py (pynvml) is not installed")
     instruments = LoadInstruments(runtime=_pid_runtime(os.getpid()), run_dir=tmp_path, gpu=True)
     instruments.start("c")
     cost = instruments.finish(output_tokens=10, seconds=1.0)

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from pipeline.result import Status
-from verify.determinism import PROMPTS, Divergence, Sample, compare, judge_phase, request_sample
+from verify.load.determinism import PROMPTS, Divergence, Sample, compare, judge_phase, request_sample
 from verify.serving import DRIVERS
 from verify.serving.openai import ServerAPI
 

@@ -18,9 +18,9 @@ import yaml
 from pipeline.errors import MatrixError
 from stackproof.cli import main
 from tests.unit.test_logscan import CPU_LOG, SAMPLES
-from verify.diagnosis import CLASSES_FILE, Fact, diagnose, load_classes
-from verify.logscan import load_catalog, load_rulesets, open_log
-from verify.logtext import clean_line, message_of, split_records
+from verify.logs.diagnosis import CLASSES_FILE, Fact, diagnose, load_classes
+from verify.logs.logscan import load_catalog, load_rulesets, open_log
+from verify.logs.logtext import clean_line, message_of, split_records
 
 REAL = Path(__file__).resolve().parents[1] / "fixtures" / "logs" / "real"
 INDEX = yaml.safe_load((REAL / "index.yaml").read_text())["logs"]
@@ -479,9 +479,9 @@ def test_every_class_is_proven_on_a_real_log_or_a_realistic_line() -> None:
 def test_the_literal_prefilter_never_drops_a_line_the_regex_matches(real_matrix) -> None:
     # scan() only runs a regex on lines holding one of its literals: for every pattern the
     # diagnosis and the catalog use, that must find exactly the lines a plain regex search finds.
-    from pipeline.model import LogRule
-    from verify.diagnosis import scan_rules
-    from verify.logscan import scan
+    from pipeline.matrix.model import LogRule
+    from verify.logs.diagnosis import scan_rules
+    from verify.logs.logscan import scan
 
     text = b"".join(p.read_bytes() for p in sorted(REAL.glob("*.log"))) + "".join(SAMPLES.values()).encode()
     lines = text.split(b"\n")

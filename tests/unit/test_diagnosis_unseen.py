@@ -22,7 +22,7 @@ import yaml
 
 from stackproof.cli import main
 from tests.unit.test_logscan import CPU_LOG
-from verify.diagnosis import diagnose
+from verify.logs.diagnosis import diagnose
 
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
 UNSEEN = LOGS / "unseen"

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.build.lock import parse_compiled
 from pipeline.cmd import CommandResult
-from pipeline.docker import DockerCli, detect_cli
+from pipeline.docker.client import DockerCli, detect_cli
 from pipeline.errors import InfraError, InputError
-from pipeline.lock import parse_compiled
-from pipeline.model import Matrix
-from pipeline.site import Mirror, SiteSettings, load_site
+from pipeline.matrix.model import Matrix
+from pipeline.matrix.site import Mirror, SiteSettings, load_site
 
 # -- docker CLI detection ---------------------------------------------------------------------------
 

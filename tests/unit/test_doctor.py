@@ -1,6 +1,6 @@
 """`stackproof doctor`: the stdlib fingerprint script, the fingerprint, the matrix key, matching cells.
 
-Real inputs: tests/fixtures/doctor/h200-host.json is `python3 verify/doctor_probe.py` on the H200
+Real inputs: tests/fixtures/doctor/h200-host.json is `python3 verify/probes/doctor_probe.py` on the H200
 (host mode, torch 2.11.0+cu130, FlashInfer 0.6.18.post1, no vLLM), and h200-host-nvml-gpu.json is
 the same run's GPU section read through NVML instead of nvidia-smi. The CPU image facts are the
 in-image probe of the fi-0.6.13-matched image (tests/fixtures/probe/). nvidia-smi itself is faked
@@ -20,11 +20,11 @@ from typing import Any
 import pytest
 
 from pipeline import cmd
-from pipeline.docker import Container, run_argv
+from pipeline.docker.client import Container, run_argv
 from pipeline.errors import CheckFailed
-from pipeline.load import load_matrix
-from pipeline.model import Matrix
-from pipeline.pins import ReleaseLookup
+from pipeline.matrix.model import Matrix
+from pipeline.matrix.read import load_matrix
+from pipeline.releases.pins import ReleaseLookup
 from pipeline.result import Status
 from stackproof.cli import main
 from stackproof.doctor import (
@@ -38,7 +38,7 @@ from stackproof.doctor import (
     match_registry,
     matrix_key,
 )
-from verify import doctor_probe
+from verify.probes import doctor_probe
 
 REPO = Path(__file__).resolve().parents[2]
 H200 = REPO / "tests" / "fixtures" / "doctor" / "h200-host.json"
@@ -172,7 +172,7 @@ def test_matrix_key_is_stable_and_splits_stack_from_host() -> None:
         == "sm90/linux/amd64/1xH200/driver-580.159.04 vllm-none torch-2.11.0-cu130 fi-0.6.18.post1 cudnn-9.19.0"
     )
     assert key.stack["nccl"] == "2.28.9" and key.host["gpu_count"] == 1
-    # The host half is the key receipts record (pipeline/host.py), so a receipt compares by key.
+    # The host half is the key receipts record (pipeline/host/geometry.py), so a receipt compares by key.
     assert key.host_id == Fingerprint.parse(document).host().key and len(key.host_id) == 16
     assert key.key == f"stack-{key.stack_id}.host-{key.host_id}" and len(key.stack_id) == 12
     shuffled = copy.deepcopy(document)

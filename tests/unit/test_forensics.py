@@ -16,11 +16,10 @@ from typing import Any
 import pytest
 
 from pipeline.errors import InfraError
-from pipeline.load import load_matrix
+from pipeline.matrix.read import load_matrix
 from tests.unit.fake_docker import RecordingDocker
-from verify.costreceipt import cost_and_forensics
-from verify.forensics import StallForensics, coredump_env, gpu_windows, parse_stacks
-from verify.gpucost import (
+from verify.forensics.costreceipt import cost_and_forensics
+from verify.forensics.gpucost import (
     COST_FIELDS,
     DeviceSample,
     GpuSample,
@@ -29,8 +28,9 @@ from verify.gpucost import (
     cost_section,
     empty_cost_section,
 )
-from verify.pyspy import find_py_spy
-from verify.spin import DeviceWindow, GpuStallVerdict, SpinRule, judge_spin
+from verify.forensics.pyspy import find_py_spy
+from verify.forensics.spin import DeviceWindow, GpuStallVerdict, SpinRule, judge_spin
+from verify.forensics.stall import StallForensics, coredump_env, gpu_windows, parse_stacks
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -440,7 +440,7 @@ def test_the_sidecar_is_removed_when_interrupted() -> None:
 
 def test_the_nvidia_smi_fallback_reads_memory_per_server_process(tmp_path: Path) -> None:
     """A stand-in nvidia-smi printing what the real one prints for these two CSV queries."""
-    from verify.gpucost import SmiReader
+    from verify.forensics.gpucost import SmiReader
 
     smi = tmp_path / "nvidia-smi"
     smi.write_text(
@@ -484,8 +484,8 @@ class _CoredumpDocker:
 
 
 def _docker_side(docker: Any) -> Any:
-    from verify.forensics import RuntimeSide
-    from verify.pyspy import PySpy
+    from verify.forensics.pyspy import PySpy
+    from verify.forensics.stall import RuntimeSide
     from verify.runtime import as_runtime
 
     return RuntimeSide(

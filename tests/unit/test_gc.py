@@ -6,7 +6,7 @@ import os
 import socket
 import subprocess
 
-from pipeline.gc import Owned, dead_containers, owner_labels, owner_start_time, process_alive
+from pipeline.docker.gc import Owned, dead_containers, owner_labels, owner_start_time, process_alive
 
 
 def test_owner_labels_name_this_process() -> None:

@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.host import HostFingerprint
-from pipeline.model import Expectation, Matrix
+from pipeline.host.geometry import HostFingerprint
+from pipeline.matrix.model import Expectation, Matrix
 from pipeline.receipt import render_junit, render_markdown
 from pipeline.result import CheckResult, StageResult, Status, VerifyReport, evaluate
-from verify.autotune import read_cache, winners
-from verify.autotune_stage import diff_winners, winners_table
-from verify.logscan import Facts, catalog_for, judge, rules_for, scan
-from verify.receipt import build_receipt, receipt_status
+from verify.kernels.autotune import read_cache, winners
+from verify.logs.logscan import Facts, catalog_for, judge, rules_for, scan
+from verify.stages.autotune import diff_winners, winners_table
+from verify.stages.receipt import build_receipt, receipt_status
 
 RELEASE = "sm120-vllm-0.28.0-release"
 FIXED = "sm120-vllm-0.28.0-fi-0.6.18.post1-cu130"

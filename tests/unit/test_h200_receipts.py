@@ -110,7 +110,7 @@ def test_an_environment_that_is_not_the_given_one_fails_before_any_server() -> N
 def test_publish_refuses_a_host_cell_and_a_host_receipt_before_docker(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr("pipeline.docker.Docker.connect", staticmethod(lambda: pytest.fail("docker was asked")))
+    monkeypatch.setattr("pipeline.docker.client.Docker.connect", staticmethod(lambda: pytest.fail("docker was asked")))
     real = ["--matrix", str(REPO / "matrix.yaml"), "--registry", "127.0.0.1:1"]
     assert main(["publish", CELL, *real]) == 2
     err = capsys.readouterr().err

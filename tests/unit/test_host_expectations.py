@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pipeline.load import load_matrix
+from pipeline.matrix.read import load_matrix
 from pipeline.result import Status
 from stackproof.runjob import _host_expectations
 

@@ -1,4 +1,4 @@
-"""pipeline/hostenv.py: an environment given with `--python` (checked, never changed) and the
+"""pipeline/host/env.py: an environment given with `--python` (checked, never changed) and the
 versions a host cell says it is given, against a real interpreter's inventory."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from pipeline.errors import InputError
-from pipeline.hostenv import given_differences, given_env
-from pipeline.model import HOST_BASE, Cell, Requirement
+from pipeline.host.env import given_differences, given_env
+from pipeline.matrix.model import HOST_BASE, Cell, Requirement
 from pipeline.result import Status
 from stackproof.runjob import _given_check
 
@@ -89,8 +89,8 @@ def test_the_given_check_passes_on_the_real_environment_and_fails_on_another() -
 def test_a_given_python_other_than_the_locks_is_located_bad_input(tmp_path: Path) -> None:
     import dataclasses
 
-    from pipeline.load import load_matrix
-    from pipeline.site import SiteSettings
+    from pipeline.matrix.read import load_matrix
+    from pipeline.matrix.site import SiteSettings
     from stackproof.runjob import _host_env
 
     repo = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""pipeline/hostproc.py on real processes: a marked process group (a parent and the child it forks,
+"""pipeline/host/proc.py on real processes: a marked process group (a parent and the child it forks,
 as vLLM's API server forks its engine) is found by its mark, judged dead when its owner is gone,
 and ended whole; a live owner's run is never touched."""
 
@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from pipeline.hostproc import OWNER_ENV, RUN_ENV, dead_runs, end_run, group_members, marked_processes
+from pipeline.host.proc import OWNER_ENV, RUN_ENV, dead_runs, end_run, group_members, marked_processes
 
 # A parent that forks a child and both sleep: the shape of an API server and its engine.
 FAMILY = "import os, time\nif os.fork() == 0:\n    time.sleep(120)\nelse:\n    time.sleep(120)\n"
@@ -54,7 +54,7 @@ def test_a_run_whose_owner_is_gone_is_dead_and_end_run_leaves_nothing(
 
 
 def test_a_live_owner_is_never_judged_dead() -> None:
-    from pipeline.gc import owner_start_time
+    from pipeline.docker.gc import owner_start_time
 
     run = f"test-{uuid.uuid4().hex[:8]}"
     me = f"{socket.gethostname()}:{os.getpid()}:{owner_start_time(os.getpid())}"

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from pipeline.model import Cell, Expectation, Requirement
+from pipeline.matrix.model import Cell, Expectation, Requirement
 from pipeline.result import CheckResult, StageResult, Status, evaluate, worst
-from verify import inimage_probe
-from verify.imports import (
+from verify.probes import inimage_probe
+from verify.stages.imports import (
     BaseProbe,
     check_bypass_env,
     check_flashinfer_trio,
@@ -22,7 +22,7 @@ from verify.imports import (
     judge,
     requirement_findings,
 )
-from verify.probe import ProbeReport
+from verify.stages.probe import ProbeReport
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "probe"
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import attest
 from pipeline.errors import InputError
+from pipeline.registry import attest
 
 pytest.importorskip("sigstore", reason="the keyless extra (sigstore-python) is not installed")
 

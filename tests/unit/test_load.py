@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from pipeline.errors import InputError, MatrixError
-from pipeline.load import load_matrix
-from pipeline.model import BootstrapBase, CellBase, HostBase, Matrix, RegistryBase
+from pipeline.matrix.model import BootstrapBase, CellBase, HostBase, Matrix, RegistryBase
+from pipeline.matrix.read import load_matrix
 
 FIXED = "sm120-vllm-0.28.0-fi-0.6.18.post1-cu130"
 RELEASE = "sm120-vllm-0.28.0-release"

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from pipeline.model import LoadSpec
-from verify.loadrun import LoadOutcome, LoadTarget, grace_s, run_load
+from pipeline.matrix.model import LoadSpec
+from verify.load.run import LoadOutcome, LoadTarget, grace_s, run_load
 from verify.serving import DEFAULT
 from verify.serving.openai import MAX_METRICS_BYTES, ErrorClass, ServerAPI
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from pipeline.model import LoadSpec
+from pipeline.matrix.model import LoadSpec
 from stackproof.cli import main
 
 SOURCE_INDENT = " " * 8

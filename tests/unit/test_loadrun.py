@@ -15,15 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.model import LoadSpec
+from pipeline.matrix.model import LoadSpec
 from pipeline.result import CheckResult, Status
-from verify import watchdog
-from verify.determinism import Sample
-from verify.loadrun import LoadOutcome, LoadTarget, _percentiles, judge_load, run_load, summarise
-from verify.progress import Progress, StallVerdict
+from verify.load import watchdog
+from verify.load.determinism import Sample
+from verify.load.progress import Progress, StallVerdict
+from verify.load.run import LoadOutcome, LoadTarget, _percentiles, judge_load, run_load, summarise
+from verify.load.watchdog import Event
+from verify.load.workload import builtin_pool
 from verify.serving.openai import ErrorClass, RequestRecord
-from verify.watchdog import Event
-from verify.workload import builtin_pool
 
 from .fake_openai import FakeVllm
 
@@ -534,7 +534,7 @@ def test_a_worker_exception_is_an_error_not_all_questions_answered(
 
 def test_a_load_run_cannot_outlive_its_budget(fake: FakeVllm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from pipeline.errors import InfraError
-    from verify import loadrun
+    from verify.load import run as loadrun
     from verify.serving.openai import ServerAPI
 
     async def never(*args: object, **kwargs: object) -> RequestRecord:

@@ -13,8 +13,8 @@ import multiprocessing
 import time
 from pathlib import Path
 
-from pipeline.lock import Lock, LockedPackage, inputs_digest, read_lock, write_lock
-from pipeline.model import Cell, Matrix
+from pipeline.build.lock import Lock, LockedPackage, inputs_digest, read_lock, write_lock
+from pipeline.matrix.model import Cell, Matrix
 
 
 def _writer(cell: Cell, packages: int, until: float) -> None:

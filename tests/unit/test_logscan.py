@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from pipeline.errors import CheckFailed, MatrixError
-from pipeline.model import LogRule
+from pipeline.matrix.model import LogRule
 from pipeline.result import Status
 from stackproof.cli import main
-from verify import logscan
-from verify.logscan import Facts, LogWatcher, judge, load_catalog, load_rulesets, open_log, rules_for, scan
+from verify.logs import logscan
+from verify.logs.logscan import Facts, LogWatcher, judge, load_catalog, load_rulesets, open_log, rules_for, scan
 
 FIXTURE_LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"  # copies of shared/fixtures/logs
 CPU_LOG = FIXTURE_LOGS / "vllm-0.28.0-cpu-startup.log"
@@ -334,7 +334,7 @@ def test_watcher_remembers_the_first_fatal_line_only() -> None:
 
 def test_a_fatal_signature_ends_the_readiness_wait_while_the_container_runs(real_matrix, tmp_path: Path) -> None:
     from tests.unit.fake_docker import RecordingDocker
-    from verify.server import Server, ServerFailed
+    from verify.stages.server import Server, ServerFailed
 
     watcher = LogWatcher(load_catalog())
     server = Server(

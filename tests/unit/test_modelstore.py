@@ -12,15 +12,16 @@ from typing import Any
 
 import pytest
 
-from pipeline import cmd, modelstore
+from pipeline import cmd
 from pipeline.console import console
 from pipeline.errors import InfraError, InputError
-from pipeline.load import load_matrix
-from pipeline.model import ModelSource, ServeSpec
+from pipeline.host import modelstore
+from pipeline.matrix.model import ModelSource, ServeSpec
+from pipeline.matrix.read import load_matrix
 from stackproof.cli import main
 from tests.standin_hub import StandInHub, stand_in_hub
 from tests.unit.fake_docker import RecordingDocker
-from verify.server import Server
+from verify.stages.server import Server
 
 REPO = Path(__file__).resolve().parents[2]
 COMMIT = "0123456789abcdef0123456789abcdef01234567"

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from pipeline.pins import ReleaseLookup
+from pipeline.releases.pins import ReleaseLookup
 
 REPO = Path(__file__).resolve().parents[2]
 METADATA = json.loads((REPO / "tests" / "fixtures" / "pins" / "pypi-metadata-vllm-0.33.0.json").read_text())
@@ -151,7 +151,7 @@ def test_the_audit_asks_an_unreachable_wheel_index_once(
 ) -> None:
     """Three cells, three different jit-cache requests (two versions, two platforms) on one index
     that answers 503: one pip run reaches it, the rest are not checkable without asking."""
-    from pipeline.load import load_matrix
+    from pipeline.matrix.read import load_matrix
     from tests.unit.test_audit_cell import wheel
     from verify.audit import Sources, audit_matrix
 

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.build.lock import Lock, LockedPackage, inputs_digest, write_lock
+from pipeline.build.plan import BuildPlan, plan_cell
 from pipeline.errors import InputError
-from pipeline.load import load_matrix
-from pipeline.lock import Lock, LockedPackage, inputs_digest, write_lock
-from pipeline.model import Matrix
-from pipeline.plan import BuildPlan, plan_cell
-from pipeline.site import Mirror, SiteSettings
+from pipeline.matrix.model import Matrix
+from pipeline.matrix.read import load_matrix
+from pipeline.matrix.site import Mirror, SiteSettings
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE_GOLDEN = os.environ.get("STACKPROOF_UPDATE_GOLDEN") == "1"

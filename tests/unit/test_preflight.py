@@ -13,11 +13,9 @@ from typing import Any
 
 import pytest
 
-from pipeline import preflight
 from pipeline.errors import InfraError
-from pipeline.load import load_matrix
-from pipeline.model import Cell, Matrix
-from pipeline.preflight import (
+from pipeline.host import preflight
+from pipeline.host.preflight import (
     DiskFact,
     GpuFact,
     PreflightFacts,
@@ -27,6 +25,8 @@ from pipeline.preflight import (
     judge_preflight,
     parse_require_cuda,
 )
+from pipeline.matrix.model import Cell, Matrix
+from pipeline.matrix.read import load_matrix
 from pipeline.result import CheckResult, Status
 from stackproof.cli import main
 
@@ -396,7 +396,7 @@ def h200_host(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     def no_docker() -> None:
         raise AssertionError("docker was asked for after a failing preflight")
 
-    monkeypatch.setattr("pipeline.docker.Docker.connect", staticmethod(no_docker))
+    monkeypatch.setattr("pipeline.docker.client.Docker.connect", staticmethod(no_docker))
     handler = signal.getsignal(signal.SIGTERM)
     yield
     signal.signal(signal.SIGTERM, handler)
@@ -461,7 +461,7 @@ def test_cli_no_preflight_goes_straight_to_docker(
     def no_daemon() -> None:
         raise InfraError("no docker daemon answers: start one")
 
-    monkeypatch.setattr("pipeline.docker.Docker.connect", staticmethod(no_daemon))
+    monkeypatch.setattr("pipeline.docker.client.Docker.connect", staticmethod(no_daemon))
     assert main(["run", FIXED, *real_args(), "--no-preflight"]) == 3
     err = capsys.readouterr().err
     assert "no docker daemon answers" in err and "preflight" not in err
@@ -473,7 +473,7 @@ def test_cli_a_cpu_cell_has_no_preflight(
     def no_daemon() -> None:
         raise InfraError("no docker daemon answers: start one")
 
-    monkeypatch.setattr("pipeline.docker.Docker.connect", staticmethod(no_daemon))
+    monkeypatch.setattr("pipeline.docker.client.Docker.connect", staticmethod(no_daemon))
     monkeypatch.setattr(preflight, "preflight_job", lambda *a, **k: pytest.fail("preflight ran for a CPU cell"))
     assert main(["build", "cpu-tiny", *real_args()]) == 3
     assert "preflight" not in capsys.readouterr().err

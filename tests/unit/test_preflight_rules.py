@@ -1,4 +1,4 @@
-"""The preflight rules (pipeline/preflight_rules.yaml) both ways on recorded host facts, their
+"""The preflight rules (pipeline/host/preflight_rules.yaml) both ways on recorded host facts, their
 loader's located errors, the probe's new host facts on a fake /proc, and `doctor --cell` on the
 recorded GB10 facts. The H200's limits are measured there (and match NVIDIA's Hopper guide); GB10's and
 RTX PRO 6000's from the seed text (tests/fixtures/host-limits/README.md)."""
@@ -14,15 +14,15 @@ from typing import Any
 import pytest
 
 from pipeline.errors import MatrixError
-from pipeline.host import HostFingerprint, flatten_limits
-from pipeline.preflight_rules import CellFacts, HostLimits, cell_facts, judge_rules, load_rules
+from pipeline.host.geometry import HostFingerprint, flatten_limits
+from pipeline.host.rules import CellFacts, HostLimits, cell_facts, judge_rules, load_rules
 from pipeline.result import Status
 from stackproof.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
 LIMITS = REPO / "tests" / "fixtures" / "host-limits"
 GIB = 1024**3
-sys.path.insert(0, str(REPO / "verify"))
+sys.path.insert(0, str(REPO / "verify" / "probes"))
 import doctor_probe  # noqa: E402  (the stdlib-only script, imported as the doctor runs it)
 
 
@@ -68,7 +68,7 @@ def test_the_five_incidents_are_the_first_rules_each_citing_its_incident() -> No
     ],
 )
 def test_a_broken_rule_is_a_located_error(tmp_path: Path, old: str, new: str, message: str) -> None:
-    text = (REPO / "pipeline" / "preflight_rules.yaml").read_text()
+    text = (REPO / "pipeline" / "host" / "preflight_rules.yaml").read_text()
     assert old in text
     file = tmp_path / "preflight_rules.yaml"
     file.write_text(text.replace(old, new, 1))
@@ -189,7 +189,7 @@ def test_cutlass_fp4_workspace_warns_on_sm120_and_passes_on_the_h200() -> None:
 
 
 def test_fixed_in_rules_a_rule_out(tmp_path: Path) -> None:
-    text = (REPO / "pipeline" / "preflight_rules.yaml").read_text()
+    text = (REPO / "pipeline" / "host" / "preflight_rules.yaml").read_text()
     file = tmp_path / "rules.yaml"
     file.write_text(text.replace("    fixed_by: vllm-project/vllm#54013\n", "    fixed_in: {vllm: 0.30.0}\n"))
     (rule,) = [r for r in load_rules(file) if r.id == "mla-fp8-kv-decode-shared-memory"]
@@ -203,7 +203,7 @@ def test_fixed_in_rules_a_rule_out(tmp_path: Path) -> None:
 
 
 def test_cell_facts_read_the_architecture_from_a_local_models_config(tmp_path: Path) -> None:
-    from pipeline.load import load_matrix
+    from pipeline.matrix.read import load_matrix
 
     model = tmp_path / "model"
     model.mkdir()
@@ -306,8 +306,8 @@ def test_ple_rule_on_the_h200s_measured_container_facts_passes() -> None:
 
 
 def test_the_pre_run_preflight_judges_the_rules_where_limits_were_gathered(tmp_path: Path) -> None:
-    from pipeline.load import load_matrix
-    from pipeline.preflight import PreflightFacts, judge_host_preflight, judge_preflight
+    from pipeline.host.preflight import PreflightFacts, judge_host_preflight, judge_preflight
+    from pipeline.matrix.read import load_matrix
 
     matrix_file = tmp_path / "matrix.yaml"
     matrix_file.write_text(gb10_matrix("path:/models/not-here"))
@@ -324,7 +324,7 @@ def test_the_pre_run_preflight_judges_the_rules_where_limits_were_gathered(tmp_p
 
 
 def test_doctor_prints_the_limits_and_receipts_compare_them(capsys: pytest.CaptureFixture[str]) -> None:
-    from pipeline.host import differences
+    from pipeline.host.geometry import differences
 
     assert main(["doctor", "--input", str(LIMITS / "h200.json"), "--matrix", str(REPO / "matrix.yaml")]) == 0
     text = capsys.readouterr().out
@@ -337,7 +337,7 @@ def test_doctor_prints_the_limits_and_receipts_compare_them(capsys: pytest.Captu
 
 
 def test_the_probe_script_run_on_the_h200_gives_the_recorded_limits() -> None:
-    """`python3 verify/doctor_probe.py` itself, run on the H200 (h200-doctor-probe.json), against the
+    """`python3 verify/probes/doctor_probe.py` itself, run on the H200 (h200-doctor-probe.json), against the
     values recorded there through the same driver calls inline (h200.json): equal, and so every
     rule judges both the same."""
     probed = json.loads((LIMITS / "h200-doctor-probe.json").read_text())
@@ -359,8 +359,8 @@ def test_the_probe_script_run_on_the_h200_gives_the_recorded_limits() -> None:
 
 
 def test_preflight_facts_keep_the_model_type_for_the_mla_rule(tmp_path: Path) -> None:
-    from pipeline.load import load_matrix
-    from pipeline.preflight import PreflightFacts, judge_preflight
+    from pipeline.host.preflight import PreflightFacts, judge_preflight
+    from pipeline.matrix.read import load_matrix
 
     matrix_file = tmp_path / "matrix.yaml"
     matrix_file.write_text(gb10_matrix("path:/models/not-here"))

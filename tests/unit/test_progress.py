@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from verify.progress import Probe, Progress, StallVerdict, classify, parse_metrics
+from verify.load.progress import Probe, Progress, StallVerdict, classify, parse_metrics
 from verify.serving import DRIVERS
 
 METRICS = Path(__file__).resolve().parents[1] / "fixtures" / "metrics" / "vllm-0.28.0-cpu-after-20-requests.txt"

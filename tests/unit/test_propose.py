@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.dockerfile_pins import read_dockerfile
 from pipeline.errors import InputError
-from pipeline.load import load_matrix
-from pipeline.pins import builtin_releases, derive, release_pins
-from pipeline.pins_table import PLATFORMS, load_table, release_from_json
+from pipeline.matrix.read import load_matrix
+from pipeline.releases.dockerfile import read_dockerfile
+from pipeline.releases.pins import builtin_releases, derive, release_pins
+from pipeline.releases.table import PLATFORMS, load_table, release_from_json
 from stackproof.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -70,7 +70,7 @@ def test_release_pins_of_033_need_no_network_and_say_the_dockerfile_was_not_read
 
 # -- the release Dockerfile ---------------------------------------------------------------------------
 
-# The lines pipeline/pins.py quotes from v0.28.0's docker/Dockerfile (release commit 2cf0a691), in
+# The lines pipeline/releases/pins.py quotes from v0.28.0's docker/Dockerfile (release commit 2cf0a691), in
 # the order the file has them; CUDA_VERSION as the cu130 image has it.
 DOCKERFILE = """\
 ARG CUDA_VERSION=13.0.1

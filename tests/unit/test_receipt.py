@@ -15,12 +15,12 @@ import jsonschema
 import pytest
 
 from pipeline.errors import InputError
-from pipeline.host import HostFingerprint, differences
-from pipeline.publish import legacy_receipt_tag, referrers_tag
+from pipeline.host.geometry import HostFingerprint, differences
 from pipeline.receipt import SCHEMA_FILE, Receipt, render_junit, render_markdown, write_all
-from pipeline.registry import split_registry
+from pipeline.registry.oci import split_registry
+from pipeline.registry.publish import legacy_receipt_tag, referrers_tag
 from pipeline.result import CheckResult, Outcome, StageResult, Status, VerifyReport
-from verify.receipt import build_receipt, receipt_status
+from verify.stages.receipt import build_receipt, receipt_status
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "receipt-cpu-tiny.json"
 CPU = HostFingerprint(
@@ -141,7 +141,10 @@ def test_registry_names() -> None:
 
 
 def test_real_h200_fingerprint_and_nvml_snapshot() -> None:
-    """Recorded on the H200 by pipeline.host.host_fingerprint and verify.watchdog.gpu_snapshot (idle, then a matmul)."""
+    """Recorded on the H200 by pipeline.host.geometry.host_fingerprint and verify.load.watchdog.gpu_snapshot.
+
+    Idle, then a matmul.
+    """
     data = json.loads(
         (Path(__file__).resolve().parents[1] / "fixtures" / "gpu" / "h200-host-and-nvml.json").read_text()
     )
@@ -201,8 +204,8 @@ def test_parse_says_what_is_wrong_with_a_document() -> None:
 def test_the_summary_shows_the_cost_and_build_numbers_that_have_values() -> None:
     import dataclasses
 
-    from verify.cpucost import CpuSample, cpu_cost_fields
-    from verify.receipt import build_section
+    from verify.forensics.cpucost import CpuSample, cpu_cost_fields
+    from verify.stages.receipt import build_section
 
     samples = [CpuSample(at=0.0, cpu_seconds=1.0, rss_bytes=300 << 20), CpuSample(at=1.0, cpu_seconds=3.0, rss_bytes=1)]
     cost = {"energy_j": {"value": None, "unit": "J", "reason": "CPU cell"}}

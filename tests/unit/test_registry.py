@@ -14,15 +14,15 @@ import httpx
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from pipeline import attest
-from pipeline.docker import _docker_config
+from pipeline.docker.client import _docker_config
 from pipeline.errors import InfraError, InputError
-from pipeline.publish import publishable_problems
 from pipeline.receipt import receipt_problems
-from pipeline.registry import Credentials, RegistryClient, find_credentials, parse_challenge, platform_manifest
+from pipeline.registry import attest
+from pipeline.registry.oci import Credentials, RegistryClient, find_credentials, parse_challenge, platform_manifest
+from pipeline.registry.publish import publishable_problems
 from pipeline.result import Status
 from tests.unit.test_receipt import CPU, _report
-from verify.receipt import build_receipt
+from verify.stages.receipt import build_receipt
 
 CANARY = "CANARY-s3cret-pw"
 HOST = "127.0.0.1:5000"

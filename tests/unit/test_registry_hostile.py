@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from pipeline.errors import InfraError
-from pipeline.httppolicy import HttpPolicy
-from pipeline.registry import RegistryClient, sha256_digest
+from pipeline.guard.httppolicy import HttpPolicy
+from pipeline.registry.oci import RegistryClient, sha256_digest
 
 POLICY = HttpPolicy(read_s=5, total_s=2.0, max_body=1 << 20, max_items=100)
 GOOD_BLOB = b"x" * 1000

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.build import BUILT_MARK, _build_log, link_build_log
+from pipeline.build.image import BUILT_MARK, _build_log, link_build_log
 from pipeline.errors import InputError
-from pipeline.model import Matrix
+from pipeline.matrix.model import Matrix
 from stackproof.runjob import _run_dir, exclusive_dir
-from verify.runner import parse_stages
+from verify.stages.runner import parse_stages
 
 
 def test_runs_started_in_one_second_get_their_own_directories(real_matrix: Matrix, tmp_path: Path) -> None:

@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 
 from pipeline import cmd
-from pipeline.build import index_options
+from pipeline.build.image import index_options
+from pipeline.build.lock import resolve_lock
 from pipeline.errors import InputError
-from pipeline.lock import resolve_lock
-from pipeline.model import Matrix
-from pipeline.site import Mirror, load_site
+from pipeline.matrix.model import Matrix
+from pipeline.matrix.site import Mirror, load_site
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "tok3nS3cretValue42"

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from pipeline.redact import redact, secret_arg, secret_env
+from pipeline.guard.redact import redact, secret_arg, secret_env
 from tests.unit.conftest import Invalid
 
 CELL = """\
@@ -198,7 +198,7 @@ def test_readiness_timeout_is_finite(invalid: Callable[..., Invalid], header: st
 
 def test_ten_thousand_cells_validate(tmp_path: Path, header: str, images_dir: Path) -> None:
     """All of them, each its own cell (the time it takes is benchmarks/validation.py's, not a test's)."""
-    from pipeline.load import load_matrix
+    from pipeline.matrix.read import load_matrix
 
     cells = "".join(
         f"  - id: c{i}\n    base: img\n    platform: linux/amd64\n    arch: none\n    env: {{VLLM_X: '{i}'}}\n"
@@ -237,7 +237,7 @@ def test_an_alias_bomb_is_refused_before_it_is_expanded_naming_the_node_too_big(
 
 
 def test_aliases_under_the_limit_still_expand(tmp_path: Path) -> None:
-    from pipeline.yamlsrc import load_yaml
+    from pipeline.matrix.yamlsrc import load_yaml
 
     path = tmp_path / "m.yaml"
     path.write_text("a: &a [x, 1, true]\nb: [*a, *a]\n")
@@ -263,8 +263,8 @@ def test_the_cli_lists_the_first_hundred_problems_and_counts_the_rest(tmp_path: 
 
 
 def test_env_values_keep_non_ascii_in_the_dockerfile(load: Callable[..., Any], header: str, images_dir: Path) -> None:
-    from pipeline.plan import plan_cell
-    from pipeline.site import SiteSettings
+    from pipeline.build.plan import plan_cell
+    from pipeline.matrix.site import SiteSettings
 
     matrix = load(header + CELL + '    env:\n      VLLM_GREETING: "café ☕"\n      VLLM_COST: "$HOME"\n')
     dockerfile = plan_cell(matrix, matrix.cell("a"), SiteSettings(), images_dir).dockerfile
@@ -273,8 +273,8 @@ def test_env_values_keep_non_ascii_in_the_dockerfile(load: Callable[..., Any], h
 
 
 def test_rendered_run_lines_quote_what_they_are_given(load: Callable[..., Any], header: str, images_dir: Path) -> None:
-    from pipeline.plan import plan_cell
-    from pipeline.site import SiteSettings
+    from pipeline.build.plan import plan_cell
+    from pipeline.matrix.site import SiteSettings
 
     matrix = load(header + CELL + "    system_packages: [g++, libpython3.11-dev, 'pkg=1:2.0~rc1']\n")
     dockerfile = plan_cell(matrix, matrix.cell("a"), SiteSettings(), images_dir).dockerfile

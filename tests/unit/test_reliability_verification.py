@@ -10,10 +10,10 @@ import httpx
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from pipeline import attest
 from pipeline.errors import CheckFailed
-from pipeline.publish import fetch_verified
-from pipeline.registry import RegistryClient
+from pipeline.registry import attest
+from pipeline.registry.oci import RegistryClient
+from pipeline.registry.publish import fetch_verified
 from tests.unit.fake_oci import FakeOci, publish_receipt
 from tests.unit.test_registry import _receipt
 
@@ -83,9 +83,9 @@ def test_a_hub_that_lies_about_the_commit_or_the_bytes_leaves_nothing_in_the_sto
 ) -> None:
     """Before: exit 0, and the store's entry for the pinned revision pointed at the other commit's
     files, or held a file whose bytes were not the announced ones."""
-    from pipeline import modelstore
     from pipeline.errors import InfraError
-    from pipeline.model import ModelSource
+    from pipeline.host import modelstore
+    from pipeline.matrix.model import ModelSource
 
     context, _ = _store_hub()
     with context as hub:
@@ -109,9 +109,9 @@ def test_a_listing_too_long_or_too_slow_is_refused_within_its_timeout(
 ) -> None:
     import time
 
-    from pipeline import modelstore
     from pipeline.errors import InfraError
-    from pipeline.model import ModelSource
+    from pipeline.host import modelstore
+    from pipeline.matrix.model import ModelSource
 
     context, _ = _store_hub()
     with context as hub:

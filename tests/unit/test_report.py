@@ -302,8 +302,8 @@ class _Registry(BaseHTTPRequestHandler):
 
 
 def test_receipts_from_a_registry_by_tag_schema_index_and_by_legacy_tag() -> None:
-    from pipeline.publish import RECEIPT_MEDIA_TYPE
-    from pipeline.registry import sha256_digest
+    from pipeline.registry.oci import sha256_digest
+    from pipeline.registry.publish import RECEIPT_MEDIA_TYPE
 
     def artifact(document: dict[str, Any]) -> tuple[str, bytes]:
         body = json.dumps(document).encode()

@@ -21,19 +21,19 @@ import pytest
 import yaml
 from packaging.utils import canonicalize_name
 
+from pipeline.build.plan import BuildPlan, plan_cell
 from pipeline.errors import InputError, MatrixError
-from pipeline.load import load_matrix
-from pipeline.model import Matrix
-from pipeline.pins import (
+from pipeline.matrix.model import Matrix
+from pipeline.matrix.read import load_matrix
+from pipeline.matrix.site import SiteSettings
+from pipeline.releases.pins import (
     ReleaseLookup,
     builtin_releases,
     exact_pins,
     marker_environment,
     release_pins,
 )
-from pipeline.plan import BuildPlan, plan_cell
 from pipeline.repro import Kind, ReproCell, arch_of_gpu, parse_source
-from pipeline.site import SiteSettings
 from stackproof.cli import main
 from stackproof.cli_repro import make_cell, write_cell
 

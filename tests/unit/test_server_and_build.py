@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from pipeline.build import _RESOLVED_BASE
-from pipeline.model import Arm, ModelSource, ServeSpec
-from verify.server import HOST, serve_argv
+from pipeline.build.image import _RESOLVED_BASE
+from pipeline.matrix.model import Arm, ModelSource, ServeSpec
+from verify.stages.server import HOST, serve_argv
 
 
 def _serve(source: str, revision: str | None = None, args: tuple[str, ...] = ()) -> ServeSpec:

@@ -1,11 +1,11 @@
-"""Which servers a verification starts (verify.serverplan): one per arm in the usual case."""
+"""Which servers a verification starts (verify.stages.serverplan): one per arm in the usual case."""
 
 from __future__ import annotations
 
 import pytest
 
-from pipeline.model import STAGES, Matrix
-from verify.serverplan import plan_servers
+from pipeline.matrix.model import STAGES, Matrix
+from verify.stages.serverplan import plan_servers
 
 FIXED = "sm120-vllm-0.28.0-fi-0.6.18.post1-cu130"
 RELEASE = "sm120-vllm-0.28.0-release"

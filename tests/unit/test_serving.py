@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.model import SERVING_ENGINES, LoadSpec, Matrix
+from pipeline.matrix.model import SERVING_ENGINES, LoadSpec, Matrix
 from pipeline.result import Status
-from verify.autotune_stage import judge_fresh_cache
-from verify.loadrun import LoadTarget, judge_load, run_load, summarise
-from verify.logscan import Facts, rules_for
-from verify.progress import parse_metrics
-from verify.server import serve_argv
-from verify.serverplan import CACHE_MOUNT
+from verify.load.progress import parse_metrics
+from verify.load.run import LoadTarget, judge_load, run_load, summarise
+from verify.logs.logscan import Facts, rules_for
 from verify.serving import DRIVERS, Since, at_version, driver_for
+from verify.stages.autotune import judge_fresh_cache
+from verify.stages.server import serve_argv
+from verify.stages.serverplan import CACHE_MOUNT
 
 from .conftest import Invalid
 from .fake_openai import FakeServer
@@ -212,10 +212,10 @@ VLLM_FACTS = re.compile(r"vllm:[a-z]|VLLM_[A-Z]|VLLM::|EngineCore|vllm\.(entrypo
 # a user pastes (repro, diagnosis, the log-text prefixes); and the audit, which reads vLLM wheels.
 ALLOWED = (
     "verify/serving/vllm.py",
-    "verify/inimage_probe.py",
-    "verify/doctor_probe.py",
-    "verify/logtext.py",
-    "verify/diagnosis.py",
+    "verify/probes/inimage_probe.py",
+    "verify/probes/doctor_probe.py",
+    "verify/logs/logtext.py",
+    "verify/logs/diagnosis.py",
     "verify/audit/",
     "stackproof/cli_repro.py",
 )
@@ -248,7 +248,7 @@ def _sources(*roots: str) -> list[str]:
 def test_a_health_path_that_runs_the_engine_reads_a_stall_as_a_stall() -> None:
     """SGLang's /health generates a token: with the scheduler stopped it times out (or says 503) while
     /v1/models and /metrics answer. vLLM's /health does not touch the engine: a timeout there is the API's."""
-    from verify.progress import Probe, StallVerdict, verdict_of
+    from verify.load.progress import Probe, StallVerdict, verdict_of
 
     wedged = Probe(health=None, models=200, metrics=200)
     assert verdict_of(wedged, health_runs_engine=SGLANG.health_runs_engine) is StallVerdict.ENGINE_STALL_API_ALIVE
@@ -308,7 +308,7 @@ def test_sglang_ready_line_and_dead_markers_on_real_logs() -> None:
 
 
 def test_the_sglang_rule_set_on_real_logs(real_matrix: Matrix) -> None:
-    from verify.logscan import judge, load_catalog, scan
+    from verify.logs.logscan import judge, load_catalog, scan
 
     cell = real_matrix.cell("sglang-cpu-tiny")
     rules = rules_for(cell, None, Facts(serve=True, arch="none", engine="sglang"))
@@ -446,7 +446,7 @@ def test_the_h200_sglang_stall_was_named_a_stall_because_health_runs_the_engine(
 
 
 def test_each_engine_gets_its_own_rule_set_and_no_other() -> None:
-    from verify.logscan import rulesets_for
+    from verify.logs.logscan import rulesets_for
 
     assert [rs.id for rs in rulesets_for(Facts(serve=True, arch="none", engine="sglang"))] == ["sglang-server"]
     vllm_028 = Facts(serve=True, arch="none", engine="vllm", engine_version="0.28.0")

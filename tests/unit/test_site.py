@@ -14,9 +14,9 @@ from types import SimpleNamespace
 import pytest
 
 from pipeline.errors import InfraError
-from pipeline.load import load_matrix
-from pipeline.model import Matrix
-from pipeline.site import FIND_LINKS_INDEX, Mirror, SiteSettings, load_site
+from pipeline.matrix.model import Matrix
+from pipeline.matrix.read import load_matrix
+from pipeline.matrix.site import FIND_LINKS_INDEX, Mirror, SiteSettings, load_site
 from tests.conftest import unit_tier_first
 
 QUIET = {"STACKPROOF_CA_BUNDLE": "none", "STACKPROOF_DEBIAN_MIRROR": "http://deb.example/debian"}
@@ -153,8 +153,8 @@ def test_pytest_runs_the_unit_tier_before_the_integration_tier() -> None:
 def test_bootstrapping_a_base_as_a_non_root_user_is_exit_3_saying_run_it_once_as_root(
     real_matrix: Matrix, monkeypatch: pytest.MonkeyPatch, euid: int, message: str
 ) -> None:
-    from pipeline import bootstrap
-    from pipeline.model import BootstrapBase
+    from pipeline.build import bootstrap
+    from pipeline.matrix.model import BootstrapBase
     from tests.unit.fake_docker import RecordingDocker
 
     class NoImages(RecordingDocker):

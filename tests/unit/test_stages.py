@@ -13,15 +13,15 @@ from typing import Any
 
 import pytest
 
-from pipeline.model import STAGES, Arm, LoadSpec, Matrix
+from pipeline.matrix.model import STAGES, Arm, LoadSpec, Matrix
 from pipeline.result import CheckResult, StageResult, Status
 from stackproof.soak import soak
 from tests.unit.fake_docker import ReplayDocker
 from tests.unit.fake_openai import FakeVllm
-from verify.probe import ProbeReport
-from verify.runner import StageContext, verify_image
-from verify.server import Server, SharedServer
-from verify.startup import run_startup
+from verify.stages.probe import ProbeReport
+from verify.stages.runner import StageContext, verify_image
+from verify.stages.server import Server, SharedServer
+from verify.stages.startup import run_startup
 
 REPO = Path(__file__).resolve().parents[2]
 CPU_LOG = (REPO / "tests/fixtures/logs/vllm-0.28.0-cpu-startup.log").read_text()
@@ -130,7 +130,7 @@ def _server_on(fake: FakeVllm, log: str) -> Any:
 def _startup(
     real_matrix: Matrix, tmp_path: Path, fake: FakeVllm, log: str, *, readiness_s: float | None = None, **kw: Any
 ) -> StageResult:
-    from verify.runner import stage_facts
+    from verify.stages.runner import stage_facts
 
     cell = real_matrix.cell("cpu-tiny")
     if readiness_s is not None and cell.serve is not None:

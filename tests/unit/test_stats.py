@@ -8,7 +8,7 @@ import pytest
 
 from pipeline.errors import InputError
 from stackproof.cli import main
-from verify.stats import clean_questions_needed, compare_arms, fault_stats, parse_rate
+from verify.load.stats import clean_questions_needed, compare_arms, fault_stats, parse_rate
 
 P0 = 1 / 450
 

@@ -1,4 +1,4 @@
-"""The sweep judge (verify/sweep.py): where TTFT p99 crosses the limit, the best point before it,
+"""The sweep judge (verify/perf/sweep.py): where TTFT p99 crosses the limit, the best point before it,
 the axis parser's refusals, and the JSON round trip against docs/sweep.schema.json."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 
 from pipeline.errors import InputError
-from verify.sweep import SweepConfig, SweepPoint, SweepReport, judge_sweep, parse_sweep, point_of_summary
+from verify.perf.sweep import SweepConfig, SweepPoint, SweepReport, judge_sweep, parse_sweep, point_of_summary
 
 SCHEMA = json.loads((Path(__file__).parents[2] / "docs" / "sweep.schema.json").read_text())
 
@@ -98,8 +98,8 @@ def test_the_axis_parses_and_refuses_what_is_not_a_curve() -> None:
 def test_the_runner_keeps_one_server_for_every_point(tmp_path: Path) -> None:
     """Fake-backed (tests/unit/fake_openai.py): one server made and removed once, a warm-up and a
     slice per point in the axis's order, each point's files, and sweep.json the report returned."""
-    from pipeline.load import load_matrix
-    from pipeline.model import LoadSpec
+    from pipeline.matrix.model import LoadSpec
+    from pipeline.matrix.read import load_matrix
     from stackproof.ab import Side
     from stackproof.sweep import run_sweep
 

@@ -10,14 +10,14 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from pipeline.model import Matrix
+from pipeline.matrix.model import Matrix
 from pipeline.result import Status
-from verify.autotune_stage import judge_fresh_cache
-from verify.diagnosis import diagnose, scan_rules
-from verify.logscan import Facts, judge, load_catalog, rules_for, rulesets_for, scan
-from verify.progress import parse_metrics
-from verify.serverplan import CACHE_MOUNT
+from verify.load.progress import parse_metrics
+from verify.logs.diagnosis import diagnose, scan_rules
+from verify.logs.logscan import Facts, judge, load_catalog, rules_for, rulesets_for, scan
 from verify.serving import DRIVERS
+from verify.stages.autotune import judge_fresh_cache
+from verify.stages.serverplan import CACHE_MOUNT
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures"
@@ -132,7 +132,7 @@ def test_the_real_0_32_startup_log_passes_the_vllm_rules_and_0_28s_does_too(real
 
 
 def test_the_real_0_32_startup_log_shows_every_phase_0_28s_shows() -> None:
-    """The startup phases (verify/failure_classes.yaml) on both real logs: the same phases, in order,
+    """The startup phases (verify/logs/failure_classes.yaml) on both real logs: the same phases, in order,
     and both reach `serving`."""
 
     def phases(path: Path) -> list[str]:

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from pipeline.cimatrix import ENTRY_KEYS
+from pipeline.matrix.cimatrix import ENTRY_KEYS
 from stackproof.cli import main
 from tests.conftest import in_ci
 from tests.unit.test_cimatrix import CPU, MISMATCH, ON_CPU_TINY_LOCK, SPARK, make_repo
@@ -128,7 +128,7 @@ def test_cells_are_built_on_cpu_runners_and_gpu_runners_only_pull(verify: dict[s
 
 
 def test_the_receipt_is_signed_keyless_with_the_statement_publish_checks(verify: dict[str, Any]) -> None:
-    from pipeline.attest import PREDICATE_TYPE
+    from pipeline.registry.attest import PREDICATE_TYPE
 
     job = verify["jobs"]["verify"]
     assert job["permissions"] == {"contents": "read", "id-token": "write", "attestations": "write"}

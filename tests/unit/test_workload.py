@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.errors import InputError
-from verify.workload import Question, arrival_gaps, builtin_pool, cycle, read_questions
+from verify.load.workload import Question, arrival_gaps, builtin_pool, cycle, read_questions
 
 # -- the built-in pool ------------------------------------------------------------------------------
 

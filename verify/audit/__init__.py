@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import InfraError
-from pipeline.model import Cell, LogRule, Matrix
-from pipeline.pins import Lookup
+from pipeline.matrix.model import Cell, LogRule, Matrix
+from pipeline.releases.pins import Lookup
 from verify.audit.assumptions import assumption_findings
 from verify.audit.checks import (
     Evidence,
@@ -258,7 +258,7 @@ def _cell_findings(
     rulesets: Any,
     signatures: Any,
 ) -> list[Finding]:
-    from verify.logscan import Facts
+    from verify.logs.logscan import Facts
 
     findings: list[Finding] = []
     uncheckable = [s.name for s in statuses if s.status == "not-checkable"]

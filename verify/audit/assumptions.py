@@ -1,7 +1,7 @@
 """The project's own assumptions about upstream, checked against the text of a cell's pinned wheels.
 
 The stages hold facts about the packages they watch (verify/serving/<engine>.py, keyed by release;
-verify/imports.py's FLASHINFER_IMPORT_CHECKS). Each is read here against the wheel of the version
+verify/stages/imports.py's FLASHINFER_IMPORT_CHECKS). Each is read here against the wheel of the version
 the cell pins, in the package that owns the text (vLLM's lines in vLLM, never in FlashInfer):
 - autotune: each announcement regex, the disabled and empty lines can match a message of the engine;
   the cache variable is read by it; every file name of the cache layout is a string the engine or
@@ -373,9 +373,9 @@ def _literals(node: ast.AST) -> list[str]:
 
 
 def _flashinfer(version: str, files: Files) -> list[Finding]:
-    from verify.imports import IGNORES, RAISES, flashinfer_import_check
+    from verify.stages.imports import IGNORES, RAISES, flashinfer_import_check
 
-    where = "verify/imports.py FLASHINFER_IMPORT_CHECKS"
+    where = "verify/stages/imports.py FLASHINFER_IMPORT_CHECKS"
     sources = files("flashinfer-python", lambda p: p == FLASHINFER_ENV)
     if not sources:
         message = f"flashinfer-python=={version} has no {FLASHINFER_ENV}: its import-time checks were not read"

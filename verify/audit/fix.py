@@ -8,7 +8,7 @@ only if the audit's own check matches it to that same message. A rule with named
 is given the text, not a rewrite: its groups say what to capture, which no message tells.
 
 The edit is textual and located, so matrix.yaml keeps its comments and layout: the line of the
-rule's pattern comes from pipeline.yamlsrc (the line every key was read from), and on that line
+rule's pattern comes from pipeline.matrix.yamlsrc (the line every key was read from), and on that line
 the old scalar, as YAML quoted it, is replaced by the new one single-quoted.
 """
 
@@ -198,7 +198,7 @@ class FixPlan:
 def plan_fix(path: Path, findings: Sequence[Any]) -> FixPlan:
     """The edits that rewrite each stale matrix.yaml rule (`cell X` / `arm Y` findings) to the text
     its owning package prints now; nothing is written here."""
-    from pipeline.yamlsrc import load_yaml
+    from pipeline.matrix.yamlsrc import load_yaml
 
     wanted: dict[tuple[str, ...], set[str]] = {}
     problems: list[str] = []

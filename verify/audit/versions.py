@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from packaging.utils import canonicalize_name
 
-from pipeline.model import BootstrapBase, Cell, CellBase, Matrix, RegistryBase
-from pipeline.pins import FI_CUBIN, FI_JIT, Lookup, release_of_image
+from pipeline.matrix.model import BootstrapBase, Cell, CellBase, Matrix, RegistryBase
+from pipeline.releases.pins import FI_CUBIN, FI_JIT, Lookup, release_of_image
 from verify.audit.wheels import Target
 from verify.serving import DRIVERS, driver_for
 
@@ -86,8 +86,8 @@ def _stack(matrix: Matrix, cell: Cell, lookup: Lookup, seen: tuple[str, ...]) ->
     elif isinstance(base, BootstrapBase):
         pins = {}
     if cell.install is not None:
+        from pipeline.build.lock import read_lock
         from pipeline.errors import InputError
-        from pipeline.lock import read_lock
 
         try:
             lock = read_lock(cell)

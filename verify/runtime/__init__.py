@@ -1,14 +1,14 @@
 """Where a server runs: the runtime seam (a docker container, or a process group on the host).
 
 A check never calls docker or `subprocess` to reach a server: it describes what to run as a
-`pipeline.docker.Container` (the command, its environment, the paths it reads and writes) and hands
+`pipeline.docker.client.Container` (the command, its environment, the paths it reads and writes) and hands
 it to a `Runtime`, which starts it, follows its log, says whether it still runs, lists the PIDs of
 its processes (as the host sees them, for NVML and py-spy), runs a command beside it, copies out
 what it wrote, and removes it with nothing left. Two runtimes implement it:
 
 - `DockerRuntime` (verify/runtime/docker.py): today's containers, unchanged;
 - `HostRuntime` (verify/runtime/host.py): a process group on this host, in a Python environment
-  built from the cell's lock (`pipeline.hostenv`) or given with `--python`.
+  built from the cell's lock (`pipeline.host.env`) or given with `--python`.
 
 A Kubernetes runtime would be a third implementation of the same methods (docs/kubernetes.md).
 """
@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Protocol
 
 from pipeline.cmd import CommandResult
-from pipeline.docker import Container, Docker
-from verify.cpucost import CpuReader
+from pipeline.docker.client import Container, Docker
+from verify.forensics.cpucost import CpuReader
 
 __all__ = ["RUNTIMES", "Runtime", "as_runtime"]
 

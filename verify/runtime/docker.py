@@ -1,4 +1,4 @@
-"""The docker runtime: each server a container, reached through `pipeline.docker.Docker`."""
+"""The docker runtime: each server a container, reached through `pipeline.docker.client.Docker`."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.cmd import CommandResult
-from pipeline.docker import Container, Docker
-from verify.cpucost import CpuReader, reader_for
+from pipeline.docker.client import Container, Docker
+from verify.forensics.cpucost import CpuReader, reader_for
 
 __all__ = ["PY_SPY_IN_SIDECAR", "DockerRuntime"]
 

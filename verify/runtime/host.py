@@ -4,7 +4,7 @@ What a container gives a server, the host runtime gives it this way:
 
 - **its own processes**: a new session (`start_new_session`), so the server and every child it
   starts are one process group, ended together; each also carries the run's mark in its environment
-  (pipeline/hostproc.py), so a killed run's processes are found later by the next run or `stackproof gc`;
+  (pipeline/host/proc.py), so a killed run's processes are found later by the next run or `stackproof gc`;
 - **its own environment**: only what the cell's `Container` names, plus a short list of host
   variables a process needs to run at all (`PASSED_FROM_HOST`), plus secrets by name
   (`env_from_host`); the tool's own variables never reach it;
@@ -12,7 +12,7 @@ What a container gives a server, the host runtime gives it this way:
   server (vLLM's compile cache, torch's inductor files and FlashInfer's JIT land there), removed
   with it, so every start is a first start as in a new container;
 - **the container paths it is told**: a mount's target, a scratch volume and a file of the built
-  environment's `files/` (`pipeline.hostenv`: it stands in for the image's `/`) are host paths here;
+  environment's `files/` (`pipeline.host.env`: it stands in for the image's `/`) are host paths here;
   every argv word and variable value naming such a path is rewritten to the host path (`PathMap`),
   and `seen_as` tells the checks what the server will print.
 
@@ -36,10 +36,10 @@ from pathlib import Path
 
 from pipeline.cache import cache_dir
 from pipeline.cmd import CommandResult
-from pipeline.docker import Container
+from pipeline.docker.client import Container
 from pipeline.errors import InfraError
-from pipeline.hostproc import Marked, dead_runs, end_run, group_members, marked_processes, owner_marks
-from verify.cpucost import CpuReader, ProcessTreeReader
+from pipeline.host.proc import Marked, dead_runs, end_run, group_members, marked_processes, owner_marks
+from verify.forensics.cpucost import CpuReader, ProcessTreeReader
 
 __all__ = ["PASSED_FROM_HOST", "HostRuntime", "PathMap", "remove_dead_host_runs"]
 

@@ -2,14 +2,14 @@
 
 A check asks `driver_for(cell.serve)` and reads what it needs from the `ServingDriver` it gets
 (verify/serving/driver.py); it never imports a driver's module (`lint-imports` holds that). Adding
-an engine is one module with one `ServingDriver`, a rule set in verify/logrules.yaml, and its name
-in `pipeline.model.SERVING_ENGINES` (the matrix loader validates `serve.engine` against that list,
+an engine is one module with one `ServingDriver`, a rule set in verify/logs/logrules.yaml, and its name
+in `pipeline.matrix.model.SERVING_ENGINES` (the matrix loader validates `serve.engine` against that list,
 and tests/unit/test_serving.py holds the two equal).
 """
 
 from __future__ import annotations
 
-from pipeline.model import DEFAULT_ENGINE, ServeSpec
+from pipeline.matrix.model import DEFAULT_ENGINE, ServeSpec
 from verify.serving.driver import AutotuneFacts, Endpoints, MetricNames, ServingDriver, Since, at_version
 from verify.serving.sglang import SGLANG
 from verify.serving.vllm import VLLM

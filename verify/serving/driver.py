@@ -18,7 +18,7 @@ from typing import Generic, TypeVar
 
 from packaging.version import InvalidVersion, Version
 
-from pipeline.model import Arm, ServeSpec
+from pipeline.matrix.model import Arm, ServeSpec
 
 __all__ = [
     "AutotuneFacts",
@@ -77,7 +77,7 @@ class MetricNames:
     """Prometheus sample names (as scraped, counters with their `_total`), summed over engines.
 
     `steps` counts engine iterations where the engine exports such a counter; None where it does
-    not, and then progress is read from generated tokens alone (`verify/progress.py`)."""
+    not, and then progress is read from generated tokens alone (`verify/load/progress.py`)."""
 
     generated: str
     prompt: str
@@ -136,7 +136,7 @@ class ServingDriver:
     ignore_eos_field: str | None = "ignore_eos"  # the request extension for fixed output lengths
     # Extra fields of the greedy determinism completion (vLLM: tokens as ids, so any tokenizer compares).
     greedy_extras: tuple[tuple[str, object], ...] = ()
-    rulesets: tuple[str, ...] = ()  # built-in log rule sets (verify/logrules.yaml) for this engine
+    rulesets: tuple[str, ...] = ()  # built-in log rule sets (verify/logs/logrules.yaml) for this engine
     version_source: str = ""  # where the version comes from, for reports
     # The engine's own release images (`repository:vX.Y.Z[-suffix]`) and, per release, the exact pins
     # its wheel declares for the packages the audit reads (`stackproof matrix audit` on such a base).

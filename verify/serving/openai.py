@@ -30,7 +30,7 @@ from typing import Any
 import httpx
 
 from pipeline.errors import CheckFailed, InfraError
-from pipeline.httppolicy import HttpPolicy, fetch
+from pipeline.guard.httppolicy import HttpPolicy, fetch
 from verify.serving.driver import Endpoints, ServingDriver
 
 __all__ = [

@@ -39,7 +39,7 @@ def _launch(spec: LaunchSpec) -> tuple[str, ...]:
 # The counters are declared with `_total` in their names and scraped so (`# TYPE
 # sglang:prompt_tokens_total counter`, seen live at 0.5.18). `steps` is
 # sglang:cuda_graph_passes_total: one increment per forward pass, labelled by `mode`
-# (prefill_cuda_graph, prefill_none, decode_cuda_graph, decode_none); verify/progress.py sums a
+# (prefill_cuda_graph, prefill_none, decode_cuda_graph, decode_none); verify/load/progress.py sums a
 # sample name over its labels, so the sum over the modes is the engine's step count. SGLang has no
 # counter of the tokens those steps carried: `step_tokens` stays None. The warm-up request is
 # counted and /health's generations step the engine too, so only before/after differences mean

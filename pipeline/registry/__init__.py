@@ -1,0 +1,1 @@
+"""Registry work: the OCI client and layout, publish and pull, attestations and the fleet view."""

@@ -1,0 +1,1 @@
+"""Forensics and cost: stall capture (py-spy, spin detection) and CPU/GPU cost receipts."""

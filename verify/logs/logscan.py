@@ -1,0 +1,760 @@
+"""Log rules and known failure signatures, applied to a server log, a kernel log or any file.
+
+Data, not code: the catalog of signatures lives in `signatures.yaml` and the built-in rule sets in
+`logrules.yaml`, both beside this file. Scanning is pure (`scan` takes bytes and returns matches);
+each pattern is pre-filtered by a literal it must contain, found with `bytes.find`, so a big log
+is read at close to memory speed and only candidate lines meet the regex engine.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import re
+import re._constants as sre_c  # type: ignore[import-not-found]
+import re._parser as sre_parse  # type: ignore[import-not-found]
+import stat
+import sys
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from pipeline.errors import InputError, MatrixError
+from pipeline.guard.boundedio import open_input
+from pipeline.matrix.model import DEFAULT_ENGINE, SERVING_ENGINES, Arm, Cell, LogRule, parse_log_rule
+from pipeline.matrix.yamlsrc import Path_, YamlSource, load_yaml
+from pipeline.result import CheckResult, Status
+
+__all__ = [
+    "CATALOG_FILE",
+    "RULESETS_FILE",
+    "Facts",
+    "LogMatch",
+    "LogWatcher",
+    "Signature",
+    "catalog_for",
+    "check_entry",
+    "judge",
+    "load_catalog",
+    "load_rulesets",
+    "open_log",
+    "rules_for",
+    "scan",
+]
+
+Log = bytes | mmap.mmap  # what scan() reads: file bytes, or the file mapped into memory
+CATALOG_FILE = Path(__file__).with_name("signatures.yaml")
+RULESETS_FILE = Path(__file__).with_name("logrules.yaml")
+_REF = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+#\d+$")
+SIGNATURE_KEYS = (
+    "id",
+    "title",
+    "severity",
+    "source",
+    "match",
+    "window",
+    "what",
+    "workaround",
+    "refs",
+    "applies_to",
+    "origin",
+    "package",
+    # Diagnosis only (verify/logs/diagnosis.py): the facts a log or a cell must show before the entry is
+    # named as the cause, and the releases that fixed it. The stages ignore both.
+    "requires",
+    "fixed_in",
+)
+# The Facts a signature's `applies_to` may test: a serving engine's version (under its name), FlashInfer's.
+APPLIES_TO_PACKAGES = (*SERVING_ENGINES, "flashinfer")
+# The facts `requires` may test (verify/logs/diagnosis.py extracts them from the log or the cell).
+REQUIRES_FACTS = ("arch", "gpu", "fp8_linear", "kv_cache_dtype", "mla", "quantization", "kernel", "attention_backend")
+
+
+# -- data ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Signature:
+    id: str
+    title: str
+    severity: str  # fail | warn
+    source: str  # server | kernel
+    match: str | None
+    first: str | None  # window: `then` within `within` lines after `first`
+    then: str | None
+    within: int
+    what: str
+    workaround: str
+    refs: tuple[str, ...]
+    # package -> version specifier: releases the text exists in; an unknown version applies
+    applies_to: tuple[tuple[str, str], ...] = ()
+    # Whose text it is, for `stackproof matrix audit`: `package` (the default: some audited package
+    # prints it) or `external` (CUDA runtime, driver, interpreter, a package not audited). `source`
+    # already says which log is scanned; a `kernel` signature is external whatever this says.
+    origin: str = "package"
+    package: str | None = None  # the distribution that prints it; a stack without it cannot show it
+
+    @property
+    def external(self) -> bool:
+        return self.origin == "external" or self.source == "kernel"
+
+    # fact -> regex its value must match before this is named as the cause (diagnosis only)
+    requires: tuple[tuple[str, str], ...] = ()
+    # package -> first release with the fix: a known version at or above it rules the entry out
+    fixed_in: tuple[tuple[str, str], ...] = ()
+
+    def applies(self, facts: Facts | None) -> bool:
+        """False only when a known installed version lies outside `applies_to`."""
+        if facts is None:
+            return True
+        versions = {facts.engine: facts.engine_version, "flashinfer": facts.flashinfer}
+        # Another engine's release range says this text is that engine's: it cannot be printed here.
+        return all((package in versions) and _within(versions[package], spec) for package, spec in self.applies_to)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RuleSet:
+    id: str
+    when: dict[str, Any]
+    rules: tuple[LogRule, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Facts:
+    """What the rule sets' conditions look at; None means unknown, which satisfies a condition."""
+
+    serve: bool
+    arch: str
+    flashinfer: str | None = None
+    cudnn: int | None = None
+    engine: str = DEFAULT_ENGINE  # the cell's serving engine (serve.engine)
+    engine_version: str | None = None  # its release as installed (the driver's distributions)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LogMatch:
+    id: str
+    kind: str  # signature | expect | forbid | evidence
+    line_no: int  # 1-based; for a window, the `first` line
+    line: str
+    groups: dict[str, str] = field(default_factory=dict)
+    severity: str = ""
+    title: str = ""
+    refs: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        document = {"id": self.id, "kind": self.kind, "line": self.line_no, "text": self.line}
+        if self.groups:
+            document["groups"] = self.groups
+        if self.kind == "signature":
+            document |= {"severity": self.severity, "title": self.title, "refs": list(self.refs)}
+        return document
+
+
+# -- loading ---------------------------------------------------------------------------------------
+
+
+@cache
+def load_catalog(file: Path = CATALOG_FILE) -> tuple[Signature, ...]:
+    src = load_yaml(file)
+    problems: list[str] = []
+    entries = (src.data or {}).get("signatures") if isinstance(src.data, dict) else None
+    if not isinstance(entries, list):
+        raise MatrixError([f"{file}:1: signatures: must be a list"])
+    result, seen = [], set()
+    for i, entry in enumerate(entries):
+        sig = _signature(src, ("signatures", i), entry, problems)
+        if sig is not None:
+            if sig.id in seen:
+                problems.append(f"{src.where(('signatures', i, 'id'))}: duplicate signature id {sig.id!r}")
+            seen.add(sig.id)
+            result.append(sig)
+    if problems:
+        raise MatrixError(problems)
+    return tuple(result)
+
+
+def check_entry(
+    src: YamlSource, path: Path_, entry: Any, keys: Sequence[str], required: Sequence[str], problems: list[str]
+) -> bool:
+    """A catalog entry's shape: a mapping with known keys and the required ones, each problem located.
+    False when it is not a mapping at all (nothing more can be read from it)."""
+    if not isinstance(entry, dict):
+        problems.append(f"{src.where(path)}: must be a mapping")
+        return False
+    problems += [f"{src.where((*path, key))}: unknown key" for key in entry if key not in keys]
+    problems += [f"{src.where(path)}: missing required key {key!r}" for key in required if key not in entry]
+    return True
+
+
+def _signature(src: YamlSource, path: Path_, entry: Any, problems: list[str]) -> Signature | None:
+    def bad(sub: Path_, message: str) -> None:
+        problems.append(f"{src.where((*path, *sub))}: {message}")
+
+    before = len(problems)
+    required = ("id", "title", "severity", "source", "what", "workaround", "refs")
+    if not check_entry(src, path, entry, SIGNATURE_KEYS, required, problems):
+        return None
+    if ("match" in entry) == ("window" in entry):
+        bad((), "needs exactly one of match, window")
+    if entry.get("severity") not in ("fail", "warn"):
+        bad(("severity",), f"must be fail or warn, got {entry.get('severity')!r}")
+    if entry.get("source") not in ("server", "kernel"):
+        bad(("source",), f"must be server or kernel, got {entry.get('source')!r}")
+    refs = entry.get("refs") or []
+    for j, ref in enumerate(refs):
+        if not isinstance(ref, str) or not _REF.match(ref):
+            bad(("refs", j), f"{ref!r} is not an upstream reference written as owner/repo#N")
+    applies_to = entry.get("applies_to") or {}
+    if not isinstance(applies_to, dict):
+        bad(("applies_to",), "must be a mapping of package to version specifier, e.g. {vllm: '>0.28.0'}")
+        applies_to = {}
+    for package, spec in applies_to.items():
+        if package not in APPLIES_TO_PACKAGES:
+            bad(("applies_to", package), f"unknown package (known: {', '.join(APPLIES_TO_PACKAGES)})")
+        try:
+            SpecifierSet(str(spec))
+        except InvalidSpecifier:
+            bad(("applies_to", package), f"{spec!r} is not a version specifier")
+    if entry.get("origin", "package") not in ("package", "external"):
+        bad(("origin",), f"must be package or external, got {entry.get('origin')!r}")
+    if "package" in entry and (not isinstance(entry["package"], str) or not entry["package"]):
+        bad(("package",), "must be a distribution name, e.g. flashinfer-python")
+    requires = entry.get("requires") or {}
+    if not isinstance(requires, dict):
+        bad(("requires",), "must be a mapping of fact to regex, e.g. {arch: '^sm12[01]$'}")
+        requires = {}
+    for fact, pattern in requires.items():
+        if fact not in REQUIRES_FACTS:
+            bad(("requires", fact), f"unknown fact (known: {', '.join(REQUIRES_FACTS)})")
+        try:
+            re.compile(str(pattern))
+        except re.error as exc:
+            bad(("requires", fact), f"not a valid regular expression: {exc}")
+    fixed_in = entry.get("fixed_in") or {}
+    if not isinstance(fixed_in, dict):
+        bad(("fixed_in",), "must be a mapping of package to version, e.g. {flashinfer: 0.6.18.post1}")
+        fixed_in = {}
+    for package, version in fixed_in.items():
+        if package not in APPLIES_TO_PACKAGES:
+            bad(("fixed_in", package), f"unknown package (known: {', '.join(APPLIES_TO_PACKAGES)})")
+        try:
+            Version(str(version))
+        except InvalidVersion:
+            bad(("fixed_in", package), f"{version!r} is not a version")
+    window = entry.get("window") or {}
+    patterns = (
+        {("match",): entry.get("match")}
+        if "match" in entry
+        else {("window", "first"): window.get("first"), ("window", "then"): window.get("then")}
+    )
+    for sub, pattern in patterns.items():
+        try:
+            re.compile(str(pattern))
+        except re.error as exc:
+            bad(sub, f"not a valid regular expression: {exc}")
+    if len(problems) > before:
+        return None
+    return Signature(
+        id=str(entry["id"]),
+        title=str(entry["title"]),
+        severity=entry["severity"],
+        source=entry["source"],
+        match=entry.get("match"),
+        first=window.get("first"),
+        then=window.get("then"),
+        within=int(window.get("within", 20)),
+        what=str(entry["what"]).strip(),
+        workaround=str(entry["workaround"]).strip(),
+        refs=tuple(refs),
+        applies_to=tuple((str(k), str(v)) for k, v in sorted(applies_to.items())),
+        origin=str(entry.get("origin", "package")),
+        package=entry.get("package"),
+        requires=tuple((str(k), str(v)) for k, v in requires.items()),
+        fixed_in=tuple((str(k), str(v)) for k, v in sorted(fixed_in.items())),
+    )
+
+
+def catalog_for(facts: Facts | None) -> tuple[Signature, ...]:
+    """The catalog's signatures that can apply to a stack with these facts (`applies_to`)."""
+    return tuple(s for s in load_catalog() if s.applies(facts))
+
+
+def _within(version: str | None, spec: str) -> bool:
+    if version is None:
+        return True
+    try:
+        return SpecifierSet(spec).contains(Version(version), prereleases=True)
+    except InvalidVersion:
+        return True
+
+
+@cache
+def load_rulesets(file: Path = RULESETS_FILE) -> tuple[RuleSet, ...]:
+    src = load_yaml(file)
+    problems: list[str] = []
+    sets = src.data.get("rulesets") if isinstance(src.data, dict) else None
+    if not isinstance(sets, list):
+        raise MatrixError([f"{file}:1: rulesets: must be a list"])
+    result = []
+    for i, entry in enumerate(sets):
+        rules = []
+        for j, item in enumerate(entry.get("rules") or []):
+            rule, found = parse_log_rule(item, default_id=f"{entry.get('id')}-{j}")
+            problems += [f"{src.where(('rulesets', i, 'rules', j, *sub))}: {message}" for sub, message in found]
+            if rule is not None:
+                rules.append(rule)
+        when = dict(entry.get("when") or {})
+        for key in when:
+            if key not in ("serve", "engine", "engine_version", "arch", "flashinfer", "cudnn_below"):
+                problems.append(f"{src.where(('rulesets', i, 'when', key))}: unknown condition")
+        if "engine" in when and when["engine"] not in SERVING_ENGINES:
+            known = ", ".join(SERVING_ENGINES)
+            problems.append(f"{src.where(('rulesets', i, 'when', 'engine'))}: unknown serving engine (known: {known})")
+        for key in ("flashinfer", "engine_version"):
+            if key not in when:
+                continue
+            try:
+                SpecifierSet(str(when[key]))
+            except InvalidSpecifier:
+                problems.append(f"{src.where(('rulesets', i, 'when', key))}: not a version specifier")
+        result.append(RuleSet(id=str(entry.get("id")), when=when, rules=tuple(rules)))
+    if problems:
+        raise MatrixError(problems)
+    return tuple(result)
+
+
+def rulesets_for(facts: Facts) -> tuple[RuleSet, ...]:
+    """The built-in rule sets whose conditions hold for these facts."""
+    return tuple(ruleset for ruleset in load_rulesets() if _holds(ruleset.when, facts))
+
+
+def rules_for(cell: Cell | None, arm: Arm | None, facts: Facts | None) -> tuple[LogRule, ...]:
+    """Built-in rule sets whose conditions hold, then the cell's rules, then the arm's."""
+    rules: list[LogRule] = []
+    if facts is not None:
+        for ruleset in rulesets_for(facts):
+            rules += ruleset.rules
+    rules += cell.log_rules if cell else ()
+    rules += arm.log_rules if arm else ()
+    return tuple(rules)
+
+
+def _holds(when: dict[str, Any], facts: Facts) -> bool:
+    if "serve" in when and bool(when["serve"]) != facts.serve:
+        return False
+    if "engine" in when and facts.engine != when["engine"]:
+        return False
+    if "arch" in when and facts.arch not in when["arch"]:
+        return False
+    for key, version in (("flashinfer", facts.flashinfer), ("engine_version", facts.engine_version)):
+        if key in when and version is not None:
+            try:
+                if not SpecifierSet(str(when[key])).contains(Version(version), prereleases=True):
+                    return False
+            except InvalidVersion:
+                return False
+    return not ("cudnn_below" in when and facts.cudnn is not None and facts.cudnn >= int(when["cudnn_below"]))
+
+
+# -- scanning --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Pattern:
+    """One regex with the literals one of which every match contains (None: no usable literal)."""
+
+    regex: re.Pattern[bytes]
+    anchors: tuple[bytes, ...] | None
+
+
+@cache
+def _compile(pattern: str) -> tuple[re.Pattern[bytes], tuple[bytes, ...] | None]:
+    regex = re.compile(pattern.encode())
+    found = _anchors(pattern)
+    return regex, (tuple(a.encode() for a in found) if found else None)
+
+
+def _anchors(pattern: str) -> list[str] | None:
+    """Literal strings at least one of which every match of `pattern` contains, or None."""
+    try:
+        parsed = sre_parse.parse(pattern)
+    except re.error:
+        return None
+    if parsed.state.flags & re.IGNORECASE:
+        return None
+    return _sequence_anchors(list(parsed))
+
+
+def _sequence_anchors(items: list[tuple[Any, Any]]) -> list[str] | None:
+    if len(items) == 1 and items[0][0] is sre_c.BRANCH:
+        found: list[str] = []
+        for branch in items[0][1][1]:
+            sub = _sequence_anchors(list(branch))
+            if sub is None:
+                return None
+            found += sub
+        return found
+    best, run, groups = "", "", []
+    for op, av in items:
+        if op is sre_c.LITERAL:
+            run += chr(av)
+            continue
+        best, run = max(best, run, key=len), ""
+        if op is sre_c.SUBPATTERN:
+            groups.append(list(av[-1]))
+        elif op is sre_c.BRANCH:  # a non-capturing (?:a|b) is parsed inline, as a bare branch
+            groups.append([(op, av)])
+    best = max(best, run, key=len)
+    if len(best) >= 3:
+        return [best]
+    for group in groups:  # a mandatory group, e.g. (?:a|b), whose alternatives all have literals
+        sub = _sequence_anchors(group)
+        if sub and all(len(a) >= 3 for a in sub):
+            return sub
+    return None
+
+
+def _line_bounds(data: Log, pos: int) -> tuple[int, int]:
+    start = data.rfind(b"\n", 0, pos) + 1
+    end = data.find(b"\n", pos)
+    return start, len(data) if end < 0 else end
+
+
+def _find_all(data: Log, anchors: Iterable[bytes]) -> dict[bytes, list[int]]:
+    """Every position of every anchor, in one pass where Hyperscan is available.
+
+    Hyperscan matches all anchors in a single pass at memory speed; without it, `bytes.find` runs
+    once per anchor (correct, a few times slower on big logs). Both give the same positions.
+    """
+    anchors = sorted(set(anchors))
+    found: dict[bytes, list[int]] = {a: [] for a in anchors}
+    if not anchors:
+        return found
+    database = _hyperscan_database(tuple(anchors))
+    if database is not None:
+
+        def on_match(index: int, start: int, end: int, flags: int, context: object) -> None:
+            anchor = anchors[index]
+            found[anchor].append(end - len(anchor))
+
+        database.scan(data, match_event_handler=on_match)
+        return found
+    for anchor in anchors:
+        pos = data.find(anchor)
+        while pos >= 0:
+            found[anchor].append(pos)
+            pos = data.find(anchor, pos + 1)
+    return found
+
+
+@cache
+def _hyperscan_database(anchors: tuple[bytes, ...]) -> Any:
+    if os.environ.get("STACKPROOF_NO_HYPERSCAN"):
+        return None
+    try:
+        import hyperscan  # type: ignore[import-not-found,import-untyped,unused-ignore]
+    except ImportError:
+        return None
+    try:
+        database = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
+        database.compile(
+            expressions=[re.escape(a) for a in anchors], ids=list(range(len(anchors))), elements=len(anchors)
+        )
+    except Exception:  # an unsupported CPU or build: fall back to bytes.find
+        return None
+    return database
+
+
+# A rule or signature is matched against the first MAX_MATCH_LINE bytes of a line only. Python's
+# `re` has no timeout, and a catalog regex with two unbounded parts (`(?P<shapes>.*?); ... (\S+)`)
+# is cubic on a pathological line: a 4,000-fold repeat of its own prefix took 6.5 s, a 10 MB line
+# would never end. A log line of vLLM or FlashInfer that says something is far shorter than this.
+MAX_MATCH_LINE = 16 << 10
+
+
+def _candidate_lines(data: Log, pattern: _Pattern, positions: dict[bytes, list[int]]) -> Iterable[tuple[int, int]]:
+    """(start, end) of each line that may match, in order; `end` at most MAX_MATCH_LINE past `start`."""
+    if pattern.anchors is None:
+        for m in pattern.regex.finditer(data):
+            yield _capped(*_line_bounds(data, m.start()))
+        return
+    for start in _line_starts(data, sorted({pos for anchor in pattern.anchors for pos in positions[anchor]})):
+        yield _capped(*_line_bounds(data, start))
+
+
+def _line_starts(data: Log, offsets: list[int]) -> list[int]:
+    """The start of the line of each sorted offset, each line once; linear in the data (a search back
+    from every offset was quadratic on one long line holding an anchor 200,000 times)."""
+    starts: list[int] = []
+    previous, start = 0, 0
+    for offset in offsets:
+        newline = data.rfind(b"\n", previous, offset)
+        if newline >= 0:
+            start = newline + 1
+        previous = offset
+        if not starts or starts[-1] != start:
+            starts.append(start)
+    return starts
+
+
+def _capped(start: int, end: int) -> tuple[int, int]:
+    return start, min(end, start + MAX_MATCH_LINE)
+
+
+class _LineNumbers:
+    """Line numbers for increasing byte offsets, counting newlines once."""
+
+    CHUNK = 16 << 20
+
+    def __init__(self, data: Log) -> None:
+        self.data, self.pos, self.line = data, 0, 1
+
+    def at(self, offset: int) -> int:
+        if offset < self.pos:
+            self.pos, self.line = 0, 1
+        if isinstance(self.data, bytes):
+            self.line += self.data.count(b"\n", self.pos, offset)
+        else:  # an mmap has no count(): count slice by slice, a chunk in memory at a time
+            for start in range(self.pos, offset, self.CHUNK):
+                self.line += self.data[start : min(offset, start + self.CHUNK)].count(b"\n")
+        self.pos = offset
+        return self.line
+
+
+@contextmanager
+def open_log(path: Path, *, stdin: BinaryIO | None = None) -> Iterator[Log]:
+    """The log's bytes: a regular file mapped into memory (no copy: a 200 MB log costs no read).
+
+    `-` is standard input. Anything that is not a regular file with a size (a pipe, `/dev/stdin`,
+    `<(...)`, a FIFO, a procfs file, which reports size 0) is read to its end as a stream: its
+    size says nothing about its content, so judging it by its size would pass a log never read.
+    """
+    if str(path) == "-":
+        yield _read_stream((stdin or sys.stdin.buffer).read(MAX_STREAM_LOG + 1), "stdin")
+        return
+    # boundedio: a device is refused, a FIFO without a writer is an empty log (no wait without end).
+    with open_input(path, "log", stream_ok=True) as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode) or info.st_size == 0:
+            yield _read_stream(f.read(MAX_STREAM_LOG + 1), str(path))
+            return
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            yield mapped
+
+
+# A log read as a stream (a pipe, stdin, procfs) is held in memory: at most this much of it.
+MAX_STREAM_LOG = 1 << 30
+
+
+def _read_stream(data: bytes, name: str) -> bytes:
+    if len(data) > MAX_STREAM_LOG:
+        raise InputError(f"{name}: a streamed log larger than {MAX_STREAM_LOG >> 20} MiB: save it to a file first")
+    return data
+
+
+def scan(data: Log, rules: Sequence[LogRule], signatures: Sequence[Signature]) -> list[LogMatch]:
+    """Every rule and signature match in `data`, in log order."""
+    found: list[tuple[int, LogMatch]] = []
+    wanted = [_compile(r.pattern)[1] for r in rules] + [_compile(s.match or s.first or "")[1] for s in signatures]
+    positions = _find_all(data, (a for anchors in wanted if anchors for a in anchors))
+    for rule in rules:
+        regex, anchors = _compile(rule.pattern)
+        pattern = _Pattern(regex, anchors)
+        for start, end in _candidate_lines(data, pattern, positions):
+            m = regex.search(data, start, end)
+            if m:
+                found.append((start, _match(rule.id, rule.kind, data[start:end], m)))
+                if rule.kind == "expect":
+                    break  # one sighting proves an expect rule
+    for sig in signatures:
+        found += [(start, match) for start, match in _scan_signature(data, sig, positions)]
+    numbers = _LineNumbers(data)
+    ordered = sorted(found, key=lambda item: item[0])
+    return [_with_line(match, numbers.at(start)) for start, match in ordered]
+
+
+def _scan_signature(data: Log, sig: Signature, positions: dict[bytes, list[int]]) -> Iterable[tuple[int, LogMatch]]:
+    regex, anchors = _compile(sig.match or sig.first or "")
+    pattern = _Pattern(regex, anchors)
+    for start, end in _candidate_lines(data, pattern, positions):
+        m = regex.search(data, start, end)
+        if not m:
+            continue
+        if sig.match is not None:
+            yield start, _signature_match(sig, data[start:end], m)
+            continue
+        then, _ = _compile(sig.then or "")
+        window_end = end
+        for _ in range(sig.within):
+            nxt = data.find(b"\n", window_end + 1)
+            window_end = len(data) if nxt < 0 else nxt
+            if window_end >= len(data):
+                break
+        hit = then.search(data, end, min(window_end, end + (sig.within + 1) * MAX_MATCH_LINE))
+        if hit:
+            yield start, _signature_match(sig, data[start:end], hit)
+
+
+def _match(rule_id: str, kind: str, line: bytes, m: re.Match[bytes]) -> LogMatch:
+    groups = {k: v.decode(errors="replace") for k, v in m.groupdict().items() if v is not None}
+    return LogMatch(id=rule_id, kind=kind, line_no=0, line=line.decode(errors="replace"), groups=groups)
+
+
+def _signature_match(sig: Signature, line: bytes, m: re.Match[bytes]) -> LogMatch:
+    groups = {k: v.decode(errors="replace") for k, v in m.groupdict().items() if v is not None}
+    return LogMatch(
+        id=sig.id,
+        kind="signature",
+        line_no=0,
+        line=line.decode(errors="replace"),
+        groups=groups,
+        severity=sig.severity,
+        title=sig.title,
+        refs=sig.refs,
+    )
+
+
+def _with_line(match: LogMatch, line_no: int) -> LogMatch:
+    return LogMatch(**{**match.__dict__, "line_no": line_no})
+
+
+# -- judging ---------------------------------------------------------------------------------------
+
+
+def judge(
+    matches: Sequence[LogMatch], rules: Sequence[LogRule], *, source: str = "the server log"
+) -> list[CheckResult]:
+    """Rule verdicts, evidence captures and signature matches as checks."""
+    checks = []
+    for rule in rules:
+        hits = [m for m in matches if m.kind == rule.kind and m.id == rule.id]
+        where = ", ".join(f"line {m.line_no}" for m in hits[:5])
+        if rule.kind == "expect":
+            if hits:
+                checks.append(
+                    CheckResult(
+                        name=f"expect:{rule.id}",
+                        status=Status.PASS,
+                        message=f"{source} shows /{rule.pattern}/ ({where})",
+                        evidence={"line": hits[0].line_no, "text": hits[0].line},
+                    )
+                )
+            else:
+                status = Status.INCONCLUSIVE if rule.if_absent == "inconclusive" else Status.FAIL
+                checks.append(
+                    CheckResult(
+                        name=f"expect:{rule.id}", status=status, message=f"{source} never shows /{rule.pattern}/"
+                    )
+                )
+        elif rule.kind == "forbid":
+            if hits:
+                checks.append(
+                    CheckResult(
+                        name=f"forbid:{rule.id}",
+                        status=Status.FAIL,
+                        message=f"{source} shows forbidden /{rule.pattern}/ at {where}: {hits[0].line.strip()[:300]}",
+                        evidence={"matches": [m.to_json() for m in hits[:20]]},
+                    )
+                )
+            else:
+                checks.append(
+                    CheckResult(
+                        name=f"forbid:{rule.id}", status=Status.PASS, message=f"{source} never shows /{rule.pattern}/"
+                    )
+                )
+    evidence_rules = [r for r in rules if r.kind == "evidence"]
+    if evidence_rules:
+        captured: dict[str, list[Any]] = {}
+        for m in matches:
+            if m.kind == "evidence":
+                values = captured.setdefault(m.id, [])
+                value = m.groups or m.line.strip()
+                if value not in values and len(values) < 20:
+                    values.append(value)
+        checks.append(
+            CheckResult(
+                name="evidence",
+                status=Status.PASS,
+                message=f"captured {', '.join(captured) or 'nothing'}",
+                evidence=captured,
+            )
+        )
+    signatures = [m for m in matches if m.kind == "signature"]
+    failing = [m for m in signatures if m.severity == "fail"]
+    listing = [m.to_json() for m in signatures[:50]]
+    if failing:
+        first = failing[0]
+        refs = f" ({', '.join(first.refs)})" if first.refs else ""
+        checks.append(
+            CheckResult(
+                name="signatures",
+                status=Status.FAIL,
+                message=f"{first.id}: {first.title}{refs}, {source} line {first.line_no}",
+                evidence={"matches": listing},
+            )
+        )
+    else:
+        warned = sorted({m.id for m in signatures})
+        checks.append(
+            CheckResult(
+                name="signatures",
+                status=Status.PASS,
+                message=f"no failure signature in {source}" + (f"; warnings: {', '.join(warned)}" if warned else ""),
+                evidence={"matches": listing},
+            )
+        )
+    return checks
+
+
+# -- the live log ----------------------------------------------------------------------------------
+
+
+class LogWatcher:
+    """Fed the server log line by line as it streams; remembers the first failure signature.
+
+    The readiness wait polls `fatal`, so a known-fatal line ends the wait at once instead of at the
+    timeout (an engine can die while the API process keeps the container up).
+    """
+
+    def __init__(self, signatures: Sequence[Signature]) -> None:
+        self.signatures = [s for s in signatures if s.source == "server" and s.severity == "fail"]
+        self.recent: deque[str] = deque(maxlen=max((s.within for s in self.signatures), default=1) + 1)
+        self.count = 0
+        self.fatal: LogMatch | None = None
+
+    def feed(self, line: str) -> None:
+        line = line[:MAX_MATCH_LINE]  # the same bound as a scan: no regex sees more of one line
+        self.count += 1
+        self.recent.append(line)
+        if self.fatal is not None:
+            return
+        for sig in self.signatures:
+            if sig.match is not None:
+                m = _compile(sig.match)[0].search(line.encode(errors="replace"))
+                if m:
+                    self.fatal = _with_line(_signature_match(sig, line.encode(), m), self.count)
+                    return
+            elif re.search(sig.then or "", line):
+                first = _compile(sig.first or "")[0]
+                window = list(self.recent)[-(sig.within + 1) : -1]
+                for offset, earlier in enumerate(window):
+                    if first.search(earlier.encode(errors="replace")):
+                        line_no = self.count - len(window) + offset
+                        self.fatal = LogMatch(
+                            id=sig.id,
+                            kind="signature",
+                            line_no=line_no,
+                            line=earlier,
+                            severity=sig.severity,
+                            title=sig.title,
+                            refs=sig.refs,
+                        )
+                        return

@@ -1,0 +1,317 @@
+"""Start a cell's model server, wait for it, and always remove it.
+
+What is started (the argv), what "ready" means (the health path) and how the one proof completion
+is asked are the serving engine's driver's (verify/serving/); where it runs (a container, or a
+process group on this host) is the runtime's (verify/runtime/); this module is the server's life.
+
+`Server` is a context manager: the server gets a name chosen before it starts, so even an
+interrupt that lands while the start is in flight can be cleaned up by name. The server log is
+streamed to a file (and the terminal) for the whole life of the server.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+from pipeline.console import console
+from pipeline.docker.client import Container, Docker, Mount
+from pipeline.errors import CheckFailed
+from pipeline.host.modelstore import model_mounts
+from pipeline.matrix.model import Arm, Cell, ServeSpec
+from verify.forensics.stall import COREDUMP_DIR, coredump_env
+from verify.logs.logscan import LogWatcher
+from verify.runtime import Runtime, as_runtime
+from verify.serving import driver_for
+from verify.serving.openai import ServerCalls
+
+__all__ = ["Readiness", "Server", "ServerFactory", "SharedServer", "free_port", "serve_argv"]
+
+HOST = "127.0.0.1"  # servers bind loopback only; traffic never leaves this machine
+RUN_LABEL = "io.stackproof.run"
+SERVER_ROLE = "server"
+POLL_SECONDS = 1.0
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+def serve_argv(serve: ServeSpec, arm: Arm | None, port: int) -> list[str]:
+    """The server command, from the cell's engine driver, bound to 127.0.0.1 on `port`."""
+    return list(driver_for(serve).argv(serve, arm, host=HOST, port=port))
+
+
+class ServerFailed(CheckFailed):
+    """The server did not become ready or did not answer; carries the last log lines."""
+
+    def __init__(self, reason: str, server: Server) -> None:
+        self.reason = reason
+        self.last_lines = server.last_lines().splitlines()
+        self.log_path = server.log_path
+        super().__init__(
+            f"{server.cell.id}: {reason}. Last log lines:\n{server.last_lines()}\nfull log: {server.log_path}"
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Readiness:
+    seconds: float
+    url: str
+
+
+class Server:
+    """One server for one cell (and arm), on a runtime; removed on every exit path."""
+
+    def __init__(
+        self,
+        runtime: Runtime | Docker,
+        cell: Cell,
+        image: str,
+        *,
+        out_dir: Path,
+        arm: Arm | None = None,
+        extra_env: dict[str, str] | None = None,
+        port: int | None = None,
+        watcher: LogWatcher | None = None,
+        volumes: dict[Path, str] | None = None,
+        unset_env: tuple[str, ...] = (),
+        scratch: tuple[str, ...] = (),
+        on_start: Callable[[Server], None] | None = None,
+    ) -> None:
+        if cell.serve is None:
+            raise CheckFailed(f"cell {cell.id!r} has no serve spec")
+        self.runtime = as_runtime(runtime)
+        self.cell = cell
+        self.serve = cell.serve
+        self.driver = driver_for(cell.serve)
+        self.image = image
+        self.arm = arm
+        self.extra_env = extra_env or {}
+        self.port = port or free_port()
+        self.run_id = uuid.uuid4().hex[:12]
+        self.name = f"stackproof-{cell.id}-{self.run_id}"[:128]
+        self.out_dir = out_dir
+        self.log_path = out_dir / "server.log"
+        self.tail: deque[str] = deque(maxlen=60)
+        self.watcher = watcher
+        self.volumes = volumes or {}  # host path -> container path
+        self.unset_env = unset_env  # image ENV names to remove for this run (`env -u`)
+        # Container paths backed by anonymous volumes (host runtime: the server's own directory):
+        # written by the server, read out with `copy_out`, removed with it.
+        self.scratch = scratch
+        self.on_start = on_start  # told of every start, e.g. to count server starts per run
+        self._follower: threading.Thread | None = None
+        self._started = False
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    def __enter__(self) -> Server:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.remove()
+
+    def start(self) -> None:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self._started = True  # from here on, remove() must run even if `docker run` is interrupted
+        if self.on_start is not None:
+            self.on_start(self)
+        self.runtime.start(self.container())
+        where = "container" if self.runtime.kind == "docker" else "process group"
+        print(f"{self.cell.id}: server {where} {self.name} on {self.base_url}, log: {self.log_path}", file=sys.stderr)
+        self._follower = threading.Thread(target=self._follow_logs, name=f"logs-{self.name}", daemon=True)
+        self._follower.start()
+
+    def container(self) -> Container:
+        """What this server's `docker run` says: the cell's env, its volumes, the model store."""
+        store = model_mounts(self.serve)  # hf: models: the store read-only, offline, HF_TOKEN by name
+        env = {**self.cell.serve_env(self.arm), **self.extra_env, **dict(store.env)}  # the store's settings win
+        scratch = self.scratch
+        if self.serve.forensics.cuda_coredump:  # ready for a user-triggered CUDA core dump (verify/forensics/stall.py)
+            env.update(coredump_env())
+            scratch = (*scratch, COREDUMP_DIR)
+        command = serve_argv(self.serve, self.arm, self.port)
+        if self.unset_env:  # docker run cannot remove an image's ENV; `env -u` can
+            command = ["env", *(arg for name in self.unset_env for arg in ("-u", name)), *command]
+        mounts = [Mount(source=host, target=path, read_only=False) for host, path in sorted(self.volumes.items())]
+        mounts += [Mount(source=host, target=path) for host, path in store.volumes]
+        return Container(
+            image=self.image,
+            name=self.name,
+            role=SERVER_ROLE,
+            command=tuple(command),
+            labels=((RUN_LABEL, self.run_id), ("io.stackproof.cell", self.cell.id)),
+            env=tuple(sorted(env.items())),
+            env_from_host=store.env_names,
+            mounts=tuple(mounts),
+            volumes=scratch,
+            gpus=self.serve.gpus,
+            shm_size=self.serve.shm_size,
+        )
+
+    def copy_out(self, path: str, dest: Path) -> bool:
+        """Copy a path the server wrote (a container path) to `dest` (see `Runtime.copy_out`)."""
+        return self.runtime.copy_out(self.name, path, dest)
+
+    def seen_as(self, path: str) -> str:
+        """Where the server sees a container path: what its log prints for it."""
+        return self.runtime.seen_as(self.name, path)
+
+    def remove(self) -> None:
+        """Remove the container by name; safe to call twice, and when it never started."""
+        if not self._started:
+            return
+        self._started = False
+        self.runtime.remove(self.name)
+        if self._follower is not None:
+            self._follower.join(timeout=10)
+        print(f"{self.cell.id}: server {self.name} removed", file=sys.stderr)
+
+    def _follow_logs(self) -> None:
+        with self.log_path.open("a") as log:
+
+            def on_line(line: str) -> None:
+                log.write(line + "\n")
+                log.flush()
+                self.tail.append(line)
+                if self.watcher is not None:
+                    self.watcher.feed(line)
+                console().feed("server", self.cell.id, line)
+
+            # It ends when the server is removed; the log so far is kept.
+            self.runtime.follow_logs(self.name, on_line, timeout=24 * 3600)
+
+    # -- state ------------------------------------------------------------------------------------
+
+    def state(self) -> tuple[str, int]:
+        """(status, exit code); ('missing', -1) when the server is gone."""
+        return self.runtime.state(self.name)
+
+    def last_lines(self, n: int = 40) -> str:
+        return "\n".join(list(self.tail)[-n:])
+
+    def wait_ready(self, timeout: float | None = None) -> Readiness:
+        """Poll the health path until 200; fail fast when the container exits, give up at the timeout."""
+        timeout = timeout or self.serve.readiness_timeout_s
+        started = time.monotonic()
+        health = self.driver.endpoints.health
+        with (
+            console().phase("server", self.cell.id, log=self.log_path) as phase,
+            ServerCalls(self.base_url, self.driver) as calls,
+        ):
+            while True:
+                status, code = self.state()
+                if status not in ("running", "created"):
+                    time.sleep(0.5)  # let the log follower catch the last lines
+                    raise ServerFailed(
+                        f"the server {status} (exit code {code}) before it was ready, "
+                        f"after {time.monotonic() - started:.0f}s",
+                        self,
+                    )
+                fatal = self.watcher.fatal if self.watcher else None
+                if fatal is not None:
+                    raise ServerFailed(
+                        f"failure signature {fatal.id} ({fatal.title}) at server log line {fatal.line_no}, "
+                        f"after {time.monotonic() - started:.0f}s: {fatal.line.strip()[:300]}",
+                        self,
+                    )
+                if calls.healthy():
+                    seconds = time.monotonic() - started
+                    phase.done(f"ready at {self.base_url}")
+                    return Readiness(seconds=round(seconds, 1), url=self.base_url)
+                now = time.monotonic()
+                if now - started > timeout:
+                    raise ServerFailed(f"not ready after {timeout:.0f}s (readiness_timeout)", self)
+                phase.update(f"{phase.lines} log lines, waiting for {health} (up to {timeout:.0f}s)")
+                time.sleep(POLL_SECONDS)
+
+    def complete(
+        self, prompt: str = "The capital of France is", max_tokens: int = 16, timeout: float = 120
+    ) -> dict[str, object]:
+        """One real completion: proof that the engine, not just the API, works."""
+        with ServerCalls(self.base_url, self.driver, timeout=timeout) as calls:
+            try:
+                model = calls.model_id()
+            except CheckFailed as exc:
+                raise ServerFailed(f"completion failed: {exc}", self) from exc
+            answer = calls.complete({"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0})
+        if answer.status is None:
+            raise ServerFailed(f"completion failed: {answer.error}", self)
+        if not answer.ok:
+            raise ServerFailed(f"completion answered {answer.error}", self)
+        body = answer.body
+        try:
+            usage = body.get("usage") or {}
+            choice = body["choices"][0]
+            text = choice["text"]
+        except (KeyError, IndexError, TypeError, AttributeError) as exc:
+            raise ServerFailed(
+                f"completion body unreadable ({type(exc).__name__}: {exc}): {str(body)[:300]}", self
+            ) from exc
+        if not usage.get("completion_tokens"):
+            raise ServerFailed(f"completion returned no tokens: {body}", self)
+        return {
+            "model": model,
+            "prompt": prompt,
+            "text": text,
+            "completion_tokens": usage["completion_tokens"],
+            "finish_reason": choice.get("finish_reason"),
+            "seconds": answer.seconds,
+        }
+
+
+# What makes a stage's server: `Server` itself, or a stand-in with its signature (unit tests).
+ServerFactory = Callable[..., Server]
+
+
+class SharedServer:
+    """A ready server one stage hands to later ones (startup to autotune and load), so it starts once.
+
+    The verify run owns it: whatever happens between the stages, `close()` in its `finally`
+    removes the container. It also counts every server the run started (`note_start`).
+    """
+
+    def __init__(self) -> None:
+        self.server: Server | None = None
+        self.started: list[str] = []
+
+    def note_start(self, server: Server) -> None:
+        self.started.append(server.name)
+
+    def keep(self, server: Server) -> None:
+        self.server = server
+
+    def peek(self) -> Server | None:
+        """The kept server, left kept, if its container still runs."""
+        if self.server is not None and self.server.state()[0] != "running":
+            self.close()
+        return self.server
+
+    def take(self) -> Server | None:
+        """The kept server if its container still runs; a dead one is removed and not handed on."""
+        server = self.peek()
+        self.server = None
+        return server
+
+    def close(self) -> None:
+        server, self.server = self.server, None
+        if server is not None:
+            server.remove()
