@@ -39,9 +39,18 @@ def tests(session: nox.Session) -> None:
     # child process for all its cases, runs once); the integration tier after it, one test at a
     # time: its real servers share the host's cores and one daemon. The slowest tests are listed at
     # the end of each: where the minutes go, in every CI log.
-    session.run("pytest", "-ra", "--durations=15", "-n", "auto", "--dist", "loadfile", "tests/unit", *rest)
+    # --run-slow: CI runs the unit tests marked slow too (tests/conftest.py).
+    unit = ["-n", "auto", "--dist", "loadfile", "--run-slow", "tests/unit"]
+    session.run("pytest", "-ra", "--durations=15", *unit, *rest)
     if docker:
         session.run("pytest", "-ra", "--durations=25", "tests/integration", "--run-docker", *rest)
+
+
+@nox.session(python=PYTHON)
+def unit(session: nox.Session) -> None:
+    """The quick unit tier (under a minute): the tests marked slow are left to `nox -s tests` and CI."""
+    _install(session)
+    session.run("pytest", "-q", "--durations=10", "-n", "auto", "--dist", "loadfile", "tests/unit", *session.posargs)
 
 
 @nox.session(python=PYTHON)

@@ -2,6 +2,10 @@
 
 With `--run-docker` and no daemon answering, integration tests are skipped with the reason,
 except under CI (CI=true), where a missing daemon is a failure: `.ci/run` always starts one.
+
+Unit tests marked `slow` (the fuzz suite's hundreds of CLI cases, the runs that wait out real
+deadlines) run with `--run-slow`: `nox -s tests` and `.ci/run` always pass it, so CI runs every test;
+a plain `pytest tests/unit` leaves them out to stay under a minute.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import pytest
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--run-docker", action="store_true", help="run the integration tier against a real dockerd")
+    parser.addoption("--run-slow", action="store_true", help="also run the unit tests marked slow (CI does)")
 
 
 # The integration tier in groups that run alone (`pytest tests/integration --run-docker -m GROUP`,
@@ -39,6 +44,7 @@ INTEGRATION_GROUPS: dict[str, tuple[str, ...]] = {
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "slow: a unit test of many seconds; runs with --run-slow (CI always)")
     for group in INTEGRATION_GROUPS:
         config.addinivalue_line("markers", f"{group}: integration group {group!r} (tests/conftest.py)")
 
@@ -61,6 +67,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 f"{item.path}: in no integration group: add it to INTEGRATION_GROUPS (tests/conftest.py)"
             )
         item.add_marker(getattr(pytest.mark, group))
+    if not config.getoption("--run-slow"):
+        slow = pytest.mark.skip(reason="slow: pass --run-slow (nox -s tests and CI always do)")
+        for item in items:
+            if "slow" in item.keywords:
+                item.add_marker(slow)
     if config.getoption("--run-docker"):
         return
     skip = pytest.mark.skip(reason="integration tier: pass --run-docker (needs a real docker daemon)")

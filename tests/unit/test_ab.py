@@ -243,6 +243,7 @@ class StandIn:
         self.removed.append(self.name)
 
 
+@pytest.mark.slow
 def test_the_runner_keeps_one_server_per_side_and_finds_the_slower_side(tmp_path: Path) -> None:
     """B streams fifty times slower (100 ms a chunk: at a load average of 45 on two cores, ten times
     slower was UNDECIDED, the client's own starved turns drowning 20 ms): a REGRESSION in tok/s, TPOT up;

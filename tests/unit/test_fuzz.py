@@ -752,6 +752,7 @@ def test_the_suite_is_large_enough() -> None:
     assert len(CASES) >= 250 and len({c.id for c in CASES}) == len(CASES)
 
 
+@pytest.mark.slow  # one child process runs all ~430 cases: about 30 s, most of it real deadlines
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_hostile_input(case: Case, results: dict[str, dict[str, Any]]) -> None:
     result = results[case.id]

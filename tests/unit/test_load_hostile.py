@@ -95,6 +95,7 @@ def test_a_stream_line_without_end_is_cut_not_buffered(hostile: str, tmp_path: P
     assert took < 15 and peak < 64 * 2**20, (took, peak)
 
 
+@pytest.mark.slow
 def test_a_dribbling_stream_ends_at_duration_plus_grace(hostile: str, tmp_path: Path) -> None:
     """One chunk every 0.5 s for ever, never silent for a chunk timeout: only the deadline ends it."""
     spec = LoadSpec(**{**vars(SPEC), "max_tokens": 500, "chunk_timeout_s": 3.0})

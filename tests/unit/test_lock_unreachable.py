@@ -40,6 +40,7 @@ def matrix(tmp_path: Path) -> Path:
     return tmp_path / "matrix.yaml"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("uv") is None, reason="uv is a run-time dependency; not on PATH here")
 def test_an_unreachable_index_is_exit_3_naming_it(
     matrix: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]

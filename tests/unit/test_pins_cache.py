@@ -146,6 +146,7 @@ cells:
 """
 
 
+@pytest.mark.slow
 def test_the_audit_asks_an_unreachable_wheel_index_once(
     index: tuple[str, list[str], dict[str, Any]], tmp_path: Path
 ) -> None:

@@ -80,6 +80,7 @@ def test_the_console_check_sees_an_uncaught_error(tmp_path: Path) -> None:
     assert load(browser, quiet.as_uri())[1] == []
 
 
+@pytest.mark.slow
 def test_index_and_cell_page_load_clean_and_show_the_receipts_numbers(tmp_path: Path) -> None:
     browser = _browser()
     site = tmp_path / "site"
