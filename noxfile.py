@@ -7,6 +7,12 @@ sessions pass nothing, so `stackproof run cpu-tiny` alone does what `nox -s demo
 
 from __future__ import annotations
 
+import os
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
 import nox
 
 nox.options.sessions = ["lint", "tests"]
@@ -38,12 +44,42 @@ def tests(session: nox.Session) -> None:
     # The unit tier on every core, a file per worker (a module fixture, like the fuzz suite's one
     # child process for all its cases, runs once); the integration tier after it, one test at a
     # time: its real servers share the host's cores and one daemon. The slowest tests are listed at
-    # the end of each: where the minutes go, in every CI log.
-    # --run-slow: CI runs the unit tests marked slow too (tests/conftest.py).
+    # the end of each: where the minutes go, in every CI log. --run-slow: CI runs the unit tests
+    # marked slow too (tests/conftest.py).
     unit = ["-n", "auto", "--dist", "loadfile", "--run-slow", "tests/unit"]
-    session.run("pytest", "-ra", "--durations=15", *unit, *rest)
-    if docker:
-        session.run("pytest", "-ra", "--durations=25", "tests/integration", "--run-docker", *rest)
+    if not docker:
+        session.run("pytest", "-ra", "--durations=15", *unit, *rest)
+        return
+    # The audit group needs no docker: it downloads the matrix's real wheels and reads them, minutes
+    # spent mostly waiting on the network. It runs beside the rest, at a lower CPU priority than the
+    # servers whose timings the other groups judge.
+    with _beside(session, ["tests/integration", "--run-docker", "-m", "audit", *rest], "audit"):
+        session.run("pytest", "-ra", "--durations=15", *unit, *rest)
+        session.run("pytest", "-ra", "--durations=25", "tests/integration", "--run-docker", "-m", "not audit", *rest)
+
+
+@contextmanager
+def _beside(session: nox.Session, args: list[str], name: str) -> Iterator[None]:
+    """Run `pytest ARGS` niced in the background while the block runs; its log is printed after it,
+    and its failure fails the session. A failure in the block stops it at once."""
+    tmp = Path(session.create_tmp())
+    log_path = tmp / f"{name}.log"
+    env = {**os.environ, **{k: v for k, v in session.env.items() if v is not None}}
+    env["PATH"] = f"{session.bin}{os.pathsep}{env.get('PATH', '')}"
+    argv = ["nice", "-n", "10", f"{session.bin}/pytest", "-ra", "--durations=10", f"--basetemp={tmp / name}", *args]
+    session.log(f"{name} group beside the rest: {' '.join(argv[3:])} (log: {log_path})")
+    with log_path.open("wb") as log:
+        background = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        yield
+        code = background.wait(timeout=3600)  # an hour: the cold download of every cell's wheels
+    finally:
+        if background.poll() is None:
+            os.killpg(background.pid, 9)
+            background.wait()
+        print(f"\n===== {name} group (ran beside the rest) =====\n" + log_path.read_text(errors="replace"), flush=True)
+    if code != 0:
+        session.error(f"the {name} integration group failed (exit {code}): its log is above")
 
 
 @nox.session(python=PYTHON)
