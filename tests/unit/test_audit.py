@@ -233,6 +233,7 @@ def test_the_index_is_built_once_and_read_back_from_disk(tmp_path: Path) -> None
     second = load_or_build(wheel, name="vllm", version="0.28.0", sha256="a" * 64, progress=said.append)
     assert len(said) == 1 and (tmp_path / f"index-{'a' * 16}.json").is_file()
     assert second.messages == first.messages and second.classes == first.classes
+    assert second is first  # a wheel several cells pin is decoded once per command
 
 
 def test_the_stored_index_reads_back_the_same_facts_in_a_new_process(
