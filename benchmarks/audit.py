@@ -24,6 +24,10 @@ time with the process's user+sys CPU beside it:
   network. The issue's numbers for four 0.33 cells: 70-93 s warm, 799 s cold. No cold run of the
   whole matrix was completed here: at load 30-50 its downloads and first indexing passes had taken
   26 minutes when it was stopped.
+2026-12-03: index version 9 (verify/audit/store.py) reads each wheel's index once per process from
+a compact document; without the wheel cache on the dev box its effect is measured on a synthetic
+index by benchmarks/audit_index.py (six reads: 2.1-4.6 s before, 0.05 s after, plus 0.12-0.24 s for
+the first). The six-cell warm run above is still to be re-measured where the wheels are cached.
 """
 
 from __future__ import annotations

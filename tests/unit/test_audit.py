@@ -8,11 +8,13 @@ check names another capability family is a WARN on that arch and silent on its o
 
 from __future__ import annotations
 
+import json
 import zipfile
 from pathlib import Path
 
 import pytest
 
+from verify.audit import index as index_module
 from verify.audit.checks import (
     Status,
     capability_findings,
@@ -21,7 +23,8 @@ from verify.audit.checks import (
     check_variable,
     kernel_literals,
 )
-from verify.audit.index import PackageIndex, index_wheel, load_or_build
+from verify.audit.facts import FileFacts
+from verify.audit.index import INDEX_VERSION, PackageIndex, index_wheel, load_or_build
 from verify.audit.wheels import Target, Unavailable, fetch_wheel
 
 VLLM_INIT = """
@@ -230,6 +233,51 @@ def test_the_index_is_built_once_and_read_back_from_disk(tmp_path: Path) -> None
     second = load_or_build(wheel, name="vllm", version="0.28.0", sha256="a" * 64, progress=said.append)
     assert len(said) == 1 and (tmp_path / f"index-{'a' * 16}.json").is_file()
     assert second.messages == first.messages and second.classes == first.classes
+    assert second is first  # a wheel several cells pin is decoded once per command
+
+
+def test_the_stored_index_reads_back_the_same_facts_in_a_new_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    wheel = fake_wheel(tmp_path, {"vllm/kernels.py": VLLM_INIT, "vllm/b.py": 'import os\nos.getenv("VLLM_B")'})
+    built = load_or_build(wheel, name="vllm", version="0.28.0", sha256="c" * 64)
+    monkeypatch.setattr(index_module, "_LOADED", {})  # what a later command starts with
+    said: list[str] = []
+    read = load_or_build(wheel, name="vllm", version="0.28.0", sha256="c" * 64, progress=said.append)
+    assert said == [] and read is not built
+    assert read == built == index_wheel(wheel, name="vllm", version="0.28.0", sha256="c" * 64)
+
+
+def test_an_index_of_another_version_or_wheel_is_rebuilt_not_trusted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    wheel = fake_wheel(tmp_path, {"vllm/kernels.py": VLLM_INIT})
+    store = tmp_path / f"index-{'d' * 16}.json"
+    for stale in ({"index_version": INDEX_VERSION - 1, "sha256": "d" * 64}, {"index_version": INDEX_VERSION}):
+        store.write_text(json.dumps({**stale, "files": [], "holes": [], "messages": [], "env": [], "classes": []}))
+        monkeypatch.setattr(index_module, "_LOADED", {})
+        said: list[str] = []
+        index = load_or_build(wheel, name="vllm", version="0.28.0", sha256="d" * 64, progress=said.append)
+        assert len(said) == 1 and "NvFp4LinearKernel" in index.classes
+
+
+def test_a_file_two_wheels_share_is_parsed_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # vLLM's x86_64 and aarch64 wheels: the same Python files, read from the first one's index
+    for platform in ("x86", "arm"):
+        (tmp_path / "wheels" / "vllm" / platform).mkdir(parents=True)
+    first = fake_wheel(tmp_path / "wheels" / "vllm" / "x86", {"vllm/kernels.py": VLLM_INIT})
+    second = fake_wheel(tmp_path / "wheels" / "vllm" / "arm", {"vllm/kernels.py": VLLM_INIT})
+    load_or_build(first, name="vllm", version="0.28.0", sha256="e" * 64)
+    parsed: list[str] = []
+    real = index_module.index_source
+
+    def counted(path: str, text: str) -> FileFacts:
+        parsed.append(path)
+        return real(path, text)
+
+    monkeypatch.setattr(index_module, "index_source", counted)
+    reused = load_or_build(second, name="vllm", version="0.28.0", sha256="f" * 64)
+    assert parsed == [] and "CutlassNvFp4LinearKernel" in reused.classes
 
 
 def test_a_wheel_is_fetched_by_pip_once_then_answered_from_the_cache(tmp_path: Path) -> None:
