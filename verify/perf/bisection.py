@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from pipeline.errors import InputError
 from verify.perf.ab import AbReport
 
 __all__ = [
@@ -298,6 +299,15 @@ class BisectReport:
             "seconds": self.seconds,
             "files": dict(self.files),
         }
+
+    @staticmethod
+    def read(data: dict[str, Any], *, source: str = "bisect.json") -> BisectReport:
+        """`from_json` for a document of unknown origin (the report's sources): InputError naming
+        the file and the field, as the A/B and sweep readers give, instead of a bare KeyError."""
+        try:
+            return BisectReport.from_json(data)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise InputError(f"{source}: a malformed bisect report ({type(exc).__name__}: {exc})") from None
 
     @staticmethod
     def from_json(data: dict[str, Any]) -> BisectReport:
