@@ -62,6 +62,7 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
 def _report(args: argparse.Namespace) -> int:
     from stackproof.cliutil import emit
     from stackproof.site_report.model import build_site
+    from stackproof.site_report.perfdocs import perfdocs_from_dirs
     from stackproof.site_report.render import render_site
     from stackproof.site_report.sources import read_fixtures, receipts_from_dirs, receipts_from_registry
 
@@ -78,7 +79,12 @@ def _report(args: argparse.Namespace) -> int:
     cells, arch = _rows(args)
     site = build_site(receipts, cells=cells, cell_arch=arch)
     fixtures = read_fixtures(args.fixtures) if args.fixtures else None
-    files = render_site(site, generated_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), fixtures=fixtures)
+    files = render_site(
+        site,
+        generated_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        fixtures=fixtures,
+        perf=perfdocs_from_dirs(args.receipts or []),  # the ab/bisect/sweep.json found beside the receipts
+    )
     write_site(files, args.out)
     seconds = time.perf_counter() - started
     verified = sum(1 for s in site.squares.values() if s.receipt is not None)

@@ -16,7 +16,7 @@ from typing import Any
 
 from pipeline.errors import InfraError
 
-__all__ = ["arms_svg", "heatmap_svg", "latency_svg", "timeline_svg"]
+__all__ = ["arms_svg", "heatmap_svg", "latency_svg", "sweep_svg", "timeline_svg"]
 
 # Fixed colours for the runners people look for (cuDNN is the one of vllm#55571); others cycle.
 RUNNER_COLOURS = {
@@ -221,3 +221,37 @@ def arms_svg(rows: Sequence[tuple[str, float | None, float | None]], *, prefix: 
         ax.grid(axis="x", alpha=0.3)
     desc = "; ".join(f"{label}: {tok} tok/s, TTFT p50 {ttft} ms" for label, tok, ttft in rows)
     return _svg(fig, title=f"Throughput and TTFT: {what}", desc=desc, prefix=prefix)
+
+
+def sweep_svg(
+    points: Sequence[tuple[float, float | None, float | None]],
+    *,
+    limit_ms: float,
+    crossed_at: float | None,
+    axis: str,
+    prefix: str,
+    what: str,
+) -> str:
+    """A sweep's throughput-latency curve: output tok/s (x) against TTFT p99 (y), one marker per load
+    point (value, tok/s, TTFT p99 ms), the declared limit as a line and the crossing point ringed.
+    A point that measured nothing has no place on the curve; the table beside it lists it."""
+    figure = _pyplot()
+    fig = figure(figsize=(6.4, 3.2))
+    fig.subplots_adjust(left=0.12, right=0.97, bottom=0.16, top=0.95)
+    ax = fig.subplots()
+    drawn = [(v, tok, ttft) for v, tok, ttft in points if tok is not None and ttft is not None]
+    ax.plot([tok for _, tok, _ in drawn], [ttft for _, _, ttft in drawn], marker="o", color="#4c72b0")
+    for v, tok, ttft in drawn:
+        ax.annotate(f"{v:g}", (tok, ttft), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    ax.axhline(limit_ms, color="#c44e52", linestyle="--", linewidth=1)
+    ax.annotate(f"TTFT p99 limit {limit_ms:g} ms", (0, limit_ms), xycoords=("axes fraction", "data"),
+                textcoords="offset points", xytext=(2, 3), fontsize=7, color="#c44e52")  # fmt: skip
+    crossing = [(tok, ttft) for v, tok, ttft in drawn if v == crossed_at]
+    if crossing:
+        ax.plot(*crossing[0], marker="o", markersize=12, fillstyle="none", color="#c44e52")
+    ax.set_xlabel("output tokens/s")
+    ax.set_ylabel("TTFT p99 (ms)")
+    ax.grid(alpha=0.3)
+    where = "no point crosses" if crossed_at is None else f"crosses at {axis} {crossed_at:g}"
+    desc = f"{where}; " + "; ".join(f"{axis} {v:g}: {tok} tok/s, TTFT p99 {ttft} ms" for v, tok, ttft in points)
+    return _svg(fig, title=f"Throughput against TTFT p99: {what}", desc=desc, prefix=prefix)

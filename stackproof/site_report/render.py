@@ -31,6 +31,7 @@ from stackproof.site_report.model import (
     prefer,
     winner_changes,
 )
+from stackproof.site_report.perfdocs import PerfDocs
 from stackproof.site_report.sources import Fixtures
 
 __all__ = ["INDEX_KIND", "render_site"]
@@ -48,7 +49,9 @@ class Links:
     server_log: str | None
 
 
-def render_site(site: Site, *, generated_at: str, fixtures: Fixtures | None = None) -> dict[str, bytes]:
+def render_site(
+    site: Site, *, generated_at: str, fixtures: Fixtures | None = None, perf: PerfDocs | None = None
+) -> dict[str, bytes]:
     env = _environment()
     out: dict[str, bytes] = {"style.css": resources.files(__package__).joinpath("style.css").read_bytes()}
     links: dict[str, Links] = {}
@@ -61,7 +64,8 @@ def render_site(site: Site, *, generated_at: str, fixtures: Fixtures | None = No
         "has_fixtures": bool(fixtures),
         "slug": slug,
     }
-    out["index.html"] = _page(env, "index.html.j2", root="", site=site, filters=_filters(site), **common)
+    perf = perf or PerfDocs()
+    out["index.html"] = _page(env, "index.html.j2", root="", site=site, filters=_filters(site), perf=perf, **common)
     document = jsonable(index_document(site, links, generated_at))  # strict JSON: a NaN is null
     out["index.json"] = (json.dumps(document, indent=1, allow_nan=False) + "\n").encode()
     for cell in site.cells:
@@ -76,6 +80,7 @@ def render_site(site: Site, *, generated_at: str, fixtures: Fixtures | None = No
             heads=_heads(receipts),
             plots=_cell_plots(cell, receipts),
             compares=site.compares[cell],
+            sweeps=_sweeps(cell, perf),
             numbers=NUMBERS,
             number=number,
             **common,
@@ -115,6 +120,7 @@ def _environment() -> jinja2.Environment:
     )
     env.filters["num"] = _num
     env.filters["delta"] = _delta
+    env.filters["pct"] = _pct
     return env
 
 
@@ -128,6 +134,11 @@ def _num(value: float | None, digits: int = 1) -> str:
     if float(value).is_integer() and abs(value) < 1e6:
         return f"{value:,.0f}"  # counts: 80 questions, not 80.000
     return f"{value:,.{digits}f}" if abs(value) < 1e6 else f"{value:,.0f}"
+
+
+def _pct(value: float | None) -> str:
+    """A relative change (+0.104) as the page says it (+10.4%)."""
+    return "-" if value is None else f"{value * 100:+.1f}%"
 
 
 def _delta(pair: tuple[float | None, float | None]) -> str:
@@ -263,3 +274,20 @@ def _fixture_plots(fixtures: Fixtures) -> list[Markup]:
         Markup(plots.heatmap_svg(table, prefix=f"fx-{i}", what=f"fixture {path.rsplit('/', 1)[-1]}"))
         for i, (path, _, table) in enumerate(fixtures.autotune)
     ]
+
+
+def _sweeps(cell: str, perf: PerfDocs) -> list[tuple[str, Any, Markup]]:
+    """(source, sweep report, its curve) for each sweep of the cell, in path order."""
+    out = []
+    for i, (source, report) in enumerate(perf.sweeps_of(cell)):
+        points = [(p.value, p.output_tok_s, p.ttft_p99_ms) for p in report.points]
+        svg = plots.sweep_svg(
+            points,
+            limit_ms=report.config.ttft_p99_limit_ms,
+            crossed_at=report.crossed_at,
+            axis=report.config.axis,
+            prefix=f"sw-{i}",
+            what=f"{report.target}, {report.config.axis} sweep",
+        )
+        out.append((source, report, Markup(svg)))
+    return out

@@ -1,0 +1,66 @@
+"""The A/B, bisect and sweep documents found among the report's sources: the compare view's input.
+
+`stackproof ab`, `bisect` and `sweep` each write one JSON document (ab.json, bisect.json,
+sweep.json; docs/*.schema.json) into their run directory. The report finds them under the same
+--receipts roots as the receipts and reads each through its producer's own typed reader
+(verify/perf/*: `from_json`), so the page shows what the producer wrote and nothing it re-derives.
+A document that does not read is refused as a receipt is: InputError naming the file and the field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.errors import InputError
+from stackproof.site_report.sources import _read_json
+from verify.perf.ab import AbReport
+from verify.perf.bisection import BisectReport
+from verify.perf.sweep import SweepReport
+
+__all__ = ["AB_FILE", "BISECT_FILE", "SWEEP_FILE", "PerfDocs", "perfdocs_from_dirs"]
+
+# The producers' file names (stackproof/ab.py, bisection.py, sweep.py): a layer below cannot import them.
+AB_FILE, BISECT_FILE, SWEEP_FILE = "ab.json", "bisect.json", "sweep.json"
+
+
+@dataclass(frozen=True, kw_only=True)
+class PerfDocs:
+    """Each document with the file it came from, in path order."""
+
+    ab: tuple[tuple[str, AbReport], ...] = ()
+    bisect: tuple[tuple[str, BisectReport], ...] = ()
+    sweep: tuple[tuple[str, SweepReport], ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.ab or self.bisect or self.sweep)
+
+    def sweeps_of(self, cell: str) -> list[tuple[str, SweepReport]]:
+        """The sweeps of a cell (a target is `cell` or `cell:arm`)."""
+        return [(s, r) for s, r in self.sweep if r.target.partition(":")[0] == cell]
+
+
+def perfdocs_from_dirs(roots: Sequence[Path]) -> PerfDocs:
+    ab, bisect, sweep = [], [], []
+    for root in roots:
+        if not root.is_dir():
+            continue  # a single receipt file was given: nothing beside it is scanned
+        for path in sorted(root.rglob(AB_FILE)):
+            ab.append((str(path), AbReport.from_json(_object(path), source=str(path))))
+        for path in sorted(root.rglob(BISECT_FILE)):
+            bisect.append((str(path), read_bisect(path)))
+        for path in sorted(root.rglob(SWEEP_FILE)):
+            sweep.append((str(path), SweepReport.from_json(_object(path), source=str(path))))
+    return PerfDocs(ab=tuple(ab), bisect=tuple(bisect), sweep=tuple(sweep))
+
+
+def read_bisect(path: Path) -> BisectReport:
+    return BisectReport.read(_object(path), source=str(path))
+
+
+def _object(path: Path) -> dict[str, object]:
+    document = _read_json(path)
+    if not isinstance(document, dict):
+        raise InputError(f"{path}: not a JSON object")
+    return document
