@@ -130,6 +130,15 @@ def test_the_document_matches_its_schema_and_reads_back_the_same() -> None:
         BisectReport.from_json({**document, "kind": "stackproof.ab"})
 
 
+def test_a_bisect_document_of_unknown_origin_reads_or_is_refused_naming_file_and_field() -> None:
+    document = json.loads(json.dumps(report().to_json()))
+    assert BisectReport.read(document, source="x/bisect.json") == report()
+    with pytest.raises(InputError, match=r"^x/bisect\.json: a malformed bisect report \(KeyError: 'first_bad'\)"):
+        BisectReport.read({k: v for k, v in document.items() if k != "first_bad"}, source="x/bisect.json")
+    with pytest.raises(InputError, match=r"^x/bisect\.json: .*stackproof\.bisect"):
+        BisectReport.read({**document, "kind": "stackproof.ab"}, source="x/bisect.json")
+
+
 PAGE = """<html><body>
 <a href="../../files/pkg-1.0-py3-none-any.whl#sha256=aa">pkg-1.0-py3-none-any.whl</a>
 <a href="https://h/pkg-2.0-cp311-cp311-manylinux_2_28_x86_64.whl">pkg-2.0-cp311-cp311-manylinux_2_28_x86_64.whl</a>

@@ -129,6 +129,9 @@ def test_without_documents_the_view_says_how_to_make_them() -> None:
             r"bisect\.json: a malformed bisect report \(KeyError: 'steps'\)",
         ),
         ("sweep/sweep.json", lambda d: d["config"].pop("ttft_p99_limit_ms"), r"sweep\.json: .*'ttft_p99_limit_ms'"),
+        ("ab/ab.json", lambda d: d.update(files=["x"]), r"ab\.json: a malformed A/B report \(AttributeError"),
+        ("sweep/sweep.json", lambda d: d.update(points=[3]), r"sweep\.json: a malformed sweep report \(TypeError"),
+        ("bisect/bisect.json", lambda d: d["steps"][0].update(interval=[]), r"bisect\.json: a malformed bisect"),
     ],
 )
 def test_a_malformed_document_is_refused_naming_the_file_and_field(

@@ -278,7 +278,7 @@ class AbReport:
                 seconds=float(data["seconds"]),
                 files={str(k): str(v) for k, v in data["files"].items()},
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:  # a list where an object belongs
             raise InputError(f"{source}: a malformed A/B report ({type(exc).__name__}: {exc})") from None
 
 
