@@ -22,17 +22,17 @@ from pathlib import Path
 from typing import TextIO
 
 from pipeline.build.bootstrap import ensure_base
+from pipeline.build.plan import BuildPlan, plan_cell
 from pipeline.cache import cache_dir, locked
 from pipeline.console import console
 from pipeline.docker.client import Docker, ImageInfo
-from pipeline.errors import InfraError, InputError
-from pipeline.registry.fleet import cache_ref, fetch_built, push_built, registry_credentials
 from pipeline.docker.gc import job_labels
-from pipeline.matrix.model import BootstrapBase, Cell, CellBase, Matrix, RegistryBase
-from pipeline.build.plan import BuildPlan, plan_cell
+from pipeline.errors import InfraError, InputError
 from pipeline.guard.redact import redact
-from pipeline.registry.oci import Credentials
+from pipeline.matrix.model import BootstrapBase, Cell, CellBase, Matrix, RegistryBase
 from pipeline.matrix.site import Mirror, SiteSettings
+from pipeline.registry.fleet import cache_ref, fetch_built, push_built, registry_credentials
+from pipeline.registry.oci import Credentials
 
 __all__ = [
     "BuildResult",

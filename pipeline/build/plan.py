@@ -17,11 +17,11 @@ from packaging.utils import canonicalize_name, parse_sdist_filename, parse_wheel
 from packaging.version import Version
 
 import pipeline
+from pipeline.build.lock import Lock, read_lock
+from pipeline.build.render import render_template, template_text
 from pipeline.cache import file_sha256
 from pipeline.errors import InputError
-from pipeline.build.lock import Lock, read_lock
 from pipeline.matrix.model import BootstrapBase, Cell, CellBase, HostBase, Matrix, Requirement
-from pipeline.build.render import render_template, template_text
 from pipeline.matrix.site import SiteSettings
 
 __all__ = ["BuildPlan", "LocalWheel", "RequirementGroup", "lock_groups", "override_groups", "plan_cell", "render_plan"]
