@@ -47,12 +47,19 @@ def perfdocs_from_dirs(roots: Sequence[Path]) -> PerfDocs:
         if not root.is_dir():
             continue  # a single receipt file was given: nothing beside it is scanned
         for path in sorted(root.rglob(AB_FILE)):
+            if _inside_a_bisect(path, root):
+                continue  # a bisect's own step: shown in the bisect's table, not as an A/B of its own
             ab.append((str(path), AbReport.from_json(_object(path), source=str(path))))
         for path in sorted(root.rglob(BISECT_FILE)):
             bisect.append((str(path), read_bisect(path)))
         for path in sorted(root.rglob(SWEEP_FILE)):
             sweep.append((str(path), SweepReport.from_json(_object(path), source=str(path))))
     return PerfDocs(ab=tuple(ab), bisect=tuple(bisect), sweep=tuple(sweep))
+
+
+def _inside_a_bisect(path: Path, root: Path) -> bool:
+    """Whether a folder between `path` and `root` (inclusive) holds a bisect report."""
+    return any((folder / BISECT_FILE).is_file() for folder in path.parents if folder == root or root in folder.parents)
 
 
 def read_bisect(path: Path) -> BisectReport:

@@ -75,6 +75,16 @@ def test_the_documents_are_read_through_the_producers_types(tmp_path: Path) -> N
     assert not perfdocs_from_dirs([RECEIPTS])  # receipts alone: no document, an empty view
 
 
+def test_a_bisect_s_own_ab_runs_are_its_steps_not_ab_entries(tmp_path: Path) -> None:
+    """bisect writes each step's ab.json under its own folder: they show in its table, once."""
+    step = ab_document().to_json()
+    root = sources(tmp_path, **{"bisect/steps/4.0/ab.json": step, "bisect/steps/5.0/ab.json": step})
+    perf = perfdocs_from_dirs([root])
+    assert [source for source, _ in perf.ab] == [str(root / "ab" / "ab.json")] and len(perf.bisect) == 1
+    solo = perfdocs_from_dirs([root / "bisect" / "steps"])  # a step folder given alone is an A/B of its own
+    assert len(solo.ab) == 2 and not solo.bisect
+
+
 def test_the_compare_view_shows_each_metric_s_change_interval_and_verdict(tmp_path: Path) -> None:
     ab = ab_document()
     index = site_of(sources(tmp_path))["index.html"]
