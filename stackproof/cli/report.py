@@ -13,54 +13,15 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any
 
 from pipeline.errors import InputError
+from stackproof.cli.common import Command, arg
 
-__all__ = ["add_commands", "write_site"]
-
-
-def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
-    p = commands.add_parser(
-        "report",
-        parents=[common],
-        help="render a static site of the verified matrix (cells x hosts, cell pages, compares) from receipts",
-    )
-    source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument(
-        "--receipts",
-        type=Path,
-        nargs="+",
-        metavar="DIR",
-        help="run directories or --out trees to scan for receipt.json",
-    )
-    source.add_argument("--registry", help="HOST[:PORT][/NAMESPACE]: every receipt attached there")
-    p.add_argument(
-        "--password-stdin",
-        action="store_true",
-        help="with --registry: read the password (or token) for STACKPROOF_REGISTRY_USER from stdin; "
-        "without it, docker's own login is used",
-    )
-    p.add_argument(
-        "--cells",
-        nargs="+",
-        default=None,
-        metavar="CELL",
-        help="rows, in this order (default: the matrix's cells when --matrix loads, else the receipts' cells)",
-    )
-    p.add_argument("--out", type=Path, required=True, metavar="SITE", help="directory to write the site into")
-    p.add_argument(
-        "--fixtures",
-        type=Path,
-        default=None,
-        metavar="DIR",
-        help="add a page of GPU fixture data (DIR/autotune/*.json caches, DIR/gpu/*.json NVML samples), labelled so",
-    )
-    p.set_defaults(handler=_report)
+__all__ = ["COMMANDS", "write_site"]
 
 
 def _report(args: argparse.Namespace) -> int:
-    from stackproof.cliutil import emit
+    from stackproof.cli.common import emit
     from stackproof.site_report.model import build_site
     from stackproof.site_report.render import render_site
     from stackproof.site_report.sources import read_fixtures, receipts_from_dirs, receipts_from_registry
@@ -71,7 +32,7 @@ def _report(args: argparse.Namespace) -> int:
     if args.receipts:
         receipts = receipts_from_dirs(args.receipts)
     else:
-        from stackproof.cli_publish import _credentials
+        from stackproof.cli.publish import _credentials
 
         credentials = _credentials(args, args.registry)
         receipts = receipts_from_registry(args.registry, ca_bundle=_ca_bundle(args), credentials=credentials)
@@ -108,7 +69,7 @@ def _rows(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
     if not args.matrix.is_file():
         return [], {}
     from pipeline.errors import MatrixError
-    from stackproof.cliutil import load
+    from stackproof.cli.common import load
 
     try:
         matrix, _ = load(args)
@@ -158,3 +119,46 @@ def _write_atomic(path: Path, data: bytes) -> None:
         os.replace(temporary, path)
     finally:
         temporary.unlink(missing_ok=True)
+
+
+COMMANDS = (
+    Command(
+        path=("report",),
+        help="render a static site of the verified matrix (cells x hosts, cell pages, compares) from receipts",
+        handler=_report,
+        one_of=(
+            arg(
+                "--receipts",
+                type=Path,
+                nargs="+",
+                metavar="DIR",
+                help="run directories or --out trees to scan for receipt.json",
+            ),
+            arg("--registry", help="HOST[:PORT][/NAMESPACE]: every receipt attached there"),
+        ),
+        args=(
+            arg(
+                "--password-stdin",
+                action="store_true",
+                help="with --registry: read the password (or token) for STACKPROOF_REGISTRY_USER from stdin; "
+                "without it, docker's own login is used",
+            ),
+            arg(
+                "--cells",
+                nargs="+",
+                default=None,
+                metavar="CELL",
+                help="rows, in this order (default: the matrix's cells when --matrix loads, else the receipts' cells)",
+            ),
+            arg("--out", type=Path, required=True, metavar="SITE", help="directory to write the site into"),
+            arg(
+                "--fixtures",
+                type=Path,
+                default=None,
+                metavar="DIR",
+                help="add a page of GPU fixture data (DIR/autotune/*.json caches, DIR/gpu/*.json NVML samples), "
+                "labelled so",
+            ),
+        ),
+    ),
+)

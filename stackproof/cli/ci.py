@@ -17,24 +17,9 @@ from pipeline import cmd
 from pipeline.errors import InputError, MatrixError
 from pipeline.matrix.cimatrix import Change, changed_cells, github_matrix, include_entries
 from pipeline.matrix.model import Matrix
+from stackproof.cli.common import Command, arg
 
-__all__ = ["add_commands", "changes_since"]
-
-
-def add_commands(
-    commands: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
-) -> None:
-    p = commands.add_parser(
-        "ci-matrix", parents=[common], help="the GitHub Actions matrix ({include: [...]}) of the cells to verify"
-    )
-    p.add_argument("cells", nargs="*", help="only these cells (default: every cell)")
-    p.add_argument(
-        "--changed-since",
-        metavar="REF",
-        default=None,
-        help="only cells whose resolved definition or build inputs changed since the commit REF",
-    )
-    p.set_defaults(handler=_ci_matrix)
+__all__ = ["COMMANDS", "changes_since"]
 
 
 def _ci_matrix(args: argparse.Namespace) -> int:
@@ -135,3 +120,21 @@ def _matrix_at(commit: str, root: Path, matrix_file: Path, images_dir: Path) -> 
 
 def _git(argv: list[str], cwd: Path, *, check: bool = False) -> cmd.CommandResult:
     return cmd.run(["git", *argv], cwd=cwd, check=check, quiet=True, timeout=120)
+
+
+COMMANDS = (
+    Command(
+        path=("ci-matrix",),
+        help="the GitHub Actions matrix ({include: [...]}) of the cells to verify",
+        handler=_ci_matrix,
+        args=(
+            arg("cells", nargs="*", help="only these cells (default: every cell)"),
+            arg(
+                "--changed-since",
+                metavar="REF",
+                default=None,
+                help="only cells whose resolved definition or build inputs changed since the commit REF",
+            ),
+        ),
+    ),
+)
