@@ -53,7 +53,7 @@ PULL_ONLY_HELP = "never build: take the image from STACKPROOF_REGISTRY or fail (
 
 
 def _render(args: argparse.Namespace) -> int:
-    from pipeline.build.plan import plan_cell
+    from pipeline.build.plan import plan_cell, write_plan
     from pipeline.matrix.site import load_site
 
     matrix, images = _load(args)
@@ -63,11 +63,7 @@ def _render(args: argparse.Namespace) -> int:
     for cell in cells:
         plan = plan_cell(matrix, cell, site, images)
         target = args.out / cell.id
-        target.mkdir(parents=True, exist_ok=True)
-        (target / "Dockerfile").write_text(plan.dockerfile)
-        for rel, data in plan.files:
-            (target / rel).parent.mkdir(parents=True, exist_ok=True)
-            (target / rel).write_bytes(data)
+        write_plan(plan, target)
         written.append(
             {
                 "cell": cell.id,

@@ -9,7 +9,6 @@ is unreachable or the plotting library is missing.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from pathlib import Path
@@ -17,7 +16,7 @@ from pathlib import Path
 from pipeline.errors import InputError
 from stackproof.cli.common import Command, arg
 
-__all__ = ["COMMANDS", "write_site"]
+__all__ = ["COMMANDS"]
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -40,6 +39,8 @@ def _report(args: argparse.Namespace) -> int:
     site = build_site(receipts, cells=cells, cell_arch=arch)
     fixtures = read_fixtures(args.fixtures) if args.fixtures else None
     files = render_site(site, generated_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), fixtures=fixtures)
+    from stackproof.site_report.write import write_site
+
     write_site(files, args.out)
     seconds = time.perf_counter() - started
     verified = sum(1 for s in site.squares.values() if s.receipt is not None)
@@ -79,46 +80,9 @@ def _rows(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
 
 
 def _ca_bundle(args: argparse.Namespace) -> str | None:
-    import os
 
     bundle = os.environ.get("STACKPROOF_CA_BUNDLE")
     return None if not bundle or bundle == "none" else bundle
-
-
-SITE_MANIFEST = ".stackproof-site.json"  # the files the last report wrote into --out
-
-
-def write_site(files: dict[str, bytes], out: Path) -> None:
-    """Each page written atomically (a temporary file renamed over it: a reader never sees half a
-    page), then the pages a previous report wrote into `out` that this one does not have are
-    removed, so two reports into one --out never mix (a cell gone from the matrix leaves no page)."""
-    out.mkdir(parents=True, exist_ok=True)
-    previous = _previous_pages(out)
-    for relative, data in files.items():
-        _write_atomic(out / relative, data)
-    for stale in sorted(previous - files.keys()):
-        path = out / stale
-        if ".." not in Path(stale).parts and path.is_file() and not path.is_symlink():
-            path.unlink()
-    _write_atomic(out / SITE_MANIFEST, (json.dumps(sorted(files), indent=0) + "\n").encode())
-
-
-def _previous_pages(out: Path) -> set[str]:
-    try:
-        listed = json.loads((out / SITE_MANIFEST).read_text())
-    except (OSError, ValueError):
-        return set()
-    return {str(p) for p in listed} if isinstance(listed, list) else set()
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    try:
-        temporary.write_bytes(data)
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
 
 
 COMMANDS = (
