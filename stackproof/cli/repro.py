@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.errors import InfraError, InputError
+from pipeline.errors import InputError
 from pipeline.guard.boundedio import read_bytes
 from pipeline.matrix.model import Matrix
 from stackproof.cli.common import NO_PREFLIGHT_HELP, Command, arg, emit, jsonable, load
@@ -109,6 +109,7 @@ def _release_lookup(matrix: Matrix, *, online: bool) -> ReleaseLookup:
 
 def _doctor(args: argparse.Namespace) -> int:
     from stackproof.doctor import Fingerprint, doctor_host, matrix_key
+    from stackproof.doctorjob import find_matches, fingerprint_cell
     from verify.stages.imports import check_flashinfer_trio
 
     matrix = images = None
@@ -123,7 +124,15 @@ def _doctor(args: argparse.Namespace) -> int:
         document = read_json(args.input, "doctor JSON (--input)")
     elif args.cell:
         assert matrix is not None and images is not None
-        document, preflight, facts, early_notes = _doctor_cell(args, matrix, images)
+        document, preflight, facts, early_notes = fingerprint_cell(
+            matrix,
+            matrix.cell(args.cell),
+            images,
+            python=args.python,
+            imports=not args.no_imports,
+            gpus=args.gpus,
+            preflight=not args.no_preflight,
+        )
     else:
         document = doctor_host(args.python, imports=not args.no_imports)
     fp = Fingerprint.parse(document, str(args.input or "doctor_probe.py"))
@@ -131,7 +140,11 @@ def _doctor(args: argparse.Namespace) -> int:
         preflight = [*preflight, *_rule_items(matrix, args.cell, document, str(args.input or "doctor_probe.py"))]
     key = matrix_key(fp)
     trio = check_flashinfer_trio(fp.probe) if fp.probe else None
-    matches, receipts, notes = _doctor_matches(args, matrix, fp, early_notes)
+    lookup = _release_lookup(matrix, online=args.fetch_pins) if matrix is not None else None
+    matches, receipts = find_matches(matrix, fp, lookup, receipts=args.receipts, registry=args.registry)
+    notes = [*fp.notes, *early_notes]
+    if matrix is None:
+        notes.append(f"{args.matrix}: no matrix here; no cells matched")
     derived = {
         "matrix_key": {"key": key.key, "text": key.text, "stack": key.stack, "host": key.host},
         "flashinfer_trio": jsonable(trio) if trio else None,
@@ -157,81 +170,6 @@ def _doctor(args: argparse.Namespace) -> int:
 
         raise PreflightFailed(args.cell, preflight)  # after the report: every verdict is printed first
     return 0
-
-
-def _doctor_cell(
-    args: argparse.Namespace, matrix: Matrix, images: Path
-) -> tuple[dict[str, Any], list[Any], Any, list[str]]:
-    """`doctor --cell`: the fingerprint of the cell's built image (this host's, with no docker), the
-    host checks judged for it, the facts they were judged on, and notes for the report."""
-    from pipeline.matrix.site import load_site
-    from stackproof.doctor import doctor_host, doctor_image
-
-    preflight: list[Any] = []
-    facts = None
-    early_notes: list[str] = []
-    from pipeline.build.plan import plan_cell
-    from pipeline.host.preflight import PreflightFailed, connect, gather_facts, judge_preflight
-
-    cell = matrix.cell(args.cell)
-    tag = plan_cell(matrix, cell, load_site(matrix), images).tag
-    # Host checks first: a host without docker still hears whether it can run this cell at all.
-    docker, docker_error = connect()
-    built = docker is not None and docker.image(tag) is not None
-    if cell.is_gpu and not args.no_preflight:
-        # The rules are judged below on the fingerprinted document: the image's view, inside it.
-        facts = gather_facts(
-            matrix, cell, docker=docker, docker_error=docker_error, image_bytes=0 if built else None, rules=False
-        )
-        preflight = judge_preflight(cell, facts, docker_required=False)
-    failed = [i for i in preflight if i.status == "FAIL"]
-    if docker is None and not cell.is_gpu:
-        raise InfraError(docker_error or "docker not available")
-    if docker is None:
-        # No image to fingerprint: this host's facts, which the preflight verdicts are about.
-        document = doctor_host(args.python, imports=not args.no_imports)
-        early_notes.append(f"docker not available ({docker_error}): fingerprinted this host, not {tag}")
-    elif not built:
-        if failed:
-            from pipeline.host.preflight import preflight_lines
-
-            print("\n".join(preflight_lines(preflight)), file=sys.stderr)
-            raise PreflightFailed(cell.id, preflight)
-        raise InputError(f"{cell.id}: image {tag} is not built: run `stackproof build {cell.id}`")
-    else:
-        gpus = args.gpus or (cell.serve.gpus if cell.serve else None)
-        env = {**dict(cell.env), **cell.serve_env()}
-        document = doctor_image(
-            docker, tag, python=matrix.python_of(cell), env=env, gpus=gpus, imports=not args.no_imports
-        )
-        document["stackproof"] = {"cell": cell.id, "image": tag}
-    return document, preflight, facts, early_notes
-
-
-def _doctor_matches(
-    args: argparse.Namespace, matrix: Matrix | None, fp: Any, early_notes: list[str]
-) -> tuple[list[Any], list[Any], list[str]]:
-    """The cells whose stack matches the fingerprint, the verified receipts of those cells (from
-    --receipts and --registry), and the notes for the report."""
-    from pipeline.matrix.site import load_site
-    from stackproof.doctor import match_cells, match_receipts, match_registry, registry_fetcher
-
-    matches = []
-    notes = [*fp.notes, *early_notes]
-    if matrix is not None:
-        lookup = _release_lookup(matrix, online=args.fetch_pins)
-        matches = match_cells(matrix, fp, lookup, matrix.file.read_text())
-    else:
-        notes.append(f"{args.matrix}: no matrix here; no cells matched")
-    matching = [m.cell for m in matches if m.match]
-    receipts = match_receipts(args.receipts, fp, set(matching)) if args.receipts else []
-    if args.registry and matching:
-        assert matrix is not None
-        site = load_site(matrix)
-        fetch, client = registry_fetcher(args.registry, ca_bundle=str(site.ca_bundle) if site.ca_bundle else None)
-        with client:
-            receipts += match_registry(fetch, fp, matching)
-    return matches, receipts, notes
 
 
 def _rule_items(matrix: Any, cell_id: str, document: dict[str, Any], source: str) -> list[Any]:
