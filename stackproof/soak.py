@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.docker.client import Docker
-from pipeline.matrix.model import Arm, Cell, LoadSpec
+from pipeline.matrix.model import Arm, Cell, LoadSpec, Matrix
 from verify.forensics.stall import LoadInstruments
 from verify.load.run import run_load, summarise
 from verify.load.stats import compare_arms, fault_stats
@@ -25,7 +25,7 @@ from verify.logs.logscan import LogWatcher, load_catalog
 from verify.stages.load import load_target
 from verify.stages.server import Server, ServerFactory, ServerFailed
 
-__all__ = ["ArmTally", "soak"]
+__all__ = ["ArmTally", "soak", "soak_cell"]
 
 DEFAULT_ARM = "default"  # the cell as declared, no arm
 
@@ -144,3 +144,30 @@ def _one_slice(
     tally.seconds += outcome.seconds
     tally.events += [{**e, "dir": str(out_dir)} for e in summary["events"] if e["type"] != "UNKNOWN"]
     tally.slices.append({"dir": str(out_dir), "questions": q, "stop_reason": outcome.stop_reason})
+
+
+def soak_cell(
+    matrix: Matrix,
+    cell: Cell,
+    images: Path,
+    *,
+    arms: list[str],
+    spec: LoadSpec,
+    duration_s: float,
+    slice_s: float,
+    out_root: Path,
+) -> tuple[dict[str, Any], Path]:
+    """`stackproof soak`: the cell's built image (with its model in the store) soaked under a
+    fresh directory of `out_root/CELL`; the document and where its soak.json is."""
+    from pipeline.build.image import built_image
+    from pipeline.host.modelstore import ensure_model
+    from pipeline.matrix.site import load_site
+    from stackproof.runjob import exclusive_dir
+
+    assert cell.serve is not None  # the command refused a cell without one
+    docker = Docker.connect()
+    tag = built_image(docker, matrix, cell, load_site(matrix), images)[0].tag
+    ensure_model(cell.serve.model, where=f"{matrix.file}:{cell.line}: cells[{cell.id}].serve.model")
+    out = exclusive_dir(out_root / cell.id, time.strftime("soak-%Y%m%dT%H%M%S"))
+    document = soak(docker, cell, tag, arms=arms, spec=spec, duration_s=duration_s, slice_s=slice_s, out_dir=out)
+    return document, out / "soak.json"

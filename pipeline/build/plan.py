@@ -24,7 +24,16 @@ from pipeline.errors import InputError
 from pipeline.matrix.model import BootstrapBase, Cell, CellBase, HostBase, Matrix, Requirement
 from pipeline.matrix.site import SiteSettings
 
-__all__ = ["BuildPlan", "LocalWheel", "RequirementGroup", "lock_groups", "override_groups", "plan_cell", "render_plan"]
+__all__ = [
+    "BuildPlan",
+    "LocalWheel",
+    "RequirementGroup",
+    "lock_groups",
+    "override_groups",
+    "plan_cell",
+    "render_plan",
+    "write_plan",
+]
 
 TAG_REPOSITORY = "stackproof"
 
@@ -109,6 +118,16 @@ def plan_cell(matrix: Matrix, cell: Cell, site: SiteSettings, images_dir: Path) 
         venv=base.recipe.venv if isinstance(base, BootstrapBase) else None,
         images_dir=images_dir,
     )
+
+
+def write_plan(plan: BuildPlan, target: Path) -> None:
+    """`stackproof render`: the plan's build context as files (its Dockerfile, its requirement
+    files and recipes) under `target`, for a person to read or a plain `docker build` to use."""
+    target.mkdir(parents=True, exist_ok=True)
+    (target / "Dockerfile").write_text(plan.dockerfile)
+    for rel, data in plan.files:
+        (target / rel).parent.mkdir(parents=True, exist_ok=True)
+        (target / rel).write_bytes(data)
 
 
 def render_plan(

@@ -14,7 +14,7 @@
 - `expect`: the stage a known-bad cell must fail at (`expect.stage`), or null
 
 `changed_cells` compares the matrix at an older commit with this one, given the files that
-changed since; `stackproof.cli_ci` gathers those inputs from git.
+changed since; `stackproof.cichanges` gathers those inputs from git.
 """
 
 from __future__ import annotations

@@ -217,3 +217,37 @@ def test_usage_error_exits_2(capsys) -> None:
         main(["matrix", "frobnicate"])
     assert info.value.code == 2
     assert "invalid choice: 'frobnicate'" in capsys.readouterr().err
+
+
+def _command_modules_on_disk() -> set[str]:
+    """The modules of stackproof/cli/ that define a COMMANDS table (read as text: nothing imported)."""
+    import stackproof.cli
+
+    folder = Path(stackproof.cli.__file__).parent
+    return {p.stem for p in folder.glob("*.py") if "\nCOMMANDS = (" in p.read_text()}
+
+
+def test_every_command_module_is_walked_by_the_parser() -> None:
+    # One registration: a module with a COMMANDS table that the parser does not walk adds no command.
+    from stackproof.cli import COMMAND_MODULES
+
+    walked = {m.__name__.rsplit(".", 1)[1] for m in COMMAND_MODULES}
+    on_disk = _command_modules_on_disk()
+    assert on_disk == walked
+    assert len(on_disk) > 10  # the scan finds the tables (a scan that found none would pass the line above)
+
+
+def test_every_command_path_is_registered_once_and_reaches_its_handler() -> None:
+    from stackproof.cli import _parser, commands
+
+    table = commands()
+    paths = [c.path for c in table]
+    assert len(paths) == len(set(paths))
+    parser = _parser()
+    for command in table:
+        argv = [*command.path, "--help"]
+        with pytest.raises(SystemExit) as exc:
+            parser.parse_args(argv)
+        assert exc.value.code == 0, argv
+    with pytest.raises(Exception, match="invalid choice"):
+        parser.parse_args(["no-such-command"])

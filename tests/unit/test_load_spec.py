@@ -267,7 +267,8 @@ def test_a_bad_baseline_rate_is_a_usage_error(capsys: pytest.CaptureFixture[str]
 
 
 def test_command_line_options_override_only_what_they_set(tmp_path: Path) -> None:
-    from stackproof.cli import _load_spec, _parser
+    from stackproof.cli import _parser
+    from stackproof.cli.common import load_spec as _load_spec
 
     file = tmp_path / "q.jsonl"
     file.write_text('{"id": "a", "turns": ["x", "y"]}\n')
@@ -287,7 +288,8 @@ def test_command_line_options_override_only_what_they_set(tmp_path: Path) -> Non
 
 
 def test_determinism_repeats_may_be_zero_but_not_negative(capsys: pytest.CaptureFixture[str]) -> None:
-    from stackproof.cli import _load_spec, _parser
+    from stackproof.cli import _parser
+    from stackproof.cli.common import load_spec as _load_spec
 
     args = _parser().parse_args(["load", "--url", "http://127.0.0.1:9", "--determinism-repeats", "0"])
     assert _load_spec(args, LoadSpec()).determinism_repeats == 0

@@ -35,7 +35,8 @@ from pipeline.releases.pins import (
 )
 from pipeline.repro import Kind, ReproCell, arch_of_gpu, parse_source
 from stackproof.cli import main
-from stackproof.cli_repro import make_cell, write_cell
+from stackproof.cli.repro import make_cell
+from stackproof.reprocell import write_cell
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures"

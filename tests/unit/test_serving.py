@@ -217,7 +217,7 @@ ALLOWED = (
     "verify/logs/logtext.py",
     "verify/logs/diagnosis.py",
     "verify/audit/",
-    "stackproof/cli_repro.py",
+    "stackproof/cli/repro.py",
 )
 
 

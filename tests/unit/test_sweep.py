@@ -170,6 +170,6 @@ def test_an_unknown_cell_or_arm_is_exit_2_before_anything_starts(
 
 
 def test_the_limit_reads_milliseconds_and_seconds() -> None:
-    from stackproof.cli_sweep import parse_limit_ms
+    from stackproof.cli.sweep import parse_limit_ms
 
     assert (parse_limit_ms("2s"), parse_limit_ms("1500ms"), parse_limit_ms("250")) == (2000.0, 1500.0, 250.0)

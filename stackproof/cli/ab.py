@@ -14,16 +14,15 @@ import argparse
 import math
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from pipeline.errors import InfraError, InputError
-from pipeline.matrix.model import Cell, LoadSpec, Matrix
+from pipeline.matrix.model import Cell, Matrix
 from stackproof.ab import Side, run_ab
-from stackproof.cliutil import emit, load
+from stackproof.cli.common import Command, arg, emit, load, load_spec, seconds
 from verify.perf.ab import AbReport
 
-__all__ = ["MAX_PAIRS", "ab_command", "parse_pairs", "parse_threshold", "resolve_side"]
+__all__ = ["COMMANDS", "MAX_PAIRS", "ab_command", "parse_pairs", "parse_threshold", "resolve_side"]
 
 MAX_PAIRS = 1000
 
@@ -50,13 +49,13 @@ def parse_pairs(text: str) -> int:
     return value
 
 
-def ab_command(args: argparse.Namespace, spec_of: Callable[[argparse.Namespace, LoadSpec], LoadSpec]) -> int:
+def ab_command(args: argparse.Namespace) -> int:
     from stackproof.runjob import exclusive_dir
 
     matrix, images = load(args)
     (cell_a, arm_a), (cell_b, arm_b) = _side(matrix, args.a, "A"), _side(matrix, args.b, "B")
     assert cell_a.serve is not None
-    spec = spec_of(args, cell_a.serve.load)
+    spec = load_spec(args, cell_a.serve.load)
     side_a = _resolve(matrix, images, cell_a, arm_a, args.a)
     side_b = _resolve(matrix, images, cell_b, arm_b, args.b)
     stem = time.strftime("ab-%Y%m%dT%H%M%S")
@@ -140,3 +139,21 @@ def _text(report: AbReport) -> str:
             lines.append(f"  greedy agreement {c.agreement:.1%}, {flag}")
     lines.append(f"ab report: {report.files.get('report')}")
     return "\n".join(lines)
+
+
+COMMANDS = (
+    Command(
+        path=("ab",),
+        help="A/B of two cells or arms on this host: the change per metric, with a verdict",
+        handler=ab_command,
+        load_options=True,
+        args=(
+            arg("a", metavar="A", help="CELL or CELL:ARM: the baseline"),
+            arg("b", metavar="B", help="CELL or CELL:ARM: the bump"),
+            arg("--slice", type=seconds, default=20.0, help="seconds of load per slice (default 20)"),
+            arg("--pairs", type=parse_pairs, default=5, help="measured A/B slice pairs after the warm-up (default 5)"),
+            arg("--threshold", type=parse_threshold, default=0.05, help="smallest change that matters: 5%% or 0.05"),
+            arg("--out", type=Path, default=Path("stackproof-out")),
+        ),
+    ),
+)

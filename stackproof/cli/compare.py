@@ -11,29 +11,10 @@ import argparse
 import math
 from pathlib import Path
 
+from stackproof.cli.common import Command, arg, emit
 from verify.load.compare import NEAR_TIE_NATS, compare_runs, find_greedy, read_greedy, render_table
 
-__all__ = ["add_commands"]
-
-
-def add_commands(
-    commands: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
-) -> None:
-    p = commands.add_parser(
-        "compare",
-        parents=[common],
-        help="greedy tokens of two runs: agreement, first divergence, logprob gap there (corruption or near-tie)",
-    )
-    p.add_argument("run_a", type=Path, metavar="RUN_A", help="run directory, receipt.json, load dir or greedy.json")
-    p.add_argument("run_b", type=Path, metavar="RUN_B", help="the same for the other cell or arm")
-    p.add_argument(
-        "--near-tie",
-        type=_nats,
-        default=NEAR_TIE_NATS,
-        metavar="NATS",
-        help=f"a divergence where both top-1/top-2 gaps are at most this is a near-tie (default {NEAR_TIE_NATS:g})",
-    )
-    p.set_defaults(handler=_compare)
+__all__ = ["COMMANDS"]
 
 
 def _nats(text: str) -> float:
@@ -50,7 +31,26 @@ def _compare(args: argparse.Namespace) -> int:
     a = read_greedy(find_greedy(args.run_a))
     b = read_greedy(find_greedy(args.run_b))
     comparison = compare_runs(a, b, near_tie_nats=args.near_tie)
-    from stackproof.cliutil import emit
-
     emit(args, {**comparison.to_json(), "labels": {"a": a.label, "b": b.label}}, render_table(comparison))
     return 1 if comparison.corrupted else 0
+
+
+COMMANDS = (
+    Command(
+        path=("compare",),
+        help="greedy tokens of two runs: agreement, first divergence, logprob gap there (corruption or near-tie)",
+        handler=_compare,
+        args=(
+            arg("run_a", type=Path, metavar="RUN_A", help="run directory, receipt.json, load dir or greedy.json"),
+            arg("run_b", type=Path, metavar="RUN_B", help="the same for the other cell or arm"),
+            arg(
+                "--near-tie",
+                type=_nats,
+                default=NEAR_TIE_NATS,
+                metavar="NATS",
+                help="a divergence where both top-1/top-2 gaps are at most this is a near-tie "
+                f"(default {NEAR_TIE_NATS:g})",
+            ),
+        ),
+    ),
+)

@@ -12,14 +12,13 @@ from __future__ import annotations
 import argparse
 import math
 import time
-from collections.abc import Callable
+from pathlib import Path
 
-from pipeline.matrix.model import LoadSpec
-from stackproof.cli_ab import resolve_side
-from stackproof.cliutil import emit, load
+from stackproof.cli.ab import resolve_side
+from stackproof.cli.common import Command, arg, emit, load, load_spec, seconds
 from verify.perf.sweep import SweepAxis, SweepReport, parse_sweep
 
-__all__ = ["parse_axis", "parse_limit_ms", "sweep_command"]
+__all__ = ["COMMANDS", "parse_axis", "parse_limit_ms", "sweep_command"]
 
 
 def parse_axis(text: str) -> SweepAxis:
@@ -44,14 +43,14 @@ def parse_limit_ms(text: str) -> float:
     return value
 
 
-def sweep_command(args: argparse.Namespace, spec_of: Callable[[argparse.Namespace, LoadSpec], LoadSpec]) -> int:
+def sweep_command(args: argparse.Namespace) -> int:
     from stackproof.runjob import exclusive_dir
     from stackproof.sweep import run_sweep
 
     matrix, images = load(args)
     side = resolve_side(matrix, images, args.target, "CELL")
     assert side.cell.serve is not None
-    spec = spec_of(args, side.cell.serve.load)
+    spec = load_spec(args, side.cell.serve.load)
     out = exclusive_dir(args.out / "sweep", time.strftime("sweep-%Y%m%dT%H%M%S"))
     report = run_sweep(
         side, axis=args.sweep, spec=spec, slice_s=args.slice, ttft_p99_limit_ms=args.ttft_p99_limit, out_dir=out
@@ -80,3 +79,25 @@ def _text(report: SweepReport) -> str:
 
 def _n(value: float | None, width: int = 9) -> str:
     return f"{'-':>{width}}" if value is None else f"{value:>{width}.1f}"
+
+
+COMMANDS = (
+    Command(
+        path=("sweep",),
+        help="the throughput-latency curve of a built cell: a slice per load point, where TTFT p99 crosses a limit",
+        handler=sweep_command,
+        load_options=True,
+        args=(
+            arg("target", metavar="CELL", help="CELL or CELL:ARM"),
+            arg("--sweep", type=parse_axis, required=True, help="concurrency=1,2,4,8 or rate=0.5,1,2"),
+            arg("--slice", type=seconds, default=20.0, help="seconds of load per point (default 20)"),
+            arg(
+                "--ttft-p99-limit",
+                type=parse_limit_ms,
+                default=2000.0,
+                help="TTFT p99 limit: 2000ms or 2s (default 2s)",
+            ),
+            arg("--out", type=Path, default=Path("stackproof-out")),
+        ),
+    ),
+)

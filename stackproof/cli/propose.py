@@ -22,36 +22,9 @@ from pipeline.errors import InputError, MatrixError
 from pipeline.matrix.model import Matrix
 from pipeline.releases.pins import ReleaseLookup
 from pipeline.releases.table import Release
-from stackproof.cliutil import emit, load
+from stackproof.cli.common import Command, arg, emit, load
 
-__all__ = ["add_matrix_commands", "release_lookup"]
-
-
-def add_matrix_commands(matrix_group: Any, common: argparse.ArgumentParser) -> None:
-    """Register `propose` and `pins refresh` under `stackproof matrix`."""
-    p = matrix_group.add_parser(
-        "propose", parents=[common], help="candidate cells for a new vLLM release, validated and audited"
-    )
-    p.add_argument("specs", nargs="+", metavar="SPEC", help="vllm==X.Y.Z [flashinfer-python==V]")
-    p.add_argument("--dockerfile", type=Path, default=None, help="the release's docker/Dockerfile (ARGs, overrides)")
-    p.add_argument("--dry-run", action="store_true", help="print the cells; change neither the matrix nor the table")
-    p.add_argument("--no-audit", action="store_true", help="validate only; do not audit the new cells")
-    p.set_defaults(handler=_propose)
-
-    pins = matrix_group.add_parser("pins", help="the release-pin table (pipeline/releases/release_pins.json)")
-    sub = pins.add_subparsers(dest="pins_command", required=True)
-    r = sub.add_parser("refresh", parents=[common], help="read a release's pins from its wheels' metadata")
-    r.add_argument("specs", nargs="+", metavar="SPEC", help="vllm==X.Y.Z ...")
-    r.add_argument("--dockerfile", type=Path, default=None, help="the release's docker/Dockerfile (ARGs, overrides)")
-    r.add_argument(
-        "--image-override",
-        action="append",
-        default=[],
-        metavar="NAME==VERSION",
-        help="what the release Dockerfile installs, when the file itself is not at hand (needs --because)",
-    )
-    r.add_argument("--because", default=None, help="with --image-override: the Dockerfile lines it rests on")
-    r.set_defaults(handler=_refresh)
+__all__ = ["COMMANDS", "release_lookup"]
 
 
 def release_lookup(matrix: Matrix, *, online: bool = True) -> ReleaseLookup:
@@ -186,10 +159,44 @@ def _validated(file: Path, text: str, images: Path) -> Matrix:
 
 
 def _audit(matrix: Matrix, cell_ids: tuple[str, ...], lookup: ReleaseLookup) -> tuple[int, Any]:
-    from stackproof.cli import audit_cells
+    from stackproof.cli.matrix import audit_cells
 
     report = audit_cells(matrix, [matrix.cell(c) for c in cell_ids], lookup)
     from verify.audit.report import render_json, render_text
 
     print(render_text(report), file=sys.stderr)
     return (1 if report.errors else 0), render_json(report)
+
+
+DOCKERFILE_HELP = "the release's docker/Dockerfile (ARGs, overrides)"
+
+COMMANDS = (
+    Command(
+        path=("matrix", "propose"),
+        help="candidate cells for a new vLLM release, validated and audited",
+        handler=_propose,
+        args=(
+            arg("specs", nargs="+", metavar="SPEC", help="vllm==X.Y.Z [flashinfer-python==V]"),
+            arg("--dockerfile", type=Path, default=None, help=DOCKERFILE_HELP),
+            arg("--dry-run", action="store_true", help="print the cells; change neither the matrix nor the table"),
+            arg("--no-audit", action="store_true", help="validate only; do not audit the new cells"),
+        ),
+    ),
+    Command(
+        path=("matrix", "pins", "refresh"),
+        help="read a release's pins from its wheels' metadata",
+        handler=_refresh,
+        args=(
+            arg("specs", nargs="+", metavar="SPEC", help="vllm==X.Y.Z ..."),
+            arg("--dockerfile", type=Path, default=None, help=DOCKERFILE_HELP),
+            arg(
+                "--image-override",
+                action="append",
+                default=[],
+                metavar="NAME==VERSION",
+                help="what the release Dockerfile installs, when the file itself is not at hand (needs --because)",
+            ),
+            arg("--because", default=None, help="with --image-override: the Dockerfile lines it rests on"),
+        ),
+    ),
+)

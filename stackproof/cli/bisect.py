@@ -11,17 +11,17 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Callable
+from pathlib import Path
 
-from pipeline.matrix.model import LoadSpec
 from stackproof.bisection import Bisect, canonical, check_ends, moved_packages, parse_version, run_bisect
-from stackproof.cliutil import emit, load
+from stackproof.cli.ab import parse_pairs, parse_threshold
+from stackproof.cli.common import Command, arg, emit, load, load_spec, seconds
 from verify.perf.bisection import BisectReport
 
-__all__ = ["bisect_command"]
+__all__ = ["COMMANDS", "bisect_command"]
 
 
-def bisect_command(args: argparse.Namespace, spec_of: Callable[[argparse.Namespace, LoadSpec], LoadSpec]) -> int:
+def bisect_command(args: argparse.Namespace) -> int:
     from pipeline.errors import InputError
     from pipeline.matrix.site import load_site
     from stackproof.runjob import exclusive_dir
@@ -46,7 +46,7 @@ def bisect_command(args: argparse.Namespace, spec_of: Callable[[argparse.Namespa
         build_only=args.build_only,
     )
     moved = moved_packages(matrix, cell, ask.package, ask.index)  # exit 2 before anything is made
-    spec = spec_of(args, cell.serve.load)
+    spec = load_spec(args, cell.serve.load)
     site = load_site(matrix)
     for run in remove_dead_host_runs():
         print(f"stackproof: ended {run}: its run is gone", file=sys.stderr)
@@ -73,3 +73,32 @@ def _text(report: BisectReport) -> str:
         f"bisect report: {report.files.get('report')}"
     )
     return "\n".join(lines)
+
+
+COMMANDS = (
+    Command(
+        path=("bisect",),
+        help="the first version of a package that made a cell worse: A/B runs against the good end",
+        handler=bisect_command,
+        load_options=True,
+        args=(
+            arg("cell"),
+            arg("--package", required=True, help="the package moved (flashinfer-python moves the trio)"),
+            arg("--good", required=True, help="a version of the package known good: every step's baseline"),
+            arg("--bad", required=True, help="a newer version known bad"),
+            arg(
+                "--metric",
+                choices=("tok_s", "tpot_p50", "ttft_p50", "greedy", "start"),
+                default="tok_s",
+                help="what makes a version bad (default tok_s): an A/B REGRESSION of a metric, "
+                "greedy answers that differ, or a server that does not start",
+            ),
+            arg("--threshold", type=parse_threshold, default=0.05, help="smallest change that matters: 5%% or 0.05"),
+            arg("--index", default=None, help="the package's index, when the cell names none for it"),
+            arg("--slice", type=seconds, default=20.0, help="seconds of load per A/B slice (default 20)"),
+            arg("--pairs", type=parse_pairs, default=5, help="measured slice pairs per A/B (default 5)"),
+            arg("--build-only", action="store_true", help="make every version's environment; run no A/B"),
+            arg("--out", type=Path, default=Path("stackproof-out")),
+        ),
+    ),
+)

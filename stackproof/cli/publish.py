@@ -9,79 +9,9 @@ from typing import Any
 
 from pipeline.errors import InputError, MatrixError
 from pipeline.matrix.model import Cell, Matrix
-from stackproof.cliutil import NO_PREFLIGHT_HELP
+from stackproof.cli.common import NO_PREFLIGHT_HELP, Command, arg
 
-__all__ = ["add_commands"]
-
-
-def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
-    p = commands.add_parser(
-        "publish",
-        parents=[common],
-        help="push a cell's image by digest, attach its receipt, move CELL and CELL-verified only after a PASS",
-    )
-    p.add_argument("cell")
-    p.add_argument("--registry", required=True, help="HOST[:PORT][/NAMESPACE]; the repository is NAMESPACE/stackproof")
-    p.add_argument("--receipt", type=Path, default=None, help="default: the newest receipt of this image under --out")
-    p.add_argument(
-        "--image", default=None, help="the local image to publish: only accepted when it is the cell's content tag"
-    )
-    p.add_argument("--out", type=Path, default=Path("stackproof-out"), help="where `run`/`verify` wrote receipts")
-    p.add_argument(
-        "--sign-key",
-        type=Path,
-        default=None,
-        help="sign the receipt (in-toto statement, DSSE) with this ECDSA P-256 PEM key; an encrypted key "
-        "takes its password from STACKPROOF_SIGN_KEY_PASSWORD",
-    )
-    p.add_argument(
-        "--sigstore-bundle",
-        type=Path,
-        default=None,
-        help="attach this keyless attestation of the receipt (the sigstore bundle verify.yml's attest step wrote)",
-    )
-    _add_login(p)
-    p.set_defaults(handler=_publish)
-
-    p = commands.add_parser(
-        "pull", parents=[common], help="pull CELL-verified by digest after checking its receipt and host"
-    )
-    p.add_argument("cell")
-    p.add_argument("--registry", required=True, help="HOST[:PORT][/NAMESPACE]")
-    p.add_argument(
-        "--require-same-gpu", action="store_true", help="refuse when the receipt's GPUs, driver or arch differ"
-    )
-    p.add_argument(
-        "--require-signature", action="store_true", help="refuse a receipt that is not signed by --key or --identity"
-    )
-    p.add_argument("--key", type=Path, default=None, help="the publisher's ECDSA P-256 public key (PEM)")
-    p.add_argument(
-        "--identity",
-        default=None,
-        help="keyless: ISSUER/SUBJECT that must have signed, e.g. https://token.actions.githubusercontent.com/"
-        "https://github.com/ORG/REPO/.github/workflows/verify.yml@refs/heads/main",
-    )
-    p.add_argument(
-        "--trusted-root",
-        type=Path,
-        default=None,
-        help="keyless: verify offline against this sigstore trusted_root.json (default: the public-good root, via TUF)",
-    )
-    p.add_argument(
-        "--platform", default=None, help="os/arch of the image to pull (default: the cell's, else the daemon's)"
-    )
-    p.add_argument("--no-preflight", action="store_true", help=NO_PREFLIGHT_HELP)
-    _add_login(p)
-    p.set_defaults(handler=_pull)
-
-
-def _add_login(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--password-stdin",
-        action="store_true",
-        help="read the registry password (or token) from stdin, for the user in STACKPROOF_REGISTRY_USER; "
-        "without it, docker's own login (config.json auths, credsStore, credHelpers) is used",
-    )
+__all__ = ["COMMANDS"]
 
 
 def _credentials(args: argparse.Namespace, registry: str) -> Any:
@@ -107,8 +37,8 @@ def _publish(args: argparse.Namespace) -> int:
     from pipeline.docker.client import Docker
     from pipeline.matrix.site import load_site
     from pipeline.registry.publish import find_receipt, publish
-    from stackproof.cliutil import emit as _emit
-    from stackproof.cliutil import load as _load
+    from stackproof.cli.common import emit as _emit
+    from stackproof.cli.common import load as _load
 
     credentials = _credentials(args, args.registry)  # bad input (exit 2) before any docker or registry
     matrix, images = _load(args)
@@ -172,7 +102,7 @@ def _pull(args: argparse.Namespace) -> int:
     from pipeline.docker.client import Docker
     from pipeline.registry.attest import parse_identity
     from pipeline.registry.publish import pull
-    from stackproof.cliutil import emit as _emit
+    from stackproof.cli.common import emit as _emit
 
     credentials = _credentials(args, args.registry)
     identity = parse_identity(args.identity) if args.identity else None
@@ -212,7 +142,7 @@ def _pull(args: argparse.Namespace) -> int:
 def _cell_of(args: argparse.Namespace) -> tuple[Matrix, Cell] | None:
     """The cell a pull names, when the local matrix declares it: `pull` works without a matrix too,
     and then has no cell to preflight (said on stderr, never silently)."""
-    from stackproof.cliutil import load as _load
+    from stackproof.cli.common import load as _load
 
     if not args.matrix.is_file():
         print(f"note: {args.matrix}: no matrix here; no preflight of {args.cell}", file=sys.stderr)
@@ -227,3 +157,82 @@ def _cell_of(args: argparse.Namespace) -> tuple[Matrix, Cell] | None:
         print(f"note: {args.matrix} declares no cell {args.cell!r}; no preflight", file=sys.stderr)
         return None
     return matrix, cell
+
+
+# Both commands log in alike: the password never comes from argv.
+PASSWORD_STDIN = arg(
+    "--password-stdin",
+    action="store_true",
+    help="read the registry password (or token) from stdin, for the user in STACKPROOF_REGISTRY_USER; "
+    "without it, docker's own login (config.json auths, credsStore, credHelpers) is used",
+)
+
+COMMANDS = (
+    Command(
+        path=("publish",),
+        help="push a cell's image by digest, attach its receipt, move CELL and CELL-verified only after a PASS",
+        handler=_publish,
+        args=(
+            arg("cell"),
+            arg("--registry", required=True, help="HOST[:PORT][/NAMESPACE]; the repository is NAMESPACE/stackproof"),
+            arg("--receipt", type=Path, default=None, help="default: the newest receipt of this image under --out"),
+            arg(
+                "--image",
+                default=None,
+                help="the local image to publish: only accepted when it is the cell's content tag",
+            ),
+            arg("--out", type=Path, default=Path("stackproof-out"), help="where `run`/`verify` wrote receipts"),
+            arg(
+                "--sign-key",
+                type=Path,
+                default=None,
+                help="sign the receipt (in-toto statement, DSSE) with this ECDSA P-256 PEM key; an encrypted key "
+                "takes its password from STACKPROOF_SIGN_KEY_PASSWORD",
+            ),
+            arg(
+                "--sigstore-bundle",
+                type=Path,
+                default=None,
+                help="attach this keyless attestation of the receipt "
+                "(the sigstore bundle verify.yml's attest step wrote)",
+            ),
+            PASSWORD_STDIN,
+        ),
+    ),
+    Command(
+        path=("pull",),
+        help="pull CELL-verified by digest after checking its receipt and host",
+        handler=_pull,
+        args=(
+            arg("cell"),
+            arg("--registry", required=True, help="HOST[:PORT][/NAMESPACE]"),
+            arg(
+                "--require-same-gpu", action="store_true", help="refuse when the receipt's GPUs, driver or arch differ"
+            ),
+            arg(
+                "--require-signature",
+                action="store_true",
+                help="refuse a receipt that is not signed by --key or --identity",
+            ),
+            arg("--key", type=Path, default=None, help="the publisher's ECDSA P-256 public key (PEM)"),
+            arg(
+                "--identity",
+                default=None,
+                help="keyless: ISSUER/SUBJECT that must have signed, e.g. https://token.actions.githubusercontent.com/"
+                "https://github.com/ORG/REPO/.github/workflows/verify.yml@refs/heads/main",
+            ),
+            arg(
+                "--trusted-root",
+                type=Path,
+                default=None,
+                help="keyless: verify offline against this sigstore trusted_root.json "
+                "(default: the public-good root, via TUF)",
+            ),
+            arg(
+                "--platform", default=None, help="os/arch of the image to pull (default: the cell's, else the daemon's)"
+            ),
+            arg("--no-preflight", action="store_true", help=NO_PREFLIGHT_HELP),
+            PASSWORD_STDIN,
+        ),
+    ),
+)

@@ -5,25 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
 
-from stackproof.cliutil import emit, jsonable, load
+from stackproof.cli.common import Command, arg, emit, jsonable, load
 
-__all__ = ["add_commands"]
-
-
-def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
-    model = commands.add_parser("model", help="the host model store").add_subparsers(dest="sub", required=True)
-    p = model.add_parser(
-        "fetch",
-        parents=[common],
-        help="download a cell's hf: model at its revision into the store (resumable; 0 bytes when present)",
-    )
-    p.add_argument("cell")
-    p.add_argument(
-        "--store", type=Path, default=None, help="the store (default: $STACKPROOF_MODEL_STORE, else CACHE_DIR/models)"
-    )
-    p.set_defaults(handler=_fetch)
+__all__ = ["COMMANDS"]
 
 
 def _fetch(args: argparse.Namespace) -> int:
@@ -47,3 +32,21 @@ def _fetch(args: argparse.Namespace) -> int:
         f"{result.seconds:.1f}s -> {result.snapshot}",
     )
     return 0
+
+
+COMMANDS = (
+    Command(
+        path=("model", "fetch"),
+        help="download a cell's hf: model at its revision into the store (resumable; 0 bytes when present)",
+        handler=_fetch,
+        args=(
+            arg("cell"),
+            arg(
+                "--store",
+                type=Path,
+                default=None,
+                help="the store (default: $STACKPROOF_MODEL_STORE, else CACHE_DIR/models)",
+            ),
+        ),
+    ),
+)

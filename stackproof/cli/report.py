@@ -9,58 +9,18 @@ is unreachable or the plotting library is missing.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from pathlib import Path
-from typing import Any
 
 from pipeline.errors import InputError
+from stackproof.cli.common import Command, arg
 
-__all__ = ["add_commands", "write_site"]
-
-
-def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
-    p = commands.add_parser(
-        "report",
-        parents=[common],
-        help="render a static site of the verified matrix (cells x hosts, cell pages, compares) from receipts",
-    )
-    source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument(
-        "--receipts",
-        type=Path,
-        nargs="+",
-        metavar="DIR",
-        help="run directories or --out trees to scan for receipt.json",
-    )
-    source.add_argument("--registry", help="HOST[:PORT][/NAMESPACE]: every receipt attached there")
-    p.add_argument(
-        "--password-stdin",
-        action="store_true",
-        help="with --registry: read the password (or token) for STACKPROOF_REGISTRY_USER from stdin; "
-        "without it, docker's own login is used",
-    )
-    p.add_argument(
-        "--cells",
-        nargs="+",
-        default=None,
-        metavar="CELL",
-        help="rows, in this order (default: the matrix's cells when --matrix loads, else the receipts' cells)",
-    )
-    p.add_argument("--out", type=Path, required=True, metavar="SITE", help="directory to write the site into")
-    p.add_argument(
-        "--fixtures",
-        type=Path,
-        default=None,
-        metavar="DIR",
-        help="add a page of GPU fixture data (DIR/autotune/*.json caches, DIR/gpu/*.json NVML samples), labelled so",
-    )
-    p.set_defaults(handler=_report)
+__all__ = ["COMMANDS"]
 
 
 def _report(args: argparse.Namespace) -> int:
-    from stackproof.cliutil import emit
+    from stackproof.cli.common import emit
     from stackproof.site_report.model import build_site
     from stackproof.site_report.perfdocs import perfdocs_from_dirs
     from stackproof.site_report.render import render_site
@@ -72,7 +32,7 @@ def _report(args: argparse.Namespace) -> int:
     if args.receipts:
         receipts = receipts_from_dirs(args.receipts)
     else:
-        from stackproof.cli_publish import _credentials
+        from stackproof.cli.publish import _credentials
 
         credentials = _credentials(args, args.registry)
         receipts = receipts_from_registry(args.registry, ca_bundle=_ca_bundle(args), credentials=credentials)
@@ -85,6 +45,8 @@ def _report(args: argparse.Namespace) -> int:
         fixtures=fixtures,
         perf=perfdocs_from_dirs(args.receipts or []),  # the ab/bisect/sweep.json found beside the receipts
     )
+    from stackproof.site_report.write import write_site
+
     write_site(files, args.out)
     seconds = time.perf_counter() - started
     verified = sum(1 for s in site.squares.values() if s.receipt is not None)
@@ -114,7 +76,7 @@ def _rows(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
     if not args.matrix.is_file():
         return [], {}
     from pipeline.errors import MatrixError
-    from stackproof.cliutil import load
+    from stackproof.cli.common import load
 
     try:
         matrix, _ = load(args)
@@ -124,43 +86,49 @@ def _rows(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
 
 
 def _ca_bundle(args: argparse.Namespace) -> str | None:
-    import os
 
     bundle = os.environ.get("STACKPROOF_CA_BUNDLE")
     return None if not bundle or bundle == "none" else bundle
 
 
-SITE_MANIFEST = ".stackproof-site.json"  # the files the last report wrote into --out
-
-
-def write_site(files: dict[str, bytes], out: Path) -> None:
-    """Each page written atomically (a temporary file renamed over it: a reader never sees half a
-    page), then the pages a previous report wrote into `out` that this one does not have are
-    removed, so two reports into one --out never mix (a cell gone from the matrix leaves no page)."""
-    out.mkdir(parents=True, exist_ok=True)
-    previous = _previous_pages(out)
-    for relative, data in files.items():
-        _write_atomic(out / relative, data)
-    for stale in sorted(previous - files.keys()):
-        path = out / stale
-        if ".." not in Path(stale).parts and path.is_file() and not path.is_symlink():
-            path.unlink()
-    _write_atomic(out / SITE_MANIFEST, (json.dumps(sorted(files), indent=0) + "\n").encode())
-
-
-def _previous_pages(out: Path) -> set[str]:
-    try:
-        listed = json.loads((out / SITE_MANIFEST).read_text())
-    except (OSError, ValueError):
-        return set()
-    return {str(p) for p in listed} if isinstance(listed, list) else set()
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    try:
-        temporary.write_bytes(data)
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
+COMMANDS = (
+    Command(
+        path=("report",),
+        help="render a static site of the verified matrix (cells x hosts, cell pages, compares) from receipts",
+        handler=_report,
+        one_of=(
+            arg(
+                "--receipts",
+                type=Path,
+                nargs="+",
+                metavar="DIR",
+                help="run directories or --out trees to scan for receipt.json",
+            ),
+            arg("--registry", help="HOST[:PORT][/NAMESPACE]: every receipt attached there"),
+        ),
+        args=(
+            arg(
+                "--password-stdin",
+                action="store_true",
+                help="with --registry: read the password (or token) for STACKPROOF_REGISTRY_USER from stdin; "
+                "without it, docker's own login is used",
+            ),
+            arg(
+                "--cells",
+                nargs="+",
+                default=None,
+                metavar="CELL",
+                help="rows, in this order (default: the matrix's cells when --matrix loads, else the receipts' cells)",
+            ),
+            arg("--out", type=Path, required=True, metavar="SITE", help="directory to write the site into"),
+            arg(
+                "--fixtures",
+                type=Path,
+                default=None,
+                metavar="DIR",
+                help="add a page of GPU fixture data (DIR/autotune/*.json caches, DIR/gpu/*.json NVML samples), "
+                "labelled so",
+            ),
+        ),
+    ),
+)

