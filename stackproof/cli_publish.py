@@ -171,7 +171,7 @@ def _refuse_host(matrix: Matrix, cell: Cell, receipt: Path | None) -> None:
 def _pull(args: argparse.Namespace) -> int:
     from pipeline.docker.client import Docker
     from pipeline.registry.attest import parse_identity
-    from pipeline.registry.publish import pull
+    from pipeline.registry.pull import pull
     from stackproof.cliutil import emit as _emit
 
     credentials = _credentials(args, args.registry)

@@ -431,8 +431,9 @@ def registry_fetcher(registry: str, *, ca_bundle: str | None) -> tuple[Callable[
     """`fetch(cell)` against `registry` (HOST[:PORT][/NAMESPACE]), and the client to close."""
     import os
 
+    from pipeline.registry.layout import REPOSITORY
     from pipeline.registry.oci import RegistryClient, find_credentials, split_registry
-    from pipeline.registry.publish import REPOSITORY, fetch_verified
+    from pipeline.registry.pull import fetch_verified
 
     host, namespace = split_registry(registry)
     repo = f"{namespace}/{REPOSITORY}" if namespace else REPOSITORY

@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from pipeline.errors import CheckFailed
 from pipeline.registry import attest
 from pipeline.registry.oci import RegistryClient
-from pipeline.registry.publish import fetch_verified
+from pipeline.registry.pull import fetch_verified
 from tests.unit.fake_oci import FakeOci, publish_receipt
 from tests.unit.test_registry import _receipt
 
