@@ -16,12 +16,14 @@ from __future__ import annotations
 import json
 import os
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pipeline
-from pipeline.guard.jsonfile import jsonable
+from pipeline.errors import InputError
+from pipeline.guard.jsonfile import jsonable, read_json
 from pipeline.host.geometry import HostFingerprint
 from pipeline.matrix.model import STAGES
 from pipeline.result import CheckResult, Outcome, StageResult, Status, worst
@@ -32,6 +34,7 @@ __all__ = [
     "SCHEMA_FILE",
     "ImageRef",
     "Receipt",
+    "ReceiptError",
     "Runtime",
     "receipt_problems",
     "render_junit",
@@ -103,6 +106,7 @@ class Receipt:
     # How the image came to be: built, found or pulled, the build's seconds and the image's size.
     build: dict[str, Any] | None = None
     tool_version: str = pipeline.__version__
+    tool_name: str = "stackproof"  # a receipt read back may name another writer: publish refuses it
     schema_version: int = RECEIPT_SCHEMA_VERSION
 
     def to_json(self) -> dict[str, Any]:
@@ -117,7 +121,7 @@ class Receipt:
             "image": {**asdict(self.image), "repo_digests": list(self.image.repo_digests)},
             "matrix_digest": self.matrix_digest,
             "host": self.host.to_json(),
-            "tool": {"name": "stackproof", "version": self.tool_version},
+            "tool": {"name": self.tool_name, "version": self.tool_version},
             "started_at": self.started_at,
             "finished_at": self.finished_at,
             "seconds": self.seconds,
@@ -136,16 +140,24 @@ class Receipt:
         }
 
     @classmethod
-    def parse(cls, document: Any) -> Receipt:
-        """A receipt read back (a file, a registry): ValueError saying what is wrong with it."""
+    def parse(cls, document: Any, source: str = "the receipt") -> Receipt:
+        """A receipt read back (a file, a registry), or ReceiptError naming `source` and the field
+        that is wrong. Every reader of a receipt goes through here: none reads its JSON by key."""
         if not isinstance(document, dict) or document.get("kind") != RECEIPT_KIND:
-            raise ValueError(f"it is not a stackproof receipt (kind {_kind(document)!r})")
+            raise ReceiptError(f"{source}: kind: it is not a stackproof receipt (kind {_kind(document)!r})")
         if document.get("schema_version") != RECEIPT_SCHEMA_VERSION:
-            raise ValueError(f"it has schema_version {document.get('schema_version')!r}; this tool reads 1")
-        try:
-            return _parse(document)
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise ValueError(f"it does not hold together: {type(exc).__name__}: {exc}") from None
+            version = document.get("schema_version")
+            raise ReceiptError(f"{source}: schema_version: it has schema_version {version!r}; this tool reads 1")
+        return _parse(document, source)
+
+    @classmethod
+    def read(cls, path: Path) -> Receipt:
+        """The receipt in the file `path` (InputError naming the file, and the field when it is one)."""
+        return cls.parse(read_json(path, "the receipt"), source=str(path))
+
+
+class ReceiptError(InputError, ValueError):
+    """A document that is not a receipt this tool reads: which one, and which field is wrong."""
 
 
 def _kind(document: Any) -> object:
@@ -160,42 +172,108 @@ def _stage_json(stage: StageResult) -> dict[str, Any]:
             "artifacts": stage.artifacts}  # fmt: skip
 
 
-def _parse(d: dict[str, Any]) -> Receipt:
-    image, runtime, outcome = d["image"], d.get("runtime"), d["outcome"]
+_T = TypeVar("_T")
+
+
+def _field(source: str, name: str, read: Callable[[], _T]) -> _T:
+    """`read()`, or ReceiptError naming the field `name` (and the key under it that is missing)."""
+    try:
+        return read()
+    except KeyError as exc:
+        raise ReceiptError(f"{source}: {name}.{exc.args[0]}: missing: it does not hold together") from None
+    except (TypeError, ValueError, AttributeError) as exc:
+        if isinstance(exc, ReceiptError):
+            raise
+        raise ReceiptError(f"{source}: {name}: it does not hold together: {type(exc).__name__}: {exc}") from None
+
+
+def _parse(d: dict[str, Any], source: str) -> Receipt:
+    def at(name: str, read: Callable[[], _T]) -> _T:
+        return _field(source, name, read)
+
+    def text(key: str) -> str:
+        return at(key, lambda: _text(d[key] if key in d else _missing(key)))
+
+    runtime = d.get("runtime")
     return Receipt(
-        status=str(d["status"]),
-        status_reason=str(d["status_reason"]),
-        cell=str(d["cell"]),
-        arm=d.get("arm"),
-        image=ImageRef(
-            ref=str(image["ref"]),
-            id=str(image["id"]),
-            id_is=str(image.get("id_is", "config")),
-            repo_digests=tuple(image.get("repo_digests") or ()),
-            runtime=str(image.get("runtime", "docker")),
-            environment=image.get("environment"),
-        ),
-        matrix_digest=str(d["matrix_digest"]),
-        host=HostFingerprint.parse(d["host"]),
-        started_at=str(d["started_at"]),
-        finished_at=str(d["finished_at"]),
-        seconds=float(d["seconds"]),
-        outcome=Outcome(
-            passed=bool(outcome["passed"]),
-            summary=str(outcome["summary"]),
-            expected_failure=outcome.get("expected_failure"),
-            not_reproduced=bool(outcome.get("not_reproduced", False)),
-        ),
-        stages=tuple(_parse_stage(s) for s in d["stages"]),
-        runtime=Runtime(**{**runtime, "gpus_seen_by_torch": tuple(runtime["gpus_seen_by_torch"])}) if runtime else None,
-        load=d.get("load"),
-        autotune=tuple(d["autotune"]) if d.get("autotune") else None,
-        servers=dict(d.get("servers") or {}),
-        cost=d.get("cost"),
-        forensics=tuple(d.get("forensics") or ()),
-        build=d.get("build"),
-        tool_version=str((d.get("tool") or {}).get("version", "")),
+        status=text("status"),
+        status_reason=text("status_reason"),
+        cell=text("cell"),
+        arm=at("arm", lambda: _optional_text(d.get("arm"))),
+        image=at("image", lambda: _image(d["image"])),
+        matrix_digest=text("matrix_digest"),
+        host=at("host", lambda: HostFingerprint.parse(d["host"])),
+        started_at=text("started_at"),
+        finished_at=text("finished_at"),
+        seconds=at("seconds", lambda: float(d["seconds"])),
+        outcome=at("outcome", lambda: _outcome(d["outcome"])),
+        stages=at("stages", lambda: _stages(d["stages"], source)),
+        runtime=at(
+            "runtime", lambda: Runtime(**{**runtime, "gpus_seen_by_torch": tuple(runtime["gpus_seen_by_torch"])})
+        )
+        if runtime
+        else None,
+        load=at("load", lambda: _optional_object(d.get("load"))),
+        autotune=at("autotune", lambda: tuple(_object(t) for t in d["autotune"]) if d.get("autotune") else None),
+        servers=at("servers", lambda: dict(d.get("servers") or {})),
+        cost=at("cost", lambda: _optional_object(d.get("cost"))),
+        forensics=at("forensics", lambda: tuple(d.get("forensics") or ())),
+        build=at("build", lambda: _optional_object(d.get("build"))),
+        tool_version=at("tool", lambda: str((d.get("tool") or {}).get("version", ""))),
+        tool_name=at("tool", lambda: str((d.get("tool") or {}).get("name", ""))),
     )
+
+
+def _missing(key: str) -> Any:
+    raise KeyError(key)
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"expected a string, not {type(value).__name__}")
+    return value
+
+
+def _optional_text(value: Any) -> str | None:
+    return None if value is None else _text(value)
+
+
+def _object(value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise TypeError(f"expected an object, not {type(value).__name__}")
+    return value
+
+
+def _optional_object(value: Any) -> dict[str, Any] | None:
+    return None if value is None else _object(value)
+
+
+def _image(image: Any) -> ImageRef:
+    image = _object(image)
+    return ImageRef(
+        ref=_text(image["ref"]),
+        id=_text(image["id"]),
+        id_is=_text(image.get("id_is", "config")),
+        repo_digests=tuple(_text(r) for r in image.get("repo_digests") or ()),
+        runtime=_text(image.get("runtime", "docker")),
+        environment=_optional_object(image.get("environment")),
+    )
+
+
+def _outcome(outcome: Any) -> Outcome:
+    outcome = _object(outcome)
+    return Outcome(
+        passed=bool(outcome["passed"]),
+        summary=str(outcome["summary"]),
+        expected_failure=outcome.get("expected_failure"),
+        not_reproduced=bool(outcome.get("not_reproduced", False)),
+    )
+
+
+def _stages(stages: Any, source: str) -> tuple[StageResult, ...]:
+    if not isinstance(stages, list):
+        raise TypeError(f"expected a list, not {type(stages).__name__}")
+    return tuple(_field(source, f"stages[{i}]", lambda s=s: _parse_stage(_object(s))) for i, s in enumerate(stages))
 
 
 def _parse_stage(s: dict[str, Any]) -> StageResult:

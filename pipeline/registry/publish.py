@@ -35,7 +35,7 @@ from pipeline.docker.client import CONTAINERD_STORE, Docker, ImageInfo
 from pipeline.errors import CheckFailed, InfraError, InputError
 from pipeline.guard import boundedio
 from pipeline.guard.jsonfile import read_json
-from pipeline.receipt import RECEIPT_KIND, RECEIPT_SCHEMA_VERSION, receipt_problems
+from pipeline.receipt import Receipt, ReceiptError, receipt_problems
 from pipeline.registry import attest
 from pipeline.registry.layout import REPOSITORY, content_ref, docker_login, repository, resolve_platform
 from pipeline.registry.oci import (
@@ -88,11 +88,10 @@ def find_receipt(out_root: Path, cell_id: str, image_id: str) -> Path | None:
     candidates = sorted((out_root / cell_id).glob("*/receipt.json"), key=lambda p: p.stat().st_mtime, reverse=True)
     for path in candidates:
         try:
-            document = read_json(path, "receipt")
+            if Receipt.read(path).image.id == image_id:
+                return path
         except InputError:
-            continue
-        if (document.get("image") if isinstance(document.get("image"), dict) else {}).get("id") == image_id:
-            return path
+            continue  # not a receipt this tool reads: never the one to publish
     return None
 
 
@@ -139,31 +138,33 @@ def publishable_problems(
     A receipt must be one this tool wrote for this cell's own content-tagged image under this
     matrix: its image id and ref, cell and matrix digest must be those, its status must follow
     from its own stages, and the run's report.json beside it must give those same stages."""
+    try:
+        parsed = Receipt.parse(receipt)
+    except ReceiptError as exc:
+        return [str(exc)]
     problems: list[str] = []
-    image = receipt.get("image") or {}
-    if receipt.get("cell") != cell_id:
-        problems.append(f"it is for cell {receipt.get('cell')!r}, not {cell_id!r}")
-    if image.get("id") != image_id:
-        problems.append(f"it is for image {image.get('id')}, not {content_tag} ({image_id})")
-    if image.get("ref") != content_tag:
-        problems.append(f"it verified {image.get('ref')!r}, not the cell's content tag {content_tag}")
-    if receipt.get("matrix_digest") != matrix_digest:
-        problems.append(
-            f"it was made under matrix {receipt.get('matrix_digest')}, not this matrix.yaml ({matrix_digest})"
-        )
-    if (receipt.get("tool") or {}).get("name") != "stackproof":
+    image = parsed.image
+    if parsed.cell != cell_id:
+        problems.append(f"it is for cell {parsed.cell!r}, not {cell_id!r}")
+    if image.id != image_id:
+        problems.append(f"it is for image {image.id}, not {content_tag} ({image_id})")
+    if image.ref != content_tag:
+        problems.append(f"it verified {image.ref!r}, not the cell's content tag {content_tag}")
+    if parsed.matrix_digest != matrix_digest:
+        problems.append(f"it was made under matrix {parsed.matrix_digest}, not this matrix.yaml ({matrix_digest})")
+    if parsed.tool_name != "stackproof":
         problems.append("it was not written by stackproof")
-    if image.get("id_is", "config") not in ("config", "manifest"):
-        problems.append(f"image.id_is {image.get('id_is')!r} is neither config nor manifest")
+    if image.id_is not in ("config", "manifest"):
+        problems.append(f"image.id_is {image.id_is!r} is neither config nor manifest")
     problems += receipt_problems(receipt)
     if report is None:
         problems.append("no report.json beside it: it is not the output of a `stackproof run`/`verify`")
     else:
         ran = [(s.get("stage"), s.get("status")) for s in report.get("stages") or []]
-        said = [(s.get("stage"), s.get("status")) for s in receipt.get("stages") or []]
+        said = [(s.stage, str(s.status)) for s in parsed.stages]
         if ran != said:
             problems.append(f"its stages {said} are not those of the run's report.json {ran}")
-        if report.get("image_id") != image.get("id") or report.get("cell") != receipt.get("cell"):
+        if report.get("image_id") != image.id or report.get("cell") != parsed.cell:
             problems.append("the run's report.json is for another image or cell")
     return problems
 
@@ -192,13 +193,14 @@ def publish(
             f"{cell_id}: {image} is not the cell's own image {content_tag}: publish only publishes the image "
             "built from this cell (`stackproof build`), never another one under its name"
         )
-    receipt = _read_json(receipt_path, "the receipt")
-    if receipt.get("kind") != RECEIPT_KIND or receipt.get("schema_version") != RECEIPT_SCHEMA_VERSION:
-        raise InputError(f"{receipt_path}: not a stackproof receipt of schema_version {RECEIPT_SCHEMA_VERSION}")
+    # The document as written is what is pushed and signed (a sigstore bundle states those very
+    # bytes' JSON); everything read from it is read through the typed model.
+    document = _read_json(receipt_path, "the receipt")
+    receipt = Receipt.parse(document, source=str(receipt_path))
     report_path = receipt_path.parent / "report.json"
     report = _read_json(report_path, "the run's report") if report_path.is_file() else None
     problems = publishable_problems(
-        receipt, report, cell_id=cell_id, image_id=info.id, content_tag=content_tag, matrix_digest=matrix_digest
+        document, report, cell_id=cell_id, image_id=info.id, content_tag=content_tag, matrix_digest=matrix_digest
     )
     if problems:
         raise InputError(f"{receipt_path}: refusing to publish it: " + "; ".join(problems))
@@ -228,19 +230,19 @@ def publish(
                 f"{candidate}: the registry's image ({pushed}, config {config}) is not the local image {info.id}"
             )
         envelope = (
-            attest.sign_receipt(key, name=f"{host}/{repo}", digest=manifest.digest, receipt=receipt) if key else None
+            attest.sign_receipt(key, name=f"{host}/{repo}", digest=manifest.digest, receipt=document) if key else None
         )
         if bundle is not None:
-            problems = attest.bundle_statement_problems(bundle, digest=manifest.digest, receipt=receipt)
+            problems = attest.bundle_statement_problems(bundle, digest=manifest.digest, receipt=document)
             if problems:
                 raise InputError(f"--sigstore-bundle {sigstore_bundle}: refusing to attach it: " + "; ".join(problems))
-        artifact, how = _attach_receipt(client, repo, manifest, receipt, envelope, bundle)
+        artifact, how = _attach_receipt(client, repo, manifest, receipt, envelope, bundle, document=document)
         print(
-            f"{cell_id}: receipt ({receipt['status']}) of {repo}@{manifest.digest} is {artifact} ({how})",
+            f"{cell_id}: receipt ({receipt.status}) of {repo}@{manifest.digest} is {artifact} ({how})",
             file=sys.stderr,
         )
         moved: tuple[str, ...] = ()
-        if receipt["status"] == "PASS":
+        if receipt.status == "PASS":
             _checkpoint("before-tag")
             for human in (f"{cell_id}-verified", cell_id):
                 client.put_manifest(repo, human, top.body, top.media_type)
@@ -248,7 +250,7 @@ def publish(
             moved = (f"{cell_id}-verified", cell_id)
         else:
             print(
-                f"{cell_id}: receipt is {receipt['status']} ({receipt.get('status_reason')}): "
+                f"{cell_id}: receipt is {receipt.status} ({receipt.status_reason}): "
                 f"{cell_id} and {cell_id}-verified stay where they were",
                 file=sys.stderr,
             )
@@ -257,7 +259,7 @@ def publish(
         digest=pushed,
         manifest_digest=manifest.digest,
         config_digest=config,
-        receipt_status=str(receipt["status"]),
+        receipt_status=receipt.status,
         receipt_digest=artifact,
         referrers=how,
         signed=envelope is not None or bundle is not None,
@@ -288,12 +290,15 @@ def _attach_receipt(
     client: RegistryClient,
     repo: str,
     subject: Manifest,
-    receipt: dict[str, Any],
+    receipt: Receipt,
     envelope: bytes | None,
     bundle: bytes | None = None,
+    *,
+    document: dict[str, Any] | None = None,
 ) -> tuple[str, str]:
-    """Push the receipt artifact by digest; list it under the subject (referrers API or tag schema)."""
-    body = json.dumps(receipt, indent=2, default=str).encode()
+    """Push the receipt artifact by digest; list it under the subject (referrers API or tag schema).
+    `document`: the receipt's JSON as read from its file (default: the model's own serialisation)."""
+    body = json.dumps(document if document is not None else receipt.to_json(), indent=2, default=str).encode()
     config_type, config = EMPTY_CONFIG
     layers = [
         {
@@ -322,13 +327,13 @@ def _attach_receipt(
             }
         )
     annotations = {
-        "io.stackproof.status": str(receipt["status"]),
-        "io.stackproof.cell": str(receipt["cell"]),
-        "io.stackproof.host-key": str((receipt.get("host") or {}).get("key", "")),
-        "io.stackproof.host": str((receipt.get("host") or {}).get("summary", "")),
+        "io.stackproof.status": receipt.status,
+        "io.stackproof.cell": receipt.cell,
+        "io.stackproof.host-key": receipt.host.key,
+        "io.stackproof.host": receipt.host.describe(),
         "io.stackproof.config-digest": str(subject.config_digest),
         "io.stackproof.signed": "true" if envelope is not None or bundle is not None else "false",
-        "org.opencontainers.image.created": str(receipt.get("finished_at", "")),
+        "org.opencontainers.image.created": receipt.finished_at,
     }
     artifact = {
         "schemaVersion": 2,

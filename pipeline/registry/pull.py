@@ -16,7 +16,7 @@ from typing import Any
 from pipeline.docker.client import CONTAINERD_STORE, Docker
 from pipeline.errors import CheckFailed, InfraError, InputError
 from pipeline.host.geometry import HostFingerprint, differences, host_fingerprint
-from pipeline.receipt import RECEIPT_KIND, receipt_problems
+from pipeline.receipt import Receipt, ReceiptError, receipt_problems
 from pipeline.registry import attest
 from pipeline.registry.layout import docker_login, repository, resolve_platform
 from pipeline.registry.oci import OCI_INDEX, OCI_MANIFEST, Credentials, Manifest, RegistryClient
@@ -62,7 +62,8 @@ class Candidate:
     """One receipt found for a manifest digest, read and judged."""
 
     artifact: str
-    receipt: dict[str, Any]
+    receipt: Receipt | None  # None: it did not parse (`problem` says why)
+    document: dict[str, Any]  # the receipt's JSON as pushed: what a signature states
     envelope: bytes | None
     subject: str | None
     problem: str | None  # why it cannot be trusted, or None
@@ -125,7 +126,10 @@ def fetch_verified(
         )
     # This host's GPUs first, then the newest.
     good.sort(
-        key=lambda c: (str((c.receipt.get("host") or {}).get("key")) == here_key, str(c.receipt.get("finished_at")))
+        key=lambda c: (
+            c.receipt is not None and c.receipt.host.key == here_key,
+            c.receipt.finished_at if c.receipt else "",
+        )
     )
     chosen = good[-1]
     if chosen.envelope is None:
@@ -168,22 +172,24 @@ def _judge(
     envelope (a key), or the sigstore bundle (`keyless`: identity and trusted root)."""
     artifact = client.manifest(repo, artifact_digest, accept=(OCI_MANIFEST,))
     if artifact is None:
-        return Candidate(artifact=artifact_digest, receipt={}, envelope=None, subject=None, problem="listed but gone")
+        return _refused(artifact_digest, None, "listed but gone")
     layers = artifact.json.get("layers") or []
     receipt_layer = next((la for la in layers if la.get("mediaType") == RECEIPT_MEDIA_TYPE), None)
     signature_type = attest.SIGSTORE_BUNDLE_MEDIA_TYPE if keyless else attest.ENVELOPE_MEDIA_TYPE
     envelope_layer = next((la for la in layers if la.get("mediaType") == signature_type), None)
     subject = (artifact.json.get("subject") or {}).get("digest")
     if receipt_layer is None:
-        return Candidate(
-            artifact=artifact.digest, receipt={}, envelope=None, subject=subject, problem="no receipt layer"
-        )
+        return _refused(artifact.digest, subject, "no receipt layer")
     try:
-        receipt = json.loads(client.get_blob(repo, receipt_layer["digest"]))
+        document = json.loads(client.get_blob(repo, receipt_layer["digest"]))
         envelope = client.get_blob(repo, envelope_layer["digest"]) if envelope_layer else None
-    except (ValueError, InfraError) as exc:
-        return Candidate(artifact=artifact.digest, receipt={}, envelope=None, subject=subject, problem=str(exc))
-    problem = _receipt_problem(receipt, manifest, subject, cell_id, index_digest)
+    except (ValueError, InfraError, RecursionError) as exc:
+        return _refused(artifact.digest, subject, str(exc))
+    try:
+        receipt = Receipt.parse(document, source="the receipt")
+    except ReceiptError as exc:
+        return _refused(artifact.digest, subject, str(exc))
+    problem = _receipt_problem(receipt, document, manifest, subject, cell_id, index_digest)
     if problem is None and require_signature:
         if envelope is None:
             problem = "it is not signed (--require-signature)" + (" keyless (no sigstore bundle)" if keyless else "")
@@ -197,30 +203,43 @@ def _judge(
             )
             if not verdict.ok:
                 problem = f"signature: {verdict.reason}"
-            elif verdict.receipt != receipt:
+            elif verdict.receipt != document:
                 problem = "signature: the receipt is not the one that was signed (tampered)"
-    return Candidate(artifact=artifact.digest, receipt=receipt, envelope=envelope, subject=subject, problem=problem)
+    return Candidate(
+        artifact=artifact.digest,
+        receipt=receipt,
+        document=document,
+        envelope=envelope,
+        subject=subject,
+        problem=problem,
+    )
+
+
+def _finished(candidate: Candidate) -> str:
+    return candidate.receipt.finished_at if candidate.receipt is not None else ""
+
+
+def _refused(artifact: str, subject: str | None, problem: str) -> Candidate:
+    return Candidate(artifact=artifact, receipt=None, document={}, envelope=None, subject=subject, problem=problem)
 
 
 def _receipt_problem(
-    receipt: Any, manifest: Manifest, subject: str | None, cell_id: str, index_digest: str
+    receipt: Receipt, document: dict[str, Any], manifest: Manifest, subject: str | None, cell_id: str, index_digest: str
 ) -> str | None:
-    """Why this receipt does not vouch for `manifest` (pure), or None."""
-    if not isinstance(receipt, dict) or receipt.get("kind") != RECEIPT_KIND:
-        return "not a stackproof receipt"
+    """Why this receipt (`document`, as read, parsed into `receipt`) does not vouch for `manifest` (pure), or None."""
     if subject != manifest.digest:
         return f"its subject names {subject}, not {manifest.digest}"
-    image = receipt.get("image") or {}
-    binds = image.get("id_is", "config")  # receipts of stackproof 0.1 bind the config digest
+    image = receipt.image
+    binds = image.id_is  # receipts of stackproof 0.1 bind the config digest (the model's default)
     expected = manifest.config_digest if binds == "config" else manifest.digest
     # On the containerd store a multi-platform image's local id is its index: the tag's digest.
-    if image.get("id") != expected and not (binds == "manifest" and image.get("id") == index_digest):
-        return f"it is for image {image.get('id')} ({binds} digest), but this image's is {expected}"
-    if receipt.get("cell") != cell_id:
-        return f"it is for cell {receipt.get('cell')!r}, not {cell_id!r}"
-    if receipt.get("status") != "PASS":
-        return f"it is {receipt.get('status')} ({receipt.get('status_reason')})"
-    inconsistent = receipt_problems(receipt)
+    if image.id != expected and not (binds == "manifest" and image.id == index_digest):
+        return f"it is for image {image.id} ({binds} digest), but this image's is {expected}"
+    if receipt.cell != cell_id:
+        return f"it is for cell {receipt.cell!r}, not {cell_id!r}"
+    if receipt.status != "PASS":
+        return f"it is {receipt.status} ({receipt.status_reason})"
+    inconsistent = receipt_problems(document)
     if inconsistent:
         return "it does not hold together: " + "; ".join(inconsistent)
     return None
@@ -263,8 +282,9 @@ def pull(
             identity=identity,
             trusted_root=trusted_root,
         )
-    receipt = chosen.candidate.receipt
-    verified = HostFingerprint.parse(receipt.get("host") or {})
+    if chosen.candidate.receipt is None:  # never: a candidate without a problem parsed
+        raise CheckFailed(f"{cell_id}: the chosen receipt did not parse")
+    verified = chosen.candidate.receipt.host
     diffs = tuple(differences(verified, here))
     if diffs:
         message = f"{cell_id}: verified on {verified.describe()}, you have {here.describe()} ({'; '.join(diffs)})"
