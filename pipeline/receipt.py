@@ -14,12 +14,13 @@ host (`may_not_reproduce`) and it did not happen here.
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import xml.etree.ElementTree as ET
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pipeline
 from pipeline.errors import InputError
@@ -141,14 +142,20 @@ class Receipt:
 
     @classmethod
     def parse(cls, document: Any, source: str = "the receipt") -> Receipt:
-        """A receipt read back (a file, a registry), or ReceiptError naming `source` and the field
-        that is wrong. Every reader of a receipt goes through here: none reads its JSON by key."""
-        if not isinstance(document, dict) or document.get("kind") != RECEIPT_KIND:
-            raise ReceiptError(f"{source}: kind: it is not a stackproof receipt (kind {_kind(document)!r})")
+        """A receipt read back (a file, a registry, the report's inputs), or ReceiptError naming
+        `source` and the path of the field that is wrong (`stages[2].seconds`). Every reader of a
+        receipt goes through here: none reads its JSON by key."""
+        if not isinstance(document, dict):
+            kind = type(document).__name__
+            raise ReceiptError(f"{source}: not a receipt (a JSON {kind}, not an object): not a stackproof receipt")
+        if document.get("kind") != RECEIPT_KIND:
+            raise ReceiptError(
+                f"{source}: kind: {document.get('kind')!r}, not {RECEIPT_KIND!r}: not a stackproof receipt"
+            )
         if document.get("schema_version") != RECEIPT_SCHEMA_VERSION:
             version = document.get("schema_version")
-            raise ReceiptError(f"{source}: schema_version: it has schema_version {version!r}; this tool reads 1")
-        return _parse(document, source)
+            raise ReceiptError(f"{source}: schema_version: {version!r}; this tool reads {RECEIPT_SCHEMA_VERSION}")
+        return _parse(_Fields(document, source))
 
     @classmethod
     def read(cls, path: Path) -> Receipt:
@@ -172,118 +179,166 @@ def _stage_json(stage: StageResult) -> dict[str, Any]:
             "artifacts": stage.artifacts}  # fmt: skip
 
 
-_T = TypeVar("_T")
+STATUSES = ("PASS", "FAIL", "INCONCLUSIVE", "NOT_REPRODUCED")
+_NAMES = {str: "a string", dict: "an object", list: "a list", float: "a number", bool: "true or false"}
 
 
-def _field(source: str, name: str, read: Callable[[], _T]) -> _T:
-    """`read()`, or ReceiptError naming the field `name` (and the key under it that is missing)."""
-    try:
-        return read()
-    except KeyError as exc:
-        raise ReceiptError(f"{source}: {name}.{exc.args[0]}: missing: it does not hold together") from None
-    except (TypeError, ValueError, AttributeError) as exc:
-        if isinstance(exc, ReceiptError):
-            raise
-        raise ReceiptError(f"{source}: {name}: it does not hold together: {type(exc).__name__}: {exc}") from None
+class _Fields:
+    """A receipt's fields by path (`outcome.passed`, `stages[2].seconds`): each missing or mistyped
+    one raises ReceiptError naming its path, so a hostile or broken receipt says where it breaks."""
+
+    def __init__(self, document: dict[str, Any], source: str) -> None:
+        self.document, self.source = document, source
+
+    def fail(self, path: str, why: str) -> ReceiptError:
+        return ReceiptError(f"{self.source}: {path}: {why}")
+
+    def walk(self, path: str) -> Any:
+        value: Any = self.document
+        for part in re.findall(r"[^.\[\]]+", path):
+            if isinstance(value, dict):
+                value = value.get(part)
+            elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
+                value = value[int(part)]
+            else:
+                return None
+        return value
+
+    def get(self, path: str, kind: type, *, required: bool = True) -> Any:
+        value = self.walk(path)
+        if value is None and not required:
+            return None
+        ok = isinstance(value, int | float) if kind is float else isinstance(value, kind)
+        if not ok or (isinstance(value, bool) and kind is not bool):
+            found = "missing" if value is None else f"a {type(value).__name__}"
+            raise self.fail(path, f"{found}, expected {_NAMES.get(kind, kind.__name__)}")
+        if kind is float and not math.isfinite(value):
+            raise self.fail(path, f"{value!r}, expected a finite number")
+        return float(value) if kind is float else value
+
+    def text(self, path: str) -> str:
+        return str(self.get(path, str))
+
+    def optional_text(self, path: str) -> str | None:
+        value = self.get(path, str, required=False)
+        return None if value is None else str(value)
+
+    def obj(self, path: str, *, required: bool = True) -> dict[str, Any] | None:
+        value: dict[str, Any] | None = self.get(path, dict, required=required)
+        return value
 
 
-def _parse(d: dict[str, Any], source: str) -> Receipt:
-    def at(name: str, read: Callable[[], _T]) -> _T:
-        return _field(source, name, read)
-
-    def text(key: str) -> str:
-        return at(key, lambda: _text(d[key] if key in d else _missing(key)))
-
-    runtime = d.get("runtime")
+def _parse(f: _Fields) -> Receipt:
+    status = f.text("status")
+    if status not in STATUSES:
+        raise f.fail("status", f"{status!r}, not one of {', '.join(STATUSES)}")
     return Receipt(
-        status=text("status"),
-        status_reason=text("status_reason"),
-        cell=text("cell"),
-        arm=at("arm", lambda: _optional_text(d.get("arm"))),
-        image=at("image", lambda: _image(d["image"])),
-        matrix_digest=text("matrix_digest"),
-        host=at("host", lambda: HostFingerprint.parse(d["host"])),
-        started_at=text("started_at"),
-        finished_at=text("finished_at"),
-        seconds=at("seconds", lambda: float(d["seconds"])),
-        outcome=at("outcome", lambda: _outcome(d["outcome"])),
-        stages=at("stages", lambda: _stages(d["stages"], source)),
-        runtime=at(
-            "runtime", lambda: Runtime(**{**runtime, "gpus_seen_by_torch": tuple(runtime["gpus_seen_by_torch"])})
-        )
-        if runtime
-        else None,
-        load=at("load", lambda: _optional_object(d.get("load"))),
-        autotune=at("autotune", lambda: tuple(_object(t) for t in d["autotune"]) if d.get("autotune") else None),
-        servers=at("servers", lambda: dict(d.get("servers") or {})),
-        cost=at("cost", lambda: _optional_object(d.get("cost"))),
-        forensics=at("forensics", lambda: tuple(d.get("forensics") or ())),
-        build=at("build", lambda: _optional_object(d.get("build"))),
-        tool_version=at("tool", lambda: str((d.get("tool") or {}).get("version", ""))),
-        tool_name=at("tool", lambda: str((d.get("tool") or {}).get("name", ""))),
+        status=status,
+        status_reason=str(f.get("status_reason", str, required=False) or ""),
+        cell=f.text("cell"),
+        arm=f.optional_text("arm"),
+        image=_image(f),
+        matrix_digest=f.text("matrix_digest"),
+        host=_host(f),
+        started_at=f.text("started_at"),
+        finished_at=f.text("finished_at"),
+        seconds=f.get("seconds", float),
+        outcome=Outcome(
+            passed=f.get("outcome.passed", bool),
+            summary=f.text("outcome.summary"),
+            expected_failure=f.get("outcome.expected_failure", str, required=False),
+            not_reproduced=bool(f.get("outcome.not_reproduced", bool, required=False)),
+        ),
+        stages=tuple(_parse_stage(f, i) for i in range(len(f.get("stages", list)))),
+        runtime=_runtime(f),
+        load=f.obj("load", required=False),
+        autotune=_autotune(f),
+        servers=dict(f.obj("servers", required=False) or {}),
+        cost=f.obj("cost", required=False),
+        forensics=tuple(
+            f.get(f"forensics[{i}]", dict) for i in range(len(f.get("forensics", list, required=False) or ()))
+        ),
+        build=f.obj("build", required=False),
+        tool_version=str(f.get("tool.version", str, required=False) or ""),
+        tool_name=str(f.get("tool.name", str, required=False) or ""),
     )
 
 
-def _missing(key: str) -> Any:
-    raise KeyError(key)
-
-
-def _text(value: Any) -> str:
-    if not isinstance(value, str):
-        raise TypeError(f"expected a string, not {type(value).__name__}")
-    return value
-
-
-def _optional_text(value: Any) -> str | None:
-    return None if value is None else _text(value)
-
-
-def _object(value: Any) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise TypeError(f"expected an object, not {type(value).__name__}")
-    return value
-
-
-def _optional_object(value: Any) -> dict[str, Any] | None:
-    return None if value is None else _object(value)
-
-
-def _image(image: Any) -> ImageRef:
-    image = _object(image)
+def _image(f: _Fields) -> ImageRef:
+    f.obj("image")
+    environment = f.obj("image.environment", required=False)
     return ImageRef(
-        ref=_text(image["ref"]),
-        id=_text(image["id"]),
-        id_is=_text(image.get("id_is", "config")),
-        repo_digests=tuple(_text(r) for r in image.get("repo_digests") or ()),
-        runtime=_text(image.get("runtime", "docker")),
-        environment=_optional_object(image.get("environment")),
+        ref=f.text("image.ref"),
+        id=f.text("image.id"),
+        id_is=f.optional_text("image.id_is") or "config",  # receipts of stackproof 0.1 bind the config
+        repo_digests=tuple(f.text(f"image.repo_digests[{i}]") for i in range(len(f.walk("image.repo_digests") or ()))),
+        runtime=f.optional_text("image.runtime") or "docker",  # receipts before host runs: docker
+        environment=environment,
     )
 
 
-def _outcome(outcome: Any) -> Outcome:
-    outcome = _object(outcome)
-    return Outcome(
-        passed=bool(outcome["passed"]),
-        summary=str(outcome["summary"]),
-        expected_failure=outcome.get("expected_failure"),
-        not_reproduced=bool(outcome.get("not_reproduced", False)),
-    )
+def _host(f: _Fields) -> HostFingerprint:
+    host = f.obj("host")
+    key = f.get("host.key", str)
+    if not key:
+        raise f.fail("host.key", "empty, expected the host fingerprint")
+    try:
+        return HostFingerprint.parse(host or {})
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise f.fail("host", f"not a host fingerprint ({type(exc).__name__}: {exc})") from None
 
 
-def _stages(stages: Any, source: str) -> tuple[StageResult, ...]:
-    if not isinstance(stages, list):
-        raise TypeError(f"expected a list, not {type(stages).__name__}")
-    return tuple(_field(source, f"stages[{i}]", lambda s=s: _parse_stage(_object(s))) for i, s in enumerate(stages))
+def _runtime(f: _Fields) -> Runtime | None:
+    found = f.obj("runtime", required=False)
+    if not found:
+        return None
+    try:
+        return Runtime(**{**found, "gpus_seen_by_torch": tuple(found["gpus_seen_by_torch"])})
+    except (KeyError, TypeError) as exc:
+        raise f.fail("runtime", f"not the imports probe's runtime ({type(exc).__name__}: {exc})") from None
 
 
-def _parse_stage(s: dict[str, Any]) -> StageResult:
-    checks = tuple(
-        CheckResult(name=str(c["name"]), status=Status(c["status"]), message=str(c["message"]),
-                    evidence=dict(c.get("evidence") or {}))
-        for c in s["checks"]
-    )  # fmt: skip
-    return StageResult(stage=str(s["stage"]), status=Status(s["status"]), checks=checks,
-                       seconds=float(s["seconds"]), artifacts=dict(s.get("artifacts") or {}))  # fmt: skip
+def _autotune(f: _Fields) -> tuple[dict[str, Any], ...] | None:
+    """The winners tables, each {op, n, k, rows: [{m_bucket, runner, tactic}]} (the report draws them)."""
+    tables = f.get("autotune", list, required=False)
+    if not tables:
+        return None
+    for i, table in enumerate(tables):
+        if not isinstance(table, dict) or not {"op", "n", "k", "rows"} <= table.keys():
+            raise f.fail(f"autotune[{i}]", "expected {op, n, k, rows}")
+        for key in ("n", "k"):
+            if isinstance(table[key], bool) or not isinstance(table[key], int):
+                raise f.fail(f"autotune[{i}].{key}", f"{str(table[key])[:40]!r}, expected an integer")
+        for j, row in enumerate(table["rows"] if isinstance(table["rows"], list) else [None]):
+            if not isinstance(row, dict) or not isinstance(row.get("m_bucket"), int) or "runner" not in row:
+                raise f.fail(f"autotune[{i}].rows[{j}]", "expected {m_bucket: int, runner, tactic}")
+    return tuple(tables)
+
+
+def _parse_stage(f: _Fields, i: int) -> StageResult:
+    at = f"stages[{i}]"
+    if not isinstance(f.walk(at), dict) or not isinstance(f.walk(f"{at}.stage"), str):
+        raise f.fail(at, "not a stage object")
+    checks = []
+    for j in range(len(f.get(f"{at}.checks", list))):
+        where = f"{at}.checks[{j}]"
+        if not isinstance(f.walk(where), dict):
+            raise f.fail(where, "not a check object")
+        checks.append(CheckResult(name=f.text(f"{where}.name"), status=_status(f, f"{where}.status"),
+                                  message=str(f.get(f"{where}.message", str, required=False) or ""),
+                                  evidence=dict(f.obj(f"{where}.evidence", required=False) or {})))  # fmt: skip
+    artifacts = f.obj(f"{at}.artifacts", required=False) or {}
+    return StageResult(stage=f.text(f"{at}.stage"), status=_status(f, f"{at}.status"), checks=tuple(checks),
+                       seconds=f.get(f"{at}.seconds", float, required=False) or 0.0,
+                       artifacts={str(k): str(v) for k, v in artifacts.items()})  # fmt: skip
+
+
+def _status(f: _Fields, path: str) -> Status:
+    value = f.text(path)
+    try:
+        return Status(value)
+    except ValueError:
+        raise f.fail(path, f"{value!r}, not a status") from None
 
 
 def receipt_problems(receipt: dict[str, Any]) -> list[str]:
