@@ -243,12 +243,7 @@ def _parse(f: _Fields) -> Receipt:
         started_at=f.text("started_at"),
         finished_at=f.text("finished_at"),
         seconds=f.get("seconds", float),
-        outcome=Outcome(
-            passed=f.get("outcome.passed", bool),
-            summary=f.text("outcome.summary"),
-            expected_failure=f.get("outcome.expected_failure", str, required=False),
-            not_reproduced=bool(f.get("outcome.not_reproduced", bool, required=False)),
-        ),
+        outcome=_outcome(f),
         stages=tuple(_parse_stage(f, i) for i in range(len(f.get("stages", list)))),
         runtime=_runtime(f),
         load=f.obj("load", required=False),
@@ -261,6 +256,16 @@ def _parse(f: _Fields) -> Receipt:
         build=f.obj("build", required=False),
         tool_version=str(f.get("tool.version", str, required=False) or ""),
         tool_name=str(f.get("tool.name", str, required=False) or ""),
+    )
+
+
+def _outcome(f: _Fields) -> Outcome:
+    f.obj("outcome")
+    return Outcome(
+        passed=f.get("outcome.passed", bool),
+        summary=f.text("outcome.summary"),
+        expected_failure=f.get("outcome.expected_failure", str, required=False),
+        not_reproduced=bool(f.get("outcome.not_reproduced", bool, required=False)),
     )
 
 
@@ -292,6 +297,7 @@ def _runtime(f: _Fields) -> Runtime | None:
     found = f.obj("runtime", required=False)
     if not found:
         return None
+    f.get("runtime.distributions", dict), f.get("runtime.gpus_seen_by_torch", list)
     try:
         return Runtime(**{**found, "gpus_seen_by_torch": tuple(found["gpus_seen_by_torch"])})
     except (KeyError, TypeError) as exc:
