@@ -184,26 +184,10 @@ def publish(
     ca_bundle: str | None = None,
     sigstore_bundle: Path | None = None,
 ) -> PublishResult:
-    own = docker.image(content_tag)
-    info = docker.image(image)
-    if info is None:
-        raise InputError(f"{cell_id}: image {image} is not here: build or verify it first")
-    if own is None or own.id != info.id:
-        raise InputError(
-            f"{cell_id}: {image} is not the cell's own image {content_tag}: publish only publishes the image "
-            "built from this cell (`stackproof build`), never another one under its name"
-        )
-    # The document as written is what is pushed and signed (a sigstore bundle states those very
-    # bytes' JSON); everything read from it is read through the typed model.
-    document = _read_json(receipt_path, "the receipt")
-    receipt = Receipt.parse(document, source=str(receipt_path))
-    report_path = receipt_path.parent / "report.json"
-    report = _read_json(report_path, "the run's report") if report_path.is_file() else None
-    problems = publishable_problems(
-        document, report, cell_id=cell_id, image_id=info.id, content_tag=content_tag, matrix_digest=matrix_digest
-    )
-    if problems:
-        raise InputError(f"{receipt_path}: refusing to publish it: " + "; ".join(problems))
+    info, receipt, document = _gate(
+        docker, cell_id=cell_id, image=image, content_tag=content_tag, receipt_path=receipt_path,
+        matrix_digest=matrix_digest,
+    )  # fmt: skip
     key = attest.load_private_key(sign_key, password=os.environ.get(attest.PASSWORD_ENV)) if sign_key else None
     bundle = _read_bytes(sigstore_bundle, "--sigstore-bundle") if sigstore_bundle else None
     store = docker.image_store()
@@ -241,19 +225,7 @@ def publish(
             f"{cell_id}: receipt ({receipt.status}) of {repo}@{manifest.digest} is {artifact} ({how})",
             file=sys.stderr,
         )
-        moved: tuple[str, ...] = ()
-        if receipt.status == "PASS":
-            _checkpoint("before-tag")
-            for human in (f"{cell_id}-verified", cell_id):
-                client.put_manifest(repo, human, top.body, top.media_type)
-                print(f"{cell_id}: moved {host}/{repo}:{human} -> {pushed}", file=sys.stderr)
-            moved = (f"{cell_id}-verified", cell_id)
-        else:
-            print(
-                f"{cell_id}: receipt is {receipt.status} ({receipt.status_reason}): "
-                f"{cell_id} and {cell_id}-verified stay where they were",
-                file=sys.stderr,
-            )
+        moved = _move_tags(client, repo, top, receipt, cell_id=cell_id, where=f"{host}/{repo}", pushed=pushed)
     return PublishResult(
         reference=f"{host}/{repo}@{pushed}",
         digest=pushed,
@@ -265,6 +237,51 @@ def publish(
         signed=envelope is not None or bundle is not None,
         moved_tags=moved,
     )
+
+
+def _gate(
+    docker: Docker, *, cell_id: str, image: str, content_tag: str, receipt_path: Path, matrix_digest: str
+) -> tuple[ImageInfo, Receipt, dict[str, Any]]:
+    """The local image, the receipt and its document as written, when publish may go on; else InputError."""
+    own = docker.image(content_tag)
+    info = docker.image(image)
+    if info is None:
+        raise InputError(f"{cell_id}: image {image} is not here: build or verify it first")
+    if own is None or own.id != info.id:
+        raise InputError(
+            f"{cell_id}: {image} is not the cell's own image {content_tag}: publish only publishes the image "
+            "built from this cell (`stackproof build`), never another one under its name"
+        )
+    # The document as written is what is pushed and signed (a sigstore bundle states those very
+    # bytes' JSON); everything read from it is read through the typed model.
+    document = _read_json(receipt_path, "the receipt")
+    receipt = Receipt.parse(document, source=str(receipt_path))
+    report_path = receipt_path.parent / "report.json"
+    report = _read_json(report_path, "the run's report") if report_path.is_file() else None
+    problems = publishable_problems(
+        document, report, cell_id=cell_id, image_id=info.id, content_tag=content_tag, matrix_digest=matrix_digest
+    )
+    if problems:
+        raise InputError(f"{receipt_path}: refusing to publish it: " + "; ".join(problems))
+    return info, receipt, document
+
+
+def _move_tags(
+    client: RegistryClient, repo: str, top: Manifest, receipt: Receipt, *, cell_id: str, where: str, pushed: str
+) -> tuple[str, ...]:
+    """CELL-verified and CELL to the pushed digest, last of all, and only for a PASS receipt."""
+    if receipt.status != "PASS":
+        print(
+            f"{cell_id}: receipt is {receipt.status} ({receipt.status_reason}): "
+            f"{cell_id} and {cell_id}-verified stay where they were",
+            file=sys.stderr,
+        )
+        return ()
+    _checkpoint("before-tag")
+    for human in (f"{cell_id}-verified", cell_id):
+        client.put_manifest(repo, human, top.body, top.media_type)
+        print(f"{cell_id}: moved {where}:{human} -> {pushed}", file=sys.stderr)
+    return (f"{cell_id}-verified", cell_id)
 
 
 def _already_pushed(client: RegistryClient, repo: str, info: ImageInfo, name: str) -> str | None:
