@@ -77,7 +77,9 @@ def generate(root: Path, base: dict, winners: list, cells: int, hosts: int, *, w
         host = {
             **base["host"],
             "gpus": [{"name": name, "compute_capability": cc, "memory": "97887 MiB"}],
-            "driver": driver,
+            # The site's column is the fingerprint the model derives (arch, GPUs, driver), not the
+            # stored key: a driver per host past the table keeps every generated host its own column.
+            "driver": driver if h < len(HOSTS) else f"{driver}.{h}",
             "cuda_driver": "13.0",
             "key": f"bench{h:011d}",
             "summary": f"1x {name} (cc {cc}), driver {driver} on x86_64 [benchmark]",

@@ -14,14 +14,17 @@ host (`may_not_reproduce`) and it did not happen here.
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pipeline
-from pipeline.guard.jsonfile import jsonable
+from pipeline.errors import InputError
+from pipeline.guard.jsonfile import jsonable, read_json
 from pipeline.host.geometry import HostFingerprint
 from pipeline.matrix.model import STAGES
 from pipeline.result import CheckResult, Outcome, StageResult, Status, worst
@@ -32,6 +35,7 @@ __all__ = [
     "SCHEMA_FILE",
     "ImageRef",
     "Receipt",
+    "ReceiptError",
     "Runtime",
     "receipt_problems",
     "render_junit",
@@ -103,6 +107,7 @@ class Receipt:
     # How the image came to be: built, found or pulled, the build's seconds and the image's size.
     build: dict[str, Any] | None = None
     tool_version: str = pipeline.__version__
+    tool_name: str = "stackproof"  # a receipt read back may name another writer: publish refuses it
     schema_version: int = RECEIPT_SCHEMA_VERSION
 
     def to_json(self) -> dict[str, Any]:
@@ -117,7 +122,7 @@ class Receipt:
             "image": {**asdict(self.image), "repo_digests": list(self.image.repo_digests)},
             "matrix_digest": self.matrix_digest,
             "host": self.host.to_json(),
-            "tool": {"name": "stackproof", "version": self.tool_version},
+            "tool": {"name": self.tool_name, "version": self.tool_version},
             "started_at": self.started_at,
             "finished_at": self.finished_at,
             "seconds": self.seconds,
@@ -136,16 +141,30 @@ class Receipt:
         }
 
     @classmethod
-    def parse(cls, document: Any) -> Receipt:
-        """A receipt read back (a file, a registry): ValueError saying what is wrong with it."""
-        if not isinstance(document, dict) or document.get("kind") != RECEIPT_KIND:
-            raise ValueError(f"it is not a stackproof receipt (kind {_kind(document)!r})")
+    def parse(cls, document: Any, source: str = "the receipt") -> Receipt:
+        """A receipt read back (a file, a registry, the report's inputs), or ReceiptError naming
+        `source` and the path of the field that is wrong (`stages[2].seconds`). Every reader of a
+        receipt goes through here: none reads its JSON by key."""
+        if not isinstance(document, dict):
+            kind = type(document).__name__
+            raise ReceiptError(f"{source}: not a receipt (a JSON {kind}, not an object): not a stackproof receipt")
+        if document.get("kind") != RECEIPT_KIND:
+            raise ReceiptError(
+                f"{source}: kind: {document.get('kind')!r}, not {RECEIPT_KIND!r}: not a stackproof receipt"
+            )
         if document.get("schema_version") != RECEIPT_SCHEMA_VERSION:
-            raise ValueError(f"it has schema_version {document.get('schema_version')!r}; this tool reads 1")
-        try:
-            return _parse(document)
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise ValueError(f"it does not hold together: {type(exc).__name__}: {exc}") from None
+            version = document.get("schema_version")
+            raise ReceiptError(f"{source}: schema_version: {version!r}; this tool reads {RECEIPT_SCHEMA_VERSION}")
+        return _parse(_Fields(document, source))
+
+    @classmethod
+    def read(cls, path: Path) -> Receipt:
+        """The receipt in the file `path` (InputError naming the file, and the field when it is one)."""
+        return cls.parse(read_json(path, "the receipt"), source=str(path))
+
+
+class ReceiptError(InputError, ValueError):
+    """A document that is not a receipt this tool reads: which one, and which field is wrong."""
 
 
 def _kind(document: Any) -> object:
@@ -160,52 +179,172 @@ def _stage_json(stage: StageResult) -> dict[str, Any]:
             "artifacts": stage.artifacts}  # fmt: skip
 
 
-def _parse(d: dict[str, Any]) -> Receipt:
-    image, runtime, outcome = d["image"], d.get("runtime"), d["outcome"]
+STATUSES = ("PASS", "FAIL", "INCONCLUSIVE", "NOT_REPRODUCED")
+_NAMES = {str: "a string", dict: "an object", list: "a list", float: "a number", bool: "true or false"}
+
+
+class _Fields:
+    """A receipt's fields by path (`outcome.passed`, `stages[2].seconds`): each missing or mistyped
+    one raises ReceiptError naming its path, so a hostile or broken receipt says where it breaks."""
+
+    def __init__(self, document: dict[str, Any], source: str) -> None:
+        self.document, self.source = document, source
+
+    def fail(self, path: str, why: str) -> ReceiptError:
+        return ReceiptError(f"{self.source}: {path}: {why}")
+
+    def walk(self, path: str) -> Any:
+        value: Any = self.document
+        for part in re.findall(r"[^.\[\]]+", path):
+            if isinstance(value, dict):
+                value = value.get(part)
+            elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
+                value = value[int(part)]
+            else:
+                return None
+        return value
+
+    def get(self, path: str, kind: type, *, required: bool = True) -> Any:
+        value = self.walk(path)
+        if value is None and not required:
+            return None
+        ok = isinstance(value, int | float) if kind is float else isinstance(value, kind)
+        if not ok or (isinstance(value, bool) and kind is not bool):
+            found = "missing" if value is None else f"a {type(value).__name__}"
+            raise self.fail(path, f"{found}, expected {_NAMES.get(kind, kind.__name__)}")
+        if kind is float and not math.isfinite(value):
+            raise self.fail(path, f"{value!r}, expected a finite number")
+        return float(value) if kind is float else value
+
+    def text(self, path: str) -> str:
+        return str(self.get(path, str))
+
+    def optional_text(self, path: str) -> str | None:
+        value = self.get(path, str, required=False)
+        return None if value is None else str(value)
+
+    def obj(self, path: str, *, required: bool = True) -> dict[str, Any] | None:
+        value: dict[str, Any] | None = self.get(path, dict, required=required)
+        return value
+
+
+def _parse(f: _Fields) -> Receipt:
+    status = f.text("status")
+    if status not in STATUSES:
+        raise f.fail("status", f"{status!r}, not one of {', '.join(STATUSES)}")
     return Receipt(
-        status=str(d["status"]),
-        status_reason=str(d["status_reason"]),
-        cell=str(d["cell"]),
-        arm=d.get("arm"),
-        image=ImageRef(
-            ref=str(image["ref"]),
-            id=str(image["id"]),
-            id_is=str(image.get("id_is", "config")),
-            repo_digests=tuple(image.get("repo_digests") or ()),
-            runtime=str(image.get("runtime", "docker")),
-            environment=image.get("environment"),
+        status=status,
+        status_reason=str(f.get("status_reason", str, required=False) or ""),
+        cell=f.text("cell"),
+        arm=f.optional_text("arm"),
+        image=_image(f),
+        matrix_digest=f.text("matrix_digest"),
+        host=_host(f),
+        started_at=f.text("started_at"),
+        finished_at=f.text("finished_at"),
+        seconds=f.get("seconds", float),
+        outcome=_outcome(f),
+        stages=tuple(_parse_stage(f, i) for i in range(len(f.get("stages", list)))),
+        runtime=_runtime(f),
+        load=f.obj("load", required=False),
+        autotune=_autotune(f),
+        servers=dict(f.obj("servers", required=False) or {}),
+        cost=f.obj("cost", required=False),
+        forensics=tuple(
+            f.get(f"forensics[{i}]", dict) for i in range(len(f.get("forensics", list, required=False) or ()))
         ),
-        matrix_digest=str(d["matrix_digest"]),
-        host=HostFingerprint.parse(d["host"]),
-        started_at=str(d["started_at"]),
-        finished_at=str(d["finished_at"]),
-        seconds=float(d["seconds"]),
-        outcome=Outcome(
-            passed=bool(outcome["passed"]),
-            summary=str(outcome["summary"]),
-            expected_failure=outcome.get("expected_failure"),
-            not_reproduced=bool(outcome.get("not_reproduced", False)),
-        ),
-        stages=tuple(_parse_stage(s) for s in d["stages"]),
-        runtime=Runtime(**{**runtime, "gpus_seen_by_torch": tuple(runtime["gpus_seen_by_torch"])}) if runtime else None,
-        load=d.get("load"),
-        autotune=tuple(d["autotune"]) if d.get("autotune") else None,
-        servers=dict(d.get("servers") or {}),
-        cost=d.get("cost"),
-        forensics=tuple(d.get("forensics") or ()),
-        build=d.get("build"),
-        tool_version=str((d.get("tool") or {}).get("version", "")),
+        build=f.obj("build", required=False),
+        tool_version=str(f.get("tool.version", str, required=False) or ""),
+        tool_name=str(f.get("tool.name", str, required=False) or ""),
     )
 
 
-def _parse_stage(s: dict[str, Any]) -> StageResult:
-    checks = tuple(
-        CheckResult(name=str(c["name"]), status=Status(c["status"]), message=str(c["message"]),
-                    evidence=dict(c.get("evidence") or {}))
-        for c in s["checks"]
-    )  # fmt: skip
-    return StageResult(stage=str(s["stage"]), status=Status(s["status"]), checks=checks,
-                       seconds=float(s["seconds"]), artifacts=dict(s.get("artifacts") or {}))  # fmt: skip
+def _outcome(f: _Fields) -> Outcome:
+    f.obj("outcome")
+    return Outcome(
+        passed=f.get("outcome.passed", bool),
+        summary=f.text("outcome.summary"),
+        expected_failure=f.get("outcome.expected_failure", str, required=False),
+        not_reproduced=bool(f.get("outcome.not_reproduced", bool, required=False)),
+    )
+
+
+def _image(f: _Fields) -> ImageRef:
+    f.obj("image")
+    environment = f.obj("image.environment", required=False)
+    return ImageRef(
+        ref=f.text("image.ref"),
+        id=f.text("image.id"),
+        id_is=f.optional_text("image.id_is") or "config",  # receipts of stackproof 0.1 bind the config
+        repo_digests=tuple(f.text(f"image.repo_digests[{i}]") for i in range(len(f.walk("image.repo_digests") or ()))),
+        runtime=f.optional_text("image.runtime") or "docker",  # receipts before host runs: docker
+        environment=environment,
+    )
+
+
+def _host(f: _Fields) -> HostFingerprint:
+    host = f.obj("host")
+    key = f.get("host.key", str)
+    if not key:
+        raise f.fail("host.key", "empty, expected the host fingerprint")
+    try:
+        return HostFingerprint.parse(host or {})
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise f.fail("host", f"not a host fingerprint ({type(exc).__name__}: {exc})") from None
+
+
+def _runtime(f: _Fields) -> Runtime | None:
+    found = f.obj("runtime", required=False)
+    if not found:
+        return None
+    f.get("runtime.distributions", dict), f.get("runtime.gpus_seen_by_torch", list)
+    try:
+        return Runtime(**{**found, "gpus_seen_by_torch": tuple(found["gpus_seen_by_torch"])})
+    except (KeyError, TypeError) as exc:
+        raise f.fail("runtime", f"not the imports probe's runtime ({type(exc).__name__}: {exc})") from None
+
+
+def _autotune(f: _Fields) -> tuple[dict[str, Any], ...] | None:
+    """The winners tables, each {op, n, k, rows: [{m_bucket, runner, tactic}]} (the report draws them)."""
+    tables = f.get("autotune", list, required=False)
+    if not tables:
+        return None
+    for i, table in enumerate(tables):
+        if not isinstance(table, dict) or not {"op", "n", "k", "rows"} <= table.keys():
+            raise f.fail(f"autotune[{i}]", "expected {op, n, k, rows}")
+        for key in ("n", "k"):
+            if isinstance(table[key], bool) or not isinstance(table[key], int):
+                raise f.fail(f"autotune[{i}].{key}", f"{str(table[key])[:40]!r}, expected an integer")
+        for j, row in enumerate(table["rows"] if isinstance(table["rows"], list) else [None]):
+            if not isinstance(row, dict) or not isinstance(row.get("m_bucket"), int) or "runner" not in row:
+                raise f.fail(f"autotune[{i}].rows[{j}]", "expected {m_bucket: int, runner, tactic}")
+    return tuple(tables)
+
+
+def _parse_stage(f: _Fields, i: int) -> StageResult:
+    at = f"stages[{i}]"
+    if not isinstance(f.walk(at), dict) or not isinstance(f.walk(f"{at}.stage"), str):
+        raise f.fail(at, "not a stage object")
+    checks = []
+    for j in range(len(f.get(f"{at}.checks", list))):
+        where = f"{at}.checks[{j}]"
+        if not isinstance(f.walk(where), dict):
+            raise f.fail(where, "not a check object")
+        checks.append(CheckResult(name=f.text(f"{where}.name"), status=_status(f, f"{where}.status"),
+                                  message=str(f.get(f"{where}.message", str, required=False) or ""),
+                                  evidence=dict(f.obj(f"{where}.evidence", required=False) or {})))  # fmt: skip
+    artifacts = f.obj(f"{at}.artifacts", required=False) or {}
+    return StageResult(stage=f.text(f"{at}.stage"), status=_status(f, f"{at}.status"), checks=tuple(checks),
+                       seconds=f.get(f"{at}.seconds", float, required=False) or 0.0,
+                       artifacts={str(k): str(v) for k, v in artifacts.items()})  # fmt: skip
+
+
+def _status(f: _Fields, path: str) -> Status:
+    value = f.text(path)
+    try:
+        return Status(value)
+    except ValueError:
+        raise f.fail(path, f"{value!r}, not a status") from None
 
 
 def receipt_problems(receipt: dict[str, Any]) -> list[str]:

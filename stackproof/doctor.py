@@ -33,6 +33,7 @@ from pipeline.docker.client import Container, Docker, Mount
 from pipeline.errors import CheckFailed, InfraError, InputError
 from pipeline.host.geometry import HostFingerprint, differences, flatten_limits
 from pipeline.matrix.model import Cell, Matrix
+from pipeline.receipt import Receipt
 from pipeline.releases.pins import FI_CUBIN, FI_JIT, FI_PYTHON, Lookup, cell_stack
 from pipeline.repro import arch_of_gpu, cudnn_version_text
 from pipeline.result import CheckResult, Status
@@ -405,17 +406,17 @@ def match_receipts(directory: Path, fp: Fingerprint, cells: set[str]) -> list[di
     found = []
     for path in sorted(directory.rglob("receipt.json")):
         try:
-            receipt = json.loads(path.read_text())
-        except (OSError, ValueError, RecursionError):  # not a receipt this tool wrote: not a match
+            receipt = Receipt.read(path)
+        except InputError:  # not a receipt this tool reads: not a match
             continue
-        if isinstance(receipt, dict) and receipt.get("cell") in cells and receipt.get("status") == "PASS":
+        if receipt.cell in cells and receipt.status == "PASS":
             found.append(_receipt_row(receipt, fp, str(path)))
     return found
 
 
-def match_registry(fetch: Callable[[str], dict[str, Any]], fp: Fingerprint, cells: list[str]) -> list[dict[str, Any]]:
+def match_registry(fetch: Callable[[str], Receipt], fp: Fingerprint, cells: list[str]) -> list[dict[str, Any]]:
     """The verified receipt behind `CELL-verified` for each matching cell; `fetch(cell)` reads it
-    (pipeline/registry/publish.py `fetch_verified`) and raises `CheckFailed` when there is none."""
+    (pipeline/registry/pull.py `fetch_verified`) and raises `CheckFailed` when there is none."""
     found = []
     for cell in cells:
         try:
@@ -427,36 +428,40 @@ def match_registry(fetch: Callable[[str], dict[str, Any]], fp: Fingerprint, cell
     return found
 
 
-def registry_fetcher(registry: str, *, ca_bundle: str | None) -> tuple[Callable[[str], dict[str, Any]], Any]:
+def registry_fetcher(registry: str, *, ca_bundle: str | None) -> tuple[Callable[[str], Receipt], Any]:
     """`fetch(cell)` against `registry` (HOST[:PORT][/NAMESPACE]), and the client to close."""
     import os
 
+    from pipeline.registry.layout import REPOSITORY
     from pipeline.registry.oci import RegistryClient, find_credentials, split_registry
-    from pipeline.registry.publish import REPOSITORY, fetch_verified
+    from pipeline.registry.pull import fetch_verified
 
     host, namespace = split_registry(registry)
     repo = f"{namespace}/{REPOSITORY}" if namespace else REPOSITORY
     client = RegistryClient(host, credentials=find_credentials(host, env=dict(os.environ)), ca_bundle=ca_bundle)
     client.check()
 
-    def fetch(cell: str) -> dict[str, Any]:
+    def fetch(cell: str) -> Receipt:
         # doctor reads the receipt of the amd64/arm64 image of the host it describes
         platform = "linux/arm64" if os.uname().machine in ("aarch64", "arm64") else "linux/amd64"
-        return fetch_verified(client, repo, cell, platform=platform, here_key=None).candidate.receipt
+        receipt = fetch_verified(client, repo, cell, platform=platform, here_key=None).candidate.receipt
+        if receipt is None:  # never: a verified candidate parsed
+            raise CheckFailed(f"{cell}: the verified receipt did not parse")
+        return receipt
 
     return fetch, client
 
 
-def _receipt_row(receipt: dict[str, Any], fp: Fingerprint, where: str) -> dict[str, Any]:
-    verified = HostFingerprint.parse(receipt.get("host") or {})
+def _receipt_row(receipt: Receipt, fp: Fingerprint, where: str) -> dict[str, Any]:
+    verified = receipt.host
     here = fp.host()
     diffs = differences(verified, here)
     return {
-        "cell": receipt.get("cell"),
+        "cell": receipt.cell,
         "verified": True,
-        "arm": receipt.get("arm"),
-        "image": (receipt.get("image") or {}).get("ref"),
-        "image_id": (receipt.get("image") or {}).get("id"),
+        "arm": receipt.arm,
+        "image": receipt.image.ref,
+        "image_id": receipt.image.id,
         "where": where,
         "host": "same host geometry" if verified.key == here.key else "another host: " + "; ".join(diffs or ["key"]),
     }

@@ -88,20 +88,17 @@ def _refuse_host(matrix: Matrix, cell: Cell, receipt: Path | None) -> None:
         raise InputError(f"{matrix.file}:{cell.line}: cells[{cell.id}] runs on the host runtime: {NO_IMAGE}")
     if receipt is None:
         return
-    from pipeline.guard.jsonfile import read_json
+    from pipeline.receipt import Receipt
 
-    document = read_json(receipt, "receipt (--receipt)")
-    image = document.get("image") if isinstance(document, dict) else None
-    if isinstance(image, dict) and image.get("runtime") == "host":
-        raise InputError(
-            f"--receipt {receipt}: image.runtime: a receipt of a host run ({image.get('ref')}): {NO_IMAGE}"
-        )
+    image = Receipt.read(receipt).image  # the one receipt model: no receipt is read by key
+    if image.on_host:
+        raise InputError(f"--receipt {receipt}: image.runtime: a receipt of a host run ({image.ref}): {NO_IMAGE}")
 
 
 def _pull(args: argparse.Namespace) -> int:
     from pipeline.docker.client import Docker
     from pipeline.registry.attest import parse_identity
-    from pipeline.registry.publish import pull
+    from pipeline.registry.pull import pull
     from stackproof.cli.common import emit as _emit
 
     credentials = _credentials(args, args.registry)

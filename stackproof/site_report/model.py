@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.errors import InputError
+from pipeline.host.geometry import HostFingerprint
 from pipeline.matrix.model import STAGES
-from pipeline.receipt import RECEIPT_KIND, RECEIPT_SCHEMA_VERSION, receipt_problems
+from pipeline.receipt import Receipt, receipt_problems
 
 __all__ = [
     "ORIGIN_BENCHMARK",
@@ -31,11 +32,12 @@ __all__ = [
     "Compare",
     "Host",
     "LoadRaw",
-    "Receipt",
+    "Shown",
     "Site",
     "Square",
     "build_site",
     "parse_receipt",
+    "show",
 ]
 
 TRIO = ("vllm", "flashinfer-python", "flashinfer-cubin", "flashinfer-jit-cache")
@@ -85,35 +87,99 @@ class Host:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Receipt:
-    """What the site shows of one receipt; `document` is the receipt itself, linked as it was."""
+class Shown:
+    """One receipt as the site shows it: the typed receipt (`receipt`, pipeline.receipt.Receipt,
+    the one model every reader goes through) and what the site adds: where it came from, the
+    status the site believes, its host's column, and the file as it was (`document`, linked)."""
 
+    receipt: Receipt
     id: str  # the first 12 hex digits of the receipt's sha256: stable page and file names
     source: str  # the file or registry reference it was read from
     origin: str  # one of the ORIGIN_* labels, shown beside every number taken from it
-    cell: str
-    arm: str | None
     status: str  # PASS | FAIL | INCONCLUSIVE | NOT_REPRODUCED | EXPECTED_FAIL (a known-bad cell that failed)
     status_reason: str
-    expected_failure: str | None
-    image_ref: str
-    image_id: str
-    runtime: str  # where its servers ran: "docker" (an image's containers) or "host" (a host environment)
     host: Host
-    started_at: str
-    seconds: float
-    versions: Mapping[str, str]
-    stages: tuple[tuple[str, str, float], ...]  # (stage, status, seconds)
-    overrides: Mapping[str, Mapping[str, Any]]  # name -> {pinned, installed, index}
-    intentional_overrides: tuple[Any, ...]
-    determinism: tuple[tuple[str, str, str], ...]  # (check, status, message)
-    load: Mapping[str, Any] | None
-    autotune: tuple[Mapping[str, Any], ...]  # winners tables: {op, n, k, rows: [{m_bucket, runner, tactic}]}
-    events: tuple[Mapping[str, Any], ...]  # the load's watchdog events (stall verdicts)
-    artifacts: Mapping[str, Mapping[str, str]]  # stage -> name -> path on the verifying host
     document: Mapping[str, Any]
     raw: LoadRaw | None = None  # None: only the receipt is at hand (no run directory)
     files: Mapping[str, bytes] = field(default_factory=dict)  # server_log, junit, summary when present
+
+    @property
+    def cell(self) -> str:
+        return self.receipt.cell
+
+    @property
+    def arm(self) -> str | None:
+        return self.receipt.arm
+
+    @property
+    def expected_failure(self) -> str | None:
+        found = self.receipt.outcome.expected_failure
+        return str(found) if found else None
+
+    @property
+    def image_ref(self) -> str:
+        return self.receipt.image.ref
+
+    @property
+    def image_id(self) -> str:
+        return self.receipt.image.id
+
+    @property
+    def runtime(self) -> str:  # where its servers ran: "docker" (an image's containers) or "host"
+        return self.receipt.image.runtime
+
+    @property
+    def started_at(self) -> str:
+        return self.receipt.started_at
+
+    @property
+    def seconds(self) -> float:
+        return self.receipt.seconds
+
+    @property
+    def versions(self) -> Mapping[str, str]:
+        found = self.receipt.runtime.distributions if self.receipt.runtime else {}
+        return {str(k): str(v) for k, v in found.items()}
+
+    @property
+    def stages(self) -> tuple[tuple[str, str, float], ...]:  # (stage, status, seconds)
+        return tuple((s.stage, str(s.status), s.seconds) for s in self.receipt.stages)
+
+    @property
+    def overrides(self) -> Mapping[str, Mapping[str, Any]]:  # name -> {pinned, installed, index}
+        found = _evidence(self.receipt, "imports", "overrides")
+        return {str(k): v for k, v in found.items() if isinstance(v, dict)}
+
+    @property
+    def intentional_overrides(self) -> tuple[Any, ...]:
+        return tuple(_evidence(self.receipt, "imports", "requirements").get("intentional_overrides") or ())
+
+    @property
+    def determinism(self) -> tuple[tuple[str, str, str], ...]:  # (check, status, message)
+        return tuple(
+            (c.name, str(c.status), c.message)
+            for s in self.receipt.stages
+            if s.stage == "load"
+            for c in s.checks
+            if c.name.startswith("determinism")
+        )
+
+    @property
+    def load(self) -> Mapping[str, Any] | None:
+        return self.receipt.load
+
+    @property
+    def autotune(self) -> tuple[Mapping[str, Any], ...]:  # {op, n, k, rows: [{m_bucket, runner, tactic}]}
+        return self.receipt.autotune or ()
+
+    @property
+    def events(self) -> tuple[Mapping[str, Any], ...]:  # the load's watchdog events (stall verdicts)
+        found = (self.receipt.load or {}).get("events") or ()
+        return tuple(e for e in found if isinstance(e, dict))
+
+    @property
+    def artifacts(self) -> Mapping[str, Mapping[str, str]]:  # stage -> name -> path on the verifying host
+        return {s.stage: dict(s.artifacts) for s in self.receipt.stages}
 
     @property
     def date(self) -> str:
@@ -135,6 +201,11 @@ class Receipt:
         return _finite(_dig(self.load, "throughput", "output_tok_s"))
 
 
+def _evidence(receipt: Receipt, stage: str, check: str) -> dict[str, Any]:
+    found = next((c.evidence for s in receipt.stages if s.stage == stage for c in s.checks if c.name == check), {})
+    return dict(found)
+
+
 def _dig(value: Any, *path: str) -> Any:
     """`value[a][b]...`, None where a level is missing or not an object (a hostile receipt's shapes)."""
     for part in path:
@@ -153,7 +224,7 @@ def _finite(value: Any) -> float | None:
 class Square:
     cell: str
     host: Host
-    receipt: Receipt | None  # None: not verified on this host
+    receipt: Shown | None  # None: not verified on this host
     others: int  # further receipts of this cell on this host (other arms, older dates)
 
 
@@ -161,8 +232,8 @@ class Square:
 class Compare:
     id: str
     cell: str
-    a: Receipt
-    b: Receipt
+    a: Shown
+    b: Shown
     why: str  # "two hosts", "two dates", "two arms"
 
 
@@ -172,8 +243,8 @@ class Site:
     cell_arch: Mapping[str, str]  # the cell's arch when known (the matrix, else its receipts' hosts)
     hosts: tuple[Host, ...]
     squares: Mapping[tuple[str, str], Square]  # (cell, host key)
-    receipts: tuple[Receipt, ...]
-    by_cell: Mapping[str, tuple[Receipt, ...]]  # newest first
+    receipts: tuple[Shown, ...]
+    by_cell: Mapping[str, tuple[Shown, ...]]  # newest first
     compares: Mapping[str, tuple[Compare, ...]]  # cell -> compare pages
 
     def square(self, cell: str, host: Host) -> Square:
@@ -190,97 +261,56 @@ def parse_receipt(
     origin: str,
     raw: LoadRaw | None = None,
     files: Mapping[str, bytes] | None = None,
-) -> Receipt:
-    """A receipt's JSON -> Receipt, or InputError naming the source and the path of the field that
-    is wrong: every field the site reads is read through `_Getter`, typed, never as a bare dict."""
-    if not isinstance(document, dict):
-        raise InputError(f"{source}: not a receipt (a JSON {type(document).__name__}, not an object)")
-    if document.get("kind") != RECEIPT_KIND:
-        raise InputError(f"{source}: kind: {document.get('kind')!r}, not {RECEIPT_KIND!r}")
-    if document.get("schema_version") != RECEIPT_SCHEMA_VERSION:
-        version = document.get("schema_version")
-        raise InputError(f"{source}: schema_version: {version!r}; this report reads {RECEIPT_SCHEMA_VERSION}")
-    get = _Getter(document, source)
-    status = get.text("status")
-    if status not in STATUSES[:4]:
-        raise InputError(f"{source}: status: {status!r}, not one of {', '.join(STATUSES[:4])}")
-    get.optional("outcome", dict), get.optional("runtime", dict)  # objects when present: named if not
-    expected = get.optional("outcome.expected_failure", str)
-    stages = get.items("stages")
-    for i, stage in enumerate(stages):
-        if not isinstance(stage, dict) or not isinstance(stage.get("stage"), str):
-            raise InputError(f"{source}: stages[{i}]: not a stage object")
-    checks: dict[tuple[str, Any], dict[str, Any]] = {}
-    for i, stage in enumerate(stages):
-        for j, check in enumerate(get.optional(f"stages[{i}].checks", list) or ()):
-            if isinstance(check, dict):
-                checks[(stage["stage"], check.get("name"))] = check
-            else:
-                raise InputError(f"{source}: stages[{i}].checks[{j}]: not a check object")
-    overrides = _sub(checks.get(("imports", "overrides")), "evidence", source, "stages[imports].checks[overrides]")
-    requirements = _sub(checks.get(("imports", "requirements")), "evidence", source, "stages[imports].checks")
-    intentional = requirements.get("intentional_overrides") or ()
+) -> Shown:
+    """A receipt's JSON -> Shown, through the one receipt model (`Receipt.parse`: InputError naming
+    the source and the path of the field that is wrong)."""
+    return show(Receipt.parse(document, source=source), document, source=source, origin=origin, raw=raw, files=files)
+
+
+def show(
+    receipt: Receipt,
+    document: Mapping[str, Any],
+    *,
+    source: str,
+    origin: str,
+    raw: LoadRaw | None = None,
+    files: Mapping[str, bytes] | None = None,
+) -> Shown:
+    """The typed `receipt` (read from `document`, linked as it was) as the site shows it."""
+    intentional = _evidence(receipt, "imports", "requirements").get("intentional_overrides") or ()
     if not isinstance(intentional, list | tuple):
         raise InputError(f"{source}: imports requirements evidence.intentional_overrides: expected a list")
-    load = get.optional("load", dict)
-    events = _at(load or {}, "events", list, source, "load.events") or ()
-    image = get.obj("image")
-    cell = get.text("cell")
-    believed, reason = believed_status(document, status, cell, source)
-    if status == "FAIL" and expected:
+    events = (receipt.load or {}).get("events")
+    if events is not None and not isinstance(events, list):
+        raise InputError(f"{source}: load.events: a {type(events).__name__}, expected a list")
+    believed, reason = believed_status(receipt, document)
+    if receipt.status == "FAIL" and receipt.outcome.expected_failure:
         believed = "EXPECTED_FAIL"  # a known-bad cell whose failure was seen: the check works
-    return Receipt(
+    return Shown(
+        receipt=receipt,
         id=receipt_id(document),
         source=source,
         origin=origin,
-        cell=cell,
-        arm=get.optional("arm", str),
         status=believed,
-        status_reason=reason or str(get.optional("status_reason", str) or ""),
-        expected_failure=str(expected) if expected else None,
-        image_ref=str(_at(image, "ref", str, source, "image.ref") or ""),
-        image_id=str(_at(image, "id", str, source, "image.id") or ""),
-        runtime=str(_at(image, "runtime", str, source, "image.runtime") or "docker"),  # older receipts: docker
-        host=_host(get.obj("host"), source),
-        started_at=get.text("started_at"),
-        seconds=get.number("seconds"),
-        versions={str(k): str(v) for k, v in (get.optional("runtime.distributions", dict) or {}).items()},
-        stages=tuple(
-            (s["stage"], str(s.get("status")), get.number(f"stages[{i}].seconds")) for i, s in enumerate(stages)
-        ),
-        overrides={str(k): v for k, v in overrides.items() if isinstance(v, dict)},
-        intentional_overrides=tuple(intentional),
-        determinism=tuple(
-            (str(name), str(c.get("status")), str(c.get("message") or ""))
-            for (stage, name), c in checks.items()
-            if stage == "load" and str(name).startswith("determinism")
-        ),
-        load=load,
-        autotune=_autotune(document.get("autotune"), source),
-        events=tuple(e for e in events if isinstance(e, dict)),
-        artifacts={
-            s["stage"]: {str(k): str(v) for k, v in (get.optional(f"stages[{i}].artifacts", dict) or {}).items()}
-            for i, s in enumerate(stages)
-        },
+        status_reason=reason or receipt.status_reason,
+        host=_host(receipt.host),
         document=document,
         raw=raw,
         files=dict(files or {}),
     )
 
 
-def believed_status(document: Mapping[str, Any], status: str, cell: str, source: str) -> tuple[str, str | None]:
+def believed_status(receipt: Receipt, document: Mapping[str, Any]) -> tuple[str, str | None]:
     """The status the site may show, and why it differs from the receipt's own (None: it does not).
 
     A receipt is data anyone can edit: a PASS is shown only when its stages give that PASS by the
     receipt rules (every stage ran, none failed: `pipeline.receipt.receipt_problems`) and the image
     it names is the cell's (`stackproof/CELL:TAG`, a sha256 image id). Anything else that claims PASS
     is shown INCONCLUSIVE, with the reason."""
-    if status != "PASS":
-        return status, None
+    if receipt.status != "PASS":
+        return receipt.status, None
     problems = receipt_problems(dict(document))
-    found = document.get("image")
-    image: Mapping[str, Any] = found if isinstance(found, dict) else {}
-    ref, image_id = str(image.get("ref") or ""), str(image.get("id") or "")
+    ref, image_id, cell = receipt.image.ref, receipt.image.id, receipt.cell
     repository = ref.rsplit("@", 1)[0].rsplit(":", 1)[0] if ":" in ref.rsplit("/", 1)[-1] else ref.rsplit("@", 1)[0]
     if repository.startswith("stackproof/") and repository != f"stackproof/{cell}":
         problems.append(f"it names the image {ref}, not one of cell {cell}")
@@ -288,32 +318,10 @@ def believed_status(document: Mapping[str, Any], status: str, cell: str, source:
         problems.append(f"its image id {image_id[:80]!r} is not a sha256 digest")
     if problems:
         return "INCONCLUSIVE", "claims PASS, but " + "; ".join(problems)
-    return status, None
+    return receipt.status, None
 
 
 _IMAGE_ID = re.compile(r"sha256:[0-9a-f]{64}")
-
-
-def _sub(value: Any, key: str, source: str, where: str) -> dict[str, Any]:
-    found = (value or {}).get(key) if isinstance(value, dict) else None
-    if found is None:
-        return {}
-    if not isinstance(found, dict):
-        raise InputError(f"{source}: {where}.{key}: a {type(found).__name__}, expected an object")
-    return found
-
-
-def _at(mapping: Mapping[str, Any], key: str, kind: type | tuple[type, ...], source: str, where: str) -> Any:
-    value = mapping.get(key)
-    if value is not None and not isinstance(value, kind):
-        raise InputError(f"{source}: {where}: a {type(value).__name__}, expected {_kind_name(kind)}")
-    return value
-
-
-def _kind_name(kind: type | tuple[type, ...]) -> str:
-    names = {str: "a string", dict: "an object", list: "a list", int: "a number", float: "a number"}
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    return " or ".join(dict.fromkeys(names.get(k, k.__name__) for k in kinds))
 
 
 def receipt_id(document: Mapping[str, Any]) -> str:
@@ -321,89 +329,15 @@ def receipt_id(document: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()[:12]
 
 
-class _Getter:
-    """Fields by path (`outcome.expected_failure`, `stages[2].seconds`), each missing or mistyped
-    required one, and each mistyped optional one, named by its path in the receipt."""
-
-    def __init__(self, document: Mapping[str, Any], source: str) -> None:
-        self.document, self.source = document, source
-
-    def _walk(self, path: str) -> Any:
-        value: Any = self.document
-        for part in re.findall(r"[^.\[\]]+", path):
-            if isinstance(value, dict):
-                value = value.get(part)
-            elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
-                value = value[int(part)]
-            else:
-                return None
-        return value
-
-    def _get(self, key: str, kind: type, name: str) -> Any:
-        value = self._walk(key)
-        if not isinstance(value, kind) or isinstance(value, bool) is not (kind is bool):
-            found = "missing" if value is None else f"a {type(value).__name__}"
-            raise InputError(f"{self.source}: {key}: {found}, expected {name}")
-        return value
-
-    def optional(self, key: str, kind: type) -> Any:
-        value = self._walk(key)
-        if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
-            raise InputError(f"{self.source}: {key}: a {type(value).__name__}, expected {_kind_name(kind)}")
-        return value
-
-    def number(self, key: str) -> float:
-        """An optional finite number, 0 when absent."""
-        value = self._walk(key)
-        if value is None:
-            return 0.0
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            raise InputError(f"{self.source}: {key}: {str(value)[:40]!r}, expected a finite number")
-        return float(value)
-
-    def text(self, key: str) -> str:
-        return str(self._get(key, str, "a string"))
-
-    def obj(self, key: str) -> dict[str, Any]:
-        value: dict[str, Any] = self._get(key, dict, "an object")
-        return value
-
-    def items(self, key: str) -> list[Any]:
-        value: list[Any] = self._get(key, list, "a list")
-        return value
-
-
-def _autotune(tables: Any, source: str) -> tuple[Mapping[str, Any], ...]:
-    if tables is None:
-        return ()
-    if not isinstance(tables, list):
-        raise InputError(f"{source}: autotune: a {type(tables).__name__}, expected a list of winners tables")
-    for i, table in enumerate(tables):
-        where = f"{source}: autotune[{i}]"
-        if not isinstance(table, dict) or not {"op", "n", "k", "rows"} <= table.keys():
-            raise InputError(f"{where}: expected {{op, n, k, rows}}")
-        for key in ("n", "k"):
-            if isinstance(table[key], bool) or not isinstance(table[key], int):
-                raise InputError(f"{where}.{key}: {str(table[key])[:40]!r}, expected an integer")
-        for j, row in enumerate(table["rows"] if isinstance(table["rows"], list) else [None]):
-            if not isinstance(row, dict) or not isinstance(row.get("m_bucket"), int) or "runner" not in row:
-                raise InputError(f"{where}.rows[{j}]: expected {{m_bucket: int, runner, tactic}}")
-    return tuple(tables)
-
-
-def _host(host: Mapping[str, Any], source: str) -> Host:
-    key = host.get("key")
-    if not isinstance(key, str) or not key:
-        raise InputError(f"{source}: host.key: missing, expected the host fingerprint")
-    gpus = [g for g in host.get("gpus") or () if isinstance(g, dict)]
-    caps = sorted({str(g.get("compute_capability", "")) for g in gpus} - {""})
+def _host(host: HostFingerprint) -> Host:
+    caps = sorted({str(g.get("compute_capability", "")) for g in host.gpus} - {""})
     arch = ",".join("sm" + c.replace(".", "") for c in caps) if caps else "cpu"
     return Host(
-        key=key,
-        summary=str(host.get("summary") or key),
+        key=host.key,
+        summary=host.describe(),
         arch=arch,
-        gpus=tuple(str(g.get("name", "?")) for g in gpus),
-        driver=str(host.get("driver") or "none"),
+        gpus=tuple(str(g.get("name", "?")) for g in host.gpus),
+        driver=host.driver or "none",
     )
 
 
@@ -439,7 +373,7 @@ def load_raw(requests: Iterable[Mapping[str, Any]], scrapes: Iterable[Mapping[st
 
 
 def build_site(
-    receipts: Sequence[Receipt], *, cells: Sequence[str] = (), cell_arch: Mapping[str, str] | None = None
+    receipts: Sequence[Shown], *, cells: Sequence[str] = (), cell_arch: Mapping[str, str] | None = None
 ) -> Site:
     """Cells x hosts. `cells` adds rows with no receipt (shown "not verified") and, when given, is the
     row order; receipts of other cells still get rows after them (a receipt is never hidden)."""
@@ -476,22 +410,22 @@ def _arch_order(arch: str) -> tuple[int, str]:
     return (int(digits) if digits else 0, arch)
 
 
-def prefer(receipts: Sequence[Receipt]) -> list[Receipt]:
+def prefer(receipts: Sequence[Shown]) -> list[Shown]:
     """Full verifications first, each group newest first: a later `--stages imports` check of the same
     image proves less than the full run before it, and must not hide that run's square."""
     return sorted(receipts, key=lambda r: (r.complete, r.started_at, r.id), reverse=True)
 
 
-def compares_of(cell: str, receipts: Sequence[Receipt]) -> tuple[Compare, ...]:
+def compares_of(cell: str, receipts: Sequence[Shown]) -> tuple[Compare, ...]:
     """Each receipt against the previous one of its host and arm (two dates), and the newest of each
     (host, arm) against the newest of all (two hosts, two arms): linear in the receipts, never all
     pairs (150 hosts gave 11,175 pages as pairs; a reader compares against the reference)."""
-    newest: dict[tuple[str, str | None], Receipt] = {}
+    newest: dict[tuple[str, str | None], Shown] = {}
     pairs: dict[tuple[str, str], Compare] = {}
     for receipt in receipts:  # newest first
         newest.setdefault((receipt.host.key, receipt.arm), receipt)
     # two dates: consecutive receipts of one (host, arm)
-    series: dict[tuple[str, str | None], list[Receipt]] = {}
+    series: dict[tuple[str, str | None], list[Shown]] = {}
     for receipt in receipts:
         series.setdefault((receipt.host.key, receipt.arm), []).append(receipt)
     for runs in series.values():
@@ -509,7 +443,7 @@ def compares_of(cell: str, receipts: Sequence[Receipt]) -> tuple[Compare, ...]:
     return tuple(pairs.values())
 
 
-def _compare(cell: str, a: Receipt, b: Receipt, why: str) -> Compare:
+def _compare(cell: str, a: Shown, b: Shown, why: str) -> Compare:
     return Compare(id=f"{a.id}-vs-{b.id}", cell=cell, a=a, b=b, why=why)
 
 
@@ -527,11 +461,11 @@ NUMBERS = (
 )
 
 
-def number(receipt: Receipt, path: Sequence[str]) -> float | None:
+def number(receipt: Shown, path: Sequence[str]) -> float | None:
     return _finite(_dig(receipt.load, *path))
 
 
-def pin_rows(a: Receipt, b: Receipt) -> list[tuple[str, str, str, bool]]:
+def pin_rows(a: Shown, b: Shown) -> list[tuple[str, str, str, bool]]:
     """(what, a, b, changed) for the image, host and every distribution either receipt names."""
     rows = [
         ("image id", a.image_id, b.image_id),
@@ -543,7 +477,7 @@ def pin_rows(a: Receipt, b: Receipt) -> list[tuple[str, str, str, bool]]:
     return [(what, x, y, x != y) for what, x, y in rows]
 
 
-def winner_map(receipt: Receipt) -> dict[tuple[str, int, int, int], str]:
+def winner_map(receipt: Shown) -> dict[tuple[str, int, int, int], str]:
     """(op, N, K, M bucket) -> runner."""
     out: dict[tuple[str, int, int, int], str] = {}
     for table in receipt.autotune:
@@ -559,7 +493,7 @@ def winner_map(receipt: Receipt) -> dict[tuple[str, int, int, int], str]:
     return out
 
 
-def winner_changes(a: Receipt, b: Receipt) -> list[tuple[str, int, int, int, str, str]]:
+def winner_changes(a: Shown, b: Shown) -> list[tuple[str, int, int, int, str, str]]:
     wa, wb = winner_map(a), winner_map(b)
     return [
         (*key, wa.get(key, "-"), wb.get(key, "-"))

@@ -24,7 +24,7 @@ from stackproof.site_report.model import (
     TRIO,
     VERSIONED,
     Compare,
-    Receipt,
+    Shown,
     Site,
     number,
     pin_rows,
@@ -150,10 +150,9 @@ def _delta(pair: tuple[float | None, float | None]) -> str:
     return f"{(b - a) / a * 100:+.1f}%"
 
 
-def _receipt_files(receipt: Receipt, out: dict[str, bytes]) -> Links:
+def _receipt_files(receipt: Shown, out: dict[str, bytes]) -> Links:
     """The receipt as it was, and what the run left beside it; JUnit and the summary are rendered from
     the receipt when the run directory is not at hand (they are pure functions of it)."""
-    from pipeline.receipt import Receipt as ReceiptDocument
     from pipeline.receipt import render_junit, render_markdown
 
     base = f"receipts/{receipt.id}"
@@ -164,7 +163,7 @@ def _receipt_files(receipt: Receipt, out: dict[str, bytes]) -> Links:
         data = receipt.files.get(name)
         if data is None:
             try:
-                data = renderer(ReceiptDocument.parse(dict(receipt.document))).encode()
+                data = renderer(receipt.receipt).encode()
             except (KeyError, TypeError, AttributeError, ValueError):
                 data = None  # a receipt of another writer may lack a field the renderer needs
         if data is not None:
@@ -225,15 +224,15 @@ def index_document(site: Site, links: Mapping[str, Links], generated_at: str) ->
     }
 
 
-def _heads(receipts: tuple[Receipt, ...]) -> list[Receipt]:
+def _heads(receipts: tuple[Shown, ...]) -> list[Shown]:
     """The newest receipt of each (host, arm): the columns of "arms side by side"."""
-    seen: dict[tuple[str, str | None], Receipt] = {}
+    seen: dict[tuple[str, str | None], Shown] = {}
     for receipt in prefer(receipts):
         seen.setdefault((receipt.host.key, receipt.arm), receipt)
     return sorted(seen.values(), key=lambda r: (r.host.summary, r.arm or ""))
 
 
-def _cell_plots(cell: str, receipts: tuple[Receipt, ...]) -> dict[str, Any]:
+def _cell_plots(cell: str, receipts: tuple[Shown, ...]) -> dict[str, Any]:
     heads = _heads(receipts)
     out: dict[str, Any] = {"latency": {}, "timeline": {}, "heatmap": {}, "arms": None}
     for r in heads:
@@ -256,7 +255,7 @@ def _cell_plots(cell: str, receipts: tuple[Receipt, ...]) -> dict[str, Any]:
     return out
 
 
-def _gpus(receipt: Receipt) -> str:
+def _gpus(receipt: Shown) -> str:
     names = receipt.host.gpus
     if not names:
         return "no GPU"

@@ -17,13 +17,15 @@ from typing import Any
 
 from pipeline.errors import InputError
 from pipeline.guard.boundedio import iter_lines, open_input, read_bytes
+from pipeline.receipt import Receipt
 from stackproof.site_report.model import (
     ORIGIN_REGISTRY,
     ORIGIN_RUN_DIR,
     LoadRaw,
-    Receipt,
+    Shown,
     load_raw,
     parse_receipt,
+    show,
 )
 
 __all__ = ["Fixtures", "read_fixtures", "receipts_from_dirs", "receipts_from_registry"]
@@ -35,7 +37,7 @@ COPY_LIMIT_BYTES = 8 * 2**20
 RECEIPT_LIMIT_BYTES = 64 * 2**20
 
 
-def receipts_from_dirs(roots: Sequence[Path], origin: str = ORIGIN_RUN_DIR) -> list[Receipt]:
+def receipts_from_dirs(roots: Sequence[Path], origin: str = ORIGIN_RUN_DIR) -> list[Shown]:
     """Every receipt.json under each root (a run directory, a cell's, or a whole --out tree)."""
     receipts = []
     for root in roots:
@@ -48,10 +50,11 @@ def receipts_from_dirs(roots: Sequence[Path], origin: str = ORIGIN_RUN_DIR) -> l
     return receipts
 
 
-def _read_run(path: Path, origin: str) -> Receipt:
+def _read_run(path: Path, origin: str) -> Shown:
     document = _read_json(path)
+    receipt = Receipt.parse(document, source=str(path))
     run_dir = path.parent
-    artifacts = _artifacts(document)
+    artifacts = {(s.stage, name): where for s in receipt.stages for name, where in s.artifacts.items()}
     raw = _raw(artifacts, run_dir, path)
     files: dict[str, bytes] = {}
     for name in ("junit.xml", "summary.md"):
@@ -61,7 +64,7 @@ def _read_run(path: Path, origin: str) -> Receipt:
     log = _local(artifacts.get(("load", "server_log")) or artifacts.get(("startup", "server_log")), run_dir)
     if log is not None:
         files["server.log"] = _tail(log)
-    return parse_receipt(document, source=str(path), origin=origin, raw=raw, files=files)
+    return show(receipt, document, source=str(path), origin=origin, raw=raw, files=files)
 
 
 def _read_json(path: Path) -> Any:
@@ -74,15 +77,6 @@ def _read_json(path: Path) -> Any:
         raise InputError(f"{path}:{exc.lineno}:{exc.colno}: not JSON: {exc.msg}") from exc
     except RecursionError:
         raise InputError(f"{path}: nested too deeply to be a receipt") from None
-
-
-def _artifacts(document: Any) -> dict[tuple[str, str], str]:
-    out: dict[tuple[str, str], str] = {}
-    stages = document.get("stages") if isinstance(document, dict) else None
-    for stage in stages if isinstance(stages, list) else ():
-        if isinstance(stage, dict) and isinstance(stage.get("artifacts"), dict):
-            out.update({(str(stage.get("stage")), str(k)): str(v) for k, v in stage["artifacts"].items()})
-    return out
 
 
 def _local(artifact: str | None, run_dir: Path) -> Path | None:
@@ -156,7 +150,7 @@ def _tail(path: Path) -> bytes:
 # -- a registry ----------------------------------------------------------------------------------------
 
 
-def receipts_from_registry(registry: str, *, ca_bundle: str | None = None, credentials: Any = None) -> list[Receipt]:
+def receipts_from_registry(registry: str, *, ca_bundle: str | None = None, credentials: Any = None) -> list[Shown]:
     """Every receipt attached in the registry's stackproof repository.
 
     A thin adapter over pipeline.registry.oci / pipeline.registry.publish (`_repo`, `RECEIPT_MEDIA_TYPE`,

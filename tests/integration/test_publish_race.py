@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import json
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from pipeline.receipt import Receipt
 from pipeline.registry.oci import OCI_INDEX, OCI_MANIFEST, RegistryClient
 from pipeline.registry.publish import RECEIPT_MEDIA_TYPE, _attach_receipt, referrers_tag
 from tests.integration.registries import start_registry
+from tests.unit.test_registry import _receipt
 
 pytestmark = pytest.mark.integration
 REPO = "stackproof"
@@ -47,19 +50,17 @@ def test_two_concurrent_publishes_keep_both_receipts(tmp_path: Path, round_: int
     with start_registry("anonymous", tmp_path / "registry", password="") as registry:
         with RegistryClient(registry.address) as client:
             subject = _subject(client)
-        receipts = [
-            {"kind": "stackproof.receipt", "status": "PASS", "cell": "c", "host": {"key": key, "summary": key}}
-            for key in ("host-a", "host-b")
-        ]
+        base = Receipt.parse(_receipt())  # two hosts' receipts of one image: one per GPU runner
+        receipts = [replace(base, host=replace(base.host, driver=driver)) for driver in ("host-a", "host-b")]
         start = threading.Barrier(2)
         results: dict[str, str] = {}
         errors: list[BaseException] = []
 
-        def publish(receipt: dict[str, object]) -> None:
+        def publish(receipt: Receipt) -> None:
             try:
                 with RegistryClient(registry.address) as own:
                     start.wait(timeout=10)
-                    results[str(receipt["host"])] = _attach_receipt(own, REPO, subject, receipt, None)[0]  # type: ignore[arg-type]
+                    results[receipt.host.key] = _attach_receipt(own, REPO, subject, receipt, None)[0]
             except BaseException as exc:  # reported below, on the test's thread
                 errors.append(exc)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -92,8 +93,24 @@ def test_a_receipt_or_the_greedy_file_itself_names_the_samples(tmp_path: Path) -
     run = _run_dir(tmp_path, "run", REFERENCE)
     greedy = run / "load" / "greedy.json"
     receipt = run / "receipt.json"
-    receipt.write_text(json.dumps({"stages": [{"stage": "load", "artifacts": {"greedy": str(greedy)}}]}))
+    receipt.write_text(json.dumps(_receipt_naming(greedy)))
     assert find_greedy(receipt) == greedy == find_greedy(greedy) == find_greedy(run) == find_greedy(run / "load")
+    elsewhere = tmp_path / "copied" / "greedy.json"  # the receipt's load artifact, not the file beside it
+    elsewhere.parent.mkdir()
+    elsewhere.write_text(greedy.read_text())
+    receipt.write_text(json.dumps(_receipt_naming(elsewhere)))
+    assert find_greedy(receipt) == elsewhere
+
+
+def _receipt_naming(greedy: Path) -> dict[str, Any]:
+    """A receipt as `stackproof run` writes it, whose load stage names `greedy` as its artifact."""
+    from tests.unit.test_registry import _receipt
+
+    document = _receipt()
+    for stage in document["stages"]:
+        if stage["stage"] == "load":
+            stage["artifacts"] = {"greedy": str(greedy)}
+    return document
 
 
 @pytest.mark.parametrize(

@@ -24,6 +24,7 @@ from pipeline.docker.client import Container, run_argv
 from pipeline.errors import CheckFailed
 from pipeline.matrix.model import Matrix
 from pipeline.matrix.read import load_matrix
+from pipeline.receipt import Receipt
 from pipeline.releases.pins import ReleaseLookup
 from pipeline.result import Status
 from stackproof.cli import main
@@ -263,6 +264,14 @@ def test_host_expectations_written_by_repro_are_checked(tmp_path: Path, images_d
     assert not [line for line in match.stack if line.startswith(("torch", "flashinfer", "nvidia-cudnn", "triton"))]
 
 
+def _receipt_of(cell: str, status: str, host: dict[str, Any]) -> dict[str, Any]:
+    """A receipt as `stackproof run` writes it, for `cell` on `host`, claiming `status`."""
+    from tests.unit.test_registry import _receipt
+
+    image = {"ref": f"stackproof/{cell}:0123", "id": "sha256:ab", "id_is": "config", "repo_digests": []}
+    return _receipt() | {"cell": cell, "status": status, "image": image, "host": host}
+
+
 def test_receipts_of_matching_cells_only(tmp_path: Path) -> None:
     fp = Fingerprint.parse(cpu_doctor())
     here = fp.host().to_json()
@@ -270,8 +279,7 @@ def test_receipts_of_matching_cells_only(tmp_path: Path) -> None:
     def receipt(folder: str, cell: str, status: str, host: dict[str, Any]) -> None:
         path = tmp_path / folder / "receipt.json"
         path.parent.mkdir(parents=True)
-        image = {"ref": f"stackproof/{cell}:0123", "id": "sha256:ab"}
-        path.write_text(json.dumps({"cell": cell, "arm": None, "status": status, "image": image, "host": host}))
+        path.write_text(json.dumps(_receipt_of(cell, status, host)))
 
     receipt("a", "fi-0.6.13-matched", "PASS", here)
     receipt("b", "fi-0.6.13-matched", "FAIL", here)
@@ -280,6 +288,9 @@ def test_receipts_of_matching_cells_only(tmp_path: Path) -> None:
     receipt("d", "fi-0.6.13-matched", "PASS", {**gpu_host, "driver": "580.159.04"})
     (tmp_path / "e").mkdir()
     (tmp_path / "e" / "receipt.json").write_text("{not json")
+    (tmp_path / "f").mkdir()  # PASS by key, but not a receipt the model reads: never a match
+    partial = {"cell": "fi-0.6.13-matched", "status": "PASS", "image": {"ref": "r", "id": "sha256:ab"}, "host": here}
+    (tmp_path / "f" / "receipt.json").write_text(json.dumps(partial))
     found = match_receipts(tmp_path, fp, {"fi-0.6.13-matched"})
     assert [(r["where"].split("/")[-2], r["host"]) for r in found] == [
         ("a", "same host geometry"),
@@ -290,10 +301,12 @@ def test_receipts_of_matching_cells_only(tmp_path: Path) -> None:
 def test_registry_receipts_say_which_cells_were_never_verified() -> None:
     fp = Fingerprint.parse(h200())
 
-    def fetch(cell: str) -> dict[str, Any]:
+    def fetch(cell: str) -> Receipt:
         if cell == "published":
-            return {"cell": cell, "status": "PASS", "image": {"ref": "r/stackproof:x", "id": "sha256:cd"},
-                    "host": fp.host().to_json()}  # fmt: skip
+            document = _receipt_of(cell, "PASS", fp.host().to_json())
+            return Receipt.parse(
+                document | {"image": {**document["image"], "ref": "r/stackproof:x", "id": "sha256:cd"}}
+            )
         raise CheckFailed(f"127.0.0.1:5000/stackproof:{cell}-verified does not exist")
 
     rows = match_registry(fetch, fp, ["published", "unpublished"])

@@ -19,7 +19,7 @@ from pipeline.errors import InfraError, InputError
 from pipeline.receipt import receipt_problems
 from pipeline.registry import attest
 from pipeline.registry.oci import Credentials, RegistryClient, find_credentials, parse_challenge, platform_manifest
-from pipeline.registry.publish import publishable_problems
+from pipeline.registry.publish import publish, publishable_problems
 from pipeline.result import Status
 from tests.unit.test_receipt import CPU, _report
 from verify.stages.receipt import build_receipt
@@ -288,6 +288,38 @@ def test_publish_gate_accepts_a_real_receipt_and_refuses_edits() -> None:
         matrix_digest="sha256:m"))  # fmt: skip
     lying = {"cell": good["cell"], "image_id": good["image"]["id"], "stages": [{"stage": "imports", "status": "FAIL"}]}
     assert any("report.json" in p for p in _gate(good, lying))
+
+
+def test_publish_reads_the_receipt_through_the_model_naming_file_and_field(tmp_path: Path) -> None:
+    good = _receipt()
+
+    class _Docker:  # the cell's own image is here: the gate is all that is left before the registry
+        def image(self, ref: str) -> Any:
+            return type("Info", (), {"id": good["image"]["id"]})()
+
+    path = tmp_path / "run" / "receipt.json"
+    path.parent.mkdir()
+
+    def attempt(document: dict[str, Any]) -> str:
+        path.write_text(json.dumps(document))
+        with pytest.raises(InputError) as caught:
+            publish(
+                _Docker(),  # type: ignore[arg-type]
+                cell_id=good["cell"],
+                image="x",
+                content_tag=good["image"]["ref"],
+                receipt_path=path,
+                registry="127.0.0.1:1",
+                matrix_digest="sha256:m",
+                platform="linux/amd64",
+            )
+        return str(caught.value)
+
+    broken = json.loads(json.dumps(good))
+    broken["stages"][1]["seconds"] = "soon"
+    assert attempt(broken).startswith(f"{path}: stages[1].seconds: a str, expected a number")
+    # The unedited receipt parses and passes on to the gate, which wants the run's report beside it.
+    assert "no report.json beside it" in attempt(good)
 
 
 # -- signatures ----------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from pipeline.errors import CheckFailed
 from pipeline.registry import attest
 from pipeline.registry.oci import RegistryClient
-from pipeline.registry.publish import fetch_verified
+from pipeline.registry.pull import fetch_verified
 from tests.unit.fake_oci import FakeOci, publish_receipt
 from tests.unit.test_registry import _receipt
 
@@ -40,6 +40,21 @@ def test_a_key_given_means_a_signature_is_required() -> None:
         _fetch(unsigned, cell, public_key=key.public_key())
     # Without a key an unsigned receipt is what it is: shown as unsigned, never as verified.
     assert _fetch(unsigned, cell).signature == "unsigned"
+
+
+def test_pull_reads_a_registry_receipt_through_the_model_and_names_the_broken_field() -> None:
+    receipt = _receipt()
+    cell = receipt["cell"]
+    good = FakeOci()
+    publish_receipt(good, receipt, cell=cell)
+    chosen = _fetch(good, cell)
+    assert chosen.candidate.receipt is not None and chosen.candidate.receipt.cell == cell  # the typed model
+    broken = json.loads(json.dumps(receipt))
+    broken["outcome"]["passed"] = "yes"  # a PASS that is no boolean: not a receipt this tool reads
+    bad = FakeOci()
+    publish_receipt(bad, broken, cell=cell)
+    with pytest.raises(CheckFailed, match=r"no receipt can be trusted: .*outcome\.passed: a str, expected true"):
+        _fetch(bad, cell)
 
 
 def test_a_really_signed_receipt_verifies_with_the_key_alone() -> None:

@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 import pytest
 
 from pipeline.errors import InputError
+from pipeline.host.geometry import HostFingerprint
 from stackproof.cli import main
 from stackproof.site_report import plots
 from stackproof.site_report.model import ORIGIN_RECEIPT_ONLY, build_site, parse_receipt, winner_changes
@@ -241,7 +242,7 @@ def test_a_broken_receipt_exits_2_located_without_traceback(tmp_path: Path, caps
         (lambda d: d["host"].pop("key"), "host.key: missing"),
         (lambda d: d.update(autotune=[{"op": "fp8_gemm"}]), "autotune[0]: expected {op, n, k, rows}"),
         (lambda d: d.update(stages=[3]), "stages[0]: not a stage object"),
-        (lambda d: d.update(schema_version=2), "schema_version: 2; this report reads 1"),
+        (lambda d: d.update(schema_version=2), "schema_version: 2; this tool reads 1"),
     ],
 )
 def test_a_receipt_with_a_wrong_field_names_the_field(edit: Any, message: str) -> None:
@@ -315,7 +316,9 @@ def test_receipts_from_a_registry_by_tag_schema_index_and_by_legacy_tag() -> Non
 
     _Registry.blobs, _Registry.manifests = {}, {}
     other_host = _doc()
-    other_host["host"] = {**other_host["host"], "key": "another0host", "summary": "another host"}
+    # another host: another driver, so another fingerprint key (the model derives it from the fields)
+    other_host["host"] = {**other_host["host"], "driver": "another0host", "summary": "another host"}
+    other_host["host"]["key"] = HostFingerprint.parse(other_host["host"]).key
     first, _ = artifact(_doc())
     second, _ = artifact(other_host)
     old_doc = {**_doc(), "started_at": "2026-11-01T00:00:00Z"}
@@ -331,7 +334,7 @@ def test_receipts_from_a_registry_by_tag_schema_index_and_by_legacy_tag() -> Non
     finally:
         server.shutdown()
     assert sorted((r.host.key, r.started_at) for r in receipts) == [
-        ("another0host", "2026-12-01T18:19:31Z"),
+        (other_host["host"]["key"], "2026-12-01T18:19:31Z"),
         ("c765d02eb99f5d13", "2026-11-01T00:00:00Z"),
         ("c765d02eb99f5d13", "2026-12-01T18:19:31Z"),
     ]
@@ -390,7 +393,7 @@ def test_hosts_are_ordered_cpu_first_then_by_compute_capability() -> None:
 
 def test_compares_pair_hosts_and_arms_newest_with_newest() -> None:
     other = _doc()
-    other["host"] = {**other["host"], "key": "another0host", "summary": "another host"}
+    other["host"] = {**other["host"], "driver": "another0host", "summary": "another host"}  # another key
     arm = {**_doc(), "arm": "no-fi-fp8"}
     site = build_site([_receipt(_doc()), _receipt(other), _receipt(arm)])
     compares = site.compares["cpu-tiny"]

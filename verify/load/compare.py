@@ -20,6 +20,7 @@ from typing import Any
 
 from pipeline.errors import InputError
 from pipeline.guard.jsonfile import read_json
+from pipeline.receipt import Receipt
 from verify.load.determinism import PROMPTS, SUSPECT_GAP_NATS, Sample
 
 __all__ = [
@@ -126,12 +127,14 @@ def find_greedy(run: Path) -> Path:
     if run.is_file():
         if run.name == GREEDY_FILE:
             return run
-        receipt = _json(run)
-        for stage in receipt.get("stages") or ():
-            if isinstance(stage, dict) and stage.get("stage") == "load":
-                named = (stage.get("artifacts") or {}).get("greedy")
-                if named and Path(named).is_file():
-                    return Path(named)
+        try:
+            stages = Receipt.parse(_json(run), source=str(run)).stages
+        except InputError:  # not a receipt this tool reads: look beside it
+            stages = ()
+        for stage in stages:
+            named = stage.artifacts.get("greedy") if stage.stage == "load" else None
+            if named and Path(named).is_file():
+                return Path(named)
         candidates = [run.parent / "load" / GREEDY_FILE]
     elif run.is_dir():
         candidates = [run / GREEDY_FILE, run / "load" / GREEDY_FILE]
