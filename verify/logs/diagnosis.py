@@ -284,9 +284,6 @@ def cell_facts(cell: Cell, arm: Arm | None = None) -> tuple[Fact, ...]:
     return tuple(found)
 
 
-# -- loading ---------------------------------------------------------------------------------------
-
-
 # -- facts, phases, classes ------------------------------------------------------------------------
 
 
@@ -391,9 +388,6 @@ def _fails(c: FailureClass, lines: Sequence[int], phases: dict[str, int]) -> boo
         return True
     serving = phases.get("serving")
     return serving is None or serving < lines[-1]
-
-
-# -- the last exception ----------------------------------------------------------------------------
 
 
 # -- incidents -------------------------------------------------------------------------------------
