@@ -21,7 +21,8 @@ from pipeline.matrix.model import Arm, Cell, LoadSpec
 from verify.forensics.stall import LoadInstruments
 from verify.load.run import run_load, summarise
 from verify.load.stats import compare_arms, fault_stats
-from verify.logs.logscan import LogWatcher, load_catalog
+from verify.logs.catalog import load_catalog
+from verify.logs.logscan import LogWatcher
 from verify.stages.load import load_target
 from verify.stages.server import Server, ServerFactory, ServerFailed
 

@@ -18,9 +18,10 @@ import yaml
 from pipeline.errors import MatrixError
 from stackproof.cli import main
 from tests.unit.test_logscan import CPU_LOG, SAMPLES
+from verify.logs.catalog import load_catalog, load_rulesets
 from verify.logs.classes import CLASSES_FILE, load_classes
 from verify.logs.diagnosis import Fact, diagnose
-from verify.logs.logscan import load_catalog, load_rulesets, open_log
+from verify.logs.logscan import open_log
 from verify.logs.logtext import clean_line, message_of, split_records
 
 REAL = Path(__file__).resolve().parents[1] / "fixtures" / "logs" / "real"

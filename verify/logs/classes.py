@@ -13,7 +13,7 @@ from typing import Any
 from pipeline.errors import MatrixError
 from pipeline.matrix.model import LogRule
 from pipeline.matrix.yamlsrc import Path_, YamlSource, load_yaml
-from verify.logs.logscan import check_entry
+from verify.logs.catalog import check_entry
 
 CLASSES_FILE = Path(__file__).with_name("failure_classes.yaml")
 CLASS_KEYS = (

@@ -26,8 +26,9 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from pipeline.matrix.model import Arm, Cell
+from verify.logs.catalog import Signature, load_catalog
 from verify.logs.classes import ClassCatalog, FailureClass, catalog_rules, load_classes
-from verify.logs.logscan import Log, LogMatch, Signature, load_catalog, scan
+from verify.logs.logscan import Log, LogMatch, scan
 from verify.logs.logtext import clean_line
 from verify.logs.tracebacks import (
     _QUIET_LEVEL,

@@ -35,7 +35,8 @@ from typing import Any
 from pipeline.matrix.model import Arm, Cell
 from pipeline.result import CheckResult, StageResult, Status
 from verify.kernels.autotune import AutotuneCache, Entry, judge_cache, load_policies, read_cache, winners
-from verify.logs.logscan import Facts, LogWatcher, catalog_for
+from verify.logs.catalog import Facts, catalog_for
+from verify.logs.logscan import LogWatcher
 from verify.runtime import Runtime
 from verify.serving import AutotuneFacts, driver_for
 from verify.stages.server import Server, ServerFailed

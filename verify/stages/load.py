@@ -22,7 +22,8 @@ from verify.forensics.stall import LoadInstruments
 from verify.load.canary import CanaryAnswer
 from verify.load.correctness import ask_for_cell, judge_correctness
 from verify.load.run import LoadTarget, judge_load, run_load, summarise
-from verify.logs.logscan import Facts, LogWatcher, catalog_for, judge, scan
+from verify.logs.catalog import Facts, catalog_for
+from verify.logs.logscan import LogWatcher, judge, scan
 from verify.runtime import Runtime
 from verify.stages.server import Server, ServerFailed
 
