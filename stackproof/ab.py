@@ -23,7 +23,8 @@ from pathlib import Path
 from pipeline.errors import CheckFailed, InfraError, PipelineError
 from pipeline.matrix.model import Arm, Cell, LoadSpec
 from verify.load.compare import GREEDY_FILE, compare_runs, read_greedy
-from verify.load.run import run_load, summarise
+from verify.load.run import run_load
+from verify.load.summary import summarise
 from verify.logs.catalog import load_catalog
 from verify.logs.logscan import LogWatcher
 from verify.perf.ab import (

@@ -19,8 +19,9 @@ from typing import Any
 from pipeline.docker.client import Docker
 from pipeline.matrix.model import Arm, Cell, LoadSpec
 from verify.forensics.stall import LoadInstruments
-from verify.load.run import run_load, summarise
+from verify.load.run import run_load
 from verify.load.stats import compare_arms, fault_stats
+from verify.load.summary import summarise
 from verify.logs.catalog import load_catalog
 from verify.logs.logscan import LogWatcher
 from verify.stages.load import load_target

@@ -19,8 +19,10 @@ from pipeline.matrix.model import LoadSpec
 from pipeline.result import CheckResult, Status
 from verify.load import watchdog
 from verify.load.determinism import Sample
+from verify.load.outcome import LoadOutcome, LoadTarget
 from verify.load.progress import Progress, StallVerdict
-from verify.load.run import LoadOutcome, LoadTarget, _percentiles, judge_load, run_load, summarise
+from verify.load.run import run_load
+from verify.load.summary import _percentiles, judge_load, summarise
 from verify.load.watchdog import Event
 from verify.load.workload import builtin_pool
 from verify.serving.openai import ErrorClass, RequestRecord

@@ -12,8 +12,10 @@ import pytest
 
 from pipeline.matrix.model import SERVING_ENGINES, LoadSpec, Matrix
 from pipeline.result import Status
+from verify.load.outcome import LoadTarget
 from verify.load.progress import parse_metrics
-from verify.load.run import LoadTarget, judge_load, run_load, summarise
+from verify.load.run import run_load
+from verify.load.summary import judge_load, summarise
 from verify.logs.catalog import Facts, rules_for
 from verify.serving import DRIVERS, Since, at_version, driver_for
 from verify.stages.autotune import judge_fresh_cache

@@ -39,7 +39,7 @@ from verify.runtime import Runtime, as_runtime
 from verify.serving import driver_for
 
 if TYPE_CHECKING:  # the load run's outcome, only as a type: the load run calls back into these instruments
-    from verify.load.run import LoadOutcome
+    from verify.load.outcome import LoadOutcome
 
 __all__ = [
     "COREDUMP_DIR",

@@ -21,7 +21,9 @@ from pipeline.result import CheckResult, StageResult, Status
 from verify.forensics.stall import LoadInstruments
 from verify.load.canary import CanaryAnswer
 from verify.load.correctness import ask_for_cell, judge_correctness
-from verify.load.run import LoadTarget, judge_load, run_load, summarise
+from verify.load.outcome import LoadTarget
+from verify.load.run import run_load
+from verify.load.summary import judge_load, summarise
 from verify.logs.catalog import Facts, catalog_for
 from verify.logs.logscan import LogWatcher, judge, scan
 from verify.runtime import Runtime
