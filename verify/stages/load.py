@@ -23,7 +23,7 @@ from verify.load.canary import CanaryAnswer
 from verify.load.correctness import ask_for_cell, judge_correctness
 from verify.load.outcome import LoadTarget
 from verify.load.run import run_load
-from verify.load.summary import judge_load, summarise
+from verify.load.summary import judge_load, summarise_load
 from verify.logs.catalog import Facts, catalog_for
 from verify.logs.logscan import LogWatcher, judge, scan
 from verify.runtime import Runtime
@@ -129,9 +129,9 @@ def run_load_stage(
         server.remove()
     summary: dict[str, Any] | None = None
     if outcome is not None:
-        summary = summarise(outcome, spec)
-        summary["cost"] = instruments.cost_of(outcome, summary)
-        load_checks = judge_load(outcome, summary, batch_invariant=target.batch_invariant)
+        typed = summarise_load(outcome, spec)
+        summary = {**typed.to_dict(), "cost": instruments.cost_of(outcome, typed)}  # load.json: the summary, then cost
+        load_checks = judge_load(outcome, typed, batch_invariant=target.batch_invariant)
         correctness, summary["correctness"] = judge_correctness(
             cell, arm, spec, outcome, [*checks, *load_checks], canaries, source=image
         )
