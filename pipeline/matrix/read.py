@@ -30,6 +30,7 @@ from pipeline.matrix.model import (
     Index,
     Matrix,
     RegistryBase,
+    ServeSpec,
     lineage,
 )
 from pipeline.matrix.parts import CellPartsChecker
@@ -295,26 +296,8 @@ class _Checker(CellPartsChecker):
             if key not in data:
                 self.problem(p, f"missing required key {key!r} (set it in the cell, an ancestor or defaults)")
         index_names = tuple(ix.name for ix in indexes)
-        base_names = tuple(b.name for b in bases)
         notes: list[str] = []
-
-        base: Base | None = HOST_BASE if on_host else None
-        if "base" in data and on_host:
-            self.problem(
-                (*p, "base"),
-                "a `runtime: host` cell has no base image: its environment is built from `install:` "
-                "(or given with `verify --python`); remove `base`",
-            )
-        elif "base" in data:
-            base_name = self.text((*p, "base"), data["base"])
-            base = next((b for b in bases if b.name == base_name), None)
-            if base is None:
-                self.problem((*p, "base"), f"no base {base_name!r}{_did_you_mean(base_name, base_names)}")
-            elif isinstance(base, CellBase) and base.cell == cell_id:
-                self.problem((*p, "base"), f"base {base_name!r} is this cell's own image")
-            elif isinstance(base, RegistryBase) and base.digest is None:
-                notes.append(f"base {base.image} is pinned by tag only; the build records the digest it got")
-
+        base = self.cell_base(p, cell_id, data, bases, on_host=on_host, notes=notes)
         install = self.install((*p, "install"), data.get("install"), index_names) if "install" in data else None
         overrides = self.packages((*p, "overrides"), data.get("overrides"), index_names)
         given = self.packages((*p, "given"), data.get("given"), index_names)
@@ -323,38 +306,13 @@ class _Checker(CellPartsChecker):
         elif given and "install" in data:
             self.problem((*p, "given"), "a cell with `install:` builds its environment: `given` is for one that exists")
         serve = self.serve((*p, "serve"), data["serve"]) if data.get("serve") is not None else None
-        expect = None
-        if data.get("expect") is not None and self.keys(
-            (*p, "expect"), data["expect"], EXPECT_KEYS, required=EXPECT_REQUIRED
-        ):
-            e = data["expect"]
-            self.choice((*p, "expect", "outcome"), e.get("outcome"), ("fail",), "expected outcome")
-            expect = Expectation(
-                stage=self.choice((*p, "expect", "stage"), e.get("stage"), STAGES, "stage"),
-                reason=self.text((*p, "expect", "reason"), e.get("reason")),
-                match=self.regex((*p, "expect", "match"), e.get("match")),
-                may_not_reproduce=(
-                    self.text((*p, "expect", "may_not_reproduce"), e["may_not_reproduce"])
-                    if e.get("may_not_reproduce") is not None
-                    else None
-                ),
-            )
-        recipes = self.texts((*p, "recipes"), data.get("recipes"), pattern=_ID, what="recipe name")
-        for j, recipe in enumerate(recipes):
-            if recipe and _ID.match(recipe) and not (self.images_dir / "recipes" / recipe / "steps.j2").is_file():
-                known = tuple(d.parent.name for d in (self.images_dir / "recipes").glob("*/steps.j2"))
-                self.problem(
-                    (*p, "recipes", j), f"no recipe {recipe!r} in images/recipes/{_did_you_mean(recipe, known)}"
-                )
+        expect = self.expectation((*p, "expect"), data["expect"]) if data.get("expect") is not None else None
+        recipes = self.recipes((*p, "recipes"), data.get("recipes"))
 
         # Every field is checked before giving up on the cell, so all its problems show at once.
         platform = self.choice((*p, "platform"), data["platform"], PLATFORMS, "platform") if "platform" in data else ""
         arch = self.choice((*p, "arch"), data["arch"], KNOWN_ARCHES, "arch") if "arch" in data else ""
-        if serve is not None and serve.forensics.cuda_coredump and arch == "none":
-            self.problem(
-                (*p, "serve", "forensics", "cuda_coredump"),
-                "needs a GPU cell: arch is none, and a CPU server has no CUDA context to dump",
-            )
+        self.coredump_needs_gpu(p, serve, arch)
         runner = self.texts((*p, "runner"), data.get("runner"))
         system_packages = self.texts(
             (*p, "system_packages"), data.get("system_packages"), pattern=_DEB_PACKAGE, what="Debian package name"
@@ -399,3 +357,65 @@ class _Checker(CellPartsChecker):
             runtime=runtime,
             given=given,
         )
+
+    def cell_base(
+        self,
+        p: Path_,
+        cell_id: str,
+        data: dict[str, Any],
+        bases: tuple[Base, ...],
+        *,
+        on_host: bool,
+        notes: list[str],
+    ) -> Base | None:
+        """The cell's base: the host for a host cell, else the named base (None when it is missing or wrong)."""
+        if "base" in data and on_host:
+            self.problem(
+                (*p, "base"),
+                "a `runtime: host` cell has no base image: its environment is built from `install:` "
+                "(or given with `verify --python`); remove `base`",
+            )
+        if on_host:
+            return HOST_BASE
+        if "base" not in data:
+            return None
+        base_name = self.text((*p, "base"), data["base"])
+        base = next((b for b in bases if b.name == base_name), None)
+        if base is None:
+            self.problem((*p, "base"), f"no base {base_name!r}{_did_you_mean(base_name, tuple(b.name for b in bases))}")
+        elif isinstance(base, CellBase) and base.cell == cell_id:
+            self.problem((*p, "base"), f"base {base_name!r} is this cell's own image")
+        elif isinstance(base, RegistryBase) and base.digest is None:
+            notes.append(f"base {base.image} is pinned by tag only; the build records the digest it got")
+        return base
+
+    def coredump_needs_gpu(self, p: Path_, serve: ServeSpec | None, arch: str) -> None:
+        if serve is not None and serve.forensics.cuda_coredump and arch == "none":
+            self.problem(
+                (*p, "serve", "forensics", "cuda_coredump"),
+                "needs a GPU cell: arch is none, and a CPU server has no CUDA context to dump",
+            )
+
+    def expectation(self, path: Path_, e: Any) -> Expectation | None:
+        if not self.keys(path, e, EXPECT_KEYS, required=EXPECT_REQUIRED):
+            return None
+        self.choice((*path, "outcome"), e.get("outcome"), ("fail",), "expected outcome")
+        return Expectation(
+            stage=self.choice((*path, "stage"), e.get("stage"), STAGES, "stage"),
+            reason=self.text((*path, "reason"), e.get("reason")),
+            match=self.regex((*path, "match"), e.get("match")),
+            may_not_reproduce=(
+                self.text((*path, "may_not_reproduce"), e["may_not_reproduce"])
+                if e.get("may_not_reproduce") is not None
+                else None
+            ),
+        )
+
+    def recipes(self, path: Path_, value: Any) -> tuple[str, ...]:
+        """Recipe names, each with its images/recipes/NAME/steps.j2."""
+        recipes = self.texts(path, value, pattern=_ID, what="recipe name")
+        for j, recipe in enumerate(recipes):
+            if recipe and _ID.match(recipe) and not (self.images_dir / "recipes" / recipe / "steps.j2").is_file():
+                known = tuple(d.parent.name for d in (self.images_dir / "recipes").glob("*/steps.j2"))
+                self.problem((*path, j), f"no recipe {recipe!r} in images/recipes/{_did_you_mean(recipe, known)}")
+        return recipes
