@@ -5,7 +5,7 @@ applies, the facts it requires; checked when loaded, and chosen for a cell.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -168,43 +168,11 @@ def _signature(src: YamlSource, path: Path_, entry: Any, problems: list[str]) ->
     for j, ref in enumerate(refs):
         if not isinstance(ref, str) or not _REF.match(ref):
             bad(("refs", j), f"{ref!r} is not an upstream reference written as owner/repo#N")
-    applies_to = entry.get("applies_to") or {}
-    if not isinstance(applies_to, dict):
-        bad(("applies_to",), "must be a mapping of package to version specifier, e.g. {vllm: '>0.28.0'}")
-        applies_to = {}
-    for package, spec in applies_to.items():
-        if package not in APPLIES_TO_PACKAGES:
-            bad(("applies_to", package), f"unknown package (known: {', '.join(APPLIES_TO_PACKAGES)})")
-        try:
-            SpecifierSet(str(spec))
-        except InvalidSpecifier:
-            bad(("applies_to", package), f"{spec!r} is not a version specifier")
     if entry.get("origin", "package") not in ("package", "external"):
         bad(("origin",), f"must be package or external, got {entry.get('origin')!r}")
     if "package" in entry and (not isinstance(entry["package"], str) or not entry["package"]):
         bad(("package",), "must be a distribution name, e.g. flashinfer-python")
-    requires = entry.get("requires") or {}
-    if not isinstance(requires, dict):
-        bad(("requires",), "must be a mapping of fact to regex, e.g. {arch: '^sm12[01]$'}")
-        requires = {}
-    for fact, pattern in requires.items():
-        if fact not in REQUIRES_FACTS:
-            bad(("requires", fact), f"unknown fact (known: {', '.join(REQUIRES_FACTS)})")
-        try:
-            re.compile(str(pattern))
-        except re.error as exc:
-            bad(("requires", fact), f"not a valid regular expression: {exc}")
-    fixed_in = entry.get("fixed_in") or {}
-    if not isinstance(fixed_in, dict):
-        bad(("fixed_in",), "must be a mapping of package to version, e.g. {flashinfer: 0.6.18.post1}")
-        fixed_in = {}
-    for package, version in fixed_in.items():
-        if package not in APPLIES_TO_PACKAGES:
-            bad(("fixed_in", package), f"unknown package (known: {', '.join(APPLIES_TO_PACKAGES)})")
-        try:
-            Version(str(version))
-        except InvalidVersion:
-            bad(("fixed_in", package), f"{version!r} is not a version")
+    applies_to, requires, fixed_in = _signature_mappings(entry, bad)
     window = entry.get("window") or {}
     patterns = (
         {("match",): entry.get("match")}
@@ -236,6 +204,46 @@ def _signature(src: YamlSource, path: Path_, entry: Any, problems: list[str]) ->
         requires=tuple((str(k), str(v)) for k, v in requires.items()),
         fixed_in=tuple((str(k), str(v)) for k, v in sorted(fixed_in.items())),
     )
+
+
+def _signature_mappings(
+    entry: dict[str, Any], bad: Callable[[Path_, str], None]
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """An entry's applies_to, requires and fixed_in, each checked key and value ({} where not a mapping)."""
+    applies_to = entry.get("applies_to") or {}
+    if not isinstance(applies_to, dict):
+        bad(("applies_to",), "must be a mapping of package to version specifier, e.g. {vllm: '>0.28.0'}")
+        applies_to = {}
+    for package, spec in applies_to.items():
+        if package not in APPLIES_TO_PACKAGES:
+            bad(("applies_to", package), f"unknown package (known: {', '.join(APPLIES_TO_PACKAGES)})")
+        try:
+            SpecifierSet(str(spec))
+        except InvalidSpecifier:
+            bad(("applies_to", package), f"{spec!r} is not a version specifier")
+    requires = entry.get("requires") or {}
+    if not isinstance(requires, dict):
+        bad(("requires",), "must be a mapping of fact to regex, e.g. {arch: '^sm12[01]$'}")
+        requires = {}
+    for fact, pattern in requires.items():
+        if fact not in REQUIRES_FACTS:
+            bad(("requires", fact), f"unknown fact (known: {', '.join(REQUIRES_FACTS)})")
+        try:
+            re.compile(str(pattern))
+        except re.error as exc:
+            bad(("requires", fact), f"not a valid regular expression: {exc}")
+    fixed_in = entry.get("fixed_in") or {}
+    if not isinstance(fixed_in, dict):
+        bad(("fixed_in",), "must be a mapping of package to version, e.g. {flashinfer: 0.6.18.post1}")
+        fixed_in = {}
+    for package, version in fixed_in.items():
+        if package not in APPLIES_TO_PACKAGES:
+            bad(("fixed_in", package), f"unknown package (known: {', '.join(APPLIES_TO_PACKAGES)})")
+        try:
+            Version(str(version))
+        except InvalidVersion:
+            bad(("fixed_in", package), f"{version!r} is not a version")
+    return applies_to, requires, fixed_in
 
 
 def catalog_for(facts: Facts | None) -> tuple[Signature, ...]:

@@ -342,82 +342,74 @@ def judge(
     checks = []
     for rule in rules:
         hits = [m for m in matches if m.kind == rule.kind and m.id == rule.id]
-        where = ", ".join(f"line {m.line_no}" for m in hits[:5])
-        if rule.kind == "expect":
-            if hits:
-                checks.append(
-                    CheckResult(
-                        name=f"expect:{rule.id}",
-                        status=Status.PASS,
-                        message=f"{source} shows /{rule.pattern}/ ({where})",
-                        evidence={"line": hits[0].line_no, "text": hits[0].line},
-                    )
-                )
-            else:
-                status = Status.INCONCLUSIVE if rule.if_absent == "inconclusive" else Status.FAIL
-                checks.append(
-                    CheckResult(
-                        name=f"expect:{rule.id}", status=status, message=f"{source} never shows /{rule.pattern}/"
-                    )
-                )
-        elif rule.kind == "forbid":
-            if hits:
-                checks.append(
-                    CheckResult(
-                        name=f"forbid:{rule.id}",
-                        status=Status.FAIL,
-                        message=f"{source} shows forbidden /{rule.pattern}/ at {where}: {hits[0].line.strip()[:300]}",
-                        evidence={"matches": [m.to_json() for m in hits[:20]]},
-                    )
-                )
-            else:
-                checks.append(
-                    CheckResult(
-                        name=f"forbid:{rule.id}", status=Status.PASS, message=f"{source} never shows /{rule.pattern}/"
-                    )
-                )
-    evidence_rules = [r for r in rules if r.kind == "evidence"]
-    if evidence_rules:
-        captured: dict[str, list[Any]] = {}
-        for m in matches:
-            if m.kind == "evidence":
-                values = captured.setdefault(m.id, [])
-                value = m.groups or m.line.strip()
-                if value not in values and len(values) < 20:
-                    values.append(value)
-        checks.append(
-            CheckResult(
-                name="evidence",
+        if rule.kind in ("expect", "forbid"):
+            checks.append(_rule_check(rule, hits, source))
+    if any(r.kind == "evidence" for r in rules):
+        checks.append(_evidence_check(matches))
+    checks.append(_signatures_check([m for m in matches if m.kind == "signature"], source))
+    return checks
+
+
+def _rule_check(rule: LogRule, hits: list[LogMatch], source: str) -> CheckResult:
+    """An expect rule passes when the log shows its pattern, a forbid rule when it never does."""
+    where = ", ".join(f"line {m.line_no}" for m in hits[:5])
+    if rule.kind == "expect":
+        if hits:
+            return CheckResult(
+                name=f"expect:{rule.id}",
                 status=Status.PASS,
-                message=f"captured {', '.join(captured) or 'nothing'}",
-                evidence=captured,
+                message=f"{source} shows /{rule.pattern}/ ({where})",
+                evidence={"line": hits[0].line_no, "text": hits[0].line},
             )
+        status = Status.INCONCLUSIVE if rule.if_absent == "inconclusive" else Status.FAIL
+        return CheckResult(name=f"expect:{rule.id}", status=status, message=f"{source} never shows /{rule.pattern}/")
+    if hits:
+        return CheckResult(
+            name=f"forbid:{rule.id}",
+            status=Status.FAIL,
+            message=f"{source} shows forbidden /{rule.pattern}/ at {where}: {hits[0].line.strip()[:300]}",
+            evidence={"matches": [m.to_json() for m in hits[:20]]},
         )
-    signatures = [m for m in matches if m.kind == "signature"]
+    return CheckResult(name=f"forbid:{rule.id}", status=Status.PASS, message=f"{source} never shows /{rule.pattern}/")
+
+
+def _evidence_check(matches: Sequence[LogMatch]) -> CheckResult:
+    """What the evidence rules captured: up to 20 distinct values each."""
+    captured: dict[str, list[Any]] = {}
+    for m in matches:
+        if m.kind == "evidence":
+            values = captured.setdefault(m.id, [])
+            value = m.groups or m.line.strip()
+            if value not in values and len(values) < 20:
+                values.append(value)
+    return CheckResult(
+        name="evidence",
+        status=Status.PASS,
+        message=f"captured {', '.join(captured) or 'nothing'}",
+        evidence=captured,
+    )
+
+
+def _signatures_check(signatures: list[LogMatch], source: str) -> CheckResult:
+    """The first failing signature fails the check; warnings are named on a pass."""
     failing = [m for m in signatures if m.severity == "fail"]
     listing = [m.to_json() for m in signatures[:50]]
     if failing:
         first = failing[0]
         refs = f" ({', '.join(first.refs)})" if first.refs else ""
-        checks.append(
-            CheckResult(
-                name="signatures",
-                status=Status.FAIL,
-                message=f"{first.id}: {first.title}{refs}, {source} line {first.line_no}",
-                evidence={"matches": listing},
-            )
+        return CheckResult(
+            name="signatures",
+            status=Status.FAIL,
+            message=f"{first.id}: {first.title}{refs}, {source} line {first.line_no}",
+            evidence={"matches": listing},
         )
-    else:
-        warned = sorted({m.id for m in signatures})
-        checks.append(
-            CheckResult(
-                name="signatures",
-                status=Status.PASS,
-                message=f"no failure signature in {source}" + (f"; warnings: {', '.join(warned)}" if warned else ""),
-                evidence={"matches": listing},
-            )
-        )
-    return checks
+    warned = sorted({m.id for m in signatures})
+    return CheckResult(
+        name="signatures",
+        status=Status.PASS,
+        message=f"no failure signature in {source}" + (f"; warnings: {', '.join(warned)}" if warned else ""),
+        evidence={"matches": listing},
+    )
 
 
 # -- the live log ----------------------------------------------------------------------------------
