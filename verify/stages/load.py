@@ -55,6 +55,26 @@ def load_target(server: Server, cell: Cell, arm: Arm | None, *, engine_version: 
     )
 
 
+def _ready(server: Server, *, reused: bool) -> CheckResult:
+    """The readiness check: the startup stage's server as it is, else a fresh one started and waited for
+    (`ServerFailed` when it never gets ready)."""
+    if reused:
+        return CheckResult(
+            name="readiness",
+            status=Status.PASS,
+            message=f"the startup stage's server, kept running ({server.name})",
+            evidence={"reused": True, "url": server.base_url},
+        )
+    server.start()
+    ready = server.wait_ready()
+    return CheckResult(
+        name="readiness",
+        status=Status.PASS,
+        message=f"ready after {ready.seconds:.0f}s",
+        evidence={"seconds": ready.seconds, "reused": False},
+    )
+
+
 def run_load_stage(
     runtime: Runtime,
     cell: Cell,
@@ -92,26 +112,7 @@ def run_load_stage(
     # GPU cost sampled beside the load; stall forensics taken before the server is removed.
     instruments = LoadInstruments.for_cell(runtime, cell, run_dir=out_dir)
     try:
-        if shared is not None:
-            checks.append(
-                CheckResult(
-                    name="readiness",
-                    status=Status.PASS,
-                    message=f"the startup stage's server, kept running ({server.name})",
-                    evidence={"reused": True, "url": server.base_url},
-                )
-            )
-        else:
-            server.start()
-            ready = server.wait_ready()
-            checks.append(
-                CheckResult(
-                    name="readiness",
-                    status=Status.PASS,
-                    message=f"ready after {ready.seconds:.0f}s",
-                    evidence={"seconds": ready.seconds, "reused": False},
-                )
-            )
+        checks.append(_ready(server, reused=shared is not None))
         if on_ready is not None:
             on_ready(server)
         instruments.start(server.name)
