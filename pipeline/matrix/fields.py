@@ -11,19 +11,11 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from pipeline.guard.redact import secret_env
-from pipeline.matrix.model import (
-    LogRule,
-    parse_log_rule,
-)
-from pipeline.matrix.schema import (
-    _ABS_PATH,
-    _CONTROL,
-    _ENV_NAME,
-    AUTOTUNE_ENTRIES,
-    _did_you_mean,
-    _kind,
-)
+from pipeline.matrix.model import LogRule, parse_log_rule
+from pipeline.matrix.schema import _ABS_PATH, _CONTROL, _ENV_NAME, AUTOTUNE_ENTRIES, _did_you_mean, _kind
 from pipeline.matrix.yamlsrc import Path_, YamlSource, format_path
+
+__all__ = ["FieldChecker"]
 
 
 class FieldChecker:

@@ -49,6 +49,8 @@ from pipeline.matrix.schema import (
 )
 from pipeline.matrix.yamlsrc import Path_
 
+__all__ = ["CellPartsChecker"]
+
 
 class CellPartsChecker(FieldChecker):
     """The checks of one cell's sub-mappings, on top of the shared field checks."""

@@ -11,12 +11,7 @@ import math
 import re
 from typing import Any
 
-from pipeline.matrix.model import (
-    Base,
-    Cell,
-    LoadSpec,
-    lineage,
-)
+from pipeline.matrix.model import Base, Cell, LoadSpec, lineage
 from pipeline.matrix.yamlsrc import Path_
 
 SCHEMA_VERSION = 1
