@@ -44,8 +44,8 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
-    from verify.logs.diagnosis import scan_rules
-    from verify.logs.logscan import Facts, load_catalog, rules_for
+    from verify.logs.catalog import Facts, load_catalog, rules_for
+    from verify.logs.classes import scan_rules
 
     patterns = [r.pattern for r in scan_rules()]
     patterns += [r.pattern for r in rules_for(None, None, Facts(serve=True, arch=""))]

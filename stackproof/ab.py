@@ -23,8 +23,10 @@ from pathlib import Path
 from pipeline.errors import CheckFailed, InfraError, PipelineError
 from pipeline.matrix.model import Arm, Cell, LoadSpec
 from verify.load.compare import GREEDY_FILE, compare_runs, read_greedy
-from verify.load.run import run_load, summarise
-from verify.logs.logscan import LogWatcher, load_catalog
+from verify.load.run import run_load
+from verify.load.summary import summarise_load
+from verify.logs.catalog import load_catalog
+from verify.logs.logscan import LogWatcher
 from verify.perf.ab import (
     METRICS,
     AbConfig,
@@ -166,17 +168,17 @@ def _one_slice(
     slice_spec = replace(spec, duration_s=slice_s, determinism_repeats=1 if pair < 0 else 0)
     target = load_target(server, side.cell, side.arm)
     outcome = run_load(target, slice_spec, out_dir, soak=True)
-    summary = summarise(outcome, slice_spec)
-    (out_dir / "load.json").write_text(json.dumps(summary, indent=2) + "\n")
-    questions = summary["questions"]
+    summary = summarise_load(outcome, slice_spec)
+    document = summary.to_dict()
+    (out_dir / "load.json").write_text(json.dumps(document, indent=2) + "\n")
     return SliceMetrics(
         side=key,
         pair=pair,
         position=position,
         seconds=round(outcome.seconds, 3),
-        questions=int(questions["attempted"]),
-        faulted=int(questions["faulted"]),
-        values=metrics_of_summary(summary),
+        questions=summary.questions.attempted,
+        faulted=summary.questions.faulted,
+        values=metrics_of_summary(document),
     )
 
 

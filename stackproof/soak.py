@@ -19,9 +19,11 @@ from typing import Any
 from pipeline.docker.client import Docker
 from pipeline.matrix.model import Arm, Cell, LoadSpec, Matrix
 from verify.forensics.stall import LoadInstruments
-from verify.load.run import run_load, summarise
+from verify.load.run import run_load
 from verify.load.stats import compare_arms, fault_stats
-from verify.logs.logscan import LogWatcher, load_catalog
+from verify.load.summary import summarise_load
+from verify.logs.catalog import load_catalog
+from verify.logs.logscan import LogWatcher
 from verify.stages.load import load_target
 from verify.stages.server import Server, ServerFactory, ServerFailed
 
@@ -133,17 +135,16 @@ def _one_slice(
             outcome = run_load(target, spec, out_dir, soak=True)
         finally:
             instruments.stop()
-    summary = summarise(outcome, spec)
-    summary["cost"] = instruments.cost_of(outcome, summary)
-    (out_dir / "load.json").write_text(json.dumps(summary, indent=2) + "\n")
-    q = summary["questions"]
-    tally.questions += q["attempted"]
-    tally.clean += q["clean"]
-    tally.faults += q["faulted"]
-    tally.output_tokens += summary["tokens"]["output"]
+    summary = summarise_load(outcome, spec)
+    document = {**summary.to_dict(), "cost": instruments.cost_of(outcome, summary)}
+    (out_dir / "load.json").write_text(json.dumps(document, indent=2) + "\n")
+    tally.questions += summary.questions.attempted
+    tally.clean += summary.questions.clean
+    tally.faults += summary.questions.faulted
+    tally.output_tokens += summary.output_tokens
     tally.seconds += outcome.seconds
-    tally.events += [{**e, "dir": str(out_dir)} for e in summary["events"] if e["type"] != "UNKNOWN"]
-    tally.slices.append({"dir": str(out_dir), "questions": q, "stop_reason": outcome.stop_reason})
+    tally.events += [{**e, "dir": str(out_dir)} for e in summary.events if e["type"] != "UNKNOWN"]
+    tally.slices.append({"dir": str(out_dir), "questions": document["questions"], "stop_reason": outcome.stop_reason})
 
 
 def soak_cell(

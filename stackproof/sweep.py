@@ -22,7 +22,8 @@ from typing import Any
 from pipeline.errors import InfraError
 from pipeline.matrix.model import LoadSpec
 from stackproof.ab import ServerMaker, Side, start_servers
-from verify.load.run import run_load, summarise
+from verify.load.run import run_load
+from verify.load.summary import summarise
 from verify.perf.sweep import SweepAxis, SweepConfig, SweepPoint, SweepReport, judge_sweep, point_of_summary
 from verify.stages.load import load_target
 from verify.stages.server import Server

@@ -241,9 +241,18 @@ def _stack(
                 f"unknown, are left to the base: {', '.join(unpinned[:12])}{' ...' if len(unpinned) > 12 else ''}",
             )
         )
+    uninstall = _absent_from_box(report, known, reported, complete_base=complete_base, findings=findings)
+    _cudnn_note(report, known, findings)
+    return overrides, uninstall
+
+
+def _absent_from_box(
+    report: Report, known: dict[str, str], reported: dict[str, Seen], *, complete_base: bool, findings: list[Finding]
+) -> list[str]:
+    """A complete report's missing packages: the stack's are uninstalled, the others kept with a note."""
     uninstall: list[str] = []
     kept: list[str] = []
-    if report.complete and base_pins is not None:
+    if report.complete and known:
         for name in sorted(known):
             if name in reported or name in TOOLING:
                 continue
@@ -269,6 +278,11 @@ def _stack(
                 f"kept: {', '.join(kept)}",
             )
         )
+    return uninstall
+
+
+def _cudnn_note(report: Report, known: dict[str, str], findings: list[Finding]) -> None:
+    """An env block's cuDNN version against the base's nvidia-cudnn-cu* wheel."""
     if report.cudnn is not None and report.kind == "env-block":
         wheel = next((n for n in known if n.startswith("nvidia-cudnn-cu")), None)
         consistent = wheel is not None and _prefix_of(report.cudnn.value, known[wheel])
@@ -285,7 +299,6 @@ def _stack(
                 ),
             )
         )
-    return overrides, uninstall
 
 
 def _index_for(name: str, version: str, matrix: Matrix, new: dict[str, str]) -> str | Finding:

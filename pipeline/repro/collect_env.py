@@ -39,9 +39,8 @@ def _looks_like_collect_env(lines: list[str]) -> bool:
     return len(labels & set(COLLECT_ENV_MARKERS)) >= 2
 
 
-def _from_collect_env(lines: list[str], name: str) -> Report:
-    fields = _collect_env_fields(lines)
-    findings: list[Finding] = []
+def _pip_and_env(lines: list[str], name: str) -> tuple[dict[str, Seen], dict[str, Seen]]:
+    """The pip/conda package lines anywhere, and the variables of the Environment Variables section."""
     packages: dict[str, Seen] = {}
     env: dict[str, Seen] = {}
     section = ""
@@ -61,7 +60,23 @@ def _from_collect_env(lines: list[str], name: str) -> Report:
         env_match = _ENV_LINE.match(line)
         if section == "Environment Variables" and env_match:
             env[env_match.group("name")] = Seen(value=env_match.group("value"), line=number)
+    return packages, env
 
+
+def _kernel_and_machine(platform: Seen | None) -> tuple[Seen | None, Seen | None]:
+    """`Python platform: Linux-6.8.0-...-x86_64-with-glibc2.35` -> the kernel and the machine."""
+    if platform is None:
+        return None, None
+    match = re.match(r"Linux-(?P<kernel>.+?)-(?P<machine>x86_64|aarch64|arm64)-with", platform.value)
+    if not match:
+        return None, None
+    return Seen(value=match.group("kernel"), line=platform.line), Seen(value=match.group("machine"), line=platform.line)
+
+
+def _from_collect_env(lines: list[str], name: str) -> Report:
+    fields = _collect_env_fields(lines)
+    findings: list[Finding] = []
+    packages, env = _pip_and_env(lines, name)
     torch_version = fields.get("PyTorch version")
     if "torch" not in packages and torch_version and torch_version.value != "Could not collect":
         packages["torch"] = _torch_from_dunder_version(torch_version, findings)
@@ -86,13 +101,7 @@ def _from_collect_env(lines: list[str], name: str) -> Report:
                 "the cell follows `CUDA used to build PyTorch`",
             )
         )
-    platform = fields.get("Python platform")
-    kernel = machine = None
-    if platform is not None:
-        match = re.match(r"Linux-(?P<kernel>.+?)-(?P<machine>x86_64|aarch64|arm64)-with", platform.value)
-        if match:
-            kernel = Seen(value=match.group("kernel"), line=platform.line)
-            machine = Seen(value=match.group("machine"), line=platform.line)
+    kernel, machine = _kernel_and_machine(fields.get("Python platform"))
     python = fields.get("Python version")
     commands = _scan_commands(lines, findings)
     for var, seen in commands.env:

@@ -61,11 +61,10 @@ BLOCK_KEYS: dict[str, str] = {
 }
 
 
-def _from_env_block(lines: list[str], name: str) -> Report:
-    findings: list[Finding] = []
+def _block_values(lines: list[str], name: str) -> tuple[dict[str, Seen], dict[str, Seen], dict[str, Seen]]:
+    """The block's `key: value` lines by kind, the FlashInfer versions, and the engine variables it lists."""
     packages: dict[str, Seen] = {}
     env: dict[str, Seen] = {}
-    settings: dict[str, Seen] = {}
     values: dict[str, Seen] = {}
     for number, raw in enumerate(lines, start=1):
         text = raw.strip().strip("`")
@@ -85,11 +84,11 @@ def _from_env_block(lines: list[str], name: str) -> Report:
         if kind is None:
             continue
         values[kind] = Seen(value=value, line=number)
-    for kind, package in (("vllm", "vllm"), ("triton", "triton"), ("transformers", "transformers")):
-        if kind in values:
-            packages[package] = _version_in(values[kind], name, package)
-    if "torch" in values:
-        packages["torch"] = _torch_from_dunder_version(_version_in(values["torch"], name, "torch"), findings)
+    return values, packages, env
+
+
+def _ambiguous(values: dict[str, Seen], findings: list[Finding]) -> None:
+    """NCCL, cuDNN and CUDA versions in a block do not say whose they are: each is a finding."""
     if "nccl" in values:
         findings.append(
             Finding(
@@ -99,14 +98,6 @@ def _from_env_block(lines: list[str], name: str) -> Report:
                 message=f"{values['nccl'].value}: the nvidia-nccl-cu* wheel torch loads, or the system's? not pinned",
             )
         )
-    gpus: tuple[Gpu, ...] = ()
-    if "gpu" in values:
-        seen = values["gpu"]
-        match = re.match(r"(?:(?P<count>\d+)\s*[xX\u00d7]\s*)?(?P<name>[^(,;]+)", seen.value)
-        gpu_name = match.group("name").strip() if match else seen.value
-        count = int(match.group("count")) if match and match.group("count") else 1
-        gpus = tuple(Gpu(name=gpu_name, capability=None, line=seen.line) for _ in range(count))
-    cudnn = None
     if "cudnn" in values:
         cudnn = values["cudnn"]
         findings.append(
@@ -128,6 +119,31 @@ def _from_env_block(lines: list[str], name: str) -> Report:
                 message=f"{cuda.value}: torch's CUDA, the toolkit's or the driver's? taken as torch's",
             )
         )
+
+
+def _block_gpus(values: dict[str, Seen]) -> tuple[Gpu, ...]:
+    """`GPU: 8x H200` -> eight H200s; no count is one."""
+    if "gpu" not in values:
+        return ()
+    seen = values["gpu"]
+    match = re.match(r"(?:(?P<count>\d+)\s*[xX\u00d7]\s*)?(?P<name>[^(,;]+)", seen.value)
+    gpu_name = match.group("name").strip() if match else seen.value
+    count = int(match.group("count")) if match and match.group("count") else 1
+    return tuple(Gpu(name=gpu_name, capability=None, line=seen.line) for _ in range(count))
+
+
+def _from_env_block(lines: list[str], name: str) -> Report:
+    findings: list[Finding] = []
+    settings: dict[str, Seen] = {}
+    values, packages, env = _block_values(lines, name)
+    for kind, package in (("vllm", "vllm"), ("triton", "triton"), ("transformers", "transformers")):
+        if kind in values:
+            packages[package] = _version_in(values[kind], name, package)
+    if "torch" in values:
+        packages["torch"] = _torch_from_dunder_version(_version_in(values["torch"], name, "torch"), findings)
+    _ambiguous(values, findings)
+    gpus = _block_gpus(values)
+    cudnn, cuda = values.get("cudnn"), values.get("cuda")
     for setting in ("quantization", "kv-cache-dtype", "cudagraph-mode", "max-num-batched-tokens"):
         if setting in values:
             settings[setting] = values[setting]

@@ -10,7 +10,7 @@ from packaging.version import Version
 
 from pipeline.errors import InputError
 from pipeline.matrix.model import Matrix, RegistryBase
-from pipeline.matrix.read import KNOWN_ARCHES
+from pipeline.matrix.schema import KNOWN_ARCHES
 from pipeline.releases.pins import OFFICIAL_IMAGE, release_of_image
 from pipeline.repro.facts import Finding, Kind, Report, Seen
 from pipeline.repro.util import _is_dev

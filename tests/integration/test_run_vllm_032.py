@@ -21,7 +21,8 @@ import pytest
 
 from pipeline.docker.client import Docker
 from tests.integration.conftest import built_by_the_pipeline, containers, created_since, stackproof
-from verify.logs.diagnosis import diagnose, scan_rules
+from verify.logs.classes import scan_rules
+from verify.logs.diagnosis import diagnose
 from verify.logs.logscan import scan
 from verify.serving import DRIVERS
 

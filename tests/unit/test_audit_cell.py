@@ -161,7 +161,7 @@ def test_the_index_serving_vllm_unreachable_is_exit_3_saying_what_to_fix(matrix_
 
 
 def test_signatures_both_ways_and_the_ones_listed_not_checked(matrix_file: Path, tmp_path: Path) -> None:
-    from verify.logs.logscan import Signature
+    from verify.logs.catalog import Signature
 
     def sig(id_: str, match: str, **extra: object) -> Signature:
         base: dict = dict(title=id_, severity="fail", source="server", first=None, then=None, within=20)  # type: ignore[type-arg]

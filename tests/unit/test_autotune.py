@@ -20,7 +20,7 @@ from verify.kernels.autotune import (
     read_cache,
     winners,
 )
-from verify.logs.logscan import Facts
+from verify.logs.catalog import Facts
 from verify.stages.autotune import CACHE_MOUNT, diff_winners, judge_fresh_cache, winners_table
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

@@ -18,7 +18,7 @@ from pipeline.errors import InputError
 from pipeline.result import Status
 from stackproof.cli import main
 from verify.kernels.autotune import read_cache, winners
-from verify.logs.logscan import Facts
+from verify.logs.catalog import Facts
 from verify.serving import driver_named
 from verify.stages.autotune import CACHE_MOUNT, judge_fresh_cache, winners_table
 

@@ -13,7 +13,8 @@ from stackproof.cli import main
 from verify.load import watchdog
 from verify.load.compare import compare_runs, find_greedy, read_greedy, render_table, write_greedy
 from verify.load.determinism import Sample
-from verify.load.run import LoadTarget, run_load
+from verify.load.outcome import LoadTarget
+from verify.load.run import run_load
 
 from .fake_openai import FakeVllm
 

@@ -20,7 +20,9 @@ from verify.load.baselines import baseline_key, path_of, read_baseline
 from verify.load.canary import Canary, CanaryAnswer, ask_canaries, judge_canaries, read_canaries, score
 from verify.load.correctness import ask_for_cell, judge_correctness
 from verify.load.degeneration import MARGIN, Rates, judge_degeneration, loop_period, measure
-from verify.load.run import LoadOutcome, LoadTarget, judge_load, run_load, summarise
+from verify.load.outcome import LoadOutcome, LoadTarget
+from verify.load.run import run_load
+from verify.load.summary import judge_load, summarise
 from verify.serving import DRIVERS
 
 from .fake_openai import FakeVllm

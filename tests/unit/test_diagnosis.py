@@ -18,8 +18,10 @@ import yaml
 from pipeline.errors import MatrixError
 from stackproof.cli import main
 from tests.unit.test_logscan import CPU_LOG, SAMPLES
-from verify.logs.diagnosis import CLASSES_FILE, Fact, diagnose, load_classes
-from verify.logs.logscan import load_catalog, load_rulesets, open_log
+from verify.logs.catalog import load_catalog, load_rulesets
+from verify.logs.classes import CLASSES_FILE, load_classes
+from verify.logs.diagnosis import Fact, diagnose
+from verify.logs.logscan import open_log
 from verify.logs.logtext import clean_line, message_of, split_records
 
 REAL = Path(__file__).resolve().parents[1] / "fixtures" / "logs" / "real"
@@ -480,7 +482,7 @@ def test_the_literal_prefilter_never_drops_a_line_the_regex_matches(real_matrix)
     # scan() only runs a regex on lines holding one of its literals: for every pattern the
     # diagnosis and the catalog use, that must find exactly the lines a plain regex search finds.
     from pipeline.matrix.model import LogRule
-    from verify.logs.diagnosis import scan_rules
+    from verify.logs.classes import scan_rules
     from verify.logs.logscan import scan
 
     text = b"".join(p.read_bytes() for p in sorted(REAL.glob("*.log"))) + "".join(SAMPLES.values()).encode()

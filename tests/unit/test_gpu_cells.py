@@ -17,7 +17,8 @@ from pipeline.matrix.model import Expectation, Matrix
 from pipeline.receipt import render_junit, render_markdown
 from pipeline.result import CheckResult, StageResult, Status, VerifyReport, evaluate
 from verify.kernels.autotune import read_cache, winners
-from verify.logs.logscan import Facts, catalog_for, judge, rules_for, scan
+from verify.logs.catalog import Facts, catalog_for, rules_for
+from verify.logs.logscan import judge, scan
 from verify.stages.autotune import diff_winners, winners_table
 from verify.stages.receipt import build_receipt, receipt_status
 

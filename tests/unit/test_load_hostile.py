@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 
 from pipeline.matrix.model import LoadSpec
-from verify.load.run import LoadOutcome, LoadTarget, grace_s, run_load
+from verify.load.outcome import LoadOutcome, LoadTarget
+from verify.load.run import grace_s, run_load
 from verify.serving import DEFAULT
 from verify.serving.openai import MAX_METRICS_BYTES, ErrorClass, ServerAPI
 

@@ -19,8 +19,10 @@ from pipeline.matrix.model import LoadSpec
 from pipeline.result import CheckResult, Status
 from verify.load import watchdog
 from verify.load.determinism import Sample
+from verify.load.outcome import LoadOutcome, LoadTarget
 from verify.load.progress import Progress, StallVerdict
-from verify.load.run import LoadOutcome, LoadTarget, _percentiles, judge_load, run_load, summarise
+from verify.load.run import run_load
+from verify.load.summary import LoadSummary, _percentiles, judge_load, summarise, summarise_load
 from verify.load.watchdog import Event
 from verify.load.workload import builtin_pool
 from verify.serving.openai import ErrorClass, RequestRecord
@@ -188,6 +190,48 @@ def test_summarise_without_a_finished_question_has_no_stats() -> None:
     assert s["questions"] == {"attempted": 0, "clean": 0, "faulted": 0, "incomplete": 1}
     assert s["stats"] is None
     assert s["latency_ms"]["ttft"]["p50"] is None
+
+
+def test_the_summary_is_written_once_and_read_back_through_its_type() -> None:
+    """load.json's layout is the receipt's (schema_version 1), key for key, and reads back to the same JSON."""
+    before = prog(generated=100, prompt=50, steps=10, tokens=150)
+    after = prog(generated=130, prompt=70, steps=25, tokens=200)
+    questions: dict[str, bool | None] = {"a": True, "b": False, "c": None}
+    records = [rec("a"), rec("b", error=ErrorClass.ENGINE_DEAD), rec("c", error=ErrorClass.ABORTED)]
+    o = outcome(records, questions, before=before, after=after, determinism_tokens=(3, 4))
+    typed = summarise_load(o, SPEC)
+    assert typed.to_dict() == summarise(o, SPEC)
+    assert list(typed.to_dict()) == [
+        "schema_version",
+        "config",
+        "model",
+        "seconds",
+        "stop_reason",
+        "questions",
+        "requests",
+        "tokens",
+        "throughput",
+        "latency_ms",
+        "server_counter_deltas",
+        "events",
+        "stats",
+        "files",
+    ]
+    text = json.dumps(typed.to_dict(), indent=2)
+    assert json.dumps(LoadSummary.from_dict(json.loads(text)).to_dict(), indent=2) == text
+    # a stage's extra sections (cost, correctness) beside the summary do not stop it reading back
+    extra = {**json.loads(text), "cost": {}, "correctness": {}}
+    assert LoadSummary.from_dict(extra).questions == typed.questions
+    assert typed.questions.attempted == 2 and typed.questions.incomplete == 1 and typed.output_tokens == 3
+
+
+def test_judge_load_reads_the_typed_summary_and_its_json_alike() -> None:
+    o = outcome([rec("a")], {"a": True}, before=prog(generated=0), after=prog(generated=4))
+    typed = summarise_load(o, SPEC)
+    from_json = judge_load(o, typed.to_dict(), batch_invariant=False)
+    assert [(c.name, c.status, c.message) for c in judge_load(o, typed, batch_invariant=False)] == [
+        (c.name, c.status, c.message) for c in from_json
+    ]
 
 
 # -- judge_load -----------------------------------------------------------------------------------------

@@ -12,7 +12,8 @@ from pipeline.matrix.model import LogRule
 from pipeline.result import Status
 from stackproof.cli import main
 from verify.logs import logscan
-from verify.logs.logscan import Facts, LogWatcher, judge, load_catalog, load_rulesets, open_log, rules_for, scan
+from verify.logs.catalog import Facts, load_catalog, load_rulesets, rules_for
+from verify.logs.logscan import LogWatcher, judge, open_log, scan
 
 FIXTURE_LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"  # copies of shared/fixtures/logs
 CPU_LOG = FIXTURE_LOGS / "vllm-0.28.0-cpu-startup.log"

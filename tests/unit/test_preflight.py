@@ -14,11 +14,10 @@ from typing import Any
 import pytest
 
 from pipeline.errors import InfraError
+from pipeline.host import facts as hostfacts
 from pipeline.host import preflight
+from pipeline.host.facts import DiskFact, GpuFact, PreflightFacts
 from pipeline.host.preflight import (
-    DiskFact,
-    GpuFact,
-    PreflightFacts,
     PreflightFailed,
     enforce,
     judge_host_preflight,
@@ -247,9 +246,9 @@ def test_cdi_spec_files_naming_nvidia_gpus_are_found(tmp_path: Path) -> None:
     (tmp_path / "etc" / "nvidia.yaml").write_text("cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices: []\n")
     (tmp_path / "etc" / "other.json").write_text('{"cdiVersion": "0.5.0", "kind": "vendor.com/fpga"}')
     (tmp_path / "etc" / "notes.txt").write_text("kind: nvidia.com/gpu")
-    found = preflight._cdi_specs([tmp_path / "etc", tmp_path / "absent"])
+    found = hostfacts._cdi_specs([tmp_path / "etc", tmp_path / "absent"])
     assert found == (str(tmp_path / "etc" / "nvidia.yaml"),)
-    assert preflight._cdi_specs([tmp_path / "absent"]) == ()
+    assert hostfacts._cdi_specs([tmp_path / "absent"]) == ()
 
 
 def test_a_base_without_the_cells_platform_fails(real: Matrix) -> None:
@@ -343,13 +342,13 @@ class FakeDocker:
 def test_a_local_base_images_config_wins_over_the_declaration(real: Matrix) -> None:
     config = {"Config": {"Env": ["PATH=/usr/bin", "NVIDIA_REQUIRE_CUDA=cuda>=13.1 brand=tesla,driver>=580"]}}
     docker = FakeDocker({"vllm/vllm-openai:v0.28.0": {**config, "Os": "linux", "Architecture": "amd64"}})
-    require, source, platforms, _ = preflight._image_facts(real, real.cell(FIXED), docker)  # type: ignore[arg-type]
+    require, source, platforms, _ = hostfacts._image_facts(real, real.cell(FIXED), docker)  # type: ignore[arg-type]
     assert require == "cuda>=13.1 brand=tesla,driver>=580" and "(local) config" in source
     assert platforms == ("linux/amd64", "linux/arm64")  # declared: one local platform says yes, not no
 
 
 def test_without_docker_the_declared_base_facts_are_used(real: Matrix) -> None:
-    require, source, platforms, psource = preflight._image_facts(real, real.cell(SPARK), None)
+    require, source, platforms, psource = hostfacts._image_facts(real, real.cell(SPARK), None)
     assert require == "cuda>=13.0" and "declares it in matrix.yaml" in source
     assert platforms == ("linux/amd64", "linux/arm64") and "declares them" in psource
 
@@ -362,7 +361,7 @@ def test_an_undeclared_base_not_local_is_unknown(tmp_path: Path) -> None:
     (tmp_path / "m.yaml").write_text(text)
     matrix = load_matrix(tmp_path / "m.yaml", images_dir=REPO / "images")
     docker = FakeDocker({})
-    require, source, platforms, psource = preflight._image_facts(matrix, matrix.cell(SM90), docker)  # type: ignore[arg-type]
+    require, source, platforms, psource = hostfacts._image_facts(matrix, matrix.cell(SM90), docker)  # type: ignore[arg-type]
     assert require is None and source.startswith("unknown: image vllm/vllm-openai:v0.28.0 is not local")
     assert platforms is None and psource.startswith("unknown:")
 
@@ -496,7 +495,7 @@ def test_a_cell_on_another_cells_image_has_that_cells_platform(tmp_path: Path) -
     )
     (tmp_path / "m.yaml").write_text(text)
     matrix = load_matrix(tmp_path / "m.yaml", images_dir=REPO / "images")
-    require, _, platforms, psource = preflight._image_facts(matrix, matrix.cell("sm90-arm"), None)
+    require, _, platforms, psource = hostfacts._image_facts(matrix, matrix.cell("sm90-arm"), None)
     assert platforms == ("linux/amd64",) and psource == "the base is cell sm90-vllm-0.28.0's image"
     assert require == "cuda>=13.0"  # from the root registry base, through the parent cell
     facts = dataclasses.replace(h200(), machine="aarch64", base_platforms=platforms, base_platforms_source=psource)

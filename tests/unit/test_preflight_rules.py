@@ -306,7 +306,8 @@ def test_ple_rule_on_the_h200s_measured_container_facts_passes() -> None:
 
 
 def test_the_pre_run_preflight_judges_the_rules_where_limits_were_gathered(tmp_path: Path) -> None:
-    from pipeline.host.preflight import PreflightFacts, judge_host_preflight, judge_preflight
+    from pipeline.host.facts import PreflightFacts
+    from pipeline.host.preflight import judge_host_preflight, judge_preflight
     from pipeline.matrix.read import load_matrix
 
     matrix_file = tmp_path / "matrix.yaml"
@@ -359,7 +360,8 @@ def test_the_probe_script_run_on_the_h200_gives_the_recorded_limits() -> None:
 
 
 def test_preflight_facts_keep_the_model_type_for_the_mla_rule(tmp_path: Path) -> None:
-    from pipeline.host.preflight import PreflightFacts, judge_preflight
+    from pipeline.host.facts import PreflightFacts
+    from pipeline.host.preflight import judge_preflight
     from pipeline.matrix.read import load_matrix
 
     matrix_file = tmp_path / "matrix.yaml"

@@ -12,9 +12,11 @@ import pytest
 
 from pipeline.matrix.model import SERVING_ENGINES, LoadSpec, Matrix
 from pipeline.result import Status
+from verify.load.outcome import LoadTarget
 from verify.load.progress import parse_metrics
-from verify.load.run import LoadTarget, judge_load, run_load, summarise
-from verify.logs.logscan import Facts, rules_for
+from verify.load.run import run_load
+from verify.load.summary import judge_load, summarise
+from verify.logs.catalog import Facts, rules_for
 from verify.serving import DRIVERS, Since, at_version, driver_for
 from verify.stages.autotune import judge_fresh_cache
 from verify.stages.server import serve_argv
@@ -308,7 +310,8 @@ def test_sglang_ready_line_and_dead_markers_on_real_logs() -> None:
 
 
 def test_the_sglang_rule_set_on_real_logs(real_matrix: Matrix) -> None:
-    from verify.logs.logscan import judge, load_catalog, scan
+    from verify.logs.catalog import load_catalog
+    from verify.logs.logscan import judge, scan
 
     cell = real_matrix.cell("sglang-cpu-tiny")
     rules = rules_for(cell, None, Facts(serve=True, arch="none", engine="sglang"))
@@ -446,7 +449,7 @@ def test_the_h200_sglang_stall_was_named_a_stall_because_health_runs_the_engine(
 
 
 def test_each_engine_gets_its_own_rule_set_and_no_other() -> None:
-    from verify.logs.logscan import rulesets_for
+    from verify.logs.catalog import rulesets_for
 
     assert [rs.id for rs in rulesets_for(Facts(serve=True, arch="none", engine="sglang"))] == ["sglang-server"]
     vllm_028 = Facts(serve=True, arch="none", engine="vllm", engine_version="0.28.0")

@@ -13,8 +13,10 @@ from pathlib import Path
 from pipeline.matrix.model import Matrix
 from pipeline.result import Status
 from verify.load.progress import parse_metrics
-from verify.logs.diagnosis import diagnose, scan_rules
-from verify.logs.logscan import Facts, judge, load_catalog, rules_for, rulesets_for, scan
+from verify.logs.catalog import Facts, load_catalog, rules_for, rulesets_for
+from verify.logs.classes import scan_rules
+from verify.logs.diagnosis import diagnose
+from verify.logs.logscan import judge, scan
 from verify.serving import DRIVERS
 from verify.stages.autotune import judge_fresh_cache
 from verify.stages.serverplan import CACHE_MOUNT

@@ -39,7 +39,8 @@ from verify.runtime import Runtime, as_runtime
 from verify.serving import driver_for
 
 if TYPE_CHECKING:  # the load run's outcome, only as a type: the load run calls back into these instruments
-    from verify.load.run import LoadOutcome
+    from verify.load.outcome import LoadOutcome
+    from verify.load.summary import LoadSummary
 
 __all__ = [
     "COREDUMP_DIR",
@@ -424,11 +425,9 @@ class LoadInstruments:
         if self.cpu_sampler is not None:
             self.cpu_sampler.stop()  # its last reading: the load's end
 
-    def cost_of(self, outcome: LoadOutcome, summary: dict[str, Any]) -> dict[str, Any]:
+    def cost_of(self, outcome: LoadOutcome, summary: LoadSummary) -> dict[str, Any]:
         """The cost section of a finished load: every output token it counted, greedy phase B's too."""
-        return self.finish(
-            output_tokens=summary["tokens"]["output"] + outcome.determinism_tokens[1], seconds=outcome.seconds
-        )
+        return self.finish(output_tokens=summary.output_tokens + outcome.determinism_tokens[1], seconds=outcome.seconds)
 
     def finish(self, *, output_tokens: int, seconds: float) -> dict[str, Any]:
         """The load's cost section, from the samples taken until `stop`."""

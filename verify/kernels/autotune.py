@@ -467,33 +467,7 @@ def judge_cache(
     allow: tuple[tuple[str, str], ...] = (),
 ) -> list[CheckResult]:
     """The policy verdict, and whether the cache was written by the environment under test."""
-    checks = []
-    if expected:
-        differ = {
-            k: {"cache": cache_.metadata.get(k), "image": v}
-            for k, v in expected.items()
-            if v is not None and cache_.metadata.get(k) not in (v, "*")
-        }
-        if differ:
-            checks.append(
-                CheckResult(
-                    name="cache-environment",
-                    status=Status.INCONCLUSIVE,
-                    evidence=differ,
-                    message="the cache was written in another environment ("
-                    + ", ".join(f"{k}: {d['cache']} vs {d['image']}" for k, d in differ.items())
-                    + "): FlashInfer ignores it, so it proves nothing here",
-                )
-            )
-        else:
-            checks.append(
-                CheckResult(
-                    name="cache-environment",
-                    status=Status.PASS,
-                    message="cache metadata matches the image under test",
-                    evidence=expected,
-                )
-            )
+    checks = [_cache_environment(cache_, expected)] if expected else []
     cudnn = _int(cache_.metadata.get("cudnn_version"))
     chosen = applicable(policies, arch, cudnn)
     forbidden = {pair: p.id for p in chosen for pair in p.forbid}
@@ -551,6 +525,30 @@ def judge_cache(
             )
         )
     return checks
+
+
+def _cache_environment(cache_: AutotuneCache, expected: dict[str, str | None]) -> CheckResult:
+    """Whether the cache's metadata names the environment under test: FlashInfer ignores a cache that does not."""
+    differ = {
+        k: {"cache": cache_.metadata.get(k), "image": v}
+        for k, v in expected.items()
+        if v is not None and cache_.metadata.get(k) not in (v, "*")
+    }
+    if differ:
+        return CheckResult(
+            name="cache-environment",
+            status=Status.INCONCLUSIVE,
+            evidence=differ,
+            message="the cache was written in another environment ("
+            + ", ".join(f"{k}: {d['cache']} vs {d['image']}" for k, d in differ.items())
+            + "): FlashInfer ignores it, so it proves nothing here",
+        )
+    return CheckResult(
+        name="cache-environment",
+        status=Status.PASS,
+        message="cache metadata matches the image under test",
+        evidence=expected,
+    )
 
 
 def _int(value: str | None) -> int | None:

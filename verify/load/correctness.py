@@ -17,7 +17,7 @@ from pipeline.result import CheckResult, Status
 from verify.load.baselines import baseline_key, path_of, read_baseline, record_baseline
 from verify.load.canary import CanaryAnswer, ask_canaries, judge_canaries, read_canaries
 from verify.load.degeneration import judge_degeneration, measure
-from verify.load.run import LoadOutcome
+from verify.load.outcome import LoadOutcome
 from verify.serving import ServingDriver
 
 __all__ = ["ask_for_cell", "judge_correctness"]

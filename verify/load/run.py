@@ -17,80 +17,30 @@ import itertools
 import json
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TextIO
-
-import numpy as np
 
 from pipeline.console import console
 from pipeline.errors import CheckFailed, InfraError
 from pipeline.matrix.model import LoadSpec
-from pipeline.result import CheckResult, Status
 from verify.load.compare import GREEDY_FILE, write_greedy
-from verify.load.determinism import Sample, judge_phase, request_sample
+from verify.load.determinism import Sample, request_sample
+from verify.load.outcome import Live, LoadOutcome, LoadTarget
 from verify.load.progress import Progress, Tracker
 from verify.load.stats import fault_stats
-from verify.load.watchdog import Event, Watchdog, scrape
+from verify.load.summary import judge_load, summarise
+from verify.load.watchdog import Watchdog, scrape
 from verify.load.workload import Question, arrival_gaps, builtin_pool, cycle, read_questions
-from verify.serving import DEFAULT, MetricNames, ServingDriver
+from verify.serving import MetricNames
 from verify.serving.openai import ErrorClass, ModelNotNamed, RequestRecord, ServerAPI, Timeouts
 
-__all__ = ["LoadOutcome", "LoadTarget", "grace_s", "judge_load", "run_load", "summarise", "time_budget"]
+# LoadTarget, judge_load and summarise live in outcome.py and summary.py; named here for the commands that
+# import them from the run.
+__all__ = ["LoadTarget", "grace_s", "judge_load", "run_load", "summarise", "time_budget"]
 
-LOAD_SCHEMA_VERSION = 1
 # Failures that say the server, not the request, is in trouble: the watchdog probes at once.
 _SERVER_CLASSES = (ErrorClass.CONNECT, ErrorClass.HTTP_5XX, ErrorClass.ENGINE_DEAD, ErrorClass.STREAM_TRUNCATED)
-
-
-@dataclass(frozen=True, kw_only=True)
-class LoadTarget:
-    """Where the load goes and what can be learnt about the server beyond HTTP."""
-
-    base_url: str
-    label: str  # cell (and arm) for progress lines
-    driver: ServingDriver = DEFAULT  # whose endpoints, counters and dead markers (the default engine's)
-    engine_version: str | None = None  # the engine's release, for facts that moved (None: the newest)
-    batch_invariant: bool = False  # the server declares batch-invariant greedy answers (the driver's variable)
-    gpu: bool = False  # NVML snapshots in evidence
-    server_alive: Callable[[], str | None] | None = None  # None while alive, else what happened to it
-    last_log_lines: Callable[[], list[str]] = list
-    prior: tuple[int, int] = (0, 0)  # (questions, clean) from earlier slices of a soak, for the progress line
-    on_stall: Callable[[float], dict[str, Any]] | None = None  # stall forensics (verify/forensics/stall.py)
-
-
-@dataclass(kw_only=True)
-class Live:
-    """Counters shared by the workers, the watchdog and the progress line."""
-
-    in_flight: int = 0
-    questions_done: int = 0
-    questions_clean: int = 0
-    requests_failed: int = 0
-    output_tokens: int = 0
-    stop_reason: str | None = None
-
-
-@dataclass(kw_only=True)
-class LoadOutcome:
-    config: dict[str, Any]
-    model: str
-    records: list[RequestRecord]
-    questions: dict[str, bool | None]  # id -> clean (True), faulted (False), incomplete (None)
-    events: list[Event]
-    determinism_a: list[Sample]
-    determinism_b: list[Sample]
-    before: Progress | None
-    after: Progress | None
-    seconds: float
-    stop_reason: str
-    determinism_tokens: tuple[int, int] = (0, 0)  # (prompt, completion) tokens of phase B
-    scrapes: int = 0
-    crashed: str | None = None  # a worker's exception: the run proves nothing (ERROR, never "all answered")
-    files: dict[str, str] = field(default_factory=dict)
-    # The driver's names, for messages: its (generated, prompt) token counters and its batch-invariance variable.
-    counters: tuple[str, str] = ("the generated-token counter", "the prompt-token counter")
-    invariance_env: str | None = None
 
 
 def _questions(spec: LoadSpec) -> tuple[Question, ...]:
@@ -480,215 +430,3 @@ def time_budget(spec: LoadSpec) -> float:
     within ttft + chunk timeouts per turn, each determinism sample within its ttft timeout."""
     determinism = 2 * spec.determinism_prompts * spec.determinism_repeats + 2
     return spec.duration_s + determinism * spec.ttft_timeout_s + 3 * (spec.ttft_timeout_s + spec.chunk_timeout_s) + 120
-
-
-# -- summary and verdicts -------------------------------------------------------------------------
-
-
-def _percentiles(values: list[float]) -> dict[str, float | None]:
-    if not values:
-        return {"p50": None, "p90": None, "p99": None, "max": None, "mean": None}
-    array = np.asarray(values) * 1000.0  # ms, as the engines' own serving benchmarks report
-    p50, p90, p99 = np.percentile(array, [50, 90, 99])
-    return {
-        "p50": round(float(p50), 3),
-        "p90": round(float(p90), 3),
-        "p99": round(float(p99), 3),
-        "max": round(float(array.max()), 3),
-        "mean": round(float(array.mean()), 3),
-    }
-
-
-def summarise(outcome: LoadOutcome, spec: LoadSpec) -> dict[str, Any]:
-    """The load section of the receipt (schema_version 1): counts, percentiles, deltas, events, stats."""
-    load_records = [r for r in outcome.records if r.kind == "load"]
-    ok = [r for r in load_records if r.ok]
-    errors: dict[str, int] = {}
-    for r in load_records:
-        if r.error_class is not None:
-            errors[str(r.error_class)] = errors.get(str(r.error_class), 0) + 1
-    clean = sum(1 for v in outcome.questions.values() if v is True)
-    faulted = sum(1 for v in outcome.questions.values() if v is False)
-    incomplete = sum(1 for v in outcome.questions.values() if v is None)
-    seconds = max(outcome.seconds, 1e-9)
-    output_tokens = sum(r.output_tokens for r in ok)
-    deltas = None
-    if outcome.before is not None and outcome.after is not None:
-        deltas = {
-            "generation_tokens": outcome.after.generated - outcome.before.generated,
-            "prompt_tokens": outcome.after.prompt - outcome.before.prompt,
-            "engine_steps": outcome.after.steps - outcome.before.steps,
-            "iteration_tokens": outcome.after.tokens - outcome.before.tokens,
-        }
-    attempted = clean + faulted
-    stats = fault_stats(spec.baseline_rate, attempted, faulted).to_json() if attempted else None
-    return {
-        "schema_version": LOAD_SCHEMA_VERSION,
-        "config": outcome.config,
-        "model": outcome.model,
-        "seconds": round(outcome.seconds, 3),
-        "stop_reason": outcome.stop_reason,
-        "questions": {"attempted": attempted, "clean": clean, "faulted": faulted, "incomplete": incomplete},
-        "requests": {"ok": len(ok), "errors": errors},
-        "tokens": {
-            "output": output_tokens,
-            "prompt": sum(r.prompt_tokens or 0 for r in ok),
-            "determinism_under_load": {
-                "prompt": outcome.determinism_tokens[0],
-                "completion": outcome.determinism_tokens[1],
-            },
-        },
-        "throughput": {
-            "output_tok_s": round(output_tokens / seconds, 3),
-            "requests_s": round(len(ok) / seconds, 3),
-            "questions_h": round(attempted / seconds * 3600, 1),
-        },
-        "latency_ms": {
-            "ttft": _percentiles([r.ttft for r in ok if r.ttft is not None]),
-            "tpot": _percentiles([t for r in ok if (t := r.tpot) is not None]),
-            "itl": _percentiles([x for r in ok for x in r.itl]),
-            "e2el": _percentiles([r.e2el for r in ok if r.e2el is not None]),
-        },
-        "server_counter_deltas": deltas,
-        "events": [e.to_json() for e in outcome.events],
-        "stats": stats,
-        "files": outcome.files,
-    }
-
-
-def judge_load(outcome: LoadOutcome, summary: dict[str, Any], *, batch_invariant: bool) -> list[CheckResult]:
-    """Checks from one load run: watchdog, questions, token accounting, determinism, latency, statistics."""
-    checks: list[CheckResult] = []
-    if outcome.crashed:
-        checks.append(
-            CheckResult(
-                name="load-workers",
-                status=Status.ERROR,
-                message=f"{outcome.crashed}: the questions it held were not answered; nothing is proven",
-            )
-        )
-    fatal = next((e for e in outcome.events if e.type != "UNKNOWN"), None)
-    if fatal is not None:
-        checks.append(
-            CheckResult(
-                name="engine-progress",
-                status=Status.FAIL,
-                message=f"{fatal.type} after {fatal.at:.1f}s: {fatal.reason}; probes {fatal.api}",
-                evidence=fatal.to_json(),
-            )
-        )
-    else:
-        scrapes, stall = outcome.scrapes, outcome.config["stall_seconds"]
-        checks.append(
-            CheckResult(
-                name="engine-progress",
-                status=Status.PASS,
-                message=f"the engine progressed throughout ({scrapes} scrapes, stall rule {stall:g}s)",
-                evidence={"scrapes": scrapes, "unknown_events": [e.to_json() for e in outcome.events]},
-            )
-        )
-    q = summary["questions"]
-    errors = summary["requests"]["errors"]
-    if q["attempted"] == 0:
-        checks.append(
-            CheckResult(
-                name="questions",
-                status=Status.INCONCLUSIVE if fatal is None else Status.FAIL,
-                message=f"no question finished ({outcome.stop_reason})",
-                evidence=q,
-            )
-        )
-    else:
-        failed = [r for r in outcome.records if r.kind == "load" and r.error_class not in (None, ErrorClass.ABORTED)]
-        status = Status.FAIL if q["faulted"] else Status.PASS
-        message = f"{q['clean']} of {q['attempted']} questions clean ({summary['requests']['ok']} requests)"
-        if q["faulted"]:
-            message += f"; errors {errors}; first: {failed[0].error}" if failed else f"; errors {errors}"
-        checks.append(
-            CheckResult(
-                name="questions",
-                status=status,
-                message=message,
-                evidence={**q, "errors": errors, "first_errors": [r.to_json() for r in failed[:5]]},
-            )
-        )
-    checks.append(_token_accounting(outcome, summary, fatal is not None))
-    references: dict[int, Sample] = {}
-    for sample in outcome.determinism_a:  # each prompt's first good answer is the reference
-        if not sample.error:
-            references.setdefault(sample.prompt, sample)
-    if outcome.config["determinism_repeats"] == 0:
-        checks.append(CheckResult(name="determinism", status=Status.SKIP, message="switched off (0 repeats)"))
-    else:
-        checks.append(judge_phase("A", references, outcome.determinism_a, batch_invariant=batch_invariant))
-    if outcome.determinism_b:
-        checks.append(
-            judge_phase(
-                "B",
-                references,
-                outcome.determinism_b,
-                batch_invariant=batch_invariant,
-                invariance_env=outcome.invariance_env,
-            )
-        )
-    latency = summary["latency_ms"]
-    checks.append(
-        CheckResult(
-            name="latency",
-            status=Status.PASS if summary["requests"]["ok"] else Status.SKIP,
-            message=(
-                f"TTFT p50 {latency['ttft']['p50']} ms p99 {latency['ttft']['p99']} ms, TPOT p50 "
-                f"{latency['tpot']['p50']} ms, {summary['throughput']['output_tok_s']:.0f} output tok/s"
-            ),
-            evidence={"latency_ms": latency, "throughput": summary["throughput"]},
-        )
-    )
-    if summary["stats"] is not None:
-        s = summary["stats"]
-        baseline = f"1/{1 / s['baseline_rate']:.0f}"
-        if s["faults"] == 0:
-            message = (
-                f"0 faults in {s['questions']} questions: a run this clean happens {s['p_luck']:.0%} of the time "
-                f"at the baseline {baseline}; {s['need_clean_95']} clean questions claim a fix at 95%"
-            )
-        else:
-            low, high = s["rate_ci95"]
-            message = (
-                f"{s['faults']} faults in {s['questions']} questions: rate 95% CI [{low:.4g}, {high:.4g}] per "
-                f"question against the baseline {baseline}"
-            )
-        checks.append(CheckResult(name="fault-statistics", status=Status.PASS, message=message, evidence=s))
-    return checks
-
-
-def _token_accounting(outcome: LoadOutcome, summary: dict[str, Any], ended_by_verdict: bool) -> CheckResult:
-    """The client's token counts must equal the server's counter deltas over the same window."""
-    deltas = summary["server_counter_deltas"]
-    client = summary["tokens"]["output"] + outcome.determinism_tokens[1]
-    client_prompt = summary["tokens"]["prompt"] + outcome.determinism_tokens[0]
-    evidence = {"client_output_tokens": client, "client_prompt_tokens": client_prompt, "server_deltas": deltas}
-    if deltas is None:
-        why = "the run ended on a verdict" if ended_by_verdict else "a /metrics scrape failed"
-        return CheckResult(
-            name="token-accounting", status=Status.SKIP, message=f"not compared: {why}", evidence=evidence
-        )
-    aborted = any(r.error_class is not None for r in outcome.records)
-    server, server_prompt = deltas["generation_tokens"], deltas["prompt_tokens"]
-    if server == client and server_prompt == client_prompt:
-        message = (
-            f"{client} output and {client_prompt} prompt tokens in the answers' usage = the deltas of "
-            f"{outcome.counters[0]} and {outcome.counters[1]}"
-        )
-        return CheckResult(name="token-accounting", status=Status.PASS, message=message, evidence=evidence)
-    message = (
-        f"the answers' usage says {client} output and {client_prompt} prompt tokens; the server's counters "
-        f"moved by {server:.0f} and {server_prompt:.0f}"
-    )
-    if aborted:  # a cancelled or failed request's tokens were counted by the server, not received
-        return CheckResult(
-            name="token-accounting",
-            status=Status.INCONCLUSIVE,
-            message=message + " (some requests failed or were cancelled)",
-            evidence=evidence,
-        )
-    return CheckResult(name="token-accounting", status=Status.FAIL, message=message, evidence=evidence)

@@ -21,52 +21,37 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from functools import cache
-from pathlib import Path
 from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from pipeline.errors import MatrixError
-from pipeline.matrix.model import Arm, Cell, LogRule
-from pipeline.matrix.yamlsrc import Path_, YamlSource, load_yaml
-from verify.logs.logscan import Log, LogMatch, Signature, check_entry, load_catalog, scan
-from verify.logs.logtext import clean_line, message_of, split_records
+from pipeline.matrix.model import Arm, Cell
+from verify.logs.catalog import Signature, load_catalog
+from verify.logs.classes import ClassCatalog, FailureClass, catalog_rules, load_classes
+from verify.logs.logscan import Log, LogMatch, scan
+from verify.logs.logtext import clean_line
+from verify.logs.tracebacks import (
+    _QUIET_LEVEL,
+    LastException,
+    _clean_record,
+    _exception_json,
+    _exception_text,
+    _last_exception,
+    _phase_at,
+    _process,
+)
 
 __all__ = [
-    "CLASSES_FILE",
     "ClassHit",
     "Diagnosis",
     "Fact",
-    "FailureClass",
-    "Frame",
     "Hint",
     "Incident",
-    "LastException",
     "Startup",
     "cell_facts",
     "diagnose",
-    "load_classes",
-    "scan_rules",
 ]
 
-CLASSES_FILE = Path(__file__).with_name("failure_classes.yaml")
-CLASS_KEYS = (
-    "id",
-    "title",
-    "severity",
-    "priority",
-    "match",
-    "what",
-    "next",
-    "next_by_phase",
-    "min_count",
-    "phased",
-    "fallback",
-)
-FIRST_ONLY_FACTS = frozenset({"arch", "vllm", "flashinfer", "sglang", "torch", "driver", "model_architecture"})
-SERVING_PACKAGES = ("vllm", "sglang", "flashinfer", "tensorrt_llm", "lmcache", "vllm_ascend")
-_CONTEXT_LINES = 80  # how far above an exception its frames are looked for
 
 # Compute capability by GPU name, for logs that name the GPU but not its capability
 # (NVIDIA's CUDA GPUs table, developer.nvidia.com/cuda-gpus). First match wins.
@@ -82,63 +67,11 @@ _ARCH_BY_GPU = (
     (re.compile(r"\bT4\b|RTX 20\d0|TITAN RTX"), "sm75"),
     (re.compile(r"\bV100\b"), "sm70"),
 )
-_EXCEPTION = re.compile(
-    r"^(?P<type>(?:[A-Za-z_]\w*\.)*\w*(?:Error|Exception|OutOfResources|Exit))(?::\s*(?P<message>.*))?$"
-)
-_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<function>\S+)')
-_PROCESS_ANYWHERE = re.compile(r"\((?P<name>[A-Za-z]\w*(?:[ _]\w+)*) pid=\d+(?:, ip=[\d.]+)?\)")
-# Frames that say which startup phase an out-of-memory happened in (vLLM V0/V1 and SGLang names).
-_PHASE_FRAMES = (
-    (
-        "cuda-graph-capture",
-        re.compile(r"capture_model|capture_end|torch\.cuda\.graph|cuda_graph_runner|_capture\b|capture\("),
-    ),
-    (
-        "kv-profiling",
-        re.compile(r"profile_run|determine_available_memory|determine_num_available_blocks|_dummy_run|profile_"),
-    ),
-    ("weight-load", re.compile(r"load_model|load_weights|create_weights|get_model|initialize_model|weight")),
-    # The engine's step loop and the request path: an allocation that fails while serving
-    # (vllm/v1/engine/core.py run_busy_loop/step, the scheduler's event loop, the API's handlers).
-    (
-        "serving",
-        re.compile(
-            r"execute_model|run_busy_loop|_process_engine_step|\bstep\(|sampler|sample\(|event_loop"
-            r"|forward_batch_generation|serving_chat|serving_completion|_continuation_prefill"
-            r"|Engine loop is not running|EngineDeadError"
-        ),
-    ),
-)
-# A logger header below error level (vLLM, SGLang's caller, Rust tracing, uvicorn): what such a line
-# says about errors ("... can cause fd limit errors like `OSError: ...`") is not an error.
-_QUIET_LEVEL = re.compile(r"^(?:\S+\s+)?(?:INFO|WARNING|WARN|DEBUG|TRACE|NOTICE)\b")
 # What a clean verdict says when the log shows startup phases but not their completion.
 STARTUP_NOT_SHOWN = "startup completion not shown in this excerpt"
 
 
 # -- data ------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, kw_only=True)
-class FailureClass:
-    id: str
-    title: str
-    severity: str  # fail | warn
-    priority: int  # lower wins when several classes match
-    patterns: tuple[str, ...]
-    what: str
-    next: str
-    min_count: int = 1  # fewer sightings fail only when startup did not complete after the last one
-    phased: bool = False  # say which startup phase it happened in
-    next_by_phase: tuple[tuple[str, str], ...] = ()  # advice that fits the phase, when one is known
-    fallback: bool = False  # named only when no other failing class is (the error-line extractor)
-
-
-@dataclass(frozen=True, kw_only=True)
-class ClassCatalog:
-    classes: tuple[FailureClass, ...]
-    phases: tuple[tuple[str, tuple[str, ...]], ...]  # (phase, patterns), in startup order
-    facts: tuple[tuple[str, tuple[str, ...]], ...]  # (fact, patterns)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -160,24 +93,6 @@ class ClassHit:
     what: str
     next: str
     phase: str | None = None  # for a phased class: where in startup it happened
-
-
-@dataclass(frozen=True, kw_only=True)
-class Frame:
-    file: str
-    line: int
-    function: str
-    package: str | None
-
-
-@dataclass(frozen=True, kw_only=True)
-class LastException:
-    type: str
-    message: str
-    line_no: int
-    process: str | None
-    frame: Frame | None  # innermost frame
-    package_frame: Frame | None  # innermost frame in a serving package, when the innermost is not
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -289,7 +204,7 @@ def diagnose(
     classes = classes or load_classes()
     catalog = tuple(load_catalog() if catalog is None else catalog)
     incidents = tuple(s for s in catalog if s.refs)
-    rules = _rules(classes)
+    rules = catalog_rules(classes)
     matches = scan(data, rules, incidents)
 
     log_facts = _facts(classes, matches)
@@ -368,136 +283,6 @@ def cell_facts(cell: Cell, arm: Arm | None = None) -> tuple[Fact, ...]:
         if value:
             found.append(Fact(name=fact, value=value, source=source))
     return tuple(found)
-
-
-# -- loading ---------------------------------------------------------------------------------------
-
-
-@cache
-def load_classes(file: Path = CLASSES_FILE) -> ClassCatalog:
-    """The class catalog, with every problem located (FILE:LINE: path: message)."""
-    src = load_yaml(file)
-    problems: list[str] = []
-    data = src.data if isinstance(src.data, dict) else {}
-    entries = data.get("classes")
-    if not isinstance(entries, list):
-        raise MatrixError([f"{file}:1: classes: must be a list"])
-    classes, seen = [], set()
-    for i, entry in enumerate(entries):
-        found = _class(src, ("classes", i), entry, problems)
-        if found is not None:
-            if found.id in seen:
-                problems.append(f"{src.where(('classes', i, 'id'))}: duplicate class id {found.id!r}")
-            seen.add(found.id)
-            classes.append(found)
-    if "python-exception" not in seen:
-        problems.append(f"{file}:1: classes: needs the python-exception class (the answer for unknown failures)")
-    phases = _named_patterns(src, "phases", problems)
-    facts = _named_patterns(src, "facts", problems)
-    if "serving" not in {name for name, _ in phases}:
-        problems.append(f"{file}:1: phases: needs a `serving` phase (startup completed)")
-    known = {name for name, _ in phases}
-    for i, c in enumerate(classes):
-        problems += [
-            f"{src.where(('classes', i, 'next_by_phase', phase))}: unknown phase (known: {', '.join(sorted(known))})"
-            for phase, _ in c.next_by_phase
-            if phase not in known
-        ]
-    if problems:
-        raise MatrixError(problems)
-    return ClassCatalog(classes=tuple(classes), phases=phases, facts=facts)
-
-
-def _class(src: YamlSource, path: Path_, entry: Any, problems: list[str]) -> FailureClass | None:
-    def bad(sub: Path_, message: str) -> None:
-        problems.append(f"{src.where((*path, *sub))}: {message}")
-
-    before = len(problems)
-    required = ("id", "title", "severity", "priority", "match", "what", "next")
-    if not check_entry(src, path, entry, CLASS_KEYS, required, problems):
-        return None
-    if entry.get("severity") not in ("fail", "warn"):
-        bad(("severity",), f"must be fail or warn, got {entry.get('severity')!r}")
-    if not isinstance(entry.get("priority", 0), int):
-        bad(("priority",), "must be an integer")
-    patterns = entry.get("match") or []
-    if not isinstance(patterns, list) or not patterns:
-        bad(("match",), "must be a non-empty list of regular expressions")
-        patterns = []
-    for j, pattern in enumerate(patterns):
-        try:
-            re.compile(str(pattern))
-        except re.error as exc:
-            bad(("match", j), f"not a valid regular expression: {exc}")
-    by_phase = entry.get("next_by_phase") or {}
-    if not isinstance(by_phase, dict) or not all(isinstance(v, str) for v in by_phase.values()):
-        bad(("next_by_phase",), "must map a startup phase to its advice")
-    if len(problems) > before:
-        return None
-    return FailureClass(
-        id=str(entry["id"]),
-        title=str(entry["title"]),
-        severity=entry["severity"],
-        priority=int(entry["priority"]),
-        patterns=tuple(str(p) for p in patterns),
-        what=str(entry["what"]).strip(),
-        next=str(entry["next"]).strip(),
-        min_count=int(entry.get("min_count", 1)),
-        phased=bool(entry.get("phased", False)),
-        next_by_phase=tuple((str(k), str(v).strip()) for k, v in (entry.get("next_by_phase") or {}).items()),
-        fallback=bool(entry.get("fallback", False)),
-    )
-
-
-def _named_patterns(src: YamlSource, key: str, problems: list[str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
-    entries = src.data.get(key) if isinstance(src.data, dict) else None
-    if not isinstance(entries, list):
-        problems.append(f"{src.file}:1: {key}: must be a list")
-        return ()
-    result = []
-    for i, entry in enumerate(entries):
-        if not isinstance(entry, dict) or set(entry) != {"id", "match"} or not isinstance(entry["match"], list):
-            problems.append(f"{src.where((key, i))}: needs exactly id and match (a list of regexes)")
-            continue
-        for j, pattern in enumerate(entry["match"]):
-            try:
-                re.compile(str(pattern))
-            except re.error as exc:
-                problems.append(f"{src.where((key, i, 'match', j))}: not a valid regular expression: {exc}")
-        result.append((str(entry["id"]), tuple(str(p) for p in entry["match"])))
-    return tuple(result)
-
-
-def scan_rules(classes: ClassCatalog | None = None) -> tuple[LogRule, ...]:
-    """Every pattern the diagnosis scans for (benchmarks/logscan.py gives the same set to grep)."""
-    return _rules(classes or load_classes())
-
-
-@cache
-def _rules(classes: ClassCatalog) -> tuple[LogRule, ...]:
-    """Everything the diagnosis looks for, as scan rules: one pass over the log finds all of it.
-
-    Phase markers and single-valued facts are `expect` rules (the first sighting is enough, and a
-    steady-state log repeats them); class lines and kernels are `evidence` (all sightings).
-    """
-    rules: list[LogRule] = []
-    for c in classes.classes:
-        rules += [LogRule(id=f"class:{c.id}:{i}", kind="evidence", pattern=p) for i, p in enumerate(c.patterns)]
-    for phase, patterns in classes.phases:
-        rules += [LogRule(id=f"phase:{phase}:{i}", kind="expect", pattern=p) for i, p in enumerate(patterns)]
-    for fact, patterns in classes.facts:
-        kind = "expect" if fact in FIRST_ONLY_FACTS else "evidence"
-        rules += [LogRule(id=f"fact:{fact}:{i}", kind=kind, pattern=p) for i, p in enumerate(patterns)]
-    # A raise line: `Type: message`, the type ending in Error, Exception... (the literals the scan
-    # looks for); the colon keeps out "500 Internal Server Error" request lines.
-    rules.append(
-        LogRule(
-            id="exception",
-            kind="evidence",
-            pattern=r"(?:[A-Za-z_]\w*\.)*\w*(?:Error|Exception|OutOfResources|SystemExit):(?:\s|$)",
-        )
-    )
-    return tuple(rules)
 
 
 # -- facts, phases, classes ------------------------------------------------------------------------
@@ -604,102 +389,6 @@ def _fails(c: FailureClass, lines: Sequence[int], phases: dict[str, int]) -> boo
         return True
     serving = phases.get("serving")
     return serving is None or serving < lines[-1]
-
-
-def _clean_record(raw: str, patterns: Sequence[str]) -> str:
-    """The record (of a possibly flattened line) that matched, without paste wrappers."""
-    records = split_records(raw.encode(errors="replace"))
-    for record in records:
-        text = record.decode(errors="replace")
-        if any(re.search(p, text) for p in patterns):
-            return message_of(clean_line(text).text)
-    return message_of(clean_line(raw).text)
-
-
-def _process(raw: str) -> str | None:
-    cleaned = clean_line(raw)
-    if cleaned.process:
-        return cleaned.process
-    m = _PROCESS_ANYWHERE.search(raw)
-    if m:
-        return m.group("name")
-    sglang = re.search(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d (?P<rank>(?:TP|DP|PP|EP)\d+[\w ]*)\]", raw)
-    return sglang.group("rank") if sglang else None
-
-
-def _phase_at(data: Log, hit: LogMatch, phases: dict[str, int]) -> str | None:
-    """Where in startup a phased failure happened: its traceback's frames first, else the phase line above."""
-    context = _context_before(data, hit.line, last=False)
-    for phase, frames in _PHASE_FRAMES:
-        if any(frames.search(line) for line in context if "File " in line or "in " in line) or frames.search(hit.line):
-            return phase
-    before = [p for p, line in phases.items() if line <= hit.line_no]
-    if not before:
-        return None
-    return "serving" if before[-1] == "engine-ready" else before[-1]
-
-
-def _context_before(data: Log, line: str, *, last: bool) -> list[str]:
-    """Up to _CONTEXT_LINES lines above `line` in the log (its first or last occurrence)."""
-    needle = line.encode(errors="replace")
-    pos = data.rfind(needle) if last else data.find(needle)
-    if pos < 0:
-        return []
-    start = pos
-    for _ in range(_CONTEXT_LINES):
-        nl = data.rfind(b"\n", 0, max(start - 1, 0))
-        if nl < 0:
-            start = 0
-            break
-        start = nl + 1
-    chunk = bytes(data[start:pos])
-    lines: list[str] = []
-    for raw in chunk.decode(errors="replace").splitlines():
-        lines += [r.decode(errors="replace") for r in split_records(raw.encode(errors="replace"))]
-    return lines
-
-
-# -- the last exception ----------------------------------------------------------------------------
-
-
-def _last_exception(data: Log, candidates: Sequence[LogMatch]) -> LastException | None:
-    """The last raise line in the log: its type and message, its innermost frame, its process."""
-    # The newest first; a log of millions of such lines is answered from its last few thousand.
-    for m in sorted(candidates, key=lambda m: m.line_no, reverse=True)[:5000]:
-        records = split_records(m.line.encode(errors="replace"))
-        for index in range(len(records) - 1, -1, -1):
-            cleaned = clean_line(records[index].decode(errors="replace"))
-            found = _EXCEPTION.match(message_of(cleaned.text).strip())
-            if not found:
-                continue
-            above = [r.decode(errors="replace") for r in records[:index]]
-            frames = [f for f in (_frame(line) for line in [*_context_before(data, m.line, last=True), *above]) if f]
-            frame = frames[-1] if frames else None
-            package_frame = next((f for f in reversed(frames) if f.package in SERVING_PACKAGES), None)
-            return LastException(
-                type=found.group("type"),
-                message=(found.group("message") or "").strip()[:500],
-                line_no=m.line_no,
-                process=cleaned.process or _process(m.line),
-                frame=frame,
-                package_frame=package_frame if package_frame != frame else None,
-            )
-    return None
-
-
-def _frame(line: str) -> Frame | None:
-    m = _FRAME.search(line)
-    if not m:
-        return None
-    path = m.group("file")
-    package = None
-    site = re.search(r"(?:site|dist)-packages/([\w.]+)", path)
-    if site:
-        package = site.group(1).split(".")[0]
-    else:
-        parts = [p for p in re.split(r"[/\\]", path) if p]
-        package = next((p for p in reversed(parts[:-1]) if p in SERVING_PACKAGES or p in ("torch", "triton")), None)
-    return Frame(file=path, line=int(m.group("line")), function=m.group("function"), package=package)
 
 
 # -- incidents -------------------------------------------------------------------------------------
@@ -818,26 +507,6 @@ def _dedupe(facts: Iterable[Fact]) -> tuple[Fact, ...]:
     for f in facts:
         seen.setdefault((f.name, f.value), f)
     return tuple(seen.values())
-
-
-def _exception_text(e: LastException) -> str:
-    where = f" at {e.frame.file}:{e.frame.line} in {e.frame.function}" if e.frame else ""
-    return f"{e.type}: {e.message}"[:300] + where
-
-
-def _frame_json(f: Frame | None) -> dict[str, Any] | None:
-    return None if f is None else {"file": f.file, "line": f.line, "function": f.function, "package": f.package}
-
-
-def _exception_json(e: LastException) -> dict[str, Any]:
-    return {
-        "type": e.type,
-        "message": e.message,
-        "line": e.line_no,
-        "process": e.process,
-        "frame": _frame_json(e.frame),
-        "package_frame": _frame_json(e.package_frame),
-    }
 
 
 def _hit_json(h: ClassHit) -> dict[str, Any]:

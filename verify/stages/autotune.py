@@ -35,7 +35,8 @@ from typing import Any
 from pipeline.matrix.model import Arm, Cell
 from pipeline.result import CheckResult, StageResult, Status
 from verify.kernels.autotune import AutotuneCache, Entry, judge_cache, load_policies, read_cache, winners
-from verify.logs.logscan import Facts, LogWatcher, catalog_for
+from verify.logs.catalog import Facts, catalog_for
+from verify.logs.logscan import LogWatcher
 from verify.runtime import Runtime
 from verify.serving import AutotuneFacts, driver_for
 from verify.stages.server import Server, ServerFailed
@@ -87,14 +88,8 @@ def run_autotune(
     checks: list[CheckResult] = []
     if shared is not None:
         server = shared
-        checks.append(
-            CheckResult(
-                name="readiness",
-                status=Status.PASS,
-                message=f"the startup stage's server, started with a fresh autotune cache ({server.name})",
-                evidence={"reused": True},
-            )
-        )
+        message = f"the startup stage's server, started with a fresh autotune cache ({server.name})"
+        checks.append(CheckResult(name="readiness", status=Status.PASS, message=message, evidence={"reused": True}))
         server.copy_out(CACHE_MOUNT, cache_dir)
     else:
         server = Server(
@@ -159,14 +154,7 @@ def judge_fresh_cache(
         reason = f"the serving engine ({title}) has no FlashInfer autotune cache to judge"
         return [CheckResult(name="autotune-cache", status=Status.SKIP, message=reason)]
     logged = _announced(tuning, log)
-    candidates = []
-    if logged and (logged == mount or logged.startswith(mount.rstrip("/") + "/")):
-        named = cache_dir / logged[len(mount) :].lstrip("/")
-        # A file (the legacy line), or the managed store's root (vLLM 0.33.0 kernel_warmup.py:485-489),
-        # under which FlashInfer keeps <root>/v2/<env_hash>/manifest.json (autotune_cache.py:367-369).
-        candidates += [named, *sorted(named.glob("v2/*/manifest.json"))] if named.is_dir() else [named]
-    candidates += [found for pattern in tuning.files for found in sorted(cache_dir.glob(pattern))]
-    found = next((c for c in candidates if c.is_file()), None)
+    found = _written_cache(tuning, logged, cache_dir, mount)
     evidence: dict[str, Any] = {"env": env, "logged_path": logged}
     if found is None and _tuned_nothing(cell, tuning, log):
         return [_nothing_tuned(tuning, evidence)]
@@ -222,6 +210,19 @@ def judge_fresh_cache(
     if previous is not None:
         checks.append(diff_winners(table, previous))
     return checks
+
+
+def _written_cache(tuning: AutotuneFacts, logged: str | None, cache_dir: Path, mount: str) -> Path | None:
+    """The cache file this start wrote: the one the log names (seen at `mount`, copied to `cache_dir`), else
+    the first of the engine's known file patterns."""
+    candidates = []
+    if logged and (logged == mount or logged.startswith(mount.rstrip("/") + "/")):
+        named = cache_dir / logged[len(mount) :].lstrip("/")
+        # A file (the legacy line), or the managed store's root (vLLM 0.33.0 kernel_warmup.py:485-489),
+        # under which FlashInfer keeps <root>/v2/<env_hash>/manifest.json (autotune_cache.py:367-369).
+        candidates += [named, *sorted(named.glob("v2/*/manifest.json"))] if named.is_dir() else [named]
+    candidates += [found for pattern in tuning.files for found in sorted(cache_dir.glob(pattern))]
+    return next((c for c in candidates if c.is_file()), None)
 
 
 def _tuned_nothing(cell: Cell, tuning: AutotuneFacts, log: str) -> bool:

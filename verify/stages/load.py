@@ -21,8 +21,11 @@ from pipeline.result import CheckResult, StageResult, Status
 from verify.forensics.stall import LoadInstruments
 from verify.load.canary import CanaryAnswer
 from verify.load.correctness import ask_for_cell, judge_correctness
-from verify.load.run import LoadTarget, judge_load, run_load, summarise
-from verify.logs.logscan import Facts, LogWatcher, catalog_for, judge, scan
+from verify.load.outcome import LoadTarget
+from verify.load.run import run_load
+from verify.load.summary import judge_load, summarise_load
+from verify.logs.catalog import Facts, catalog_for
+from verify.logs.logscan import LogWatcher, judge, scan
 from verify.runtime import Runtime
 from verify.stages.server import Server, ServerFailed
 
@@ -49,6 +52,26 @@ def load_target(server: Server, cell: Cell, arm: Arm | None, *, engine_version: 
         gpu=cell.is_gpu,
         server_alive=server_alive,
         last_log_lines=lambda: server.last_lines(30).splitlines(),
+    )
+
+
+def _ready(server: Server, *, reused: bool) -> CheckResult:
+    """The readiness check: the startup stage's server as it is, else a fresh one started and waited for
+    (`ServerFailed` when it never gets ready)."""
+    if reused:
+        return CheckResult(
+            name="readiness",
+            status=Status.PASS,
+            message=f"the startup stage's server, kept running ({server.name})",
+            evidence={"reused": True, "url": server.base_url},
+        )
+    server.start()
+    ready = server.wait_ready()
+    return CheckResult(
+        name="readiness",
+        status=Status.PASS,
+        message=f"ready after {ready.seconds:.0f}s",
+        evidence={"seconds": ready.seconds, "reused": False},
     )
 
 
@@ -89,26 +112,7 @@ def run_load_stage(
     # GPU cost sampled beside the load; stall forensics taken before the server is removed.
     instruments = LoadInstruments.for_cell(runtime, cell, run_dir=out_dir)
     try:
-        if shared is not None:
-            checks.append(
-                CheckResult(
-                    name="readiness",
-                    status=Status.PASS,
-                    message=f"the startup stage's server, kept running ({server.name})",
-                    evidence={"reused": True, "url": server.base_url},
-                )
-            )
-        else:
-            server.start()
-            ready = server.wait_ready()
-            checks.append(
-                CheckResult(
-                    name="readiness",
-                    status=Status.PASS,
-                    message=f"ready after {ready.seconds:.0f}s",
-                    evidence={"seconds": ready.seconds, "reused": False},
-                )
-            )
+        checks.append(_ready(server, reused=shared is not None))
         if on_ready is not None:
             on_ready(server)
         instruments.start(server.name)
@@ -126,9 +130,9 @@ def run_load_stage(
         server.remove()
     summary: dict[str, Any] | None = None
     if outcome is not None:
-        summary = summarise(outcome, spec)
-        summary["cost"] = instruments.cost_of(outcome, summary)
-        load_checks = judge_load(outcome, summary, batch_invariant=target.batch_invariant)
+        typed = summarise_load(outcome, spec)
+        summary = {**typed.to_dict(), "cost": instruments.cost_of(outcome, typed)}  # load.json: the summary, then cost
+        load_checks = judge_load(outcome, typed, batch_invariant=target.batch_invariant)
         correctness, summary["correctness"] = judge_correctness(
             cell, arm, spec, outcome, [*checks, *load_checks], canaries, source=image
         )

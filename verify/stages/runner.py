@@ -17,7 +17,7 @@ from pipeline.docker.client import Docker
 from pipeline.errors import InputError
 from pipeline.matrix.model import STAGES, Arm, Cell, LoadSpec
 from pipeline.result import CheckResult, StageResult, Status, VerifyReport, evaluate
-from verify.logs.logscan import Facts
+from verify.logs.catalog import Facts
 from verify.runtime import Runtime, as_runtime
 from verify.serving import driver_for
 from verify.stages.autotune import run_autotune

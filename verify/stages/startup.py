@@ -14,8 +14,9 @@ from pathlib import Path
 
 from pipeline.matrix.model import Arm, Cell
 from pipeline.result import CheckResult, StageResult, Status
+from verify.logs.catalog import Facts, Signature, catalog_for, rules_for
 from verify.logs.kernellog import read_kernel_log
-from verify.logs.logscan import Facts, LogWatcher, Signature, catalog_for, judge, rules_for, scan
+from verify.logs.logscan import LogWatcher, judge, scan
 from verify.runtime import Runtime
 from verify.stages.autotune import fresh_cache_server_options
 from verify.stages.server import Server, ServerFactory, ServerFailed, SharedServer
