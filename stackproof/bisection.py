@@ -134,6 +134,13 @@ def _pins_at(
     return tuple(pins)
 
 
+def _conclusion(search: Search, ask: Bisect) -> tuple[str, str | None, str | None, str]:
+    """The result, first bad and last good versions and why: the search's, or none under --build-only."""
+    if ask.build_only:
+        return "NOT RUN", None, None, "every environment made; no A/B run (--build-only)"
+    return conclude(search)
+
+
 def run_bisect(
     matrix: Matrix,
     images: Path,
@@ -180,14 +187,7 @@ def run_bisect(
             )
         )
         print(f"bisect: step {number}: {version} is {judgement}: {why}", file=sys.stderr)
-    result, first_bad, last_good, reason = conclude(search)
-    if ask.build_only:
-        result, first_bad, last_good, reason = (
-            "NOT RUN",
-            None,
-            None,
-            "every environment made; no A/B run (--build-only)",
-        )
+    result, first_bad, last_good, reason = _conclusion(search, ask)
     report = BisectReport(
         cell=ask.cell.id,
         package=ask.package,
