@@ -57,7 +57,6 @@ __all__ = [
 
 DOCTOR_FILE = PROBE_FILE.with_name("doctor_probe.py")  # a stdlib script beside the in-image probe it runs
 DOCTOR_SCHEMA = 1
-HOST_MARKER = "# stackproof-host:"
 TOOLING = frozenset({"pip", "setuptools", "wheel", "distribute"})
 PLATFORMS = {"x86_64": "linux/amd64", "amd64": "linux/amd64", "aarch64": "linux/arm64", "arm64": "linux/arm64"}
 
@@ -314,7 +313,7 @@ class CellMatch:
         return len(self.geometry) + len(self.stack)
 
 
-def match_cells(matrix: Matrix, fp: Fingerprint, lookup: Lookup, matrix_text: str = "") -> list[CellMatch]:
+def match_cells(matrix: Matrix, fp: Fingerprint, lookup: Lookup) -> list[CellMatch]:
     """Every cell, judged against this host: same arch and platform, and every version the cell is
     known to pin installed here (for a locked cell: nothing else either). Matches first."""
     installed = fp.stack()
@@ -341,7 +340,7 @@ def match_cells(matrix: Matrix, fp: Fingerprint, lookup: Lookup, matrix_text: st
         if pins.complete:
             extra = sorted(n for n in installed if pins.get(n) is None and n not in TOOLING and n not in pins.absent)
             stack += [f"{n}: here {installed[n]}, not in the cell" for n in extra]
-        expected = host_expectations(matrix_text, cell) if matrix_text else None
+        expected = host_expectations(cell)
         host = check_host_expectations(expected, fp).evidence.get("differences", []) if expected else []
         results.append(
             CellMatch(
@@ -356,24 +355,10 @@ def match_cells(matrix: Matrix, fp: Fingerprint, lookup: Lookup, matrix_text: st
     return sorted(results, key=lambda m: (not m.match, m.differences, m.cell))
 
 
-def host_expectations(matrix_text: str, cell: Cell) -> dict[str, Any] | None:
-    """The `# stackproof-host: {...}` line `stackproof repro` writes under a cell's `- id:`."""
-    lines = matrix_text.splitlines()
-    start = cell.line - 1
-    if not 0 <= start < len(lines):
-        return None
-    indent = len(lines[start]) - len(lines[start].lstrip())
-    for line in lines[start + 1 :]:
-        stripped = line.strip()
-        if stripped.startswith("- ") and len(line) - len(line.lstrip()) <= indent:
-            break  # the next cell
-        if stripped.startswith(HOST_MARKER):
-            try:
-                value = json.loads(stripped.removeprefix(HOST_MARKER))
-            except ValueError:
-                return None
-            return value if isinstance(value, dict) else None
-    return None
+def host_expectations(cell: Cell) -> dict[str, Any] | None:
+    """The cell's `host:` (what `stackproof repro` recorded of the reporter's box), keyed as the
+    fingerprint's facts; None when it records none."""
+    return cell.host.as_dict() if cell.host is not None else None
 
 
 def check_host_expectations(expected: dict[str, Any], fp: Fingerprint) -> CheckResult:

@@ -76,7 +76,7 @@ def find_matches(
     from pipeline.matrix.site import load_site
     from stackproof.doctor import match_cells, match_receipts, match_registry, registry_fetcher
 
-    matches = match_cells(matrix, fp, lookup, matrix.file.read_text()) if matrix is not None else []
+    matches = match_cells(matrix, fp, lookup) if matrix is not None else []
     matching = [m.cell for m in matches if m.match]
     found = match_receipts(receipts, fp, set(matching)) if receipts else []
     if registry and matching:

@@ -259,12 +259,12 @@ def _host_expectations(
     matrix: Matrix, cell: Cell, *, this_host: Callable[[], dict[str, Any]] | None = None
 ) -> CheckResult | None:
     """A cell made by `stackproof repro` records the reporter's host facts (driver, kernel, GPU, host
-    cuDNN) in a `# stackproof-host:` comment: not image content, so checked against this host (WARN
+    cuDNN) as the cell's `host:`: not image content, so checked against this host (WARN
     on a difference) and reported with the first stage that runs. `this_host`: the doctor document
     of this host (default: the doctor probe run here, only when the cell has expectations)."""
     from stackproof.doctor import Fingerprint, check_host_expectations, doctor_host, host_expectations
 
-    expected = host_expectations(matrix.file.read_text(), cell)
+    expected = host_expectations(cell)
     if not expected:
         return None
     document = this_host() if this_host else doctor_host(sys.executable, imports=False)

@@ -24,6 +24,7 @@ __all__ = [
     "Expectation",
     "ForensicsSpec",
     "HostBase",
+    "HostExpectations",
     "Index",
     "Install",
     "LoadSpec",
@@ -178,6 +179,31 @@ class LoadSpec:
     # Share of the shipped canary prompts (verify/load/canaries.jsonl) the model must answer right; None:
     # the model cannot answer (the generated tiny model), so no canary is asked.
     canary_floor: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostExpectations:
+    """`host:` of a cell: the facts of the box a reporter ran on (`stackproof repro` writes them). Not
+    image content: `verify` and `doctor` compare them with the host they run on and WARN on a difference."""
+
+    gpu: str | None = None  # the first GPU's name as NVML gives it
+    gpu_count: int | None = None
+    driver: str | None = None  # the NVIDIA driver version
+    cuda_driver: str | None = None  # the CUDA version the driver supports
+    kernel: str | None = None  # the Linux kernel release
+    cudnn_host: tuple[str, ...] | None = None  # cuDNN libraries found on the host, outside any wheel
+
+    def as_dict(self) -> dict[str, object]:
+        """The keys that are set, as the doctor's fingerprint names them."""
+        out: dict[str, object] = {}
+        for name in HOST_EXPECTATION_KEYS:
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+
+HOST_EXPECTATION_KEYS = ("gpu", "gpu_count", "driver", "cuda_driver", "kernel", "cudnn_host")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -336,6 +362,7 @@ class Cell:
     # A host cell verified in an environment that exists (`--python`): the versions it must hold,
     # checked against its inventory before any stage, and what `matrix audit` reads rules against.
     given: tuple[Requirement, ...] = ()
+    host: HostExpectations | None = None  # the reporter's box (repro cells): checked, never built
 
     @property
     def on_host(self) -> bool:

@@ -17,7 +17,9 @@ from pipeline.matrix.model import (
     Arm,
     Base,
     CellBase,
+    HOST_EXPECTATION_KEYS,
     ForensicsSpec,
+    HostExpectations,
     Install,
     LoadSpec,
     ModelSource,
@@ -143,6 +145,19 @@ class CellPartsChecker(FieldChecker):
             self.problem((*path, "cuda_coredump"), f"must be true or false, got {_kind(coredump)}")
             coredump = False
         return ForensicsSpec(cuda_coredump=coredump)
+
+    def host_expectations(self, path: Path_, value: Any) -> HostExpectations | None:
+        """`host:` {gpu, gpu_count, driver, cuda_driver, kernel, cudnn_host}: the reporter's box, as
+        `stackproof repro` writes it (docs/repro.md); each a string, gpu_count a count, cudnn_host a list."""
+        if value is None or not self.keys(path, value, HOST_EXPECTATION_KEYS):
+            return None
+        texts = {k: self.text((*path, k), value[k]) for k in ("gpu", "driver", "cuda_driver", "kernel") if k in value}
+        count = value.get("gpu_count")
+        if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 0):
+            self.problem((*path, "gpu_count"), f"must be a count (0 or more), got {_shown(count)}")
+            count = None
+        cudnn = self.texts((*path, "cudnn_host"), value["cudnn_host"]) if "cudnn_host" in value else None
+        return HostExpectations(gpu_count=count, cudnn_host=cudnn, **texts)
 
     def revision(self, path: Path_, source: str, value: Any) -> str | None:
         """An `hf:` model names the commit it is served at: a branch or tag moves under the store and the

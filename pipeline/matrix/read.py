@@ -308,6 +308,7 @@ class _Checker(CellPartsChecker):
         serve = self.serve((*p, "serve"), data["serve"]) if data.get("serve") is not None else None
         expect = self.expectation((*p, "expect"), data["expect"]) if data.get("expect") is not None else None
         recipes = self.recipes((*p, "recipes"), data.get("recipes"))
+        host = self.host_expectations((*p, "host"), data.get("host"))
 
         # Every field is checked before giving up on the cell, so all its problems show at once.
         platform = self.choice((*p, "platform"), data["platform"], PLATFORMS, "platform") if "platform" in data else ""
@@ -356,6 +357,7 @@ class _Checker(CellPartsChecker):
             notes=tuple(notes),
             runtime=runtime,
             given=given,
+            host=host,
         )
 
     def cell_base(

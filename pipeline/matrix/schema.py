@@ -41,6 +41,7 @@ CELL_KEYS = (
     "autotune",
     "runtime",
     "given",
+    "host",
 )
 AUTOTUNE_ENTRIES = ("expected", "none")
 RUNTIMES = ("docker", "host")  # verify/runtime/: an image's container, or a process group on the host
