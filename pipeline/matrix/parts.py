@@ -13,11 +13,11 @@ from pipeline.guard.redact import secret_arg
 from pipeline.matrix.fields import FieldChecker
 from pipeline.matrix.model import (
     DEFAULT_ENGINE,
+    HOST_EXPECTATION_KEYS,
     SERVING_ENGINES,
     Arm,
     Base,
     CellBase,
-    HOST_EXPECTATION_KEYS,
     ForensicsSpec,
     HostExpectations,
     Install,
