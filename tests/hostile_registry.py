@@ -142,3 +142,19 @@ def serve(answer: Handler) -> Iterator[Served]:
         server.shutdown()
         server.server_close()
         thread.join(timeout=10)
+
+
+def in_front_of(upstream: str, *, endless_blobs: bool = True) -> Handler:
+    """A proxy to the real registry at `upstream` (host:port) that answers every blob with bytes
+    without end (`endless_blobs`), and everything else as the registry does."""
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if endless_blobs and request.method == "GET" and "/blobs/" in request.url.path:
+            return httpx.Response(200, headers={"Content-Type": "application/octet-stream"}, content=endless())
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in ("host", "content-length")}
+        url = f"http://{upstream}{request.url.raw_path.decode()}"
+        with httpx.Client(timeout=30) as client:
+            got = client.request(request.method, url, headers=headers, content=request.content)
+        return httpx.Response(got.status_code, headers=got.headers, content=got.content)
+
+    return answer

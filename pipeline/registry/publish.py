@@ -435,6 +435,7 @@ class Candidate:
     envelope: bytes | None
     subject: str | None
     problem: str | None  # why it cannot be trusted, or None
+    unreadable: bool = False  # the registry failed to serve it (an infrastructure fault, not the receipt's)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -488,10 +489,11 @@ def fetch_verified(
         raise CheckFailed(f"{where}:{cell_id}-verified -> {manifest.digest} has no receipt attached: refusing it")
     good = [c for c in found if c.problem is None]
     if not good:
-        raise CheckFailed(
-            f"{where}:{cell_id}-verified -> {manifest.digest}: no receipt can be trusted: "
-            + "; ".join(f"{c.artifact[:19]}: {c.problem}" for c in found)
+        why = f"{where}:{cell_id}-verified -> {manifest.digest}: no receipt can be trusted: " + "; ".join(
+            f"{c.artifact[:19]}: {c.problem}" for c in found
         )
+        # Every receipt unreadable (a blob past the cap, a deadline): the registry failed, exit 3.
+        raise InfraError(why) if all(c.unreadable for c in found) else CheckFailed(why)
     # This host's GPUs first, then the newest.
     good.sort(
         key=lambda c: (str((c.receipt.get("host") or {}).get("key")) == here_key, str(c.receipt.get("finished_at")))
@@ -551,7 +553,15 @@ def _judge(
         receipt = json.loads(client.get_blob(repo, receipt_layer["digest"]))
         envelope = client.get_blob(repo, envelope_layer["digest"]) if envelope_layer else None
     except (ValueError, InfraError) as exc:
-        return Candidate(artifact=artifact.digest, receipt={}, envelope=None, subject=subject, problem=str(exc))
+        unreadable = isinstance(exc, InfraError)
+        return Candidate(
+            artifact=artifact.digest,
+            receipt={},
+            envelope=None,
+            subject=subject,
+            problem=str(exc),
+            unreadable=unreadable,
+        )
     problem = _receipt_problem(receipt, manifest, subject, cell_id, index_digest)
     if problem is None and require_signature:
         if envelope is None:

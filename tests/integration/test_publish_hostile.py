@@ -23,9 +23,9 @@ import pytest
 
 from pipeline.docker.client import Docker
 from pipeline.registry.oci import TRUSTED_REALMS_ENV
-from tests.hostile_registry import challenging, handler, listing, serve, token_service
+from tests.hostile_registry import challenging, handler, in_front_of, listing, serve, token_service
 from tests.integration.conftest import JOB, REPO, Daemon
-from tests.integration.registries import Registry
+from tests.integration.registries import Registry, start_registry
 from tests.integration.test_publish import Bench
 
 pytestmark = pytest.mark.integration
@@ -147,5 +147,36 @@ def test_publish_to_a_hostile_registry_exits_3_and_leaks_nothing(docker: Docker,
             output = ran.stdout + ran.stderr
             refused(Ran(ran.returncode, output, 0), code=3, says="were not sent to the token service", secret=canary)
             assert registry.seen and not any("authorization" in r.headers for r in realm.seen)
+        finally:
+            bench.cleanup()
+
+
+def test_a_blob_past_the_cap_in_front_of_a_real_registry_is_refused(
+    docker: Docker, tmp_path: Path, canary: str
+) -> None:
+    """Publish to a real registry, then pull through a proxy in front of it whose blobs never end:
+    the receipt's blob is refused while reading (exit 3: the registry failed; nothing pulled), in
+    bounded time; through the registry itself the same pull succeeds (the other way)."""
+    daemon = Daemon(name="docker-20.10", cli=docker.cli.path, env={}, store=docker.image_store())
+    config = tmp_path / "proxy-config"
+    config.mkdir()
+    (config / "config.json").write_text("{}")
+    (tmp_path / "registry").mkdir()
+    with start_registry("anonymous", tmp_path / "registry", password=canary) as real:
+        bench = Bench(daemon, real, config, tmp_path)
+        try:
+            version = bench.version("proxied")
+            published = bench.publish(version, bench.receipt(version), login=False)
+            assert published.returncode == 0, published.stderr[-3000:]
+            daemon.docker("rmi", version.tag)
+            with serve(in_front_of(real.address)) as proxy:
+                ran = cli(["pull", "pub-tiny", "--registry", proxy.address, "--no-preflight"], tmp_path)
+                assert ran.returncode == 3, ran.output[-2000:]  # the registry failed: infrastructure
+                assert "larger than 1,048,576 bytes: refused while reading" in ran.output, ran.output[-2000:]
+                assert "Traceback" not in ran.output and ran.seconds < 30
+                assert bench.pulled_id() is None
+            good = cli(["pull", "pub-tiny", "--registry", real.address, "--no-preflight"], tmp_path)
+            assert good.returncode == 0, good.output[-2000:]
+            assert bench.pulled_id() == version.image_id
         finally:
             bench.cleanup()
