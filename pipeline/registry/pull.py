@@ -67,6 +67,7 @@ class Candidate:
     envelope: bytes | None
     subject: str | None
     problem: str | None  # why it cannot be trusted, or None
+    unreadable: bool = False  # the registry failed to serve it (an infrastructure fault, not the receipt's)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -120,10 +121,11 @@ def fetch_verified(
         raise CheckFailed(f"{where}:{cell_id}-verified -> {manifest.digest} has no receipt attached: refusing it")
     good = [c for c in found if c.problem is None]
     if not good:
-        raise CheckFailed(
-            f"{where}:{cell_id}-verified -> {manifest.digest}: no receipt can be trusted: "
-            + "; ".join(f"{c.artifact[:19]}: {c.problem}" for c in found)
+        why = f"{where}:{cell_id}-verified -> {manifest.digest}: no receipt can be trusted: " + "; ".join(
+            f"{c.artifact[:19]}: {c.problem}" for c in found
         )
+        # Every receipt unreadable (a blob past the cap, a deadline): the registry failed, exit 3.
+        raise InfraError(why) if all(c.unreadable for c in found) else CheckFailed(why)
     # This host's GPUs first, then the newest.
     good.sort(
         key=lambda c: (
@@ -184,7 +186,7 @@ def _judge(
         document = json.loads(client.get_blob(repo, receipt_layer["digest"]))
         envelope = client.get_blob(repo, envelope_layer["digest"]) if envelope_layer else None
     except (ValueError, InfraError, RecursionError) as exc:
-        return _refused(artifact.digest, subject, str(exc))
+        return _refused(artifact.digest, subject, str(exc), unreadable=isinstance(exc, InfraError))
     try:
         receipt = Receipt.parse(document, source="the receipt")
     except ReceiptError as exc:
@@ -219,8 +221,16 @@ def _finished(candidate: Candidate) -> str:
     return candidate.receipt.finished_at if candidate.receipt is not None else ""
 
 
-def _refused(artifact: str, subject: str | None, problem: str) -> Candidate:
-    return Candidate(artifact=artifact, receipt=None, document={}, envelope=None, subject=subject, problem=problem)
+def _refused(artifact: str, subject: str | None, problem: str, *, unreadable: bool = False) -> Candidate:
+    return Candidate(
+        artifact=artifact,
+        receipt=None,
+        document={},
+        envelope=None,
+        subject=subject,
+        problem=problem,
+        unreadable=unreadable,
+    )
 
 
 def _receipt_problem(

@@ -1,12 +1,11 @@
 """The registry client against a hostile registry (issue 27, classes 3 and 4): a blob without end,
 a dribbling answer, a tag list without end. Fake-backed unit tests (an httpx.MockTransport whose
 bodies are generators, read lazily as a socket's would be), not integration tests; each is proven
-the other way by an honest answer of the same shape."""
+the other way by an honest answer of the same shape. The server is tests/hostile_registry.py, the
+one the integration tier serves over a real socket to the CLI (tests/integration/test_publish_hostile.py)."""
 
 from __future__ import annotations
 
-import itertools
-import json
 import time
 from collections.abc import Iterator
 
@@ -16,40 +15,14 @@ import pytest
 from pipeline.errors import InfraError
 from pipeline.guard.httppolicy import HttpPolicy
 from pipeline.registry.oci import RegistryClient, sha256_digest
+from tests.hostile_registry import GOOD_BLOB, handler
 
 POLICY = HttpPolicy(read_s=5, total_s=2.0, max_body=1 << 20, max_items=100)
-GOOD_BLOB = b"x" * 1000
-
-
-def _endless() -> Iterator[bytes]:
-    for _ in itertools.count():
-        yield b"\0" * 65536
-
-
-def _dribble() -> Iterator[bytes]:
-    for _ in itertools.count():
-        time.sleep(0.1)
-        yield b"{"
-
-
-def _handler(request: httpx.Request) -> httpx.Response:
-    path = request.url.path
-    if path.endswith(f"/blobs/{sha256_digest(GOOD_BLOB)}"):
-        return httpx.Response(200, content=GOOD_BLOB)
-    if "/blobs/" in path:
-        return httpx.Response(200, content=_endless())
-    if path == "/v2/dribble/tags/list":
-        return httpx.Response(200, content=_dribble())
-    if path == "/v2/many/tags/list":
-        return httpx.Response(200, json={"name": "many", "tags": [f"t{i}" for i in range(100_000)]})
-    if path == "/v2/few/tags/list":
-        return httpx.Response(200, json={"name": "few", "tags": ["a", "b"]})
-    return httpx.Response(404, content=json.dumps({"errors": []}).encode())
 
 
 @pytest.fixture
 def client() -> Iterator[RegistryClient]:
-    with RegistryClient("127.0.0.1:5000", policy=POLICY, transport=httpx.MockTransport(_handler)) as registry:
+    with RegistryClient("127.0.0.1:5000", policy=POLICY, transport=httpx.MockTransport(handler)) as registry:
         yield registry
 
 
