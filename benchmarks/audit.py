@@ -31,7 +31,7 @@ the first). The six cells above, on the 2-core dev box, each code against its ow
 same wheels (1.3 GB), load average ~2:
   warm   before (main a09637e, index version 8)  7.2 s, 7.2 s, 7.5 s   after (version 9)  4.3 s, 4.4 s, 4.5 s
   cold   before 164.8 s   after 173.1 s   (downloads and the first indexing pass: the same work, within noise;
-         the "download" column reads 0.0 s because pip's progress lines no longer reach the timer)
+         the "download" column reads 0.0 s: the timer saw no download line; not investigated)
 """
 
 from __future__ import annotations
