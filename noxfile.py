@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -62,7 +63,9 @@ def tests(session: nox.Session) -> None:
 def _beside(session: nox.Session, args: list[str], name: str) -> Iterator[None]:
     """Run `pytest ARGS` niced in the background while the block runs; its log is printed after it,
     and its failure fails the session. A failure in the block stops it at once."""
-    tmp = Path(session.create_tmp())
+    # Not session.create_tmp(): it would set TMPDIR for every later command of the session, to a
+    # folder the runner user the integration tier runs the tool as cannot write.
+    tmp = Path(tempfile.mkdtemp(prefix=f"stackproof-{name}-group-"))
     log_path = tmp / f"{name}.log"
     env = {**os.environ, **{k: v for k, v in session.env.items() if v is not None}}
     env["PATH"] = f"{session.bin}{os.pathsep}{env.get('PATH', '')}"

@@ -92,7 +92,7 @@ def limits_in_image(image: str, python: str, *extra: str) -> dict[str, Any]:
     """`doctor_probe.py --limits-only` in a real container of `image` (docker's defaults plus `extra`),
     removed on every path."""
     name = f"stackproof-test-limits-{uuid.uuid4().hex[:12]}"
-    mount = f"type=bind,source={REPO / 'verify'},target=/stackproof,readonly"
+    mount = f"type=bind,source={REPO / 'verify' / 'probes'},target=/stackproof,readonly"
     try:
         out = docker_cmd(
             "run", "--name", name, "--network", "none", "--label", JOB_LABEL, "--mount", mount, *extra,
