@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from pipeline.errors import InputError
@@ -203,7 +203,7 @@ class HostExpectations:
         return out
 
 
-HOST_EXPECTATION_KEYS = ("gpu", "gpu_count", "driver", "cuda_driver", "kernel", "cudnn_host")
+HOST_EXPECTATION_KEYS = tuple(f.name for f in fields(HostExpectations))  # the `host:` keys are its fields
 
 
 @dataclass(frozen=True, kw_only=True)
