@@ -41,7 +41,7 @@ from verify.runtime import Runtime
 from verify.stages.load import load_target
 from verify.stages.server import Server, ServerFailed
 
-__all__ = ["AB_FILE", "Side", "measure_slices", "run_ab", "start_servers"]
+__all__ = ["AB_FILE", "KeptServers", "Side", "measure_slices", "run_ab", "start_servers"]
 
 AB_FILE = "ab.json"
 
@@ -60,6 +60,20 @@ class Side:
 ServerMaker = Callable[..., Server]
 
 
+@dataclass(frozen=True, kw_only=True)
+class KeptServers:
+    """Servers that outlive one A/B: a side whose label is in `labels` is started once, by the first
+    A/B that needs it, and reused by every later one; `stack` removes them when it closes.
+
+    `stackproof bisect` runs every step against the same good end: its server is started once for
+    the whole search, not once per step (on two cores a vLLM start is a minute of compiling that also
+    slows the other side's start)."""
+
+    stack: contextlib.ExitStack
+    labels: frozenset[str]
+    servers: dict[str, Server]  # label -> the running server; filled as the sides are first started
+
+
 def run_ab(
     a: Side,
     b: Side,
@@ -71,9 +85,11 @@ def run_ab(
     out_dir: Path,
     new_server: ServerMaker = Server,
     family: int = len(METRICS),
+    kept: KeptServers | None = None,
 ) -> AbReport:
     """Start both servers, run the slices, judge them, write ab.json (read back before it is returned).
-    `family`: how many metrics the caller decides on (verify/perf/ab.py: per_metric_confidence)."""
+    `family`: how many metrics the caller decides on (verify/perf/ab.py: per_metric_confidence);
+    `kept`: sides whose servers the caller keeps up across runs (the rest are removed at the end)."""
     started = time.monotonic()
     config = AbConfig(
         threshold=threshold,
@@ -87,7 +103,7 @@ def run_ab(
         family=family,
     )
     with contextlib.ExitStack() as stack:
-        servers = start_servers({"A": a, "B": b}, out_dir=out_dir, stack=stack, new_server=new_server)
+        servers = start_servers({"A": a, "B": b}, out_dir=out_dir, stack=stack, new_server=new_server, kept=kept)
         slices = measure_slices(servers, {"A": a, "B": b}, spec, slice_s, slice_order(pairs), out_dir)
     correctness = _correctness(out_dir / "warmup" / "A" / GREEDY_FILE, out_dir / "warmup" / "B" / GREEDY_FILE)
     report = judge(
@@ -105,12 +121,22 @@ def run_ab(
 
 
 def start_servers(
-    sides: dict[str, Side], *, out_dir: Path, stack: contextlib.ExitStack, new_server: ServerMaker = Server
+    sides: dict[str, Side],
+    *,
+    out_dir: Path,
+    stack: contextlib.ExitStack,
+    new_server: ServerMaker = Server,
+    kept: KeptServers | None = None,
 ) -> dict[str, Server]:
     """One server per side (key "A", "B", ...), all started before any is waited for (their starts
-    overlap), each removed when `stack` closes; CheckFailed naming the side whose server never got ready."""
-    servers = {}
+    overlap), each removed when `stack` closes (a kept side's when `kept.stack` does, and one already
+    kept is reused); CheckFailed naming the side whose server never got ready."""
+    servers, started = {}, {}
     for key, side in sides.items():
+        reused = _kept_server(kept, side)
+        if reused is not None:
+            servers[key] = reused
+            continue
         server = new_server(
             side.runtime,
             side.cell,
@@ -119,16 +145,32 @@ def start_servers(
             arm=side.arm,
             watcher=LogWatcher(load_catalog()),
         )
-        stack.callback(server.remove)
+        keeps = kept is not None and side.label in kept.labels
+        (kept.stack if kept is not None and keeps else stack).callback(server.remove)
         server.start()
-        servers[key] = server
-    for key, server in servers.items():
+        servers[key] = started[key] = server
+    for key, server in started.items():
         try:
             server.wait_ready()
         except ServerFailed as exc:
             which = f"side {key} ({sides[key].label})" if len(sides) > 1 else sides[key].label
             raise CheckFailed(f"{which}: {exc.reason}") from exc
+        if kept is not None and sides[key].label in kept.labels:
+            kept.servers[sides[key].label] = server
     return servers
+
+
+def _kept_server(kept: KeptServers | None, side: Side) -> Server | None:
+    """The running server kept for this side, if any; InfraError when it has died since."""
+    server = kept.servers.get(side.label) if kept is not None else None
+    if server is None:
+        return None
+    status, code = server.state()
+    if status not in ("running", "created"):
+        raise InfraError(
+            f"{side.label}: its kept server {status} (exit code {code}) between runs; log: {server.log_path}"
+        )
+    return server
 
 
 def measure_slices(

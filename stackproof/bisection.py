@@ -11,6 +11,7 @@ probes and judges the steps.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -26,7 +27,7 @@ from pipeline.host.layer import build_layer, plan_layer
 from pipeline.matrix.model import Cell, LoadSpec, Matrix, Requirement
 from pipeline.matrix.site import SiteSettings
 from pipeline.releases.simpleindex import list_versions, local_label
-from stackproof.ab import Side, run_ab
+from stackproof.ab import KeptServers, Side, run_ab
 from verify.perf.bisection import (
     BisectReport,
     Evidence,
@@ -163,30 +164,7 @@ def run_bisect(
     made = {version: envs.get(pins[version]) for version in names}
     baseline = made[ask.good]
     side_a = envs.side(baseline, ask.good, pins[ask.good])
-    search, steps = Search(versions=names), list[Step]()
-    while not ask.build_only and (probe := search.next_probe()) is not None:
-        version = names[probe]
-        env = made[version]
-        number = len(steps) + 1
-        print(
-            f"bisect: step {number}: {ask.good} (A) against {version} (B), interval {search.interval}", file=sys.stderr
-        )
-        evidence = _step(side_a, envs.side(env, version, pins[version]), ask, spec, out / f"step{number:02d}-{version}")
-        judgement, why = judge_evidence(ask.metric, evidence)
-        search = search.after(probe, judgement, why)
-        steps.append(
-            Step(
-                number=number,
-                version=version,
-                pins=tuple(p.pin for p in pins[version]),
-                environment=_env_json(env),
-                evidence=evidence,
-                judgement=judgement,
-                why=why,
-                interval=search.interval,
-            )
-        )
-        print(f"bisect: step {number}: {version} is {judgement}: {why}", file=sys.stderr)
+    search, steps = _search(ask, names, pins, made, side_a, envs, spec, out)
     result, first_bad, last_good, reason = _conclusion(search, ask)
     report = BisectReport(
         cell=ask.cell.id,
@@ -217,14 +195,56 @@ def run_bisect(
     return BisectReport.from_json(json.loads(path.read_text()))  # written once, read back
 
 
-def _step(a: Side, b: Side, ask: Bisect, spec: LoadSpec, out: Path) -> Evidence:
+def _search(
+    ask: Bisect,
+    names: tuple[str, ...],
+    pins: dict[str, tuple[Requirement, ...]],
+    made: dict[str, HostEnv],
+    side_a: Side,
+    envs: _Environments,
+    spec: LoadSpec,
+    out: Path,
+) -> tuple[Search, list[Step]]:
+    """The A/B steps of the binary search (none under --build-only), each against the good end."""
+    search, steps = Search(versions=names), list[Step]()
+    # The good end's server is started by the first step and kept up for every later one.
+    with contextlib.ExitStack() as stack:
+        kept = KeptServers(stack=stack, labels=frozenset({side_a.label}), servers={})
+        while not ask.build_only and (probe := search.next_probe()) is not None:
+            version, env, number = names[probe], made[names[probe]], len(steps) + 1
+            print(
+                f"bisect: step {number}: {ask.good} (A) against {version} (B), interval {search.interval}",
+                file=sys.stderr,
+            )
+            side_b = envs.side(env, version, pins[version])
+            evidence = _step(side_a, side_b, ask, spec, out / f"step{number:02d}-{version}", kept)
+            judgement, why = judge_evidence(ask.metric, evidence)
+            search = search.after(probe, judgement, why)
+            steps.append(
+                Step(
+                    number=number,
+                    version=version,
+                    pins=tuple(p.pin for p in pins[version]),
+                    environment=_env_json(env),
+                    evidence=evidence,
+                    judgement=judgement,
+                    why=why,
+                    interval=search.interval,
+                )
+            )
+            print(f"bisect: step {number}: {version} is {judgement}: {why}", file=sys.stderr)
+    return search, steps
+
+
+def _step(a: Side, b: Side, ask: Bisect, spec: LoadSpec, out: Path, kept: KeptServers) -> Evidence:
     started = time.monotonic()
     out.mkdir(parents=True, exist_ok=True)
     try:
         # One metric decides a step (--metric): its interval at 95%, not the run's family-wise one.
         report = run_ab(
-            a, b, spec=spec, slice_s=ask.slice_s, pairs=ask.pairs, threshold=ask.threshold, out_dir=out, family=1
-        )
+            a, b, spec=spec, slice_s=ask.slice_s, pairs=ask.pairs, threshold=ask.threshold, out_dir=out, family=1,
+            kept=kept,
+        )  # fmt: skip
     except CheckFailed as exc:
         if not str(exc).startswith("side B"):
             raise CheckFailed(f"the good end {ask.good} does not start: {exc}") from exc

@@ -226,6 +226,7 @@ class StandIn:
         self.driver = fake.driver
         self.base_url = fake.url
         self.name = f"fake-{fake.url}"
+        self.log_path = Path(f"{self.name}.log")
 
     def start(self) -> None:
         pass
@@ -281,3 +282,53 @@ def test_the_runner_keeps_one_server_per_side_and_finds_the_slower_side(tmp_path
     assert report.correctness is not None and report.correctness.agreement == 1.0
     assert [(s.pair, s.side) for s in report.slices] == slice_order(4)
     assert AbReport.from_json(json.loads((tmp_path / "ab.json").read_text())) == report
+
+
+@pytest.mark.slow
+def test_a_kept_side_is_started_once_across_runs_and_removed_when_its_stack_closes(tmp_path: Path) -> None:
+    """What `bisect` does with its good end: two A/B runs against the same A (kept), each with its
+    own B. A's server is made once and outlives the first run; each B is removed at the end of its
+    run; A is removed only when the caller's stack closes. A kept server that died between runs is
+    an InfraError naming it, not a silent restart."""
+    import contextlib
+
+    from pipeline.errors import InfraError
+    from pipeline.matrix.model import LoadSpec
+    from pipeline.matrix.read import load_matrix
+    from stackproof.ab import KeptServers, Side, run_ab
+
+    from .fake_openai import FakeVllm
+
+    repo = Path(__file__).parents[2]
+    cell = load_matrix(repo / "matrix.yaml", images_dir=repo / "images").cell("cpu-tiny-host")
+    fakes = {name: FakeVllm(chunk_delay_s=0.002).start() for name in ("a", "b1", "b2")}
+    removed: list[str] = []
+    made: list[str] = []
+
+    def new_server(runtime: Any, cell: Any, image: str, **_: Any) -> StandIn:
+        made.append(image)
+        return StandIn(fakes[image], removed)
+
+    def side(label: str, image: str) -> Side:
+        return Side(label=label, cell=cell, arm=None, runtime=None, image=image)  # type: ignore[arg-type]
+
+    spec = LoadSpec(concurrency=2, max_tokens=4, determinism_prompts=1, scrape_interval_s=0.2)
+    a = side("cpu-tiny-host@p==1.0", "a")
+    try:
+        with contextlib.ExitStack() as stack:
+            kept = KeptServers(stack=stack, labels=frozenset({a.label}), servers={})
+            for step, image in enumerate(("b1", "b2")):
+                run_ab(
+                    a, side(f"cpu-tiny-host@p=={step + 2}.0", image), spec=spec, slice_s=0.3, pairs=2,
+                    threshold=0.05, out_dir=tmp_path / image, new_server=new_server, kept=kept,
+                )  # fmt: skip
+                assert removed == [f"fake-{fakes[b].url}" for b in ("b1", "b2")[: step + 1]]  # B gone, A up
+            assert made == ["a", "b1", "b2"]
+            kept.servers[a.label].state = lambda: ("exited", 137)  # type: ignore[method-assign]
+            with pytest.raises(InfraError, match=r"cpu-tiny-host@p==1\.0: its kept server exited \(exit code 137\)"):
+                run_ab(a, side("x", "b2"), spec=spec, slice_s=0.3, pairs=2, threshold=0.05, out_dir=tmp_path / "x",
+                       new_server=new_server, kept=kept)  # fmt: skip
+    finally:
+        for fake in fakes.values():
+            fake.stop()
+    assert removed.count(f"fake-{fakes['a'].url}") == 1 and removed[-1] == f"fake-{fakes['a'].url}"
