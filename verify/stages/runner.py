@@ -1,13 +1,13 @@
 """Run a cell's stages against a built image, cheapest first, stopping at the first failure.
 
 A stage that FAILs stops the stages after it (they depend on it: never start a server for an
-image whose imports are broken). The report, with the cell's expectation evaluated, is written
-to `report.json` in the run's directory.
+image whose imports are broken). The report, with the cell's expectation evaluated, is handed back
+in memory: the receipt made from it (pipeline/receipt.py) is the one document a run writes.
 """
 
 from __future__ import annotations
 
-import json
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -195,7 +195,7 @@ def verify_image(
             if extra_checks and extra_checks.get(stage):
                 checks = [*result.checks, *extra_checks[stage]]
                 result = StageResult.of(stage, checks, result.seconds, found=result.found, **result.artifacts)
-            results.append(result)
+            results.append(_kept(result))
             _print_stage(cell, result)
             if result.status in (Status.FAIL, Status.ERROR):
                 skipped = stages[stages.index(stage) + 1 :]
@@ -218,9 +218,16 @@ def verify_image(
             **plan.to_json(),
         },
     )
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "report.json").write_text(json.dumps(report.to_json(), indent=2, default=str) + "\n")
     return report
+
+
+def _kept(result: StageResult) -> StageResult:
+    """The stage with only the files it kept named: a receipt names no file its run did not write
+    (a server that never started leaves no log), since publish wants each beside it."""
+    kept = {name: path for name, path in result.artifacts.items() if Path(path).exists()}
+    if kept == result.artifacts:
+        return result
+    return dataclasses.replace(result, artifacts=kept)
 
 
 def _print_stage(cell: Cell, result: StageResult) -> None:
