@@ -16,6 +16,7 @@ from pipeline.console import console
 from pipeline.docker.client import Docker
 from pipeline.errors import InputError
 from pipeline.matrix.model import STAGES, Arm, Cell, LoadSpec
+from pipeline.receipt import Receipt
 from pipeline.result import CheckResult, StageResult, Status, VerifyReport, evaluate
 from verify.logs.catalog import Facts
 from verify.runtime import Runtime, as_runtime
@@ -42,7 +43,7 @@ class StageContext:
     python: str
     arm: Arm | None
     out_dir: Path
-    previous: Path | None = None  # an earlier report of the same cell, to diff autotune winners against
+    previous: Receipt | None = None  # an earlier receipt of the same cell, to diff autotune winners against
     load: LoadSpec | None = None  # the cell's load spec with command-line overrides; None = the cell's
     share: SharedServer  # startup keeps its server here for later stages; counts every server started
     plan: ServerPlan  # which stages start servers (verify.stages.serverplan)
@@ -156,7 +157,7 @@ def verify_image(
     stages: tuple[str, ...],
     arm: Arm | None,
     out_dir: Path,
-    previous: Path | None = None,
+    previous: Receipt | None = None,
     load: LoadSpec | None = None,
     extra_checks: dict[str, list[CheckResult]] | None = None,
     image_env: tuple[tuple[str, str], ...] = (),
