@@ -22,7 +22,7 @@ from pipeline.host.geometry import host_fingerprint
 from pipeline.host.modelstore import ensure_model
 from pipeline.matrix.model import Arm, Cell, LoadSpec, Matrix
 from pipeline.matrix.site import SiteSettings
-from pipeline.receipt import write_all
+from pipeline.receipt import Receipt, write_all
 from pipeline.result import CheckResult, Status, VerifyReport
 from verify.runtime.host import HostRuntime
 from verify.stages.receipt import build_receipt, build_section
@@ -44,7 +44,7 @@ def run_cell(
     out_root: Path,
     stages: tuple[str, ...],
     arm_name: str | None = None,
-    previous: Path | None = None,
+    previous: Receipt | None = None,
     load: LoadSpec | None = None,
     fetch_model: bool = True,
 ) -> VerifyReport:
@@ -89,7 +89,7 @@ def _verify_with_receipt(
     stages: tuple[str, ...],
     arm: Arm | None,
     out_dir: Path,
-    previous: Path | None,
+    previous: Receipt | None,
     load: LoadSpec | None,
     build: tuple[str, float | None] = ("local", None),
 ) -> VerifyReport:
@@ -139,7 +139,7 @@ def run_on_host(
     out_root: Path,
     stages: tuple[str, ...],
     arm_name: str | None = None,
-    previous: Path | None = None,
+    previous: Receipt | None = None,
     load: LoadSpec | None = None,
     fetch_model: bool = True,
 ) -> VerifyReport:

@@ -46,6 +46,7 @@ from pipeline.registry.oci import (
     RegistryClient,
     sha256_digest,
 )
+from pipeline.registry.rundir import RunDir, run_problems
 
 __all__ = [
     "REPOSITORY",
@@ -126,7 +127,7 @@ class PublishResult:
 
 def publishable_problems(
     receipt: dict[str, Any],
-    report: dict[str, Any] | None,
+    run: RunDir,
     *,
     cell_id: str,
     image_id: str,
@@ -137,7 +138,8 @@ def publishable_problems(
 
     A receipt must be one this tool wrote for this cell's own content-tagged image under this
     matrix: its image id and ref, cell and matrix digest must be those, its status must follow
-    from its own stages, and the run's report.json beside it must give those same stages."""
+    from its own stages, and it must be the output of a run: the directory `run` it sits in holds
+    what that run wrote beside it, and agrees with it (pipeline.registry.rundir)."""
     try:
         parsed = Receipt.parse(receipt)
     except ReceiptError as exc:
@@ -157,15 +159,7 @@ def publishable_problems(
     if image.id_is not in ("config", "manifest"):
         problems.append(f"image.id_is {image.id_is!r} is neither config nor manifest")
     problems += receipt_problems(receipt)
-    if report is None:
-        problems.append("no report.json beside it: it is not the output of a `stackproof run`/`verify`")
-    else:
-        ran = [(s.get("stage"), s.get("status")) for s in report.get("stages") or []]
-        said = [(s.stage, str(s.status)) for s in parsed.stages]
-        if ran != said:
-            problems.append(f"its stages {said} are not those of the run's report.json {ran}")
-        if report.get("image_id") != image.id or report.get("cell") != parsed.cell:
-            problems.append("the run's report.json is for another image or cell")
+    problems += run_problems(parsed, run)
     return problems
 
 
@@ -256,10 +250,13 @@ def _gate(
     # bytes' JSON); everything read from it is read through the typed model.
     document = _read_json(receipt_path, "the receipt")
     receipt = Receipt.parse(document, source=str(receipt_path))
-    report_path = receipt_path.parent / "report.json"
-    report = _read_json(report_path, "the run's report") if report_path.is_file() else None
     problems = publishable_problems(
-        document, report, cell_id=cell_id, image_id=info.id, content_tag=content_tag, matrix_digest=matrix_digest
+        document,
+        RunDir.read(receipt_path.parent),
+        cell_id=cell_id,
+        image_id=info.id,
+        content_tag=content_tag,
+        matrix_digest=matrix_digest,
     )
     if problems:
         raise InputError(f"{receipt_path}: refusing to publish it: " + "; ".join(problems))

@@ -19,6 +19,7 @@ from stackproof.cli.common import load_spec as _load_spec
 if TYPE_CHECKING:
     from pipeline.docker.client import Docker
     from pipeline.matrix.site import SiteSettings
+    from pipeline.receipt import Receipt
     from pipeline.result import VerifyReport
 
 __all__ = ["COMMANDS", "remove_dead_runs"]
@@ -30,7 +31,13 @@ VERIFY_OPTIONS = (
     arg("--arm", default=None),
     arg("--stages", default=None, help="comma-separated stages (default: all)"),
     arg("--out", type=Path, default=Path("stackproof-out")),
-    arg("--previous", type=Path, default=None, help="an earlier report.json: diff autotune winners"),
+    arg(
+        "--previous",
+        type=Path,
+        default=None,
+        metavar="RECEIPT",
+        help="an earlier run's receipt.json (OUT/CELL/run-*/receipt.json): diff autotune winners against it",
+    ),
     arg("--no-preflight", action="store_true", help=NO_PREFLIGHT_HELP),
     arg("--no-fetch", action="store_true", help="never ask the hub: an hf: model must be in the store"),
     arg(
@@ -176,16 +183,14 @@ def _verify_or_run(args: argparse.Namespace, *, build: bool) -> int:
         cell.arm(args.arm)  # a bad arm name is a usage error before anything is built or run
     stages = parse_stages(args.stages)
     site = _site(matrix)
-    if args.previous is not None:
-        from pipeline.guard.jsonfile import read_json
-
-        read_json(args.previous, "earlier report (--previous)")  # a bad file is exit 2 before anything runs
+    previous = _previous(args.previous)  # a bad file is exit 2 before anything runs
     load = _load_spec(args, cell.serve.load) if cell.serve else None
     runtime = args.runtime or cell.runtime
     if args.python is not None and runtime != "host":
         raise InputError(f"--python {args.python}: only with --runtime host (cell {cell.id} runs on {runtime})")
     if runtime == "host":
-        return _verdict(args, cell, _on_host(args, matrix, cell, images, site, build=build, stages=stages, load=load))
+        found = _on_host(args, matrix, cell, images, site, build=build, stages=stages, load=load, previous=previous)
+        return _verdict(args, cell, found)
     docker = _engine(args, matrix, cell, images, site)  # bad input is exit 2 before any host check
     remove_dead_runs(docker)
     report = run_cell(
@@ -198,7 +203,7 @@ def _verify_or_run(args: argparse.Namespace, *, build: bool) -> int:
         out_root=args.out,
         stages=stages,
         arm_name=args.arm,
-        previous=args.previous,
+        previous=previous,
         load=load,
         fetch_model=not args.no_fetch,
     )
@@ -215,6 +220,7 @@ def _on_host(
     build: bool,
     stages: tuple[str, ...],
     load: LoadSpec | None,
+    previous: Receipt | None,
 ) -> VerifyReport:
     from stackproof.runjob import run_on_host
     from verify.runtime.host import remove_dead_host_runs
@@ -241,10 +247,26 @@ def _on_host(
         out_root=args.out,
         stages=stages,
         arm_name=args.arm,
-        previous=args.previous,
+        previous=previous,
         load=load,
         fetch_model=not args.no_fetch,
     )
+
+
+def _previous(path: Path | None) -> Receipt | None:
+    """`--previous`: an earlier run's receipt, read through the receipt model; a file that is not
+    one (a report.json of an older stackproof among them) is exit 2 naming it."""
+    if path is None:
+        return None
+    from pipeline.receipt import Receipt, ReceiptError
+
+    try:
+        return Receipt.read(path)
+    except ReceiptError as exc:
+        old = " (stackproof no longer writes report.json: the receipt holds every stage's checks)"
+        raise InputError(
+            f"--previous {exc}; pass an earlier run's receipt.json{old if path.name == 'report.json' else ''}"
+        ) from None
 
 
 def _verdict(args: argparse.Namespace, cell: Cell, report: VerifyReport) -> int:

@@ -8,8 +8,8 @@ a canary: no output of any command may contain it.
 
 Small imported images stand in for a cell's image: they are tagged as the content tag of a small
 test cell (`pub-tiny`, a copy of the real matrix plus that cell), which is what publish accepts;
-the receipts are made by the real receipt code from verify reports of those images, with the
-report.json a run writes beside them.
+the receipts are made by the real receipt code from verify reports of those images, written into
+run directories as a run writes them (receipt.json, junit.xml, summary.md).
 """
 
 from __future__ import annotations
@@ -128,7 +128,6 @@ class Bench:
         )
         out = Path(os.path.dirname(version.matrix)) / f"run-{secrets.token_hex(4)}"
         out.mkdir()
-        (out / "report.json").write_text(json.dumps(report.to_json(), default=str))
         return write_all(receipt, out)["receipt"]
 
     # -- commands ----------------------------------------------------------------------------------------
@@ -580,15 +579,19 @@ def test_publish_refuses_another_image_and_edited_receipts(bench: Bench) -> None
     refused = bench.run([*base, "--image", other.tag, "--receipt", str(foreign)])
     assert refused.returncode == 2 and "not the cell's own image" in refused.stderr, refused.stderr[-2000:]
 
-    def edit(change: dict[str, object], stage_status: str | None = None) -> Path:
+    def edit(change: dict[str, object], stage_status: str | None = None, *, with_check: bool = False) -> Path:
+        """The receipt edited, in a directory of its own beside the run's renderings (copied)."""
         doc = json.loads(receipt.read_text())
         doc.update(change)
         if stage_status:
             doc["stages"][1]["status"] = stage_status
+        if stage_status and with_check:  # the stage re-judged consistently: only its run's summary says otherwise
+            doc["stages"][1]["checks"][0]["status"] = stage_status
         path = receipt.parent.parent / f"edited-{secrets.token_hex(3)}" / "receipt.json"
         path.parent.mkdir()
         path.write_text(json.dumps(doc))
-        (path.parent / "report.json").write_text((receipt.parent / "report.json").read_text())
+        for rendering in ("junit.xml", "summary.md"):
+            (path.parent / rendering).write_text((receipt.parent / rendering).read_text())
         return path
 
     failing = bench.receipt(version, passed=False)
@@ -598,10 +601,12 @@ def test_publish_refuses_another_image_and_edited_receipts(bench: Bench) -> None
         "a FAIL receipt edited to PASS": (failing, "PASS, but stages imports FAIL"),
         "another matrix": (edit({"matrix_digest": "sha256:" + "0" * 64}), "not this matrix.yaml"),
         "a stage edited": (edit({}, stage_status="SKIP"), "its checks say PASS"),
-        "no report beside it": (edit({}), None),
+        "a stage and its check edited": (edit({}, "WARN", with_check=True), "not those its run recorded in summary.md"),
+        "not beside its run's files": (edit({}), "no junit.xml or summary.md beside it"),
         "another cell": (edit({"cell": "cpu-tiny"}), "not 'pub-tiny'"),
     }
-    (cases["no report beside it"][0].parent / "report.json").unlink()
+    for rendering in ("junit.xml", "summary.md"):
+        (cases["not beside its run's files"][0].parent / rendering).unlink()
     for name, (path, expected) in cases.items():
         result = bench.run([*base, "--receipt", str(path)])
         assert result.returncode == 2, f"{name}: {result.stderr[-2000:]}"

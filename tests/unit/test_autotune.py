@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from pipeline.receipt import Receipt, write_all
 from pipeline.result import Status
 from stackproof.cli import main
 from stackproof.kernels import arch_of, judge_probe
+from tests.unit.test_receipt import CPU, _report
 from verify.kernels.autotune import (
     hybrid_buckets,
     judge_cache,
@@ -22,6 +25,7 @@ from verify.kernels.autotune import (
 )
 from verify.logs.catalog import Facts
 from verify.stages.autotune import CACHE_MOUNT, diff_winners, judge_fresh_cache, winners_table
+from verify.stages.receipt import build_receipt
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 TWO_SHAPES = FIXTURES / "autotune" / "h200-fi0.6.18.post1-cudnn9.19-two-shapes.json"
@@ -251,19 +255,41 @@ def test_an_empty_cache_is_inconclusive(real_matrix, tmp_path: Path) -> None:
     assert check.status is Status.INCONCLUSIVE and "no entries" in check.message
 
 
-def test_winners_are_diffed_against_a_previous_report(tmp_path: Path) -> None:
+def previous_receipt(directory: Path, winners: list[dict[str, Any]]) -> Receipt:
+    """An earlier run's receipt carrying `winners`, written and read back as `--previous` reads it."""
+    made = build_receipt(_report(Status.PASS), matrix_digest="sha256:m", host=CPU, started_at=0, finished_at=1)
+    return Receipt.read(write_all(dataclasses.replace(made, autotune=tuple(winners)), directory)["receipt"])
+
+
+def test_winners_are_diffed_against_a_previous_receipt(tmp_path: Path) -> None:
     old = winners_table(read_cache(sm120_release(tmp_path)))
-    previous = tmp_path / "report.json"
-    previous.write_text(
-        json.dumps(
-            {"stages": [{"stage": "autotune", "checks": [{"name": "autotune-cache", "evidence": {"winners": old}}]}]}
-        )
-    )
+    previous = previous_receipt(tmp_path / "earlier", old)
     check = diff_winners(winners_table(read_cache(sm120_gated(tmp_path))), previous)
     changed = {(c["n"], c["m_bucket"]): (c["before"], c["now"]) for c in check.evidence["changed"]}
     assert changed[(5120, 512)] == ("CudnnFp8GemmRunner", "CublasFp8GemmRunner")
     assert changed[(5120, 1)] == ("CudnnFp8GemmRunner", "CutlassFp8GemmRunner")
     assert len(changed) == 1 + 6 + 5  # the 512 bucket, and every bucket cuDNN won on the H200
+    assert "since the previous receipt (cpu-tiny, " in check.message
+    same = diff_winners(old, previous)
+    assert same.status is Status.PASS and same.evidence["changed"] == [] and same.message.startswith("same winners")
+    none = diff_winners(old, previous_receipt(tmp_path / "cpu", []))
+    assert none.status is Status.SKIP and "has no autotune winners" in none.message
+
+
+def test_previous_takes_a_receipt_and_names_an_old_report_json(real_matrix, tmp_path: Path, capsys) -> None:
+    """`--previous` reads a receipt through the model before anything runs (exit 2 naming the file);
+    a report.json of an older stackproof is told to pass the receipt.json beside it."""
+    report = tmp_path / "run-1" / "report.json"
+    report.parent.mkdir()
+    report.write_text(json.dumps({"schema_version": 1, "cell": "cpu-tiny", "stages": [], "outcome": {}}))
+    assert main(["verify", "cpu-tiny", "--matrix", str(real_matrix.file), "--previous", str(report)]) == 2
+    err = capsys.readouterr().err
+    assert str(report) in err and "pass an earlier run's receipt.json" in err and "no longer writes report.json" in err
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"kind": "something else"}))
+    assert main(["verify", "cpu-tiny", "--matrix", str(real_matrix.file), "--previous", str(other)]) == 2
+    err = capsys.readouterr().err
+    assert str(other) in err and "not a stackproof receipt" in err and "no longer writes" not in err
 
 
 # -- the kernel probe on the H200 --------------------------------------------------------------------

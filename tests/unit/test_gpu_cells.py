@@ -16,6 +16,7 @@ from pipeline.host.geometry import HostFingerprint
 from pipeline.matrix.model import Expectation, Matrix
 from pipeline.receipt import render_junit, render_markdown
 from pipeline.result import CheckResult, StageResult, Status, VerifyReport, evaluate
+from tests.unit.test_autotune import previous_receipt
 from verify.kernels.autotune import read_cache, winners
 from verify.logs.catalog import Facts, catalog_for, rules_for
 from verify.logs.logscan import judge, scan
@@ -171,12 +172,9 @@ def test_ops_not_read_as_gemms_keep_their_raw_profile_and_never_collide(tmp_path
     assert [len(t["rows"]) for t in table] == [2]
     assert {r["profile"] for r in table[0]["rows"]} == {e.profile for e in cache.entries}
     # a change in one of them is seen as that one's change
-    previous = tmp_path / "report.json"
     changed_rows = [dict(r, runner="OtherRunner") if r["tactic"] == 1 else r for r in table[0]["rows"]]
     old = [dict(table[0], rows=changed_rows)]
-    autotune = {"name": "autotune-cache", "evidence": {"winners": old}}
-    previous.write_text(json.dumps({"stages": [{"stage": "autotune", "checks": [autotune]}]}))
-    diff = diff_winners(table, previous)
+    diff = diff_winners(table, previous_receipt(tmp_path / "earlier", old))
     assert [(c["before"], c["now"]) for c in diff.evidence["changed"]] == [("OtherRunner", "MoERunner")]
 
 

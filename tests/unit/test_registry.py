@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import shutil
 import stat
 from pathlib import Path
 from typing import Any
@@ -16,10 +17,11 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from pipeline.docker.client import _docker_config
 from pipeline.errors import InfraError, InputError
-from pipeline.receipt import receipt_problems
+from pipeline.receipt import Receipt, receipt_problems, render_markdown, write_all
 from pipeline.registry import attest
 from pipeline.registry.oci import Credentials, RegistryClient, find_credentials, parse_challenge, platform_manifest
 from pipeline.registry.publish import publish, publishable_problems
+from pipeline.registry.rundir import RENDERINGS, RunDir, run_problems
 from pipeline.result import Status
 from tests.unit.test_receipt import CPU, _report
 from verify.stages.receipt import build_receipt
@@ -27,6 +29,7 @@ from verify.stages.receipt import build_receipt
 CANARY = "CANARY-s3cret-pw"
 HOST = "127.0.0.1:5000"
 DIGEST = "sha256:" + "ab" * 32
+RUN_FIXTURE = Path(__file__).resolve().parents[1] / "fixtures/receipts/cpu-tiny-pass/cpu-tiny/run-20261201T181931"
 
 
 # -- challenges and credentials ----------------------------------------------------------------------
@@ -259,13 +262,16 @@ def _receipt(status: Status = Status.PASS, *, passed: bool = True) -> dict[str, 
     return build_receipt(report, matrix_digest="sha256:m", host=CPU, started_at=0, finished_at=1).to_json()
 
 
-def _gate(receipt: dict[str, Any], report: dict[str, Any] | None = None, **kw: str) -> list[str]:
-    report = report if report is not None else {
-        "cell": receipt["cell"], "image_id": receipt["image"]["id"],
-        "stages": [{"stage": s["stage"], "status": s["status"]} for s in receipt["stages"]],
-    }  # fmt: skip
+def _run_of(receipt: dict[str, Any], *files: str, name: str = "run-1") -> RunDir:
+    """The run directory that wrote `receipt`: its renderings (and `files`) beside it."""
+    parsed = Receipt.parse(receipt)
+    listed = frozenset({"receipt.json", *RENDERINGS, *files})
+    return RunDir(name=name, files=listed, summary=render_markdown(parsed))
+
+
+def _gate(receipt: dict[str, Any], run: RunDir | None = None, **kw: str) -> list[str]:
     args = {"cell_id": receipt["cell"], "image_id": receipt["image"]["id"], "content_tag": receipt["image"]["ref"]}
-    return publishable_problems(receipt, report, matrix_digest="sha256:m", **(args | kw))
+    return publishable_problems(receipt, run or _run_of(receipt), matrix_digest="sha256:m", **(args | kw))
 
 
 def test_publish_gate_accepts_a_real_receipt_and_refuses_edits() -> None:
@@ -275,7 +281,7 @@ def test_publish_gate_accepts_a_real_receipt_and_refuses_edits() -> None:
     failing = _receipt(Status.FAIL, passed=False)
     assert _gate(failing) == []  # a FAIL receipt is publishable as what it is (no tag moves)
     promoted = json.loads(json.dumps(failing)) | {"status": "PASS"}
-    assert any("PASS, but stages" in p for p in _gate(promoted))
+    assert any("PASS, but stages" in p for p in _gate(promoted, _run_of(failing)))
     stage_edited = json.loads(json.dumps(good))
     stage_edited["stages"][0]["status"] = "SKIP"
     assert any("its checks say PASS" in p for p in receipt_problems(stage_edited))
@@ -283,11 +289,53 @@ def test_publish_gate_accepts_a_real_receipt_and_refuses_edits() -> None:
     assert any("not 'x'" in p for p in _gate(good, cell_id="x"))
     assert any("not the cell's content tag" in p for p in _gate(good, content_tag="stackproof/c:other"))
     assert any("for image" in p for p in _gate(good, image_id="sha256:other"))
-    assert any("no report.json" in p for p in publishable_problems(
-        good, None, cell_id=good["cell"], image_id=good["image"]["id"], content_tag=good["image"]["ref"],
-        matrix_digest="sha256:m"))  # fmt: skip
-    lying = {"cell": good["cell"], "image_id": good["image"]["id"], "stages": [{"stage": "imports", "status": "FAIL"}]}
-    assert any("report.json" in p for p in _gate(good, lying))
+
+
+def test_publish_gate_wants_the_receipt_in_the_run_directory_that_wrote_it() -> None:
+    """Each refusal that once cross-checked report.json, now on the receipt and the run that wrote it,
+    both ways: the unedited run passes each of them."""
+    good, run = _receipt(), _run_of(_receipt())
+    assert _gate(good, run) == []
+    # no renderings beside it: not the output of a run (was: no report.json beside it)
+    bare = RunDir(name="run-1", files=frozenset({"receipt.json"}), summary=None)
+    assert _gate(good, bare) == [
+        "no junit.xml or summary.md beside it: it is not the output of a `stackproof run`/`verify`"
+    ]
+    # its stages are not those its run recorded (was: not those of the run's report.json)
+    lying = _receipt(Status.FAIL, passed=False)
+    assert any("are not those its run recorded in summary.md [imports FAIL" in p for p in _gate(good, _run_of(lying)))
+    # the run beside it is for another cell or image (was: the run's report.json is for another image or cell)
+    other_cell = json.loads(json.dumps(good)) | {"cell": "cpu-other"}
+    assert any("for another cell (cpu-other)" in p for p in _gate(good, _run_of(other_cell)))
+    other_image = json.loads(json.dumps(good))
+    other_image["image"]["id"] = "sha256:" + "9" * 64
+    assert any("for another image" in p for p in _gate(good, _run_of(other_image)))
+    assert any("not a stackproof summary" in p for p in _gate(good, RunDir(name="run-1", files=run.files, summary="")))
+
+
+def test_publish_gate_wants_the_files_the_receipt_names_beside_it() -> None:
+    named = json.loads(json.dumps(_receipt()))
+    named["stages"][0]["artifacts"] = {"probe": "stackproof-out/cpu-tiny/run-1/imports-probe.json"}
+    named["stages"][3]["artifacts"] = {"summary": "/abs/out/cpu-tiny/run-1/load/load.json"}
+    assert _gate(named, _run_of(named, "imports-probe.json", "load", "load/load.json")) == []
+    missing = _gate(named, _run_of(named, "imports-probe.json"))
+    assert missing == ["the files its stages name are not beside it (load summary load/load.json)"]
+    moved = _gate(named, _run_of(named, "imports-probe.json", "load/load.json", name="edited-ab12"))
+    assert len(moved) == 1 and moved[0].startswith("its stages name another run's files (imports probe stackproof-out/")
+
+
+def test_a_real_run_directory_holds_together_with_its_receipt(tmp_path: Path) -> None:
+    """A run directory a real `stackproof run` wrote (tests/fixtures/receipts): its receipt names
+    the files beside it by the paths the run wrote (under /tmp, elsewhere); only the trimmed probe
+    is missing, and once it is back nothing is."""
+    shutil.copytree(RUN_FIXTURE, tmp_path / RUN_FIXTURE.name)
+    run_dir = tmp_path / RUN_FIXTURE.name
+    receipt = Receipt.read(run_dir / "receipt.json")
+    assert run_problems(receipt, RunDir.read(run_dir)) == [
+        "the files its stages name are not beside it (imports probe imports-probe.json)"
+    ]
+    (run_dir / "imports-probe.json").write_text("{}")
+    assert run_problems(receipt, RunDir.read(run_dir)) == []
 
 
 def test_publish_reads_the_receipt_through_the_model_naming_file_and_field(tmp_path: Path) -> None:
@@ -318,8 +366,12 @@ def test_publish_reads_the_receipt_through_the_model_naming_file_and_field(tmp_p
     broken = json.loads(json.dumps(good))
     broken["stages"][1]["seconds"] = "soon"
     assert attempt(broken).startswith(f"{path}: stages[1].seconds: a str, expected a number")
-    # The unedited receipt parses and passes on to the gate, which wants the run's report beside it.
-    assert "no report.json beside it" in attempt(good)
+    # The unedited receipt parses and passes on to the gate, which wants the run's renderings beside it.
+    assert "no junit.xml or summary.md beside it" in attempt(good)
+    write_all(Receipt.parse(good), path.parent)
+    edited = json.loads(path.read_text())
+    edited["stages"][1]["checks"][0]["status"] = edited["stages"][1]["status"] = "WARN"
+    assert "are not those its run recorded in summary.md" in attempt(edited)
 
 
 # -- signatures ----------------------------------------------------------------------------------------

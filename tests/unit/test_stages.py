@@ -59,19 +59,34 @@ def _verify(real_matrix: Matrix, tmp_path: Path, stages: Stages, **kw: Any) -> A
         stages=STAGES,
         arm=None,
         out_dir=tmp_path,
-        runners=stages.runners(),
-        **kw,
+        **({"runners": stages.runners()} | kw),
     )
 
 
-def test_the_runner_runs_every_stage_in_order_and_writes_the_report(real_matrix: Matrix, tmp_path: Path) -> None:
+def test_the_runner_runs_every_stage_in_order_and_hands_the_report_back(real_matrix: Matrix, tmp_path: Path) -> None:
     stages = Stages()
     report = _verify(real_matrix, tmp_path, stages)
     assert [s.stage for s in report.stages] == list(STAGES) and report.outcome.passed
-    assert json.loads((tmp_path / "report.json").read_text())["stages"][0]["stage"] == "imports"
+    # the report is handed back in memory: the receipt made from it is the run's one document
+    assert not (tmp_path / "report.json").exists()
     # the imports stage's probe feeds the facts of the stages after it (the log rule sets use them)
     assert stages.seen["imports"].facts.engine_version is None
     assert stages.seen["startup"].facts.engine_version is not None and stages.seen["startup"].facts.engine == "vllm"
+
+
+def test_a_stage_names_only_the_files_its_run_kept(real_matrix: Matrix, tmp_path: Path) -> None:
+    """A receipt names no file its run did not write (a server that never started leaves no log):
+    publish wants each file a receipt names beside it."""
+    (tmp_path / "probe.json").write_text("{}")
+    (tmp_path / "autotune-store").mkdir()
+    named = {"probe": str(tmp_path / "probe.json"), "server_log": str(tmp_path / "server.log"),
+             "store": str(tmp_path / "autotune-store")}  # fmt: skip
+
+    def startup(ctx: StageContext) -> StageResult:
+        return StageResult.of("startup", [_check(Status.FAIL, "readiness")], 0.1, **named)
+
+    report = _verify(real_matrix, tmp_path, Stages(), runners={**Stages().runners(), "startup": startup})
+    assert report.stages[1].artifacts == {"probe": named["probe"], "store": named["store"]}
 
 
 def test_the_runner_stops_at_the_first_failure(real_matrix: Matrix, tmp_path: Path) -> None:

@@ -17,14 +17,13 @@ The server is the startup stage's when the plan says it carried the fresh cache 
 see `verify.stages.serverplan`), else one of its own with the driver's kernel-selection variables
 removed unless the arm sets them (what was in force is recorded). The file the engine names in
 its announcement line (or any file of the driver's layout under the directory) is judged: the
-per-arch policies, the winners table, and a comparison with a previous report of the same cell
-when one is given. No file, or no entries, is INCONCLUSIVE with the reason: it proves nothing
-either way.
+per-arch policies, the winners table, and a comparison with the winners of a previous receipt of
+the same cell when one is given (`--previous RUN/receipt.json`). No file, or no entries, is
+INCONCLUSIVE with the reason: it proves nothing either way.
 """
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import time
@@ -33,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.matrix.model import Arm, Cell
+from pipeline.receipt import Receipt
 from pipeline.result import CheckResult, StageResult, Status
 from verify.kernels.autotune import AutotuneCache, Entry, judge_cache, load_policies, read_cache, winners
 from verify.logs.catalog import Facts, catalog_for
@@ -63,7 +63,7 @@ def run_autotune(
     arm: Arm | None,
     out_dir: Path,
     facts: Facts,
-    previous: Path | None = None,
+    previous: Receipt | None = None,
     shared: Server | None = None,
     on_start: Callable[[Server], None] | None = None,
 ) -> StageResult:
@@ -142,7 +142,7 @@ def judge_fresh_cache(
     *,
     facts: Facts,
     env: dict[str, str | None],
-    previous: Path | None = None,
+    previous: Receipt | None = None,
     tuning: AutotuneFacts | None = None,
     mount: str = CACHE_MOUNT,
 ) -> list[CheckResult]:
@@ -285,14 +285,12 @@ def _winner_row(entry: Entry) -> dict[str, Any]:
     return row if entry.profile is None else {**row, "profile": entry.profile}
 
 
-def diff_winners(table: list[dict[str, Any]], previous: Path) -> CheckResult:
-    """Buckets whose winning runner changed since a previous report of the same cell."""
-    try:
-        report = json.loads(previous.read_text())
-        stage = next(s for s in report["stages"] if s["stage"] == STAGE)
-        old = next(c for c in stage["checks"] if c["name"] == "autotune-cache")["evidence"]["winners"]
-    except (OSError, ValueError, KeyError, StopIteration, TypeError, AttributeError, RecursionError) as exc:
-        return CheckResult(name="winners-diff", status=Status.SKIP, message=f"{previous}: no autotune winners ({exc})")
+def diff_winners(table: list[dict[str, Any]], previous: Receipt) -> CheckResult:
+    """Buckets whose winning runner changed since a previous receipt of the same cell."""
+    which = f"the previous receipt ({previous.cell}, {previous.finished_at})"
+    if not previous.autotune:
+        return CheckResult(name="winners-diff", status=Status.SKIP, message=f"{which} has no autotune winners")
+    old = list(previous.autotune)
 
     def keyed(tables: list[dict[str, Any]]) -> dict[tuple[Any, ...], str]:
         return {
@@ -306,5 +304,5 @@ def diff_winners(table: list[dict[str, Any]], previous: Path) -> CheckResult:
         for key in sorted(set(before) | set(now))
         if before.get(key) != now.get(key)
     ]
-    message = f"{len(changed)} bucket(s) changed winner since {previous}" if changed else f"same winners as {previous}"
+    message = f"{len(changed)} bucket(s) changed winner since {which}" if changed else f"same winners as {which}"
     return CheckResult(name="winners-diff", status=Status.PASS, message=message, evidence={"changed": changed})

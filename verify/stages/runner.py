@@ -1,13 +1,13 @@
 """Run a cell's stages against a built image, cheapest first, stopping at the first failure.
 
 A stage that FAILs stops the stages after it (they depend on it: never start a server for an
-image whose imports are broken). The report, with the cell's expectation evaluated, is written
-to `report.json` in the run's directory.
+image whose imports are broken). The report, with the cell's expectation evaluated, is handed back
+in memory: the receipt made from it (pipeline/receipt.py) is the one document a run writes.
 """
 
 from __future__ import annotations
 
-import json
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +16,7 @@ from pipeline.console import console
 from pipeline.docker.client import Docker
 from pipeline.errors import InputError
 from pipeline.matrix.model import STAGES, Arm, Cell, LoadSpec
+from pipeline.receipt import Receipt
 from pipeline.result import CheckResult, StageResult, Status, VerifyReport, evaluate
 from verify.logs.catalog import Facts
 from verify.runtime import Runtime, as_runtime
@@ -42,7 +43,7 @@ class StageContext:
     python: str
     arm: Arm | None
     out_dir: Path
-    previous: Path | None = None  # an earlier report of the same cell, to diff autotune winners against
+    previous: Receipt | None = None  # an earlier receipt of the same cell, to diff autotune winners against
     load: LoadSpec | None = None  # the cell's load spec with command-line overrides; None = the cell's
     share: SharedServer  # startup keeps its server here for later stages; counts every server started
     plan: ServerPlan  # which stages start servers (verify.stages.serverplan)
@@ -156,7 +157,7 @@ def verify_image(
     stages: tuple[str, ...],
     arm: Arm | None,
     out_dir: Path,
-    previous: Path | None = None,
+    previous: Receipt | None = None,
     load: LoadSpec | None = None,
     extra_checks: dict[str, list[CheckResult]] | None = None,
     image_env: tuple[tuple[str, str], ...] = (),
@@ -195,7 +196,7 @@ def verify_image(
             if extra_checks and extra_checks.get(stage):
                 checks = [*result.checks, *extra_checks[stage]]
                 result = StageResult.of(stage, checks, result.seconds, found=result.found, **result.artifacts)
-            results.append(result)
+            results.append(_kept(result))
             _print_stage(cell, result)
             if result.status in (Status.FAIL, Status.ERROR):
                 skipped = stages[stages.index(stage) + 1 :]
@@ -218,9 +219,16 @@ def verify_image(
             **plan.to_json(),
         },
     )
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "report.json").write_text(json.dumps(report.to_json(), indent=2, default=str) + "\n")
     return report
+
+
+def _kept(result: StageResult) -> StageResult:
+    """The stage with only the files it kept named: a receipt names no file its run did not write
+    (a server that never started leaves no log), since publish wants each beside it."""
+    kept = {name: path for name, path in result.artifacts.items() if Path(path).exists()}
+    if kept == result.artifacts:
+        return result
+    return dataclasses.replace(result, artifacts=kept)
 
 
 def _print_stage(cell: Cell, result: StageResult) -> None:
