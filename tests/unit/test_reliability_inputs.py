@@ -98,3 +98,28 @@ def test_a_password_on_stdin_without_end_is_exit_2() -> None:
     proc = _cli("pull", "cpu-tiny", "--registry", "127.0.0.1:9/stackproof", "--password-stdin", stdin=Path("/dev/zero"))
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "--password-stdin" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# -- what leaves the process is bounded too: an error quoting a 10 MB line ---------------------------------
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_an_error_quoting_a_ten_megabyte_line_prints_a_bounded_message(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], as_json: bool
+) -> None:
+    """Before: `repro` of a 10 MB one-line file whose line begins `vLLM: ` printed the whole line
+    in its error (10,000,040 characters on stderr, and again in the --json document)."""
+    import json
+
+    from stackproof.cli import main
+
+    source = tmp_path / "src.txt"
+    source.write_bytes(b"vLLM: " * (10_000_000 // 6))
+    matrix = ["--matrix", str(REPO / "matrix.yaml"), "--images", str(REPO / "images")]
+    assert main(["repro", str(source), *matrix, "--offline", *(["--json"] if as_json else [])]) == 2
+    captured = capsys.readouterr()
+    assert f"{source.name}:1: vllm: no version in 'vLLM: vLLM: " in captured.err
+    assert len(captured.err) < 20_000 and "characters not shown" in captured.err
+    if as_json:
+        document = json.loads(captured.out)
+        assert document["error"]["exit_code"] == 2 and len(captured.out) < 40_000
