@@ -195,3 +195,39 @@ def test_an_earlier_sites_manifest_that_is_a_fifo_or_endless_is_ignored(tmp_path
             pass
         pytest.fail("write_site waited for a writer of the FIFO in --out")
     assert (out / "index.html").read_bytes() == b"new"
+
+
+def test_a_huge_junit_beside_a_receipt_is_not_copied_whole(tmp_path: Path) -> None:
+    """Class 4: a junit.xml over the copy limit is rendered from the receipt instead (a sparse
+    file: the size is announced, the bytes cost nothing); a FIFO in its place is skipped, not waited on."""
+    import os
+
+    from stackproof.site_report.sources import COPY_LIMIT_BYTES
+
+    big = _run(tmp_path, None, "big")
+    (big / "junit.xml").unlink(missing_ok=True)
+    with (big / "junit.xml").open("wb") as f:
+        f.truncate(COPY_LIMIT_BYTES * 8)
+    piped = _run(tmp_path, None, "piped")
+    (piped / "junit.xml").unlink(missing_ok=True)
+    os.mkfifo(piped / "junit.xml")
+    _index(tmp_path, big, piped)
+    copied = list((tmp_path / "site").rglob("junit.xml"))
+    assert copied and all(0 < p.stat().st_size <= COPY_LIMIT_BYTES for p in copied)
+    assert all(b"\0" not in p.read_bytes() for p in copied)  # the rendered one, not the sparse zeros
+
+
+def test_cell_ids_that_differ_only_in_punctuation_get_their_own_pages(tmp_path: Path) -> None:
+    """Class 7 end to end (the slug alone is test_page_names_are_injective): three cells whose ids
+    differ only in `.`, `_` and `-` give three cell pages through `stackproof report`."""
+    runs = []
+    for cell in ("cpu.tiny", "cpu_tiny", "cpu-tiny"):
+        document = _doc()
+        document["cell"] = cell
+        document["image"]["ref"] = f"stackproof/{cell}:e973fb2d985073ba"
+        runs.append(_run(tmp_path / cell, document))
+    out = tmp_path / "site"
+    argv = ["report", "--receipts", *map(str, runs), "--out", str(out), "--cells", "cpu.tiny", "cpu_tiny", "cpu-tiny"]
+    assert main(argv) == 0
+    pages = sorted(p.name for p in (out / "cells").iterdir())
+    assert pages == sorted(f"{slug(c)}.html" for c in ("cpu.tiny", "cpu_tiny", "cpu-tiny")), pages
