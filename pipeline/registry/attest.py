@@ -33,6 +33,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from pipeline.errors import InfraError, InputError
+from pipeline.guard import boundedio
 
 __all__ = [
     "ENVELOPE_MEDIA_TYPE",
@@ -56,6 +57,12 @@ ENVELOPE_MEDIA_TYPE = "application/vnd.dsse.envelope.v1+json"
 # What the attestation action writes (`bundle-path`) and attaches: a sigstore bundle, v0.3.
 SIGSTORE_BUNDLE_MEDIA_TYPE = "application/vnd.dev.sigstore.bundle.v0.3+json"
 PASSWORD_ENV = "STACKPROOF_SIGN_KEY_PASSWORD"
+# Key files and the trusted root are inputs like any other (issue 27): read through the bounded
+# reader, so /dev/zero, a FIFO nobody writes to or a huge file is exit 2 naming the flag, never a
+# wait without end or an out-of-memory exit 3. A PEM key is a few hundred bytes; sigstore's
+# trusted_root.json tens of KB.
+KEY_LIMIT = 64 * 2**10
+TRUSTED_ROOT_LIMIT = 16 * 2**20
 
 
 def pae(payload_type: str, payload: bytes) -> bytes:
@@ -65,10 +72,7 @@ def pae(payload_type: str, payload: bytes) -> bytes:
 
 
 def load_private_key(path: Path, *, password: str | None = None) -> ec.EllipticCurvePrivateKey:
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise InputError(f"--sign-key {path}: cannot read it ({exc.strerror})") from exc
+    data = _read_key(path, "--sign-key")
     try:
         key = serialization.load_pem_private_key(data, password=password.encode() if password else None)
     except TypeError as exc:
@@ -81,10 +85,7 @@ def load_private_key(path: Path, *, password: str | None = None) -> ec.EllipticC
 
 
 def load_public_key(path: Path) -> ec.EllipticCurvePublicKey:
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise InputError(f"--key {path}: cannot read it ({exc.strerror})") from exc
+    data = _read_key(path, "--key")
     try:
         key: Any = serialization.load_pem_public_key(data)
     except ValueError:
@@ -95,6 +96,13 @@ def load_public_key(path: Path) -> ec.EllipticCurvePublicKey:
     if not isinstance(key, ec.EllipticCurvePublicKey) or not isinstance(key.curve, ec.SECP256R1):
         raise InputError(f"--key {path}: not an ECDSA P-256 public key")
     return key
+
+
+def _read_key(path: Path, flag: str) -> bytes:
+    try:
+        return boundedio.read_bytes(path, "key file", limit=KEY_LIMIT)
+    except InputError as exc:
+        raise InputError(f"{flag} {exc}") from None
 
 
 def statement(*, name: str, digest: str, receipt: dict[str, Any]) -> dict[str, Any]:
@@ -250,13 +258,16 @@ def verify_sigstore_bundle(
 def _verifier(verifier_type: Any, trusted_root: Path | None) -> Any:
     from sigstore.errors import Error as SigstoreError
     from sigstore.models import TrustedRoot
+    from sigstore_models.trustroot import v1 as trustroot_v1
 
     try:
         if trusted_root is None:
             return verifier_type.production()
-        return verifier_type(trusted_root=TrustedRoot.from_file(str(trusted_root)))
-    except OSError as exc:
-        raise InputError(f"--trusted-root {trusted_root}: cannot read it ({exc.strerror})") from exc
+        # Not TrustedRoot.from_file: it reads the path whole, whatever it is.
+        data = boundedio.read_bytes(trusted_root, "trusted root", limit=TRUSTED_ROOT_LIMIT)
+        return verifier_type(trusted_root=TrustedRoot(trustroot_v1.TrustedRoot.from_json(data)))
+    except InputError as exc:
+        raise InputError(f"--trusted-root {exc}") from None
     except (SigstoreError, ValueError) as exc:
         where = f"--trusted-root {trusted_root}" if trusted_root else "the sigstore public-good trust root (TUF)"
         if trusted_root is not None:

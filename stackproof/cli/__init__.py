@@ -35,7 +35,7 @@ from stackproof.cli import (
     sweep,
 )
 from stackproof.cli.common import GROUP_DEST, GROUPS, Command, load_options
-from stackproof.cli.dispatch import dispatch
+from stackproof.cli.dispatch import bounded, dispatch
 
 __all__ = ["COMMAND_MODULES", "main"]
 
@@ -88,10 +88,11 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _usage_error(argv: list[str] | None, exc: UsageError) -> int:
+    message = bounded(str(exc))  # argparse quotes the value it refused, however long
     print(exc.usage.rstrip(), file=sys.stderr)
-    print(f"stackproof: error: {exc}", file=sys.stderr)
+    print(f"stackproof: error: {message}", file=sys.stderr)
     if "--json" in (sys.argv[1:] if argv is None else argv):
-        document = {"error": {"exit_code": 2, "message": str(exc), "problems": [str(exc)]}}
+        document = {"error": {"exit_code": 2, "message": message, "problems": [message]}}
         print(json.dumps(document, indent=2))
     return 2
 

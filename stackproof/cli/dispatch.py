@@ -14,7 +14,7 @@ from types import FrameType
 from pipeline.console import console
 from pipeline.errors import InputError, Interrupted, MatrixError, PipelineError
 
-__all__ = ["MAX_PROBLEMS_SHOWN", "dispatch"]
+__all__ = ["MAX_PROBLEMS_SHOWN", "bounded", "dispatch"]
 
 
 def dispatch(args: argparse.Namespace) -> int:
@@ -28,16 +28,17 @@ def dispatch(args: argparse.Namespace) -> int:
     except BrokenPipeError:
         return _broken_pipe()
     except MatrixError as exc:
-        listed = _first_problems(exc.problems)
+        listed = [bounded(p) for p in _first_problems(exc.problems)]
         for problem in listed:
             print(problem, file=sys.stderr)
         print(f"stackproof: {len(exc.problems)} problem(s) in the matrix; nothing was built or run", file=sys.stderr)
         return _fail(args, exc.exit_code, "the matrix is invalid", listed)
     except PipelineError as exc:
         # A failed tool's last lines were printed by its phase (pipeline.console): not twice.
-        shown = str(exc).splitlines()[0] if getattr(exc, "tail_shown", False) else str(exc)
+        message = bounded(str(exc))
+        shown = message.splitlines()[0] if getattr(exc, "tail_shown", False) else message
         print(f"stackproof: error: {shown}", file=sys.stderr)
-        return _fail(args, exc.exit_code, str(exc))
+        return _fail(args, exc.exit_code, message)
     # Foreseeable conditions a reader below did not name more precisely: still no traceback.
     except UnicodeDecodeError as exc:
         return _report(args, InputError.exit_code, f"an input is not UTF-8 text ({exc.reason} at byte {exc.start})")
@@ -62,7 +63,27 @@ def _first_problems(problems: list[str]) -> list[str]:
     return [*problems[:MAX_PROBLEMS_SHOWN], f"... and {rest:,} more problem(s) not listed (fix these first)"]
 
 
+# An error quotes what it refused (a line, a value); a 10 MB line is not read by anyone, and it
+# went to stderr, a CI log and the --json document whole. Each line of a message keeps its start
+# (the file:line and what is wrong) and its end, and says how much was cut.
+MAX_MESSAGE_LINE = 2_000
+
+
+def bounded(message: str) -> str:
+    """`message` with every line longer than MAX_MESSAGE_LINE characters cut in its middle."""
+    if len(message) <= MAX_MESSAGE_LINE:
+        return message
+    lines = []
+    for line in message.split("\n"):
+        if len(line) > MAX_MESSAGE_LINE:
+            head, tail = line[: MAX_MESSAGE_LINE - 200], line[-100:]
+            line = f"{head} ... ({len(line) - len(head) - len(tail):,} characters not shown) ... {tail}"
+        lines.append(line)
+    return "\n".join(lines)
+
+
 def _report(args: argparse.Namespace, code: int, message: str) -> int:
+    message = bounded(message)
     print(f"stackproof: error: {message}", file=sys.stderr)
     return _fail(args, code, message)
 

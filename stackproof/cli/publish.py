@@ -14,6 +14,9 @@ from stackproof.cli.common import NO_PREFLIGHT_HELP, Command, arg
 __all__ = ["COMMANDS"]
 
 
+MAX_PASSWORD_CHARS = 64 * 2**10  # a registry token is a few KB
+
+
 def _credentials(args: argparse.Namespace, registry: str) -> Any:
     """The registry credentials for this command: never from argv, never printed."""
     import os
@@ -24,7 +27,11 @@ def _credentials(args: argparse.Namespace, registry: str) -> Any:
     if args.password_stdin:
         if sys.stdin.isatty():
             raise InputError("--password-stdin: pipe the password in (printf '%s' \"$PASSWORD\" | stackproof ...)")
-        password = sys.stdin.read().rstrip("\r\n")
+        # Bounded like every input (issue 27): `< /dev/zero` is refused, not read until memory ends.
+        password = sys.stdin.read(MAX_PASSWORD_CHARS + 1)
+        if len(password) > MAX_PASSWORD_CHARS:
+            raise InputError(f"--password-stdin: more than {MAX_PASSWORD_CHARS:,} characters: not a password")
+        password = password.rstrip("\r\n")
         if not password:
             raise InputError("--password-stdin: stdin was empty")
     host, _ = split_registry(registry)

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+
+from pipeline.errors import InputError
+from pipeline.guard.boundedio import read_bytes
 
 __all__ = ["SITE_MANIFEST", "write_site"]
 
 
 SITE_MANIFEST = ".stackproof-site.json"  # the files the last report wrote into --out
+MANIFEST_LIMIT = 16 * 2**20
 
 
 def write_site(files: dict[str, bytes], out: Path) -> None:
@@ -22,18 +26,35 @@ def write_site(files: dict[str, bytes], out: Path) -> None:
     for relative, data in files.items():
         _write_atomic(out / relative, data)
     for stale in sorted(previous - files.keys()):
-        path = out / stale
-        if ".." not in Path(stale).parts and path.is_file() and not path.is_symlink():
+        path = _own_page(out, stale)
+        if path is not None:
             path.unlink()
     _write_atomic(out / SITE_MANIFEST, (json.dumps(sorted(files), indent=0) + "\n").encode())
 
 
 def _previous_pages(out: Path) -> set[str]:
+    """What the manifest in `out` lists; nothing when it is missing, not a regular file (a FIFO
+    would wait for ever), too large, or not a list: then no earlier page is removed."""
     try:
-        listed = json.loads((out / SITE_MANIFEST).read_text())
-    except (OSError, ValueError):
+        listed = json.loads(read_bytes(out / SITE_MANIFEST, "site manifest", limit=MANIFEST_LIMIT))
+    except (InputError, ValueError, RecursionError):
         return set()
-    return {str(p) for p in listed} if isinstance(listed, list) else set()
+    return {p for p in listed if isinstance(p, str)} if isinstance(listed, list) else set()
+
+
+def _own_page(out: Path, relative: str) -> Path | None:
+    """The regular file `relative` names under `out`, or None where it could lie outside: an
+    absolute path (`out / "/x"` is `/x`), a `..`, or a symlink anywhere on the way. The manifest
+    comes from a directory this report did not necessarily write (a CI artifact, another user's)."""
+    pure = PurePosixPath(relative)
+    if pure.is_absolute() or not pure.parts or ".." in pure.parts:
+        return None
+    current = out
+    for part in pure.parts:
+        current = current / part
+        if current.is_symlink():
+            return None
+    return current if current.is_file() else None
 
 
 def _write_atomic(path: Path, data: bytes) -> None:

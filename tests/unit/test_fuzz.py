@@ -685,6 +685,25 @@ def _reliability_cases() -> list[Case]:
         add(
             "5", f"stats-rate-{rate}", ["stats", "--baseline-rate", rate, "--questions", "10"], (2,), r"--baseline-rate"
         )
+    # 3. and 6. the older suite's shapes (issue 27 names them): a 10 MB one-line file to repro (exit 2,
+    # its error cut, not the line echoed whole), an empty, a binary and a huge-line log, a
+    # Jinja-looking description (a valid matrix: rendered, never evaluated), the signature inputs
+    ten_mb = {"src.txt": b"vLLM: " * (10_000_000 // 6), **VALID_FILES}
+    add("3", "repro-10mb-one-line", ["repro", "{DIR}/src.txt", *m, "--offline"], (2,), r"src\.txt:1: ",
+        files=ten_mb, timeout=60)  # fmt: skip
+    for name, data in {"empty": b"", "binary": bytes(range(256)) * 64}.items():
+        add("6", f"inspect-log-{name}", ["inspect", "log", "{DIR}/l.log", "--json"], (2,), r"l\.log",
+            files={"l.log": data})  # fmt: skip
+    add("4", "inspect-log-huge-line", ["inspect", "log", "{DIR}/l.log"], (0, 1),
+        files={"l.log": b"ERROR " + b"x" * 20_000_000 + b"\n"}, timeout=60)  # fmt: skip
+    described = '    base: img\n    description: "{{ 7*7 }} {% if x %}{{ lipsum }}{% endif %} {#"\n'
+    jinja = VALID.replace("    base: img\n", described)
+    add("6", "render-jinja-description", ["render", *m, "--out", "{DIR}/o"], (0,),
+        files={"m.yaml": jinja.encode()}, refute=("o/a/Dockerfile", r"\b49\b"))  # fmt: skip
+    pull = ["pull", "cpu-tiny", "--registry", "127.0.0.1:9/stackproof", *m]
+    add("4", "pull-key-dev-zero", [*pull, "--key", "/dev/zero"], (2,), r"--key /dev/zero", files=VALID_FILES)
+    add("3", "pull-key-fifo", [*pull, "--key", "{DIR}/fifo"], (2,), r"--key .*fifo", fifos=("fifo",),
+        files=VALID_FILES, timeout=10)  # fmt: skip
     # 6. the exit-code and JSON contract
     add(
         "6", "usage-error-json", ["stats", "--questions", "x", "--baseline-rate", "1/450", "--json"], (2,), r"questions"

@@ -152,3 +152,82 @@ def test_two_reports_into_one_out_do_not_mix(tmp_path: Path) -> None:
     pages = sorted(p.name for p in (out / "cells").iterdir())
     assert pages == [f"{slug('cpu.tiny')}.html"], pages  # the first report's page is gone
     assert not [p for p in out.rglob("*.partial")]
+
+
+def test_an_earlier_sites_manifest_removes_nothing_outside_out(tmp_path: Path) -> None:
+    """The manifest of the pages a previous report wrote (.stackproof-site.json) is read back from
+    --out, a directory that may come from elsewhere (a CI artifact, another user): an absolute path,
+    a `..` or a symlinked folder in it must never make this report delete a file outside --out.
+    Before: `out / "/abs/path"` is the absolute path, and it was unlinked."""
+    from stackproof.site_report.write import SITE_MANIFEST, write_site
+
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    for name in ("absolute.txt", "dotted.txt", "linked.html"):
+        (victim / name).write_text("keep me")
+    out = tmp_path / "site"
+    (out / "cells").mkdir(parents=True)
+    (out / "elsewhere").symlink_to(victim, target_is_directory=True)
+    listed = [str(victim / "absolute.txt"), "cells/../../victim/dotted.txt", "elsewhere/linked.html", "cells/old.html"]
+    (out / "cells" / "old.html").write_text("a page of the earlier report")
+    (out / SITE_MANIFEST).write_text(json.dumps(listed))
+    write_site({"index.html": b"new"}, out)
+    assert sorted(p.name for p in victim.iterdir()) == ["absolute.txt", "dotted.txt", "linked.html"]
+    assert not (out / "cells" / "old.html").exists()  # the earlier report's own page is still removed
+
+
+def test_an_earlier_sites_manifest_that_is_a_fifo_or_endless_is_ignored(tmp_path: Path) -> None:
+    """Before: the manifest was read with read_text(): a FIFO in --out hung the report for ever."""
+    import os
+    import threading
+
+    from stackproof.site_report.write import SITE_MANIFEST, write_site
+
+    out = tmp_path / "site"
+    out.mkdir()
+    os.mkfifo(out / SITE_MANIFEST)
+    done = threading.Event()
+    thread = threading.Thread(target=lambda: (write_site({"index.html": b"new"}, out), done.set()), daemon=True)
+    thread.start()
+    thread.join(timeout=10)
+    if not done.is_set():  # unblock the reader so that the test run itself goes on
+        with open(out / SITE_MANIFEST, "w"):
+            pass
+        pytest.fail("write_site waited for a writer of the FIFO in --out")
+    assert (out / "index.html").read_bytes() == b"new"
+
+
+def test_a_huge_junit_beside_a_receipt_is_not_copied_whole(tmp_path: Path) -> None:
+    """Class 4: a junit.xml over the copy limit is rendered from the receipt instead (a sparse
+    file: the size is announced, the bytes cost nothing); a FIFO in its place is skipped, not waited on."""
+    import os
+
+    from stackproof.site_report.sources import COPY_LIMIT_BYTES
+
+    big = _run(tmp_path, None, "big")
+    (big / "junit.xml").unlink(missing_ok=True)
+    with (big / "junit.xml").open("wb") as f:
+        f.truncate(COPY_LIMIT_BYTES * 8)
+    piped = _run(tmp_path, None, "piped")
+    (piped / "junit.xml").unlink(missing_ok=True)
+    os.mkfifo(piped / "junit.xml")
+    _index(tmp_path, big, piped)
+    copied = list((tmp_path / "site").rglob("junit.xml"))
+    assert copied and all(0 < p.stat().st_size <= COPY_LIMIT_BYTES for p in copied)
+    assert all(b"\0" not in p.read_bytes() for p in copied)  # the rendered one, not the sparse zeros
+
+
+def test_cell_ids_that_differ_only_in_punctuation_get_their_own_pages(tmp_path: Path) -> None:
+    """Class 7 end to end (the slug alone is test_page_names_are_injective): three cells whose ids
+    differ only in `.`, `_` and `-` give three cell pages through `stackproof report`."""
+    runs = []
+    for cell in ("cpu.tiny", "cpu_tiny", "cpu-tiny"):
+        document = _doc()
+        document["cell"] = cell
+        document["image"]["ref"] = f"stackproof/{cell}:e973fb2d985073ba"
+        runs.append(_run(tmp_path / cell, document))
+    out = tmp_path / "site"
+    argv = ["report", "--receipts", *map(str, runs), "--out", str(out), "--cells", "cpu.tiny", "cpu_tiny", "cpu-tiny"]
+    assert main(argv) == 0
+    pages = sorted(p.name for p in (out / "cells").iterdir())
+    assert pages == sorted(f"{slug(c)}.html" for c in ("cpu.tiny", "cpu_tiny", "cpu-tiny")), pages

@@ -183,3 +183,25 @@ def test_a_duplicated_prompt_index_is_bad_input(tmp_path: Path, capsys: pytest.C
     assert "prompts[1].index: 0 again" in capsys.readouterr().err
     honest = _greedy(tmp_path / "c" / "greedy.json", [_p(0, ["x", "z"], [3.0, 3.0])])
     assert main(["compare", str(a), str(honest)]) == 1  # the divergence at a confident gap: corruption
+
+
+@pytest.mark.parametrize("name", ["../escaped.json", "a/../../escaped.json", "/tmp/escaped.json", "x\x00y"])
+def test_a_hub_listing_a_file_name_outside_the_snapshot_is_exit_3_and_stores_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    """Class 5: huggingface_hub refuses a `../` or absolute file name with a plain ValueError (a
+    traceback before); the store classifies it as the hub's fault, and nothing is written anywhere."""
+    from pipeline.errors import InfraError
+    from pipeline.host import modelstore
+    from pipeline.matrix.model import ModelSource
+
+    context, _ = _store_hub()
+    with context as hub:
+        hub.files[name] = b"ESCAPED"
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        model = ModelSource(source=f"hf:{hub.repo_id}", revision=hub.revision)
+        with pytest.raises(InfraError, match="answered what cannot be stored") as refused:
+            modelstore.fetch(model, store=tmp_path / "store")
+        assert refused.value.exit_code == 3
+        assert modelstore.snapshot_in_store(model, tmp_path / "store") is None
+        assert not [p for p in tmp_path.rglob("*escaped*")] and not Path("/tmp/escaped.json").exists()
