@@ -37,7 +37,14 @@ INTEGRATION_GROUPS: dict[str, tuple[str, ...]] = {
         "test_modelstore",
         "test_reliability",
     ),
-    "registry": ("test_publish", "test_publish_race", "test_fleet", "test_publish_hostile", "test_pull_keyless"),
+    "registry": (
+        "test_publish",
+        "test_publish_receipts",
+        "test_publish_race",
+        "test_fleet",
+        "test_publish_hostile",
+        "test_pull_keyless",
+    ),
     "audit": ("test_audit_wheels", "test_audit_assumptions_wheels"),
     "host": ("test_host_runtime", "test_ab", "test_sweep", "test_bisect", "test_gc_containers", "test_lock_race"),
 }

@@ -10,6 +10,7 @@ import grp
 import json
 import os
 import pwd
+import secrets
 import shutil
 import socket
 import subprocess
@@ -294,3 +295,9 @@ def docker_config(tmp_path: Path, daemon: Daemon) -> Path:
     config: dict[str, object] = {"cliPluginsExtraDirs": [daemon.plugins]} if daemon.plugins else {}
     (path / "config.json").write_text(json.dumps(config))
     return path
+
+
+@pytest.fixture
+def canary() -> str:
+    """A registry password that no output, stored blob or written file may contain."""
+    return f"CANARY-{secrets.token_hex(8)}"

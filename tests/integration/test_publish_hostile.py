@@ -25,8 +25,8 @@ from pipeline.docker.client import Docker
 from pipeline.registry.oci import TRUSTED_REALMS_ENV
 from tests.hostile_registry import challenging, handler, in_front_of, listing, serve, token_service
 from tests.integration.conftest import JOB, REPO, Daemon
+from tests.integration.publish_bench import Bench
 from tests.integration.registries import Registry, start_registry
-from tests.integration.test_publish import Bench
 
 pytestmark = pytest.mark.integration
 

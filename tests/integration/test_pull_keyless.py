@@ -23,7 +23,7 @@ from pipeline.registry import attest
 from pipeline.registry.oci import OCI_INDEX, OCI_MANIFEST, sha256_digest
 from pipeline.registry.publish import referrers_tag
 from tests.integration.conftest import Daemon
-from tests.integration.test_publish import CELL, REPO_NAME, Bench, _bench
+from tests.integration.publish_bench import CELL, REPO_NAME, Bench, _bench
 
 pytestmark = pytest.mark.integration
 
