@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
 from urllib.parse import unquote, urlsplit
 
 __all__ = ["StandInHub", "stand_in_hub"]
@@ -72,111 +73,119 @@ def stand_in_hub(repo_id: str, files: dict[str, bytes], revision: str | None = N
         thread.join(timeout=10)
 
 
+class _HubHandler(BaseHTTPRequestHandler):
+    """The stand-in hub's answer to one request; `_handler` binds the hub (a subclass per server)."""
+
+    hub: ClassVar[StandInHub]
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: object) -> None:  # quiet: the test asserts on `requests`
+        pass
+
+    def do_HEAD(self) -> None:
+        self._answer(body=False)
+
+    def do_GET(self) -> None:
+        self._answer(body=True)
+
+    def _answer(self, *, body: bool) -> None:
+        path = unquote(urlsplit(self.path).path)
+        with self.hub.lock:
+            self.hub.requests.append((self.command, path))
+            if self.headers.get("Authorization"):
+                self.hub.token_seen.append(self.headers["Authorization"])
+        tree = f"/api/models/{self.hub.repo_id}/tree/"
+        resolve = f"/{self.hub.repo_id}/resolve/"
+        if path.startswith(tree):
+            self._tree(path[len(tree) :].split("/", 1)[0], body=body)
+        elif path.startswith(resolve):
+            revision, _, name = path[len(resolve) :].partition("/")
+            self._file(revision, name, body=body)
+        else:
+            self._error(404, "RepoNotFound", "Repository not found")
+
+    def _tree(self, revision: str, *, body: bool) -> None:
+        if revision != self.hub.revision:
+            return self._error(404, "RevisionNotFound", f"Invalid rev id: {revision}")
+        if self.hub.stall_listing:
+            time.sleep(self.hub.stall_seconds)
+        listing = [
+            {"type": "file", "path": name, "size": len(data), "oid": git_blob_id(data)}
+            for name, data in sorted(self.hub.files.items())
+        ]
+        listing += [
+            {"type": "file", "path": f"shard-{i:07d}.bin", "size": 1, "oid": git_blob_id(b"x")}
+            for i in range(self.hub.extra_listed)
+        ]
+        self._send(200, json.dumps(listing).encode(), {"Content-Type": "application/json"}, body=body)
+
+    def _file(self, revision: str, name: str, *, body: bool) -> None:
+        if revision != self.hub.revision:
+            return self._error(404, "RevisionNotFound", f"Invalid rev id: {revision}")
+        if name not in self.hub.files:
+            return self._error(404, "EntryNotFound", f"{name} does not exist")
+        data = self.hub.files[name]
+        etag = git_blob_id(data)
+        if name in self.hub.corrupt:
+            data = bytes([data[0] ^ 0xFF]) + data[1:]  # the announced file, one byte flipped
+        headers = {
+            "Content-Type": "application/octet-stream",
+            "ETag": f'"{etag}"',
+            "X-Repo-Commit": self.hub.answer_commit or self.hub.revision,
+            "Accept-Ranges": "bytes",
+        }
+        status, start = 200, 0
+        ranged = self.headers.get("Range", "")
+        if ranged.startswith("bytes=") and body:  # a resumed download asks for the rest
+            start = int(ranged[len("bytes=") :].split("-", 1)[0] or 0)
+            status = 206
+            headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
+        payload = data[start:]
+        if body and self.hub.stall_once == name and start == 0:
+            self.hub.stall_once = None
+            return self._stall(payload, headers)
+        if body:
+            with self.hub.lock:
+                self.hub.file_bytes_sent += len(payload)
+        self._send(status, payload, headers, body=body)
+
+    def _stall(self, payload: bytes, headers: dict[str, str]) -> None:
+        """Announce the whole file, send half, then nothing: a stalled download the client must time out."""
+        half = payload[: len(payload) // 2]
+        with self.hub.lock:
+            self.hub.file_bytes_sent += len(half)
+        self.send_response(200)
+        for key, value in headers.items():
+            self.send_header(key, value)
+        self.send_header("Content-Length", str(len(payload)))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(half)
+        self.wfile.flush()
+        time.sleep(self.hub.stall_seconds)
+        self.close_connection = True
+
+    def _error(self, status: int, code: str, message: str) -> None:
+        payload = json.dumps({"error": message}).encode()
+        headers = {"Content-Type": "application/json", "X-Error-Code": code, "X-Error-Message": message}
+        self._send(status, payload, headers, body=self.command != "HEAD")
+
+    def _send(self, status: int, payload: bytes, headers: dict[str, str], *, body: bool) -> None:
+        self.send_response(status)
+        for key, value in headers.items():
+            self.send_header(key, value)
+        self.send_header("Content-Length", str(len(payload)))
+        # One request per connection: once the block ends, the stand-in hub is really gone.
+        self.send_header("Connection", "close")
+        self.close_connection = True
+        self.end_headers()
+        if body:
+            self.wfile.write(payload)
+
+
 def _handler(hub: StandInHub) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
+    class Handler(_HubHandler):
+        pass
 
-        def log_message(self, format: str, *args: object) -> None:  # quiet: the test asserts on `requests`
-            pass
-
-        def do_HEAD(self) -> None:
-            self._answer(body=False)
-
-        def do_GET(self) -> None:
-            self._answer(body=True)
-
-        def _answer(self, *, body: bool) -> None:
-            path = unquote(urlsplit(self.path).path)
-            with hub.lock:
-                hub.requests.append((self.command, path))
-                if self.headers.get("Authorization"):
-                    hub.token_seen.append(self.headers["Authorization"])
-            tree = f"/api/models/{hub.repo_id}/tree/"
-            resolve = f"/{hub.repo_id}/resolve/"
-            if path.startswith(tree):
-                self._tree(path[len(tree) :].split("/", 1)[0], body=body)
-            elif path.startswith(resolve):
-                revision, _, name = path[len(resolve) :].partition("/")
-                self._file(revision, name, body=body)
-            else:
-                self._error(404, "RepoNotFound", "Repository not found")
-
-        def _tree(self, revision: str, *, body: bool) -> None:
-            if revision != hub.revision:
-                return self._error(404, "RevisionNotFound", f"Invalid rev id: {revision}")
-            if hub.stall_listing:
-                time.sleep(hub.stall_seconds)
-            listing = [
-                {"type": "file", "path": name, "size": len(data), "oid": git_blob_id(data)}
-                for name, data in sorted(hub.files.items())
-            ]
-            listing += [
-                {"type": "file", "path": f"shard-{i:07d}.bin", "size": 1, "oid": git_blob_id(b"x")}
-                for i in range(hub.extra_listed)
-            ]
-            self._send(200, json.dumps(listing).encode(), {"Content-Type": "application/json"}, body=body)
-
-        def _file(self, revision: str, name: str, *, body: bool) -> None:
-            if revision != hub.revision:
-                return self._error(404, "RevisionNotFound", f"Invalid rev id: {revision}")
-            if name not in hub.files:
-                return self._error(404, "EntryNotFound", f"{name} does not exist")
-            data = hub.files[name]
-            etag = git_blob_id(data)
-            if name in hub.corrupt:
-                data = bytes([data[0] ^ 0xFF]) + data[1:]  # the announced file, one byte flipped
-            headers = {
-                "Content-Type": "application/octet-stream",
-                "ETag": f'"{etag}"',
-                "X-Repo-Commit": hub.answer_commit or hub.revision,
-                "Accept-Ranges": "bytes",
-            }
-            status, start = 200, 0
-            ranged = self.headers.get("Range", "")
-            if ranged.startswith("bytes=") and body:  # a resumed download asks for the rest
-                start = int(ranged[len("bytes=") :].split("-", 1)[0] or 0)
-                status = 206
-                headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
-            payload = data[start:]
-            if body and hub.stall_once == name and start == 0:
-                hub.stall_once = None
-                return self._stall(payload, headers)
-            if body:
-                with hub.lock:
-                    hub.file_bytes_sent += len(payload)
-            self._send(status, payload, headers, body=body)
-
-        def _stall(self, payload: bytes, headers: dict[str, str]) -> None:
-            """Announce the whole file, send half, then nothing: a stalled download the client must time out."""
-            half = payload[: len(payload) // 2]
-            with hub.lock:
-                hub.file_bytes_sent += len(half)
-            self.send_response(200)
-            for key, value in headers.items():
-                self.send_header(key, value)
-            self.send_header("Content-Length", str(len(payload)))
-            self.send_header("Connection", "close")
-            self.end_headers()
-            self.wfile.write(half)
-            self.wfile.flush()
-            time.sleep(hub.stall_seconds)
-            self.close_connection = True
-
-        def _error(self, status: int, code: str, message: str) -> None:
-            payload = json.dumps({"error": message}).encode()
-            headers = {"Content-Type": "application/json", "X-Error-Code": code, "X-Error-Message": message}
-            self._send(status, payload, headers, body=self.command != "HEAD")
-
-        def _send(self, status: int, payload: bytes, headers: dict[str, str], *, body: bool) -> None:
-            self.send_response(status)
-            for key, value in headers.items():
-                self.send_header(key, value)
-            self.send_header("Content-Length", str(len(payload)))
-            # One request per connection: once the block ends, the stand-in hub is really gone.
-            self.send_header("Connection", "close")
-            self.close_connection = True
-            self.end_headers()
-            if body:
-                self.wfile.write(payload)
-
+    Handler.hub = hub
     return Handler

@@ -98,12 +98,7 @@ def test_fetch_then_serve_offline_from_the_store(
     fetched = first.json()
     assert fetched["bytes_downloaded"] == hub.total_bytes == hub.file_bytes_sent > 4_000_000
     assert fetched["files"] == len(hub.files) and fetched["revision"] == hub.revision
-    repo_dir = store / "models--stackproof-test--tiny-llama"
-    snapshot = repo_dir / "snapshots" / hub.revision
-    assert Path(fetched["snapshot"]) == snapshot
-    assert {p.name for p in snapshot.iterdir()} == set(hub.files)
-    assert all((snapshot / name).is_symlink() for name in hub.files), "snapshots/ links into blobs/"
-    assert len(list((repo_dir / "blobs").iterdir())) == len(hub.files)
+    snapshot = _assert_the_store_layout(store, hub, fetched)
     assert any("Bearer " + CANARY in seen for seen in hub.token_seen), "huggingface_hub sends HF_TOKEN itself"
     assert "bytes downloaded in" in first.stderr
 
@@ -140,16 +135,7 @@ def test_fetch_then_serve_offline_from_the_store(
     assert "HF_HUB_OFFLINE is True, replace model_id" in log and str(hub.revision) in log
     assert f"in the store ({snapshot})" in result.stderr
 
-    # The container: the store read-only at the fixed path, the hub off, the token passed by name.
-    assert "inspect" in seen, "the server container was never seen running"
-    config = seen["inspect"]
-    mounts = [m for m in config["Mounts"] if m["Destination"] == "/stackproof/models"]
-    assert len(mounts) == 1 and mounts[0]["RW"] is False and Path(mounts[0]["Source"]) == store.resolve()
-    container_env = dict(e.split("=", 1) for e in config["Config"]["Env"])
-    assert container_env["HF_HUB_OFFLINE"] == "1" and container_env["TRANSFORMERS_OFFLINE"] == "1"
-    assert container_env["HF_HUB_CACHE"] == "/stackproof/models"
-    # docker copied the value from the CLI's environment (`--env HF_TOKEN`); inspect shows it: docker's doing.
-    assert container_env["HF_TOKEN"] == CANARY
+    _assert_the_server_container_ran_offline(seen, store)
 
     # The token's value is in no argv we echoed and no file we wrote; its name is.
     for text in (first.stderr, second.stderr, result.stderr, result.stdout):
@@ -195,6 +181,30 @@ def test_missing_model_without_a_reachable_hub_is_exit_3(docker: Docker, variant
     assert "unreachable" in unreachable.stderr and "HF_ENDPOINT" in unreachable.stderr
     assert "Traceback" not in no_fetch.stderr + unreachable.stderr
     assert docker.created_since(since, f"io.stackproof.cell={VARIANT}") == []
+
+
+def _assert_the_store_layout(store: Path, hub: StandInHub, fetched: dict[str, Any]) -> Path:
+    """huggingface_hub's own layout: every file in the snapshot, a link into blobs/; the snapshot's path."""
+    repo_dir = store / "models--stackproof-test--tiny-llama"
+    snapshot = repo_dir / "snapshots" / hub.revision
+    assert Path(fetched["snapshot"]) == snapshot
+    assert {p.name for p in snapshot.iterdir()} == set(hub.files)
+    assert all((snapshot / name).is_symlink() for name in hub.files), "snapshots/ links into blobs/"
+    assert len(list((repo_dir / "blobs").iterdir())) == len(hub.files)
+    return snapshot
+
+
+def _assert_the_server_container_ran_offline(seen: dict[str, Any], store: Path) -> None:
+    """The container: the store read-only at the fixed path, the hub off, the token passed by name."""
+    assert "inspect" in seen, "the server container was never seen running"
+    config = seen["inspect"]
+    mounts = [m for m in config["Mounts"] if m["Destination"] == "/stackproof/models"]
+    assert len(mounts) == 1 and mounts[0]["RW"] is False and Path(mounts[0]["Source"]) == store.resolve()
+    container_env = dict(e.split("=", 1) for e in config["Config"]["Env"])
+    assert container_env["HF_HUB_OFFLINE"] == "1" and container_env["TRANSFORMERS_OFFLINE"] == "1"
+    assert container_env["HF_HUB_CACHE"] == "/stackproof/models"
+    # docker copied the value from the CLI's environment (`--env HF_TOKEN`); inspect shows it: docker's doing.
+    assert container_env["HF_TOKEN"] == CANARY
 
 
 def _inspect_server_when_it_appears(label: str, seen: dict[str, Any], timeout: float = 600) -> threading.Thread:
