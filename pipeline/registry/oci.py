@@ -32,7 +32,7 @@ from typing import Any
 import httpx
 
 from pipeline.errors import InfraError, InputError
-from pipeline.guard import httppolicy
+from pipeline.guard import boundedio, httppolicy
 from pipeline.guard.httppolicy import HttpPolicy
 
 __all__ = [
@@ -58,6 +58,7 @@ INDEX_TYPES = (OCI_INDEX, DOCKER_LIST)
 MANIFEST_TYPES = (OCI_MANIFEST, DOCKER_MANIFEST, *INDEX_TYPES)
 _LOOPBACK = ("127.0.0.1", "localhost", "[::1]")
 USER_ENV = "STACKPROOF_REGISTRY_USER"
+DOCKER_CONFIG_LIMIT = 16 * 2**20  # a config with many auths is a few KB
 PASSWORD_ENV = "STACKPROOF_REGISTRY_PASSWORD"
 # Token services on another origin than the registry that may receive the user's credentials
 # (`https://auth.example.com`, comma-separated). Any other realm is asked anonymously.
@@ -117,10 +118,15 @@ def find_credentials(
         raise InputError(f"--password-stdin: set {USER_ENV} to the user name the password belongs to")
     config_dir = docker_config or Path(env.get("DOCKER_CONFIG") or Path(env.get("HOME", "~")) / ".docker")
     path = config_dir.expanduser() / "config.json"
+    # The user's own config, read through the bounded reader: a FIFO, a device or a file past the
+    # cap in its place is exit 2 naming it (a 4 GiB file was read whole, issue 27).
+    data = boundedio.read_bytes(path, "docker config", limit=DOCKER_CONFIG_LIMIT) if os.path.lexists(path) else b"{}"
     try:
-        config: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {}
-    except (OSError, ValueError) as exc:
-        raise InputError(f"{path}: docker's config does not read as JSON ({exc})") from exc
+        config: dict[str, Any] = json.loads(data)
+    except (ValueError, RecursionError) as exc:
+        raise InputError(f"{path}: docker's config does not read as JSON ({exc})") from None
+    if not isinstance(config, dict):
+        raise InputError(f"{path}: docker's config does not read as JSON (not an object)")
     helper = helper or _run_helper
     names = [n for n in ((config.get("credHelpers") or {}).get(host), config.get("credsStore")) if n]
     for name in names:
