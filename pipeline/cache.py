@@ -14,6 +14,8 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from pipeline.guard import boundedio
+
 __all__ = ["cache_dir", "file_sha256", "locked"]
 
 
@@ -36,7 +38,9 @@ def file_sha256(path: Path) -> str:
     if key in known:
         return known[key]
     h = hashlib.sha256()
-    with path.open("rb") as f:
+    # A wheel in a mirror the user names: a FIFO or a device there is refused (never a wait or an
+    # endless hash); a regular file is streamed, however large (a GPU wheel is gigabytes).
+    with boundedio.open_input(path, "wheel") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     known[key] = h.hexdigest()

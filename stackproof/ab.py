@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pipeline.errors import CheckFailed, InfraError, PipelineError
+from pipeline.guard.jsonfile import write_json_read_back
 from pipeline.matrix.model import Arm, Cell, LoadSpec
 from verify.load.compare import GREEDY_FILE, compare_runs, read_greedy
 from verify.load.run import run_load
@@ -116,8 +117,7 @@ def run_ab(
         files={"dir": str(out_dir), "report": str(out_dir / AB_FILE)},
     )
     path = out_dir / AB_FILE
-    path.write_text(json.dumps(report.to_json(), indent=2, allow_nan=False) + "\n")
-    return AbReport.from_json(json.loads(path.read_text()), source=str(path))  # written once, read back
+    return AbReport.from_json(write_json_read_back(path, report.to_json(), "A/B report"), source=str(path))
 
 
 def start_servers(

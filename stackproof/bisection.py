@@ -12,7 +12,6 @@ probes and judges the steps.
 from __future__ import annotations
 
 import contextlib
-import json
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -22,6 +21,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from pipeline.errors import CheckFailed, InputError
+from pipeline.guard.jsonfile import write_json_read_back
 from pipeline.host.env import HostEnv, build_host_env, built_host_env, plan_host_env
 from pipeline.host.layer import build_layer, plan_layer
 from pipeline.matrix.model import Cell, LoadSpec, Matrix, Requirement
@@ -191,8 +191,7 @@ def run_bisect(
         files={"dir": str(out), "report": str(out / BISECT_FILE)},
     )
     path = out / BISECT_FILE
-    path.write_text(json.dumps(report.to_json(), indent=2, allow_nan=False) + "\n")
-    return BisectReport.from_json(json.loads(path.read_text()))  # written once, read back
+    return BisectReport.from_json(write_json_read_back(path, report.to_json(), "bisect report"))
 
 
 def _search(

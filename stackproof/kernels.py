@@ -7,7 +7,6 @@ policy verdict as the autotune stage, and reports whether the bmm_fp8 workspace 
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from typing import Any
 from pipeline import cmd
 from pipeline.docker.client import Container, Docker, Mount
 from pipeline.errors import CheckFailed
+from pipeline.guard.jsonfile import read_json
 from pipeline.result import CheckResult, Status
 from verify.kernels.autotune import judge_cache, load_policies, read_cache
 from verify.kernels.churn import CHURN_INCIDENT, ChurnInputError, ChurnVerdict, judge_churn
@@ -96,7 +96,9 @@ def probe_kernels(
         )
     if not report.is_file() or not cache.is_file():
         raise CheckFailed(f"the kernel probe wrote no {'report' if not report.is_file() else 'cache'} in {out_dir}")
-    return judge_probe(json.loads(report.read_text()), cache, arch=arch, seconds=time.monotonic() - started)
+    return judge_probe(
+        read_json(report, "kernel probe report", mapping=False), cache, arch=arch, seconds=time.monotonic() - started
+    )
 
 
 def _probe_in_container(

@@ -8,7 +8,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.errors import InputError, MatrixError
+from pipeline.guard import boundedio
 from pipeline.guard.redact import redact
+from pipeline.matrix.yamlsrc import MAX_BYTES
 
 if TYPE_CHECKING:
     from pipeline.repro import ReproCell
@@ -21,7 +23,7 @@ def write_cell(matrix_file: Path, cell: ReproCell, *, images_dir: Path) -> Path:
     every comment; then load the file. When it does not load, put the original back and raise."""
     from pipeline.matrix.read import load_matrix
 
-    original = matrix_file.read_text(encoding="utf-8")
+    original = boundedio.read_text(matrix_file, "matrix", limit=MAX_BYTES)
     if re.search(rf"^\s*-\s+id:\s*['\"]?{re.escape(cell.id)}['\"]?\s*$", original, re.MULTILINE):
         raise InputError(f"{matrix_file}: a cell {cell.id!r} exists already: pass another --id")
     text = original

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import InfraError
+from pipeline.guard.jsonfile import write_json_read_back
 from pipeline.matrix.model import LoadSpec
 from stackproof.ab import ServerMaker, Side, start_servers
 from verify.load.run import run_load
@@ -71,8 +72,7 @@ def run_sweep(
         files={"dir": str(out_dir), "report": str(out_dir / SWEEP_FILE)},
     )
     path = out_dir / SWEEP_FILE
-    path.write_text(json.dumps(report.to_json(), indent=2, allow_nan=False) + "\n")
-    return SweepReport.from_json(json.loads(path.read_text()), source=str(path))  # written once, read back
+    return SweepReport.from_json(write_json_read_back(path, report.to_json(), "sweep report"), source=str(path))
 
 
 def _at(spec: LoadSpec, axis: str, value: float) -> LoadSpec:

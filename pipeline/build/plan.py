@@ -18,7 +18,7 @@ from packaging.version import Version
 
 import pipeline
 from pipeline.build.lock import Lock, read_lock
-from pipeline.build.render import render_template, template_text
+from pipeline.build.render import image_file, render_template, template_text
 from pipeline.cache import file_sha256
 from pipeline.errors import InputError
 from pipeline.matrix.model import BootstrapBase, Cell, CellBase, HostBase, Matrix, Requirement
@@ -153,7 +153,7 @@ def render_plan(
     for recipe in cell.recipes:
         recipe_dir = images_dir / "recipes" / recipe
         for path in _recipe_files(recipe_dir):
-            files[f"stackproof/recipes/{recipe}/{path.relative_to(recipe_dir)}"] = path.read_bytes()
+            files[f"stackproof/recipes/{recipe}/{path.relative_to(recipe_dir)}"] = image_file(path)
         snippets.append(render_template(images_dir, f"recipes/{recipe}/steps.j2", python=python, cell=cell).strip())
     labels = _labels(cell, base_ref)
     dockerfile = render_template(

@@ -5,8 +5,11 @@ says, never a traceback (issue 16: non-UTF-8, 100,000-deep nesting, a list where
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
+import tempfile
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
@@ -14,7 +17,7 @@ from typing import Any
 from pipeline.errors import InputError
 from pipeline.guard.boundedio import read_bytes
 
-__all__ = ["MAX_JSON_BYTES", "jsonable", "parse_json", "read_json"]
+__all__ = ["MAX_JSON_BYTES", "jsonable", "parse_json", "read_json", "write_json_read_back"]
 
 MAX_JSON_BYTES = 256 * 2**20
 
@@ -28,6 +31,27 @@ def read_json(path: Path, what: str, *, mapping: bool = True, hint: str = "", st
     except InputError as exc:
         raise InputError(f"{exc}{tail}") from None
     return parse_json(data, f"{path}", what, mapping=mapping, hint=hint, strict=strict)
+
+
+def write_json_read_back(path: Path, document: Any, what: str) -> Any:
+    """Write `document` to `path` (strict JSON, indented) and return it as read back from the file.
+
+    `path` lies in a directory the user names (`--out`): whatever is there already (a FIFO, a
+    symlink to /dev/zero or elsewhere) is replaced, not written through (a private file beside it,
+    then `os.replace`), and the read-back goes through the bounded reader. Before (issue 27), a
+    FIFO there made the write wait without end and a symlink to /dev/zero made the read-back endless.
+    """
+    text = json.dumps(document, indent=2, allow_nan=False) + "\n"
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return read_json(path, what, mapping=False)
 
 
 def parse_json(

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from pipeline.build.lock import read_lock
 from pipeline.build.plan import RequirementGroup, lock_groups, override_groups
-from pipeline.build.render import render_template
+from pipeline.build.render import image_file, render_template
 from pipeline.cache import cache_dir, locked
 from pipeline.errors import InfraError, InputError
 from pipeline.guard.redact import redact
@@ -156,7 +156,7 @@ def plan_host_env(matrix: Matrix, cell: Cell, images_dir: Path) -> HostEnvPlan:
                 f"({template.relative_to(images_dir.parent) if images_dir.parent in template.parents else template})"
             )
         files = sorted(p for p in template.parent.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
-        content = hashlib.sha256(b"".join(p.name.encode() + p.read_bytes() for p in files)).hexdigest()
+        content = hashlib.sha256(b"".join(p.name.encode() + image_file(p) for p in files)).hexdigest()
         recipes.append((recipe, content))
     inputs = {
         "python_version": cell.install.python_version,

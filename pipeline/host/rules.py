@@ -16,6 +16,7 @@ cell condition is false does not apply (SKIP); one whose host condition is false
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,7 +25,8 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from pipeline.errors import MatrixError
+from pipeline.errors import InputError, MatrixError
+from pipeline.guard import boundedio
 from pipeline.host.geometry import flatten_limits
 from pipeline.matrix.model import Cell
 from pipeline.matrix.yamlsrc import Path_, YamlSource, load_yaml
@@ -46,6 +48,7 @@ __all__ = [
 
 RULES_FILE = Path(__file__).with_name("preflight_rules.yaml")
 SCHEMA_VERSION = 1
+MODEL_CONFIG_LIMIT = 16 * 2**20  # a model's config.json is a few KB
 RULE_KEYS = (
     "id",
     "title",
@@ -354,11 +357,13 @@ def model_config(cell: Cell, model_store: Path | None = None) -> tuple[dict[str,
         from pipeline.host.modelstore import snapshot_in_store, store_dir
 
         directory = snapshot_in_store(model, model_store or store_dir())
-    if directory is None or not (directory / "config.json").is_file():
+    if directory is None or not os.path.lexists(directory / "config.json"):
         return None, f"unknown: no config.json for {model.source} on this machine"
-    try:
-        config = json.loads((directory / "config.json").read_text())
-    except (OSError, ValueError) as exc:
+    try:  # a model directory the matrix names: read through the bounded reader (issue 27)
+        config = json.loads(boundedio.read_bytes(directory / "config.json", "model config", limit=MODEL_CONFIG_LIMIT))
+    except InputError as exc:
+        return None, f"unknown: {exc}"
+    except (ValueError, RecursionError) as exc:
         return None, f"unknown: {directory / 'config.json'}: {exc}"
     if not isinstance(config, dict):
         return None, f"unknown: {directory / 'config.json'}: not a JSON object"

@@ -8,7 +8,6 @@ replace; a `null` value removes the key. Every problem is collected and reported
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -107,7 +106,7 @@ class _Checker(CellPartsChecker):
         if "defaults" in data:
             self.keys(("defaults",), defaults, INHERITABLE_KEYS)
         cells = self.cells(raw_cells, defaults, indexes, bases)
-        digest = "sha256:" + hashlib.sha256(self.src.file.read_bytes()).hexdigest()
+        digest = self.src.digest
         return Matrix(file=self.src.file, digest=digest, indexes=indexes, bases=bases, cells=cells)
 
     def indexes(self, value: Any) -> tuple[Index, ...]:

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.errors import InfraError, InputError
+from pipeline.guard import boundedio
 from pipeline.guard.redact import redact
 from pipeline.matrix.model import Matrix
 from pipeline.matrix.runners import RunnerLabels, load_runner_labels
@@ -45,6 +46,7 @@ from pipeline.registry.oci import split_registry
 __all__ = ["FIND_LINKS_INDEX", "Mirror", "SiteSettings", "load_site"]
 
 # pip's configuration files in the order pip reads them (later files win): site-wide, user.
+PIP_CONFIG_LIMIT = 4 * 2**20  # a pip.conf is a few lines
 _PIP_CONFIG_FILES = ("/etc/xdg/pip/pip.conf", "/etc/pip.conf", "~/.pip/pip.conf", "~/.config/pip/pip.conf")
 # The index a machine's local wheel directory stands for when STACKPROOF_MIRRORS is unset: the
 # development and CI machines keep the CPU torch wheels there, and that index is the one they
@@ -210,8 +212,13 @@ def _pip_config(env: Mapping[str, str], sections: tuple[str, ...], option: str) 
     found = None
     for file in files:
         parser = configparser.ConfigParser()
+        if not os.path.lexists(file):
+            continue
+        # The user's own files (and PIP_CONFIG_FILE): a FIFO, a device or a file past the cap is exit 2
+        # naming it; configparser's own read waited on a FIFO and read /dev/zero whole (issue 27).
+        data = boundedio.read_bytes(file, "pip configuration", limit=PIP_CONFIG_LIMIT)
         try:
-            parser.read(file)
+            parser.read_string(data.decode("utf-8"), source=str(file))
         except (configparser.Error, UnicodeDecodeError):
             continue  # pip itself would stop on it; a build must not, for a setting it may not need
         for section in sections:

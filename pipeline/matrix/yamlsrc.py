@@ -8,13 +8,15 @@ are reported here.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from pipeline.errors import MatrixError
+from pipeline.errors import InputError, MatrixError
+from pipeline.guard import boundedio
 
 __all__ = ["Path_", "YamlSource", "format_path", "load_yaml"]
 
@@ -40,6 +42,7 @@ class YamlSource:
     data: Any
     lines: dict[Path_, int] = field(default_factory=dict)
     raw: dict[Path_, str] = field(default_factory=dict)
+    digest: str = ""  # sha256 of the bytes parsed (the file is read once, through the bounded reader)
 
     def text_of(self, path: Path_) -> str | None:
         """The scalar exactly as written (so `version: 0.10` stays "0.10", not the float 0.1)."""
@@ -83,13 +86,7 @@ class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[mi
 
 
 def load_yaml(file: Path) -> YamlSource:
-    try:
-        with file.open("rb") as f:
-            data = f.read(MAX_BYTES + 1)
-    except OSError as exc:
-        raise MatrixError([f"{file}: cannot read: {exc.strerror}"]) from exc
-    if len(data) > MAX_BYTES:
-        raise MatrixError([f"{file}: larger than {MAX_BYTES // 2**20} MiB: not a matrix this tool reads"])
+    data = read_source(file)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -120,7 +117,18 @@ def load_yaml(file: Path) -> YamlSource:
         raise MatrixError([str(exc)]) from None
     if problems:
         raise MatrixError(problems)
-    return YamlSource(file=file, data=data_, lines=lines, raw=raw)
+    return YamlSource(file=file, data=data_, lines=lines, raw=raw, digest="sha256:" + hashlib.sha256(data).hexdigest())
+
+
+def read_source(file: Path) -> bytes:
+    """The YAML file's bytes through the bounded reader: a FIFO, a device or a file past MAX_BYTES is
+    a MatrixError naming it (a FIFO was a wait without end, issue 27)."""
+    if not file.exists() and not file.is_symlink():
+        raise MatrixError([f"{file}: cannot read: No such file or directory"])
+    try:
+        return boundedio.read_bytes(file, "YAML file", limit=MAX_BYTES)
+    except InputError as exc:
+        raise MatrixError([str(exc)]) from None
 
 
 class _TooBig(Exception):

@@ -25,14 +25,14 @@ import re
 import shutil
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from pipeline.errors import InfraError, InputError
-from pipeline.guard import httppolicy
+from pipeline.guard import boundedio, httppolicy
 from pipeline.guard.httppolicy import HttpPolicy
 
 __all__ = [
@@ -58,10 +58,18 @@ INDEX_TYPES = (OCI_INDEX, DOCKER_LIST)
 MANIFEST_TYPES = (OCI_MANIFEST, DOCKER_MANIFEST, *INDEX_TYPES)
 _LOOPBACK = ("127.0.0.1", "localhost", "[::1]")
 USER_ENV = "STACKPROOF_REGISTRY_USER"
+DOCKER_CONFIG_LIMIT = 16 * 2**20  # a config with many auths is a few KB
 PASSWORD_ENV = "STACKPROOF_REGISTRY_PASSWORD"
 # Token services on another origin than the registry that may receive the user's credentials
 # (`https://auth.example.com`, comma-separated). Any other realm is asked anonymously.
 TRUSTED_REALMS_ENV = "STACKPROOF_REGISTRY_TOKEN_ORIGINS"
+# One command's whole walk of a registry (issue 27): an answer has its own deadline (HttpPolicy.total_s),
+# but report --registry, pull and publish fetch a manifest per tag, up to the 10,000-tag listing cap:
+# the command as a whole stops at this deadline and this many manifests, exit 3.
+DEADLINE_ENV = "STACKPROOF_REGISTRY_DEADLINE_S"
+MAX_MANIFESTS_ENV = "STACKPROOF_REGISTRY_MAX_MANIFESTS"
+DEFAULT_DEADLINE_S = 600.0
+DEFAULT_MAX_MANIFESTS = 20_000  # two per tag of a full listing
 _LOGIN_HINT = f"`docker login HOST`, or {USER_ENV} with the password on stdin (--password-stdin)"
 
 
@@ -117,10 +125,15 @@ def find_credentials(
         raise InputError(f"--password-stdin: set {USER_ENV} to the user name the password belongs to")
     config_dir = docker_config or Path(env.get("DOCKER_CONFIG") or Path(env.get("HOME", "~")) / ".docker")
     path = config_dir.expanduser() / "config.json"
+    # The user's own config, read through the bounded reader: a FIFO, a device or a file past the
+    # cap in its place is exit 2 naming it (a 4 GiB file was read whole, issue 27).
+    data = boundedio.read_bytes(path, "docker config", limit=DOCKER_CONFIG_LIMIT) if os.path.lexists(path) else b"{}"
     try:
-        config: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {}
-    except (OSError, ValueError) as exc:
-        raise InputError(f"{path}: docker's config does not read as JSON ({exc})") from exc
+        config: dict[str, Any] = json.loads(data)
+    except (ValueError, RecursionError) as exc:
+        raise InputError(f"{path}: docker's config does not read as JSON ({exc})") from None
+    if not isinstance(config, dict):
+        raise InputError(f"{path}: docker's config does not read as JSON (not an object)")
     helper = helper or _run_helper
     names = [n for n in ((config.get("credHelpers") or {}).get(host), config.get("credsStore")) if n]
     for name in names:
@@ -258,6 +271,8 @@ class RegistryClient:
         policy: HttpPolicy = httppolicy.DEFAULT,
         trusted_realms: tuple[str, ...] | None = None,
         transport: httpx.BaseTransport | None = None,  # tests: an httpx.MockTransport
+        deadline_s: float | None = None,  # the whole command's walk; None: DEADLINE_ENV, else 600 s
+        max_manifests: int | None = None,  # None: MAX_MANIFESTS_ENV, else DEFAULT_MAX_MANIFESTS
     ) -> None:
         self.host = host
         loopback = host.split(":")[0] in _LOOPBACK or host.startswith("[::1]")
@@ -275,6 +290,12 @@ class RegistryClient:
         self._basic = False  # the registry asked for Basic auth
         self.token_requests = 0  # how many times a token was fetched (tests count reuse with it)
         self._withheld = ""  # why the credentials were not sent to a token service, for the refusal message
+        self.started = time.monotonic()
+        self.deadline_s = deadline_s if deadline_s is not None else _env_number(DEADLINE_ENV, DEFAULT_DEADLINE_S)
+        self.max_manifests = int(
+            max_manifests if max_manifests is not None else _env_number(MAX_MANIFESTS_ENV, DEFAULT_MAX_MANIFESTS)
+        )
+        self.manifests_fetched = 0
 
     def close(self) -> None:
         self.client.close()
@@ -324,17 +345,36 @@ class RegistryClient:
         elif self._last_token is not None:
             headers["Authorization"] = f"Bearer {self._last_token}"
         follow = bool(kwargs.pop("follow_redirects", False))
+        left = self._time_left(method, url)
+        # No answer outlives the command's deadline: its total and its silences are cut to what is left.
+        policy = replace(self.policy, total_s=min(self.policy.total_s, left))
+        timeout = httpx.Timeout(min(self.policy.read_s, left), connect=min(self.policy.connect_s, left))
         try:
-            request = self.client.build_request(method, url, headers=headers, **kwargs)
+            request = self.client.build_request(method, url, headers=headers, timeout=timeout, **kwargs)
             return httppolicy.fetch(
                 self.client,
                 request,
-                policy=self.policy,
+                policy=policy,
                 what=f"registry {self.host}: {method} {url}",
                 follow_redirects=follow,
             )
         except httpx.HTTPError as exc:
+            self._time_left(method, url)
             raise InfraError(f"registry {self.host} unreachable ({type(exc).__name__}); is it running?") from exc
+        except InfraError:
+            self._time_left(method, url)
+            raise
+
+    def _time_left(self, method: str, url: str) -> float:
+        """Seconds left of the command's deadline; past it, an InfraError naming what was being fetched."""
+        left = self.deadline_s - (time.monotonic() - self.started)
+        if left <= 0:
+            raise InfraError(
+                f"registry {self.host}: the command's registry deadline of {self.deadline_s:g}s passed at "
+                f"{method} {url} ({self.manifests_fetched} manifests fetched): given up; a slow registry "
+                f"or a long walk, raise it with {DEADLINE_ENV}=SECONDS"
+            )
+        return left
 
     def _token(self, challenge: Challenge, *, refused: str | None, fresh: bool) -> str:
         """A token for the challenge's scope: a cached one while it lasts (not `refused`), else a fresh one."""
@@ -404,6 +444,12 @@ class RegistryClient:
     # -- manifests and blobs ------------------------------------------------------------------------------
 
     def manifest(self, repo: str, reference: str, *, accept: tuple[str, ...] = MANIFEST_TYPES) -> Manifest | None:
+        if self.manifests_fetched >= self.max_manifests:
+            raise InfraError(
+                f"registry {self.host}: more than {self.max_manifests:,} manifests fetched by one command "
+                f"(next: {repo}:{reference}): given up; raise the cap with {MAX_MANIFESTS_ENV}=N"
+            )
+        self.manifests_fetched += 1
         response = self._request("GET", f"/v2/{repo}/manifests/{reference}", headers={"Accept": ", ".join(accept)})
         if response.status_code == 404:
             return None
@@ -498,6 +544,19 @@ def _errors(response: httpx.Response) -> str:
         return "; ".join(f"{e.get('code')}: {e.get('message')}" for e in errors)[:300] or response.text[:300]
     except (ValueError, AttributeError):
         return response.text[:300]
+
+
+def _env_number(name: str, default: float) -> float:
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not (value > 0 and value != float("inf")):
+        raise InputError(f"{name}={text!r}: a positive number is needed")
+    return value
 
 
 def read_env() -> dict[str, str]:

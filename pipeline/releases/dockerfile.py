@@ -22,6 +22,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from pipeline.errors import InputError
+from pipeline.guard import boundedio
 from pipeline.releases.table import DockerfileFacts
 
 __all__ = ["read_dockerfile"]
@@ -29,15 +30,13 @@ __all__ = ["read_dockerfile"]
 _EXPANSION = re.compile(r"\$\{(?P<name>\w+)(?:(?P<op>%%|%|##|#)(?P<pat>[^}]*))?\}|\$(?P<bare>[A-Za-z_]\w*)")
 _ASSIGN = re.compile(r"(?:^|[;&|(]\s*|\s)(?:export\s+)?(?P<name>[A-Za-z_]\w*)=(?P<value>\"[^\"]*\"|'[^']*'|[^\s;&|]+)")
 _ECHO = re.compile(r"echo\s+(?P<spec>\"[^\"]*\"|'[^']*'|\S+)\s*>>?\s*(?P<file>\S+)")
+DOCKERFILE_LIMIT = 4 * 2**20  # vLLM's is about 20 KB
 _USES = re.compile(r"(?:UV_OVERRIDE[= ]\s*|--overrides?[= ]\s*)(?P<file>[^\s;&|\"']+)")
 
 
 def read_dockerfile(path: Path) -> DockerfileFacts:
     """The overrides and CUDA version a release Dockerfile sets, with the ARGs they came from."""
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: cannot read the Dockerfile ({exc})") from None
+    text = boundedio.read_text(path, "Dockerfile", limit=DOCKERFILE_LIMIT)
     variables: dict[str, str] = {}
     written: list[tuple[int, str, str, str]] = []  # (line, raw spec, spec as expanded there, file)
     used: set[str] = set()

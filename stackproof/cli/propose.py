@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import InputError, MatrixError
+from pipeline.guard import boundedio
 from pipeline.matrix.model import Matrix
+from pipeline.matrix.yamlsrc import MAX_BYTES
 from pipeline.releases.pins import ReleaseLookup
 from pipeline.releases.table import Release
 from stackproof.cli.common import Command, arg, emit, load
@@ -119,7 +121,7 @@ def _propose(args: argparse.Namespace) -> int:
     if docker is not None and docker.require_cuda:
         cuda = (docker.require_cuda, f"From ARG CUDA_VERSION of {docker.source}.")
     proposal = plan_proposal(matrix, wanted, pins, require_cuda=cuda)
-    text = insert(matrix.file.read_text(encoding="utf-8"), proposal)
+    text = insert(boundedio.read_text(matrix.file, "matrix", limit=MAX_BYTES), proposal)
     new = _validated(matrix.file, text, images)
     if not args.dry_run:
         matrix.file.write_text(text, encoding="utf-8")

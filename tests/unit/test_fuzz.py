@@ -662,6 +662,9 @@ def _reliability_cases() -> list[Case]:
         "repro": ["repro", "/dev/zero", *m, "--offline"],
     }.items():
         add("4", f"dev-zero-{name}", argv, (2,), r"/dev/zero", files=VALID_FILES, timeout=20)
+    # 3. the matrix read through the bounded reader (a FIFO waited for a writer); the other reads moved
+    # onto it this stop are tests/unit/test_bounded_reads.py's
+    add("3", "matrix-fifo", ["matrix", "list", "--matrix", "{DIR}/fifo"], (2,), r"fifo", fifos=("fifo",), timeout=10)
     # 5. tracebacks: receipt fields of the wrong type, TeX specials, a vanishing rate
     for name, edit in {
         "seconds-string": lambda d: d.update(seconds="long"),

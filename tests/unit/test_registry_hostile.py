@@ -6,13 +6,14 @@ one the integration tier serves over a real socket to the CLI (tests/integration
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
-from pipeline.errors import InfraError
+from pipeline.errors import InfraError, InputError
 from pipeline.guard.httppolicy import HttpPolicy
 from pipeline.registry.oci import RegistryClient, sha256_digest
 from tests.hostile_registry import GOOD_BLOB, handler
@@ -45,3 +46,74 @@ def test_a_tag_list_past_the_item_cap_is_refused_never_truncated(client: Registr
     with pytest.raises(InfraError, match="more than 100 items"):
         client.tags("many")
     assert client.tags("few") == ["a", "b"]
+
+
+# -- one command's whole walk (issue 27): a deadline and a manifest cap on the command, not per answer ----------
+
+SLOW_S = 0.05  # each manifest answer: well within the per-answer deadline, slow in the sum
+WALK_POLICY = HttpPolicy(read_s=5, total_s=2.0)  # the listing cap of every command (10,000)
+TAGS = [f"sha256-{n:064x}" for n in range(400)]  # 400 tags x 0.05 s: 20 s of manifests in a row
+
+
+def _slow_registry(request: httpx.Request) -> httpx.Response:
+    path = request.url.path
+    if path == "/v2/":
+        return httpx.Response(200, json={})
+    if path.endswith("/tags/list"):
+        return httpx.Response(200, json={"name": "stackproof", "tags": TAGS})
+    if "/manifests/" in path:
+        time.sleep(SLOW_S)
+        body = b'{"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": []}'
+        return httpx.Response(200, content=body, headers={"Content-Type": "application/vnd.oci.image.index.v1+json"})
+    return httpx.Response(404, json={"errors": [{"code": "NOT_FOUND"}]})
+
+
+@pytest.fixture
+def slow_registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`report --registry`'s walk (stackproof.site_report.sources) against the slow registry."""
+    import pipeline.registry.oci as oci
+
+    real = oci.RegistryClient
+
+    def client(host: str, **kwargs: object) -> RegistryClient:
+        return real(host, policy=WALK_POLICY, transport=httpx.MockTransport(_slow_registry), **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(oci, "RegistryClient", client)
+
+
+def test_a_registry_walk_stops_at_the_commands_deadline(slow_registry: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    from stackproof.site_report.sources import receipts_from_registry
+
+    monkeypatch.setenv("STACKPROOF_REGISTRY_DEADLINE_S", "1")
+    started = time.monotonic()
+    with pytest.raises(InfraError) as exc:
+        receipts_from_registry("127.0.0.1:5000/stackproof")
+    assert time.monotonic() - started < 1 + WALK_POLICY.total_s
+    message = str(exc.value)
+    assert "deadline of 1s" in message and "/manifests/sha256-" in message, message
+    assert "STACKPROOF_REGISTRY_DEADLINE_S" in message, message
+
+
+def test_a_registry_walk_stops_at_the_manifest_cap(slow_registry: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    from stackproof.site_report.sources import receipts_from_registry
+
+    monkeypatch.setattr(sys.modules[__name__], "SLOW_S", 0.0)
+    monkeypatch.setenv("STACKPROOF_REGISTRY_MAX_MANIFESTS", "50")
+    with pytest.raises(InfraError, match=r"more than 50 manifests .*STACKPROOF_REGISTRY_MAX_MANIFESTS"):
+        receipts_from_registry("127.0.0.1:5000/stackproof")
+
+
+def test_the_whole_walk_ends_within_the_limits_the_other_way(
+    slow_registry: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from stackproof.site_report.sources import receipts_from_registry
+
+    monkeypatch.setattr(sys.modules[__name__], "SLOW_S", 0.0)
+    assert receipts_from_registry("127.0.0.1:5000/stackproof") == []
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "soon", "inf"])
+def test_a_limit_that_is_not_a_positive_number_is_bad_input(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv("STACKPROOF_REGISTRY_DEADLINE_S", value)
+    with pytest.raises(InputError, match="STACKPROOF_REGISTRY_DEADLINE_S"):
+        RegistryClient("127.0.0.1:5000")

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipeline.guard import boundedio
+from pipeline.matrix.yamlsrc import MAX_BYTES
 from verify.audit.checks import Evidence, _candidates, _plan, check_pattern
 from verify.audit.index import Message, PackageIndex
 
@@ -163,7 +165,7 @@ def _quoted(text: str) -> list[str]:
 
 def apply_edits(path: Path, edits: Sequence[Edit]) -> tuple[str, str, list[str]]:
     """(old text, new text, problems): each edit replaces its scalar on its own line only."""
-    old = path.read_text()
+    old = boundedio.read_text(path, "rule file", limit=MAX_BYTES)
     lines = old.splitlines(keepends=True)
     problems = []
     for edit in edits:

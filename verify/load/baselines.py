@@ -18,8 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.cache import cache_dir
+from pipeline.guard import boundedio
 from pipeline.matrix.model import Arm, Cell, LoadSpec
 from verify.load.degeneration import Rates
+from verify.load.workload import MAX_QUESTIONS_BYTES
 
 __all__ = ["baseline_key", "path_of", "read_baseline", "record_baseline"]
 
@@ -79,7 +81,7 @@ def record_baseline(key: dict[str, Any], rates: Rates, *, source: str, root: Pat
 def _digest(path: str | None) -> str | None:
     if path is None:
         return None
-    try:
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-    except OSError:
+    if not os.path.lexists(path):
         return path
+    # The questions file was read (bounded) before; read again here, through the same reader.
+    return hashlib.sha256(boundedio.read_bytes(Path(path), "questions file", limit=MAX_QUESTIONS_BYTES)).hexdigest()

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import InputError
+from pipeline.guard import boundedio
 from pipeline.result import CheckResult, Status
 from verify.serving import ServingDriver
 from verify.serving.openai import ServerCalls
@@ -26,6 +27,7 @@ from verify.serving.openai import ServerCalls
 __all__ = ["CANARIES", "Canary", "CanaryAnswer", "ask_canaries", "judge_canaries", "read_canaries", "score"]
 
 CANARIES = Path(__file__).with_name("canaries.jsonl")
+CANARY_LIMIT = 4 * 2**20
 CHECKS = ("exact", "regex")
 MAX_TOKENS = 24  # every expected answer is a few tokens; a real model that rambles past this fails
 
@@ -50,7 +52,7 @@ class CanaryAnswer:
 def read_canaries(path: Path = CANARIES) -> tuple[Canary, ...]:
     """The canary file, checked line by line (FILE:LINE: message, exit 2 on a bad one)."""
     canaries: list[Canary] = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
+    for number, line in enumerate(boundedio.read_text(path, "canary file", limit=CANARY_LIMIT).splitlines(), 1):
         if not line.strip():
             continue
         where = f"{path}:{number}"
