@@ -290,7 +290,8 @@ class RegistryClient:
         self._basic = False  # the registry asked for Basic auth
         self.token_requests = 0  # how many times a token was fetched (tests count reuse with it)
         self._withheld = ""  # why the credentials were not sent to a token service, for the refusal message
-        self.started = time.monotonic()
+        self.spent_s = 0.0  # seconds spent in this client's requests, against deadline_s
+        self._counted_until = float("-inf")  # the start of the last request counted in spent_s
         self.deadline_s = deadline_s if deadline_s is not None else _env_number(DEADLINE_ENV, DEFAULT_DEADLINE_S)
         self.max_manifests = int(
             max_manifests if max_manifests is not None else _env_number(MAX_MANIFESTS_ENV, DEFAULT_MAX_MANIFESTS)
@@ -349,6 +350,7 @@ class RegistryClient:
         # No answer outlives the command's deadline: its total and its silences are cut to what is left.
         policy = replace(self.policy, total_s=min(self.policy.total_s, left))
         timeout = httpx.Timeout(min(self.policy.read_s, left), connect=min(self.policy.connect_s, left))
+        started = time.monotonic()
         try:
             request = self.client.build_request(method, url, headers=headers, timeout=timeout, **kwargs)
             return httppolicy.fetch(
@@ -359,15 +361,27 @@ class RegistryClient:
                 follow_redirects=follow,
             )
         except httpx.HTTPError as exc:
+            self._spend(started)
             self._time_left(method, url)
             raise InfraError(f"registry {self.host} unreachable ({type(exc).__name__}); is it running?") from exc
         except InfraError:
+            self._spend(started)
             self._time_left(method, url)
             raise
+        finally:
+            self._spend(started)
+
+    def _spend(self, started: float) -> None:
+        """Count one request's time against the deadline, once (the except arms count it early)."""
+        if started > self._counted_until:
+            self.spent_s += time.monotonic() - started
+            self._counted_until = started
 
     def _time_left(self, method: str, url: str) -> float:
-        """Seconds left of the command's deadline; past it, an InfraError naming what was being fetched."""
-        left = self.deadline_s - (time.monotonic() - self.started)
+        """Seconds left of the command's registry deadline; past it, an InfraError naming what was being
+        fetched. Only the time spent in this client's own requests counts: a `docker push` or `docker
+        pull` between two requests (publish, pull) moves gigabytes at the network's pace, not the walk's."""
+        left = self.deadline_s - self.spent_s
         if left <= 0:
             raise InfraError(
                 f"registry {self.host}: the command's registry deadline of {self.deadline_s:g}s passed at "

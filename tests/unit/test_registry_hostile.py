@@ -117,3 +117,16 @@ def test_a_limit_that_is_not_a_positive_number_is_bad_input(monkeypatch: pytest.
     monkeypatch.setenv("STACKPROOF_REGISTRY_DEADLINE_S", value)
     with pytest.raises(InputError, match="STACKPROOF_REGISTRY_DEADLINE_S"):
         RegistryClient("127.0.0.1:5000")
+
+
+def test_time_between_requests_is_not_the_walks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Publish and pull run `docker push`/`docker pull` between two requests of one client: gigabytes
+    at the network's pace. That time is not the walk's; only the client's own requests count against
+    the deadline. Seen failing first: with the deadline counted from the client's construction, a
+    1.5 s pause (a push) under a 1 s deadline refused the next request."""
+    monkeypatch.setenv("STACKPROOF_REGISTRY_DEADLINE_S", "1")
+    with RegistryClient("127.0.0.1:5000", policy=WALK_POLICY, transport=httpx.MockTransport(_slow_registry)) as client:
+        client.check()
+        time.sleep(1.5)  # a push between the client's requests
+        assert client.manifest("stackproof", "sha256-" + "0" * 64) is not None
+        assert client.spent_s < 1
