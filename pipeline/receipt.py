@@ -17,6 +17,8 @@ import json
 import math
 import os
 import re
+import stat
+import sys
 import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -553,6 +555,21 @@ def write_all(receipt: Receipt, out_dir: Path) -> dict[str, Path]:
     paths["summary"].write_text(markdown)
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary:
-        with open(step_summary, "a", encoding="utf-8") as f:
-            f.write(markdown + "\n")
+        _append_step_summary(step_summary, markdown)
     return paths
+
+
+def _append_step_summary(path: str, markdown: str) -> None:
+    """The runner's job summary file gets the summary appended. Opened without blocking: a FIFO with no
+    reader (or a device) there is refused with a warning instead of waiting for ever; the run's own
+    files are written already, so the run goes on."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o644)
+    except OSError as exc:
+        print(f"stackproof: GITHUB_STEP_SUMMARY={path}: not written ({exc.strerror})", file=sys.stderr)
+        return
+    with os.fdopen(fd, "a", encoding="utf-8") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            print(f"stackproof: GITHUB_STEP_SUMMARY={path}: not a regular file, not written", file=sys.stderr)
+            return
+        f.write(markdown + "\n")

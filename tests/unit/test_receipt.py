@@ -6,6 +6,7 @@ The committed example (docs/receipt-cpu-tiny.json) is a real receipt from `stack
 from __future__ import annotations
 
 import json
+import os
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from pathlib import Path
@@ -109,6 +110,29 @@ def test_markdown_names_status_host_and_findings(tmp_path: Path, monkeypatch: py
     paths = write_all(receipt, tmp_path / "run")
     assert summary.read_text().startswith("### ") and json.loads(paths["receipt"].read_text())["status"] == "FAIL"
     assert paths["junit"].is_file() and paths["summary"].read_text() == text
+
+
+def test_a_step_summary_that_is_a_fifo_without_reader_is_skipped_not_waited_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 27, class 3: $GITHUB_STEP_SUMMARY naming a FIFO nobody reads made write_all's append wait
+    for ever (seen: the child timed out); now the run's own files are written and the summary is
+    refused with a warning. A device there is refused the same way (not a regular file)."""
+    import threading
+
+    fifo = tmp_path / "summary-fifo"
+    os.mkfifo(fifo)
+    for target in (fifo, Path("/dev/null")):
+        monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(target))
+        done: list[dict[str, Path]] = []
+        worker = threading.Thread(
+            target=lambda: done.append(write_all(_receipt(Status.PASS), tmp_path / "r")), daemon=True
+        )
+        worker.start()
+        worker.join(timeout=10)
+        assert done, f"write_all still waiting on GITHUB_STEP_SUMMARY={target}"
+        assert done[0]["receipt"].is_file()
+        assert f"GITHUB_STEP_SUMMARY={target}: not" in capsys.readouterr().err
 
 
 def test_the_committed_example_is_a_real_passing_cpu_tiny_receipt() -> None:
