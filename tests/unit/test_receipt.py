@@ -112,6 +112,10 @@ def test_markdown_names_status_host_and_findings(tmp_path: Path, monkeypatch: py
     assert paths["junit"].is_file() and paths["summary"].read_text() == text
 
 
+def _write_into(done: list[dict[str, Path]], out: Path) -> None:
+    done.append(write_all(_receipt(Status.PASS), out))
+
+
 def test_a_step_summary_that_is_a_fifo_without_reader_is_skipped_not_waited_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -125,9 +129,7 @@ def test_a_step_summary_that_is_a_fifo_without_reader_is_skipped_not_waited_on(
     for target in (fifo, Path("/dev/null")):
         monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(target))
         done: list[dict[str, Path]] = []
-        worker = threading.Thread(
-            target=lambda: done.append(write_all(_receipt(Status.PASS), tmp_path / "r")), daemon=True
-        )
+        worker = threading.Thread(target=_write_into, args=(done, tmp_path / "r"), daemon=True)
         worker.start()
         worker.join(timeout=10)
         assert done, f"write_all still waiting on GITHUB_STEP_SUMMARY={target}"
