@@ -84,6 +84,10 @@ class AuditReport:
     cells: tuple[CellAudit, ...]
     seconds: float = 0.0
     downloaded: tuple[str, ...] = field(default=())
+    # Of `seconds`, the network's part: `pip download` runs that saved a wheel, and runs that got
+    # none (an unreachable index, a version it does not have). The rest is this process's work.
+    download_seconds: float = 0.0
+    unavailable_seconds: float = 0.0
 
     @property
     def errors(self) -> int:
@@ -116,15 +120,22 @@ def audit_matrix(
     cache: dict[tuple[str, str | None, str, str], PackageIndex | str] = {}
     downloaded: list[str] = []
     unreachable: dict[str, str] = {}  # index URL -> why it could not be reached: asked once per command
+    pip = {"downloaded": 0.0, "unavailable": 0.0}  # seconds `pip download` ran, by outcome
     out = []
     for n, cell in enumerate(cells, 1):
         progress(f"[audit {n}/{len(cells)}] {cell.id}")
         pins = cell_packages(matrix, cell, lookup)
-        statuses, indexes = _read_packages(matrix, cell, pins, sources, cache, downloaded, progress, unreachable)
+        statuses, indexes = _read_packages(matrix, cell, pins, sources, cache, downloaded, progress, unreachable, pip)
         findings = _cell_findings(cell, pins, indexes, statuses, rulesets, signatures)
         findings += _assumptions(cell, pins, indexes, sources)
         out.append(CellAudit(cell=cell.id, arch=cell.arch, packages=tuple(statuses), findings=tuple(findings)))
-    return AuditReport(cells=tuple(out), seconds=time.monotonic() - started, downloaded=tuple(downloaded))
+    return AuditReport(
+        cells=tuple(out),
+        seconds=time.monotonic() - started,
+        downloaded=tuple(downloaded),
+        download_seconds=pip["downloaded"],
+        unavailable_seconds=pip["unavailable"],
+    )
 
 
 def _read_packages(
@@ -136,6 +147,7 @@ def _read_packages(
     downloaded: list[str],
     progress: Callable[[str], None],
     unreachable: dict[str, str],
+    pip: dict[str, float],
 ) -> tuple[list[PackageStatus], dict[str, PackageIndex]]:
     target = target_of(matrix, cell)
     statuses: list[PackageStatus] = []
@@ -163,12 +175,14 @@ def _read_packages(
                     find_links=local,
                     progress=progress,
                 )
+                pip["downloaded"] += wheel.seconds
                 if wheel.downloaded:
                     downloaded.append(wheel.path.name)
                 cache[key] = load_or_build(
                     wheel.path, name=name, version=wheel.version, sha256=wheel.sha256, progress=progress
                 )
             except Unavailable as exc:
+                pip["unavailable"] += exc.seconds
                 if exc.network and name in CORE:
                     raise InfraError(_unreachable_core(pin.index, url, name, str(exc))) from None
                 cache[key] = str(exc)
