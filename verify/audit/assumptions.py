@@ -19,6 +19,7 @@ Pure: the caller hands in the indexes and a reader of a wheel's files.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -146,17 +147,27 @@ def _strings(files: Files, packages: Iterable[tuple[str, str]], wanted: Callable
     out: list[_String] = []
     for package, version in packages:
         for path, text in files(package, wanted):
-            try:
-                tree = ast.parse(text)
-            except (SyntaxError, ValueError):
-                continue
-            for node in ast.walk(tree):
-                if isinstance(node, ast.JoinedStr):
-                    parts = [v.value if isinstance(v, ast.Constant) else "*" for v in node.values]
-                    out.append(_String(package, version, path, node.lineno, "".join(str(p) for p in parts)))
-                elif isinstance(node, ast.Constant) and isinstance(node.value, str) and len(node.value) < 200:
-                    out.append(_String(package, version, path, node.lineno, node.value))
+            out += [_String(package, version, path, line, string) for line, string in _source_strings(text)]
     return out
+
+
+@functools.lru_cache(maxsize=256)
+def _source_strings(text: str) -> tuple[tuple[int, str], ...]:
+    """(line, text) of each f-string (holes as `*`) and short string constant of a module. Kept per
+    text: the cells of one audit read the same autotune modules (an x86_64 and an aarch64 vLLM wheel,
+    one FlashInfer for several engines), and each is parsed once."""
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return ()
+    out: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.JoinedStr):
+            parts = [v.value if isinstance(v, ast.Constant) else "*" for v in node.values]
+            out.append((node.lineno, "".join(str(p) for p in parts)))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and len(node.value) < 200:
+            out.append((node.lineno, node.value))
+    return tuple(out)
 
 
 def _spells(glob: str, strings: list[_String]) -> Evidence | None:
@@ -212,10 +223,16 @@ def _in_order(pieces: list[str], text: str) -> bool:
 def metric_definitions(path: str, text: str) -> dict[str, tuple[str, int]]:
     """name -> (type, line) for `X(name="...")` calls where X names a prometheus metric type
     (`Counter`, `prometheus_client.Gauge`, vLLM's `self._histogram_cls`)."""
+    return dict(_metric_definitions(text))
+
+
+@functools.lru_cache(maxsize=256)
+def _metric_definitions(text: str) -> tuple[tuple[str, tuple[str, int]], ...]:
+    """metric_definitions, kept per text (the same metrics modules in several wheels of a release)."""
     try:
         tree = ast.parse(text)
     except (SyntaxError, ValueError):
-        return {}
+        return ()
     out: dict[str, tuple[str, int]] = {}
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
@@ -228,7 +245,7 @@ def metric_definitions(path: str, text: str) -> dict[str, tuple[str, int]]:
         value = next((k.value for k in node.keywords if k.arg == "name"), node.args[0] if node.args else None)
         if isinstance(value, ast.Constant) and isinstance(value.value, str):
             out.setdefault(value.value, (kind, node.lineno))
-    return out
+    return tuple(out.items())
 
 
 def _exported(defined: dict[str, tuple[str, int]]) -> dict[str, tuple[str, int, str]]:

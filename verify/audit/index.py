@@ -60,6 +60,10 @@ _CXX_STATEMENT = re.compile(
     r"|AT_ERROR|throw)\b"
 )
 _CXX_LITERAL = re.compile(r'"((?:\\.|[^"\\\n])*)"')
+# Every _CXX_STATEMENT match contains one of these: a file without any of them (most of FlashInfer's
+# generated kernels: 60 of its 523 MB of C++ do) is skipped by plain substring search, which is
+# several times faster than running the regex over it.
+_CXX_WORDS = ("TORCH_CHECK", "TORCH_INTERNAL_ASSERT", "FLASHINFER_", "TVM_FFI_", "AT_ERROR", "throw")
 
 # -- cache -----------------------------------------------------------------------------------------
 
@@ -189,6 +193,9 @@ def index_source(path: str, text: str) -> FileFacts:
 
 def _cxx(path: str, text: str) -> FileFacts:
     facts = FileFacts(path)
+    if not any(word in text for word in _CXX_WORDS):
+        return facts
+    line, counted = 1, 0  # the line of position `counted`: lines are counted once per file, not per match
     for m in _CXX_STATEMENT.finditer(text):
         end = text.find(";", m.end(), m.end() + 4000)
         statement = text[m.end() : end if end >= 0 else m.end() + 4000]
@@ -203,7 +210,8 @@ def _cxx(path: str, text: str) -> FileFacts:
         if segments and statement[last:].strip(" \t\n);"):
             segments.append(Hole("free"))
         if any(isinstance(s, str) and s.strip() for s in segments):
-            line = text.count("\n", 0, m.start()) + 1
+            line += text.count("\n", counted, m.start())
+            counted = m.start()
             facts.messages.append(Message(path, line, "cxx", merge_segments(segments)))
     return facts
 

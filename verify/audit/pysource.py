@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Callable
+from typing import Any
 
 from verify.audit.facts import ClassInfo, FileFacts, Hole, Message, Segment, merge_segments
 
@@ -38,13 +40,59 @@ _CAMEL = re.compile(r"^_?[A-Z]")
 _MESSAGE_NAME = re.compile(r"msg|message|err|warn|reason|text", re.IGNORECASE)
 
 
-class PythonIndexer(ast.NodeVisitor):
+# Nodes with neither a visitor nor a node that could have one beneath them: the walk does not go
+# there (every Name's Load(), every operator: about a third of a module's nodes).
+_LEAVES = frozenset(
+    {ast.Constant, ast.Name, ast.Load, ast.Store, ast.Del, ast.Pass, ast.Break, ast.Continue}
+    | {cls for base in (ast.operator, ast.unaryop, ast.cmpop, ast.boolop) for cls in base.__subclasses__()}
+)
+_FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
+
+
+class PythonIndexer:
+    """One module's facts. The `visit_*` methods see each node of their type once, in the order
+    `ast.NodeVisitor` would (pre-order, fields in order), with `self.function` the innermost
+    enclosing function; the walk is a loop over a stack rather than recursion: a big package is
+    millions of nodes (FlashInfer 0.7.4: 126 MB of Python), and NodeVisitor's two calls and a
+    method lookup per node were as costly as parsing."""
+
     def __init__(self, path: str, text: str) -> None:
         self.facts = FileFacts(path)
         self.text = text
         self.module_refs: dict[str, set[str]] = {}  # module-level name -> names in its value
-        self.function: list[ast.AST] = []
+        self.function: ast.AST | None = None  # the innermost function around the node visited
         self._refs_cache: dict[int, tuple[str, ...]] = {}
+        self._visitors: dict[type, Callable[[Any], None]] = {
+            ast.ClassDef: self.visit_ClassDef,
+            ast.Subscript: self.visit_Subscript,
+            ast.Return: self.visit_Return,
+            ast.Assign: self.visit_Assign,
+            ast.Raise: self.visit_Raise,
+            ast.Call: self.visit_Call,
+        }
+
+    def visit(self, tree: ast.AST) -> None:
+        visitors = self._visitors
+        stack: list[tuple[ast.AST, ast.AST | None]] = [(tree, None)]
+        pop, push = stack.pop, stack.append
+        while stack:
+            node, function = pop()
+            kind = type(node)
+            visitor = visitors.get(kind)
+            if visitor is not None:
+                self.function = function
+                visitor(node)
+            if kind in _FUNCTIONS:
+                function = node
+            children: list[ast.AST] = []
+            for field in node._fields:
+                value = getattr(node, field, None)
+                if isinstance(value, list):
+                    children += [c for c in value if isinstance(c, ast.AST) and type(c) not in _LEAVES]
+                elif isinstance(value, ast.AST) and type(value) not in _LEAVES:
+                    children.append(value)
+            for child in reversed(children):
+                push((child, function))
 
     def run(self) -> FileFacts:
         try:
@@ -84,14 +132,6 @@ class PythonIndexer(ast.NodeVisitor):
                 if isinstance(target, ast.Name) and target.id.isupper():
                     self.facts.env.setdefault(target.id, (self.facts.file, item.lineno))
 
-    # functions give name holes their context
-    def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
-        self.function.append(node)
-        self.generic_visit(node)
-        self.function.pop()
-
-    visit_AsyncFunctionDef = visit_FunctionDef
-
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
         bases = tuple(b for b in (_last_name(x) for x in node.bases) if b)
         capability: list[tuple[str, str, int, int]] = []
@@ -108,19 +148,16 @@ class PythonIndexer(ast.NodeVisitor):
                     ):
                         capability.append((item.name, call.func.attr, int(call.args[0].value), call.lineno))
         self.facts.classes.append(ClassInfo(node.name, self.facts.file, node.lineno, bases, tuple(capability)))
-        self.generic_visit(node)
 
     def visit_Subscript(self, node: ast.Subscript) -> None:
         if _is_environ(node.value) and isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str):
             self.facts.env.setdefault(node.slice.value, (self.facts.file, node.lineno))
-        self.generic_visit(node)
 
     def visit_Return(self, node: ast.Return) -> None:
         # str()/repr() of an object logged with %s (vLLM logs its whole config this way)
-        fn = self.function[-1] if self.function else None
+        fn = self.function
         if node.value is not None and isinstance(fn, ast.FunctionDef) and fn.name in ("__str__", "__repr__"):
             self._message(node.value, (), node.lineno, "str")
-        self.generic_visit(node)
 
     def visit_Assign(self, node: ast.Assign) -> None:
         # A message built first and logged or raised later (`message = f"..."; logger.warning(message)`).
@@ -130,13 +167,11 @@ class PythonIndexer(ast.NodeVisitor):
         textual = not (isinstance(value, ast.Constant) and not isinstance(value.value, str))
         if formatted or (named and textual):
             self._message(value, (), node.lineno, "assigned")
-        self.generic_visit(node)
 
     def visit_Raise(self, node: ast.Raise) -> None:
         exc = node.exc
         if isinstance(exc, ast.Call) and exc.args:
             self._message(exc.args[0], (), node.lineno, "raise")
-        self.generic_visit(node)
 
     def visit_Call(self, node: ast.Call) -> None:
         func = node.func
@@ -162,7 +197,6 @@ class PythonIndexer(ast.NodeVisitor):
                 self._message(first, (), node.lineno, "warn")
             elif func.id == "getenv" and isinstance(first, ast.Constant) and isinstance(first.value, str):
                 self.facts.env.setdefault(first.value, (self.facts.file, node.lineno))
-        self.generic_visit(node)
 
     # -- messages ------------------------------------------------------------------------------
 
@@ -256,9 +290,9 @@ class PythonIndexer(ast.NodeVisitor):
 
     def _function_refs(self) -> tuple[str, ...]:
         """CamelCase names the enclosing function refers to, through module-level names too."""
-        if not self.function:
+        fn = self.function
+        if fn is None:
             return ()
-        fn = self.function[-1]
         cached = self._refs_cache.get(id(fn))
         if cached is not None:
             return cached

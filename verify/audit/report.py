@@ -26,6 +26,8 @@ def render_json(report: AuditReport) -> dict[str, Any]:
         "warnings": sum(f.status is Status.WARN for c in report.cells for f in c.findings),
         "seconds": round(report.seconds, 2),
         "downloaded": list(report.downloaded),
+        "download_seconds": round(report.download_seconds, 2),
+        "unavailable_seconds": round(report.unavailable_seconds, 2),
         "cells": [
             {
                 "cell": c.cell,
@@ -58,6 +60,10 @@ def render_text(report: AuditReport) -> str:
     warns = sum(f.status is Status.WARN for c in report.cells for f in c.findings)
     lines.append(
         f"audit: {len(report.cells)} cell(s), {errors} error(s), {warns} warning(s) in {report.seconds:.1f}s"
-        + (f"; downloaded {len(report.downloaded)} wheel(s)" if report.downloaded else "")
+        + (
+            f"; downloaded {len(report.downloaded)} wheel(s) in {report.download_seconds:.1f}s"
+            if report.downloaded
+            else ""
+        )
     )
     return "\n".join(lines)

@@ -61,14 +61,17 @@ class Wheel:
     path: Path
     sha256: str
     downloaded: bool  # False: answered from the cache
+    seconds: float = 0.0  # how long `pip download` ran for it (0: answered from the cache)
 
 
 class Unavailable(Exception):
-    """The index gave no wheel. `network`: it could not be reached at all (pip's words say so)."""
+    """The index gave no wheel. `network`: it could not be reached at all (pip's words say so).
+    `seconds`: how long the `pip download` that found out ran (0: remembered, no pip started)."""
 
-    def __init__(self, message: str, *, network: bool) -> None:
+    def __init__(self, message: str, *, network: bool, seconds: float = 0.0) -> None:
         super().__init__(message)
         self.network = network
+        self.seconds = seconds
 
 
 def fetch_wheel(
@@ -111,9 +114,11 @@ def fetch_wheel(
             if line.lstrip().startswith(("Downloading", "Saved", "Collecting")):
                 progress(line.strip())
 
+        started = time.monotonic()
         try:
             cmd.stream(argv, on_line=on_line, timeout=DOWNLOAD_TIMEOUT)
         except cmd.CommandFailed as exc:
+            seconds = time.monotonic() - started
             text = "\n".join(lines) or exc.output_tail
             log = Path(scratch) / "pip.log"
             if log.is_file():  # the debug-level lines that name a connection problem, if any
@@ -129,16 +134,19 @@ def fetch_wheel(
             reason = f"{spec} from {index_url}: {_network_error(text) if network else _last_error(text)}"
             if not network and version is not None:
                 _remember_missing(root / name / version, request, reason)
-            raise Unavailable(reason, network=network) from None
+            raise Unavailable(reason, network=network, seconds=seconds) from None
+        seconds = time.monotonic() - started
         files = sorted(Path(scratch).glob("*.whl"))
         if not files:
-            raise Unavailable(f"{spec} from {index_url}: pip saved no wheel", network=False)
+            raise Unavailable(f"{spec} from {index_url}: pip saved no wheel", network=False, seconds=seconds)
         _, got_version, _, _ = parse_wheel_filename(files[0].name)
         directory = root / name / str(got_version)
         with locked(directory):
             final = directory / files[0].name
             os.replace(files[0], final)
-            wheel = Wheel(name=name, version=str(got_version), path=final, sha256=_sha256(final), downloaded=True)
+            wheel = Wheel(
+                name=name, version=str(got_version), path=final, sha256=_sha256(final), downloaded=True, seconds=seconds
+            )
             _remember(directory, request, wheel)
         if spec == name:
             _remember_latest(root / name, request, wheel.version)

@@ -12,8 +12,6 @@ from dataclasses import asdict, dataclass
 from fractions import Fraction
 from typing import Any
 
-from scipy import stats
-
 from pipeline.errors import InputError
 
 __all__ = ["ArmComparison", "FaultStats", "clean_questions_needed", "compare_arms", "fault_stats", "parse_rate"]
@@ -63,6 +61,10 @@ class FaultStats:
 
 
 def fault_stats(p0: float, questions: int, faults: int = 0) -> FaultStats:
+    # scipy.stats is imported where it is used: importing it takes 1.5 s, and every command of the
+    # CLI imports this module (`matrix audit` included, whose warm run is meant to take under 10 s)
+    from scipy import stats
+
     if questions <= 0 or faults < 0 or faults > questions or questions > MAX_QUESTIONS:
         raise InputError(f"--questions must be 1 to {MAX_QUESTIONS:,} and 0 <= --faults <= --questions")
     # P(K <= k) under the baseline: for k == 0 this is (1 - p0)^n, the "clean run was luck" chance.
@@ -107,6 +109,8 @@ def compare_arms(a_faults: int, a_questions: int, b_faults: int, b_questions: in
                 f"{which}: questions must be 1 to {MAX_QUESTIONS:,} and 0 <= faults <= questions "
                 f"(--other-questions/--other-faults for the other arm)"
             )
+    from scipy import stats  # see fault_stats
+
     total = a_faults + b_faults
     share_b = b_questions / (a_questions + b_questions)
     p_conditional = float(stats.binom.cdf(b_faults, total, share_b)) if total else 1.0
