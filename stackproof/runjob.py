@@ -23,12 +23,12 @@ from pipeline.host.modelstore import ensure_model
 from pipeline.matrix.model import Arm, Cell, LoadSpec, Matrix
 from pipeline.matrix.site import SiteSettings
 from pipeline.receipt import Receipt, write_all
-from pipeline.result import CheckResult, Status, VerifyReport
+from pipeline.result import CheckResult, Status
 from verify.runtime.host import HostRuntime
 from verify.stages.receipt import build_receipt, build_section
 from verify.stages.runner import verify_image
 
-__all__ = ["exclusive_dir", "host_build_section", "lineage_env", "run_cell", "run_on_host"]
+__all__ = ["exclusive_dir", "host_build_section", "lineage_env", "remove_dead_runs", "run_cell", "run_on_host"]
 
 SERVER_STAGES = {"startup", "autotune", "load"}  # the stages that start a server container
 
@@ -47,9 +47,9 @@ def run_cell(
     previous: Receipt | None = None,
     load: LoadSpec | None = None,
     fetch_model: bool = True,
-) -> VerifyReport:
+) -> Receipt:
     """`stackproof run` (`build`: build the cell, then verify it) and `stackproof verify` (verify
-    the cell's already-built image, its content tag; nothing is built)."""
+    the cell's already-built image, its content tag; nothing is built). The receipt it wrote."""
     arm = cell.arm(arm_name) if arm_name else None
     if build:
         _ensure_model(matrix, cell, stages, fetch_model)  # a wrong revision ends the run before a long build
@@ -92,7 +92,7 @@ def _verify_with_receipt(
     previous: Receipt | None,
     load: LoadSpec | None,
     build: tuple[str, float | None] = ("local", None),
-) -> VerifyReport:
+) -> Receipt:
     """The stages, then the receipt (JSON, JUnit XML, Markdown) of this image on this host."""
     started = time.time()
     host_check = _host_expectations(matrix, cell)
@@ -125,7 +125,7 @@ def _verify_with_receipt(
     )
     paths = write_all(receipt, out_dir)
     print(f"{cell.id}: receipt {receipt.status}: {paths['receipt']} (+ junit.xml, summary.md)", file=sys.stderr)
-    return report
+    return receipt
 
 
 def run_on_host(
@@ -142,7 +142,7 @@ def run_on_host(
     previous: Receipt | None = None,
     load: LoadSpec | None = None,
     fetch_model: bool = True,
-) -> VerifyReport:
+) -> Receipt:
     """The same stages on the host runtime: in the environment `python` belongs to (`--python`),
     else in the cell's built environment (`build`: built now when it is not here)."""
     arm = cell.arm(arm_name) if arm_name else None
@@ -177,7 +177,7 @@ def run_on_host(
     )
     paths = write_all(receipt, out_dir)
     print(f"{cell.id}: receipt {receipt.status}: {paths['receipt']} (+ junit.xml, summary.md)", file=sys.stderr)
-    return report
+    return receipt
 
 
 def _host_env(
@@ -293,3 +293,11 @@ def exclusive_dir(parent: Path, stem: str) -> Path:
             raise InfraError(f"{path}: cannot create the run directory: {exc.strerror}") from exc
         return path
     raise InfraError(f"{parent}: 10,000 runs named {stem}: remove old run directories")
+
+
+def remove_dead_runs(docker: Docker) -> list[str]:
+    """Containers left by runs that died unclean (SIGKILL) on this host go before this run starts."""
+    removed = docker.collect_garbage()
+    for name in removed:
+        print(f"stackproof: removed {name}: its run is gone", file=sys.stderr)
+    return removed

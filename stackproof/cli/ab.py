@@ -11,53 +11,26 @@ infrastructure (a server that exited between slices, an environment not built).
 from __future__ import annotations
 
 import argparse
-import math
-import sys
 import time
 from pathlib import Path
 
-from pipeline.errors import InfraError, InputError
-from pipeline.matrix.model import Cell, Matrix
-from stackproof.ab import Side, run_ab
-from stackproof.cli.common import Command, arg, emit, load, load_spec, seconds
+from stackproof.ab import run_ab
+from stackproof.cli.common import Command, arg, emit, load, load_spec, parse_pairs, parse_threshold, seconds
+from stackproof.sides import built_side, parse_side
 from verify.perf.ab import AbReport
 
-__all__ = ["COMMANDS", "MAX_PAIRS", "ab_command", "parse_pairs", "parse_threshold", "resolve_side"]
-
-MAX_PAIRS = 1000
-
-
-def parse_threshold(text: str) -> float:
-    """`5%` or `0.05`: a fraction strictly between 0 and 1."""
-    raw = text.strip()
-    try:
-        value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a threshold (give 5% or 0.05)") from None
-    if not math.isfinite(value) or not 0 < value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be between 0 and 100% (exclusive)")
-    return value
-
-
-def parse_pairs(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if not 2 <= value <= MAX_PAIRS:
-        raise argparse.ArgumentTypeError(f"{text!r}: give 2 to {MAX_PAIRS} measured pairs (an interval needs 2)")
-    return value
+__all__ = ["COMMANDS", "ab_command"]
 
 
 def ab_command(args: argparse.Namespace) -> int:
     from stackproof.runjob import exclusive_dir
 
     matrix, images = load(args)
-    (cell_a, arm_a), (cell_b, arm_b) = _side(matrix, args.a, "A"), _side(matrix, args.b, "B")
+    (cell_a, arm_a), (cell_b, arm_b) = parse_side(matrix, args.a, "A"), parse_side(matrix, args.b, "B")
     assert cell_a.serve is not None
     spec = load_spec(args, cell_a.serve.load)
-    side_a = _resolve(matrix, images, cell_a, arm_a, args.a)
-    side_b = _resolve(matrix, images, cell_b, arm_b, args.b)
+    side_a = built_side(matrix, images, cell_a, arm_a, args.a)
+    side_b = built_side(matrix, images, cell_b, arm_b, args.b)
     stem = time.strftime("ab-%Y%m%dT%H%M%S")
     out = exclusive_dir(args.out / "ab", stem)
     report = run_ab(
@@ -65,55 +38,6 @@ def ab_command(args: argparse.Namespace) -> int:
     )
     emit(args, report.to_json(), _text(report))
     return 1 if report.failed else 0
-
-
-def resolve_side(matrix: Matrix, images: Path, text: str, which: str) -> Side:
-    """`CELL` or `CELL:ARM` on the command line: the built side that serves it (`stackproof sweep`'s too)."""
-    cell, arm = _side(matrix, text, which)
-    return _resolve(matrix, images, cell, arm, text)
-
-
-def _side(matrix: Matrix, text: str, which: str) -> tuple[Cell, str | None]:
-    cell_id, _, arm_name = text.partition(":")
-    if not cell_id:
-        raise InputError(f"{which} {text!r}: give CELL or CELL:ARM")
-    cell = matrix.cell(cell_id)
-    if cell.serve is None:
-        raise InputError(f"{which} {text!r}: cell {cell.id} has no serve spec: nothing to load")
-    if arm_name and arm_name != "default":
-        cell.arm(arm_name)
-        return cell, arm_name
-    return cell, None
-
-
-def _resolve(matrix: Matrix, images: Path, cell: Cell, arm_name: str | None, label: str) -> Side:
-    """The side's runtime and image: the cell's built host environment, or its built image."""
-    from pipeline.matrix.site import load_site
-
-    arm = cell.arm(arm_name) if arm_name else None
-    site = load_site(matrix)
-    if cell.on_host:
-        from pipeline.host.env import built_host_env, plan_host_env
-        from stackproof.runjob import lineage_env
-        from verify.runtime.host import HostRuntime, remove_dead_host_runs
-
-        for run in remove_dead_host_runs():
-            print(f"stackproof: ended {run}: its run is gone", file=sys.stderr)
-        env = built_host_env(plan_host_env(matrix, cell, images))
-        if env is None:
-            raise InfraError(f"{cell.id}: its host environment is not built: run `stackproof build {cell.id}`")
-        runtime = HostRuntime(python=env.python, files_root=env.files_root, image_env=lineage_env(matrix, cell))
-        return Side(label=label, cell=cell, arm=arm, runtime=runtime, image=env.ref)
-    from pipeline.build.image import built_image
-    from pipeline.docker.client import Docker
-    from pipeline.host.modelstore import ensure_model
-    from verify.runtime import as_runtime
-
-    docker = Docker.connect()
-    tag = built_image(docker, matrix, cell, site, images)[0].tag
-    assert cell.serve is not None
-    ensure_model(cell.serve.model, where=f"{matrix.file}:{cell.line}: cells[{cell.id}].serve.model")
-    return Side(label=label, cell=cell, arm=arm, runtime=as_runtime(docker), image=tag)
 
 
 def _text(report: AbReport) -> str:

@@ -14,8 +14,7 @@ import time
 from pathlib import Path
 
 from stackproof.bisection import Bisect, canonical, check_ends, moved_packages, parse_version, run_bisect
-from stackproof.cli.ab import parse_pairs, parse_threshold
-from stackproof.cli.common import Command, arg, emit, load, load_spec, seconds
+from stackproof.cli.common import Command, arg, emit, load, load_spec, parse_pairs, parse_threshold, seconds
 from verify.perf.bisection import BisectReport
 
 __all__ = ["COMMANDS", "bisect_command"]

@@ -20,9 +20,8 @@ if TYPE_CHECKING:
     from pipeline.docker.client import Docker
     from pipeline.matrix.site import SiteSettings
     from pipeline.receipt import Receipt
-    from pipeline.result import VerifyReport
 
-__all__ = ["COMMANDS", "remove_dead_runs"]
+__all__ = ["COMMANDS"]
 
 
 # `run` and `verify` take the same options: one is the other with a build first.
@@ -174,7 +173,7 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _verify_or_run(args: argparse.Namespace, *, build: bool) -> int:
-    from stackproof.runjob import run_cell
+    from stackproof.runjob import remove_dead_runs, run_cell
     from verify.stages.runner import parse_stages
 
     matrix, images = _load(args)
@@ -193,7 +192,7 @@ def _verify_or_run(args: argparse.Namespace, *, build: bool) -> int:
         return _verdict(args, cell, found)
     docker = _engine(args, matrix, cell, images, site)  # bad input is exit 2 before any host check
     remove_dead_runs(docker)
-    report = run_cell(
+    receipt = run_cell(
         docker,
         matrix,
         cell,
@@ -207,7 +206,7 @@ def _verify_or_run(args: argparse.Namespace, *, build: bool) -> int:
         load=load,
         fetch_model=not args.no_fetch,
     )
-    return _verdict(args, cell, report)
+    return _verdict(args, cell, receipt)
 
 
 def _on_host(
@@ -221,7 +220,7 @@ def _on_host(
     stages: tuple[str, ...],
     load: LoadSpec | None,
     previous: Receipt | None,
-) -> VerifyReport:
+) -> Receipt:
     from stackproof.runjob import run_on_host
     from verify.runtime.host import remove_dead_host_runs
 
@@ -269,19 +268,14 @@ def _previous(path: Path | None) -> Receipt | None:
         ) from None
 
 
-def _verdict(args: argparse.Namespace, cell: Cell, report: VerifyReport) -> int:
-    verdict = "NOT_REPRODUCED" if report.outcome.not_reproduced else "PASS" if report.outcome.passed else "FAIL"
-    stages_line = ", ".join(f"{s.stage} {s.status}" for s in report.stages)
-    _emit(args, report.to_json(), f"{cell.id}: {verdict}: {report.outcome.summary} [{stages_line}]")
-    return 0 if report.outcome.passed else 1
-
-
-def remove_dead_runs(docker: Docker) -> list[str]:
-    """Containers left by runs that died unclean (SIGKILL) on this host go before this run starts."""
-    removed = docker.collect_garbage()
-    for name in removed:
-        print(f"stackproof: removed {name}: its run is gone", file=sys.stderr)
-    return removed
+def _verdict(args: argparse.Namespace, cell: Cell, receipt: Receipt) -> int:
+    """The pipeline's verdict (the cell's `expect` applied), and with `--json` the receipt itself:
+    the document receipt.json holds, so what a script reads from stdout is what publish gates on."""
+    outcome = receipt.outcome
+    verdict = "NOT_REPRODUCED" if outcome.not_reproduced else "PASS" if outcome.passed else "FAIL"
+    stages_line = ", ".join(f"{s.stage} {s.status}" for s in receipt.stages)
+    _emit(args, receipt.to_json(), f"{cell.id}: {verdict}: {outcome.summary} [{stages_line}]")
+    return 0 if outcome.passed else 1
 
 
 COMMANDS = (

@@ -11,10 +11,12 @@ import argparse
 import dataclasses
 import json
 import math
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pipeline.errors import InputError
 from pipeline.guard.jsonfile import jsonable
 from pipeline.matrix.model import LoadSpec, Matrix
 from pipeline.matrix.read import MAX_CONCURRENCY, MAX_COUNT, MAX_SECONDS
@@ -31,6 +33,9 @@ __all__ = [
     "load",
     "load_options",
     "load_spec",
+    "parse_pairs",
+    "parse_threshold",
+    "registry_credentials",
 ]
 
 NO_PREFLIGHT_HELP = "GPU cells: skip the host checks (GPU, compute capability, driver CUDA, NVIDIA runtime, disk)"
@@ -160,3 +165,55 @@ count = number(int, zero_ok=True)
 positive_float = number(float)
 concurrency = number(int, high=MAX_CONCURRENCY)
 seconds = number(float, high=MAX_SECONDS)
+
+
+# -- argument types and inputs more than one command takes ------------------------------------------
+
+MAX_PAIRS = 1000
+
+
+def parse_threshold(text: str) -> float:
+    """`5%` or `0.05`: a fraction strictly between 0 and 1."""
+    raw = text.strip()
+    try:
+        value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a threshold (give 5% or 0.05)") from None
+    if not math.isfinite(value) or not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be between 0 and 100% (exclusive)")
+    return value
+
+
+def parse_pairs(text: str) -> int:
+    """`--pairs`: measured A/B pairs, 2 (an interval needs two) to MAX_PAIRS."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not 2 <= value <= MAX_PAIRS:
+        raise argparse.ArgumentTypeError(f"{text!r}: give 2 to {MAX_PAIRS} measured pairs (an interval needs 2)")
+    return value
+
+
+MAX_PASSWORD_CHARS = 64 * 2**10  # a registry token is a few KB
+
+
+def registry_credentials(args: argparse.Namespace, registry: str) -> Any:
+    """The registry credentials for this command: never from argv, never printed."""
+    import os
+
+    from pipeline.registry.oci import find_credentials, split_registry
+
+    password = None
+    if args.password_stdin:
+        if sys.stdin.isatty():
+            raise InputError("--password-stdin: pipe the password in (printf '%s' \"$PASSWORD\" | stackproof ...)")
+        # Bounded like every input (issue 27): `< /dev/zero` is refused, not read until memory ends.
+        password = sys.stdin.read(MAX_PASSWORD_CHARS + 1)
+        if len(password) > MAX_PASSWORD_CHARS:
+            raise InputError(f"--password-stdin: more than {MAX_PASSWORD_CHARS:,} characters: not a password")
+        password = password.rstrip("\r\n")
+        if not password:
+            raise InputError("--password-stdin: stdin was empty")
+    host, _ = split_registry(registry)
+    return find_credentials(host, env=dict(os.environ), password=password)

@@ -13,7 +13,6 @@ from stackproof.cli.common import emit as _emit
 if TYPE_CHECKING:
     from pipeline.docker.client import Docker
 
-from stackproof.cli.build import remove_dead_runs as _remove_dead_runs
 
 __all__ = ["COMMANDS"]
 
@@ -31,7 +30,9 @@ def _gc(args: argparse.Namespace) -> int:
     except InfraError as exc:
         print(f"stackproof: no docker daemon ({exc}): host processes only", file=sys.stderr)
         docker = None
-    removed = _remove_dead_runs(docker) if docker else []
+    from stackproof.runjob import remove_dead_runs
+
+    removed = remove_dead_runs(docker) if docker else []
     summary = f"{len(removed)} container(s) and {len(ended)} host server(s) of dead runs removed"
     _emit(args, {"removed": removed, "host_runs_ended": ended}, summary)
     return 0

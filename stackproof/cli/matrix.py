@@ -6,18 +6,14 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from pipeline.matrix.model import Cell, Matrix
 from stackproof.cli.common import Command, arg
 from stackproof.cli.common import emit as _emit
 from stackproof.cli.common import jsonable as _jsonable
 from stackproof.cli.common import load as _load
 
-if TYPE_CHECKING:
-    pass
-
-__all__ = ["COMMANDS", "audit_cells"]
+__all__ = ["COMMANDS"]
 
 
 def _matrix_validate(args: argparse.Namespace) -> int:
@@ -70,7 +66,7 @@ def _matrix_show(args: argparse.Namespace) -> int:
 
 
 def _matrix_audit(args: argparse.Namespace) -> int:
-    from stackproof.cli.propose import release_lookup
+    from stackproof.auditjob import audit_cells, release_lookup
     from verify.audit.report import render_json, render_text
 
     matrix, _ = _load(args)
@@ -80,37 +76,6 @@ def _matrix_audit(args: argparse.Namespace) -> int:
     if getattr(args, "fix", False) and report.errors:
         return _audit_fix(args.matrix, report, sys.stderr if getattr(args, "json", False) else sys.stdout)
     return 1 if report.errors else 0
-
-
-def audit_cells(matrix: Matrix, cells: list[Cell], lookup: Any) -> Any:
-    """The audit of `cells` (`matrix audit`, `matrix propose`): wheels from the cells' indexes
-    (mirrors applied) into the cache directory, release pins from `lookup`."""
-    from pipeline.cache import cache_dir
-    from pipeline.matrix.site import load_site
-    from verify.audit import Sources, audit_matrix
-    from verify.logs.logscan import load_catalog, rulesets_for
-
-    site = load_site(matrix)
-
-    def index_url(name: str) -> tuple[str, Path | None]:
-        url = matrix.index(name).url
-        mirror = site.mirror(name)
-        if mirror is None:
-            return url, None
-        return (url, mirror.directory) if mirror.is_local else (mirror.location, None)
-
-    def rulesets(facts: Any) -> list[tuple[str, Any]]:
-        # Each rule under the set it came from (two sets may hold equal rules, e.g. no-traceback).
-        return [(f"logrules.yaml {rs.id}", r) for rs in rulesets_for(facts) for r in rs.rules]
-
-    return audit_matrix(
-        matrix,
-        cells,
-        sources=Sources(root=cache_dir(), index_url=index_url, cert=site.ca_bundle),
-        lookup=lookup,
-        rulesets=rulesets,
-        signatures=load_catalog(),
-    )
 
 
 def _audit_fix(path: Path, report: Any, out: Any) -> int:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import sys
 import tempfile
 from pathlib import Path
@@ -24,25 +23,10 @@ from pipeline.matrix.model import Matrix
 from pipeline.matrix.yamlsrc import MAX_BYTES
 from pipeline.releases.pins import ReleaseLookup
 from pipeline.releases.table import Release
+from stackproof.auditjob import release_lookup
 from stackproof.cli.common import Command, arg, emit, load
 
-__all__ = ["COMMANDS", "release_lookup"]
-
-
-def release_lookup(matrix: Matrix, *, online: bool = True) -> ReleaseLookup:
-    """The lookup a command shares: the `pypi` index (or its mirror), the site's CA bundle, the
-    metadata kept under the cache directory, an unreachable index asked once."""
-    from pipeline.cache import cache_dir
-    from pipeline.matrix.site import load_site
-    from pipeline.releases.pins import fetch_metadata
-
-    site = load_site(matrix)
-    index_url = "https://pypi.org/simple"
-    if any(ix.name == "pypi" for ix in matrix.indexes):
-        mirror = site.index_location(matrix, "pypi")
-        index_url = index_url if mirror.is_local else mirror.location
-    fetch = functools.partial(fetch_metadata, index_url=index_url, cert=site.ca_bundle, redact=site.secrets())
-    return ReleaseLookup(online=online, fetch=fetch, cache=cache_dir(), index_url=index_url)
+__all__ = ["COMMANDS"]
 
 
 def _refresh(args: argparse.Namespace) -> int:
@@ -161,7 +145,7 @@ def _validated(file: Path, text: str, images: Path) -> Matrix:
 
 
 def _audit(matrix: Matrix, cell_ids: tuple[str, ...], lookup: ReleaseLookup) -> tuple[int, Any]:
-    from stackproof.cli.matrix import audit_cells
+    from stackproof.auditjob import audit_cells
 
     report = audit_cells(matrix, [matrix.cell(c) for c in cell_ids], lookup)
     from verify.audit.report import render_json, render_text

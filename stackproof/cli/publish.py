@@ -5,37 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
 
 from pipeline.errors import InputError, MatrixError
 from pipeline.matrix.model import Cell, Matrix
-from stackproof.cli.common import NO_PREFLIGHT_HELP, Command, arg
+from stackproof.cli.common import NO_PREFLIGHT_HELP, Command, arg, registry_credentials
 
 __all__ = ["COMMANDS"]
-
-
-MAX_PASSWORD_CHARS = 64 * 2**10  # a registry token is a few KB
-
-
-def _credentials(args: argparse.Namespace, registry: str) -> Any:
-    """The registry credentials for this command: never from argv, never printed."""
-    import os
-
-    from pipeline.registry.oci import find_credentials, split_registry
-
-    password = None
-    if args.password_stdin:
-        if sys.stdin.isatty():
-            raise InputError("--password-stdin: pipe the password in (printf '%s' \"$PASSWORD\" | stackproof ...)")
-        # Bounded like every input (issue 27): `< /dev/zero` is refused, not read until memory ends.
-        password = sys.stdin.read(MAX_PASSWORD_CHARS + 1)
-        if len(password) > MAX_PASSWORD_CHARS:
-            raise InputError(f"--password-stdin: more than {MAX_PASSWORD_CHARS:,} characters: not a password")
-        password = password.rstrip("\r\n")
-        if not password:
-            raise InputError("--password-stdin: stdin was empty")
-    host, _ = split_registry(registry)
-    return find_credentials(host, env=dict(os.environ), password=password)
 
 
 def _publish(args: argparse.Namespace) -> int:
@@ -47,7 +22,7 @@ def _publish(args: argparse.Namespace) -> int:
     from stackproof.cli.common import emit as _emit
     from stackproof.cli.common import load as _load
 
-    credentials = _credentials(args, args.registry)  # bad input (exit 2) before any docker or registry
+    credentials = registry_credentials(args, args.registry)  # bad input (exit 2) before any docker or registry
     matrix, images = _load(args)
     cell = matrix.cell(args.cell)
     _refuse_host(matrix, cell, args.receipt)
@@ -108,7 +83,7 @@ def _pull(args: argparse.Namespace) -> int:
     from pipeline.registry.pull import pull
     from stackproof.cli.common import emit as _emit
 
-    credentials = _credentials(args, args.registry)
+    credentials = registry_credentials(args, args.registry)
     identity = parse_identity(args.identity) if args.identity else None
     if args.require_signature and args.key is None and identity is None:
         raise InputError(

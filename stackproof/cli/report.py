@@ -32,9 +32,9 @@ def _report(args: argparse.Namespace) -> int:
     if args.receipts:
         receipts = receipts_from_dirs(args.receipts)
     else:
-        from stackproof.cli.publish import _credentials
+        from stackproof.cli.common import registry_credentials
 
-        credentials = _credentials(args, args.registry)
+        credentials = registry_credentials(args, args.registry)
         receipts = receipts_from_registry(args.registry, ca_bundle=_ca_bundle(args), credentials=credentials)
     cells, arch = _rows(args)
     site = build_site(receipts, cells=cells, cell_arch=arch)

@@ -102,7 +102,7 @@ def _read_source(source: str) -> tuple[str, str]:
 
 
 def _release_lookup(matrix: Matrix, *, online: bool) -> ReleaseLookup:
-    from stackproof.cli.propose import release_lookup
+    from stackproof.auditjob import release_lookup
 
     return release_lookup(matrix, online=online)
 

@@ -14,8 +14,8 @@ import math
 import time
 from pathlib import Path
 
-from stackproof.cli.ab import resolve_side
 from stackproof.cli.common import Command, arg, emit, load, load_spec, seconds
+from stackproof.sides import resolve_side
 from verify.perf.sweep import SweepAxis, SweepReport, parse_sweep
 
 __all__ = ["COMMANDS", "parse_axis", "parse_limit_ms", "sweep_command"]

@@ -109,3 +109,18 @@ def test_a_data_table_is_exempt_by_name_only(tmp_path: Path) -> None:
     assert long_functions([table], tmp_path) == long_modules([table], tmp_path) == []
     assert long_functions([other], tmp_path) == [f"other.py:1 _cli_cases: {MODULE_LINES + 1} lines"]
     assert long_modules([other], tmp_path) == [f"other.py: {MODULE_LINES + 1} lines"]
+
+
+# Modules of stackproof/cli/ that every command uses: the rest are command modules.
+CLI_SHARED = {"__init__", "common", "dispatch"}
+
+
+def test_every_command_module_is_held_independent() -> None:
+    """A command module added later is under the contract that no command imports another
+    (pyproject.toml, checked by lint-imports); one left out would be free to."""
+    import tomllib
+
+    contracts = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    independent = next(c for c in contracts if c["type"] == "independence" and "stackproof.cli.ab" in c["modules"])
+    commands = {f"stackproof.cli.{p.stem}" for p in (REPO / "stackproof/cli").glob("*.py") if p.stem not in CLI_SHARED}
+    assert set(independent["modules"]) == commands

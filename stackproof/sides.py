@@ -1,0 +1,63 @@
+"""A side of an A/B or a sweep: `CELL` or `CELL:ARM` from the command line, resolved to the built
+runtime and image that serve it (the cell's host environment, or its image on this daemon)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from pipeline.errors import InfraError, InputError
+from pipeline.matrix.model import Cell, Matrix
+from stackproof.ab import Side
+
+__all__ = ["built_side", "parse_side", "resolve_side"]
+
+
+def resolve_side(matrix: Matrix, images: Path, text: str, which: str) -> Side:
+    """`CELL` or `CELL:ARM` on the command line: the built side that serves it (`ab`'s two and `sweep`'s one)."""
+    cell, arm = parse_side(matrix, text, which)
+    return built_side(matrix, images, cell, arm, text)
+
+
+def parse_side(matrix: Matrix, text: str, which: str) -> tuple[Cell, str | None]:
+    """The cell and arm `text` names (`CELL`, `CELL:ARM`, `CELL:default`), checked before anything is built."""
+    cell_id, _, arm_name = text.partition(":")
+    if not cell_id:
+        raise InputError(f"{which} {text!r}: give CELL or CELL:ARM")
+    cell = matrix.cell(cell_id)
+    if cell.serve is None:
+        raise InputError(f"{which} {text!r}: cell {cell.id} has no serve spec: nothing to load")
+    if arm_name and arm_name != "default":
+        cell.arm(arm_name)
+        return cell, arm_name
+    return cell, None
+
+
+def built_side(matrix: Matrix, images: Path, cell: Cell, arm_name: str | None, label: str) -> Side:
+    """The side's runtime and image: the cell's built host environment, or its built image."""
+    from pipeline.matrix.site import load_site
+
+    arm = cell.arm(arm_name) if arm_name else None
+    site = load_site(matrix)
+    if cell.on_host:
+        from pipeline.host.env import built_host_env, plan_host_env
+        from stackproof.runjob import lineage_env
+        from verify.runtime.host import HostRuntime, remove_dead_host_runs
+
+        for run in remove_dead_host_runs():
+            print(f"stackproof: ended {run}: its run is gone", file=sys.stderr)
+        env = built_host_env(plan_host_env(matrix, cell, images))
+        if env is None:
+            raise InfraError(f"{cell.id}: its host environment is not built: run `stackproof build {cell.id}`")
+        runtime = HostRuntime(python=env.python, files_root=env.files_root, image_env=lineage_env(matrix, cell))
+        return Side(label=label, cell=cell, arm=arm, runtime=runtime, image=env.ref)
+    from pipeline.build.image import built_image
+    from pipeline.docker.client import Docker
+    from pipeline.host.modelstore import ensure_model
+    from verify.runtime import as_runtime
+
+    docker = Docker.connect()
+    tag = built_image(docker, matrix, cell, site, images)[0].tag
+    assert cell.serve is not None
+    ensure_model(cell.serve.model, where=f"{matrix.file}:{cell.line}: cells[{cell.id}].serve.model")
+    return Side(label=label, cell=cell, arm=arm, runtime=as_runtime(docker), image=tag)
