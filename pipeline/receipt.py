@@ -26,6 +26,7 @@ from typing import Any
 
 import pipeline
 from pipeline.errors import InputError
+from pipeline.findings import FieldError, LoadSection
 from pipeline.guard.jsonfile import jsonable, read_json
 from pipeline.host.geometry import HostFingerprint
 from pipeline.matrix.model import STAGES
@@ -99,7 +100,7 @@ class Receipt:
     outcome: Outcome
     stages: tuple[StageResult, ...]
     runtime: Runtime | None = None
-    load: dict[str, Any] | None = None  # the load stage's summary (load.json)
+    load: LoadSection | None = None  # the load stage's summary, cost and correctness (load.json)
     autotune: tuple[dict[str, Any], ...] | None = None  # the winners table
     servers: dict[str, Any] = field(default_factory=dict)
     # What the verification cost (GPU memory, energy, GPU-seconds: each a value or a reason it is
@@ -133,7 +134,7 @@ class Receipt:
             "runtime": {**asdict(self.runtime), "gpus_seen_by_torch": list(self.runtime.gpus_seen_by_torch)}
             if self.runtime
             else None,
-            "load": self.load,
+            "load": self.load.to_json() if self.load else None,
             "autotune": list(self.autotune) if self.autotune else None,
             "server_starts": self.servers.get("started"),
             "servers": self.servers,
@@ -248,7 +249,7 @@ def _parse(f: _Fields) -> Receipt:
         outcome=_outcome(f),
         stages=tuple(_parse_stage(f, i) for i in range(len(f.get("stages", list)))),
         runtime=_runtime(f),
-        load=f.obj("load", required=False),
+        load=_load(f),
         autotune=_autotune(f),
         servers=dict(f.obj("servers", required=False) or {}),
         cost=f.obj("cost", required=False),
@@ -259,6 +260,15 @@ def _parse(f: _Fields) -> Receipt:
         tool_version=str(f.get("tool.version", str, required=False) or ""),
         tool_name=str(f.get("tool.name", str, required=False) or ""),
     )
+
+
+def _load(f: _Fields) -> LoadSection | None:
+    if f.obj("load", required=False) is None:
+        return None
+    try:
+        return LoadSection.parse(f.document["load"], "load")
+    except FieldError as exc:
+        raise f.fail(exc.path, exc.why) from None
 
 
 def _outcome(f: _Fields) -> Outcome:
@@ -479,18 +489,17 @@ def render_markdown(receipt: Receipt) -> str:
     if bad:
         lines += ["", "**Findings**", ""]
         lines += [f"- {_ICON.get(c.status, '')} `{s}` {c.name}: {_one_line(c.message)}" for s, c in bad[:30]]
-    load = receipt.load
-    if load:
-        ttft, tpot = load["latency_ms"]["ttft"], load["latency_ms"]["tpot"]
-        q = load["questions"]
+    if receipt.load:
+        load, q = receipt.load.summary, receipt.load.summary.questions
+        ttft, tpot = load.latency_ms.get("ttft", {}), load.latency_ms.get("tpot", {})
         lines += [
             "",
-            f"**Load**: {q['clean']}/{q['attempted']} questions clean, "
-            f"{load['throughput']['output_tok_s']:.0f} output tok/s, TTFT p50/p99 {ttft['p50']}/{ttft['p99']} ms, "
-            f"TPOT p50 {tpot['p50']} ms",
+            f"**Load**: {q.clean}/{q.attempted} questions clean, "
+            f"{load.throughput.output_tok_s:.0f} output tok/s, TTFT p50/p99 {ttft.get('p50')}/{ttft.get('p99')} ms, "
+            f"TPOT p50 {tpot.get('p50')} ms",
         ]
-        if load.get("correctness"):
-            lines.append(_correctness_line(load["correctness"]))
+        if receipt.load.correctness:
+            lines.append(_correctness_line(receipt.load.correctness))
     cost = _cost_line(receipt.cost, receipt.build)
     if cost:
         lines += ["", cost]

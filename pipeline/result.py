@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from pipeline.findings import LoadSection, ProbeReport
 from pipeline.matrix.model import STAGES, Expectation
 
 __all__ = ["CheckResult", "Expectation", "Outcome", "StageResult", "Status", "VerifyReport", "evaluate", "worst"]
@@ -51,14 +52,22 @@ class StageResult:
     checks: tuple[CheckResult, ...]
     seconds: float
     artifacts: dict[str, str] = field(default_factory=dict)  # name -> path of a kept file
-    # What the stage found, handed in memory to the stages after it and to the receipt (the imports
-    # probe's report, the load summary): never read back from its files, and not serialised here
-    # (the files in `artifacts` are its serialised form).
-    found: Any = field(default=None, compare=False, repr=False)
+    # What the stage found, typed (pipeline/findings.py), handed in memory to the stages after it and
+    # to the receipt: the imports probe's report, the load section. Never read back from its files,
+    # and not serialised here (the files in `artifacts` are their serialised form).
+    probe_report: ProbeReport | None = field(default=None, compare=False, repr=False)
+    load_section: LoadSection | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def of(
-        cls, stage: str, checks: list[CheckResult], seconds: float, *, found: Any = None, **artifacts: str
+        cls,
+        stage: str,
+        checks: list[CheckResult],
+        seconds: float,
+        *,
+        probe_report: ProbeReport | None = None,
+        load_section: LoadSection | None = None,
+        **artifacts: str,
     ) -> StageResult:
         return cls(
             stage=stage,
@@ -66,7 +75,8 @@ class StageResult:
             checks=tuple(checks),
             seconds=round(seconds, 2),
             artifacts=artifacts,
-            found=found,
+            probe_report=probe_report,
+            load_section=load_section,
         )
 
     def failures(self) -> list[CheckResult]:
@@ -96,10 +106,21 @@ class VerifyReport:
     servers: dict[str, Any] = field(default_factory=dict)  # servers started (count, names) and the plan
     schema_version: int = REPORT_SCHEMA_VERSION
 
+    @property
+    def probe(self) -> ProbeReport | None:
+        """What the imports probe found, when the imports stage ran and its probe answered."""
+        return next((s.probe_report for s in self.stages if s.probe_report is not None), None)
+
+    @property
+    def load(self) -> LoadSection | None:
+        """The load section, when the load stage ran and measured."""
+        return next((s.load_section for s in self.stages if s.load_section is not None), None)
+
     def to_json(self) -> dict[str, Any]:
         document = asdict(self)
         for stage in document["stages"]:
-            del stage["found"]  # kept in memory only; its serialised form is the stage's artifact file
+            # kept in memory only; their serialised forms are the stage's artifact files
+            del stage["probe_report"], stage["load_section"]
         return document
 
 

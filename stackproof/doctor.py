@@ -31,13 +31,14 @@ from packaging.version import InvalidVersion, Version
 from pipeline import cmd
 from pipeline.docker.client import Container, Docker, Mount
 from pipeline.errors import CheckFailed, InfraError, InputError
+from pipeline.findings import ProbeReport
 from pipeline.host.geometry import HostFingerprint, differences, flatten_limits
 from pipeline.matrix.model import Cell, Matrix
 from pipeline.receipt import Receipt
 from pipeline.releases.pins import FI_CUBIN, FI_JIT, FI_PYTHON, Lookup, cell_stack
 from pipeline.repro import arch_of_gpu, cudnn_version_text
 from pipeline.result import CheckResult, Status
-from verify.stages.probe import PROBE_FILE, PROBE_ROLE, ProbeReport
+from verify.stages.probe import PROBE_FILE, PROBE_ROLE
 
 __all__ = [
     "DOCTOR_FILE",

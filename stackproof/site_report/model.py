@@ -14,11 +14,12 @@ import itertools
 import json
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.errors import InputError
+from pipeline.findings import LoadSummary
 from pipeline.host.geometry import HostFingerprint
 from pipeline.matrix.model import STAGES
 from pipeline.receipt import Receipt, receipt_problems
@@ -165,8 +166,8 @@ class Shown:
         )
 
     @property
-    def load(self) -> Mapping[str, Any] | None:
-        return self.receipt.load
+    def load(self) -> LoadSummary | None:
+        return self.receipt.load.summary if self.receipt.load else None
 
     @property
     def autotune(self) -> tuple[Mapping[str, Any], ...]:  # {op, n, k, rows: [{m_bucket, runner, tactic}]}
@@ -174,8 +175,7 @@ class Shown:
 
     @property
     def events(self) -> tuple[Mapping[str, Any], ...]:  # the load's watchdog events (stall verdicts)
-        found = (self.receipt.load or {}).get("events") or ()
-        return tuple(e for e in found if isinstance(e, dict))
+        return self.load.events if self.load else ()
 
     @property
     def artifacts(self) -> Mapping[str, Mapping[str, str]]:  # stage -> name -> path on the verifying host
@@ -190,7 +190,7 @@ class Shown:
         return f"{self.cell}{' / ' + self.arm if self.arm else ''} on {self.host.summary}, {self.started_at}"
 
     def latency(self, metric: str, quantile: str) -> float | None:
-        return _finite(_dig(self.load, "latency_ms", metric, quantile))
+        return self.load.latency(metric, quantile) if self.load else None
 
     @property
     def complete(self) -> bool:
@@ -198,19 +198,12 @@ class Shown:
 
     @property
     def tok_s(self) -> float | None:
-        return _finite(_dig(self.load, "throughput", "output_tok_s"))
+        return _finite(self.load.throughput.output_tok_s) if self.load else None
 
 
 def _evidence(receipt: Receipt, stage: str, check: str) -> dict[str, Any]:
     found = next((c.evidence for s in receipt.stages if s.stage == stage for c in s.checks if c.name == check), {})
     return dict(found)
-
-
-def _dig(value: Any, *path: str) -> Any:
-    """`value[a][b]...`, None where a level is missing or not an object (a hostile receipt's shapes)."""
-    for part in path:
-        value = value.get(part) if isinstance(value, dict) else None
-    return value
 
 
 def _finite(value: Any) -> float | None:
@@ -280,9 +273,6 @@ def show(
     intentional = _evidence(receipt, "imports", "requirements").get("intentional_overrides") or ()
     if not isinstance(intentional, list | tuple):
         raise InputError(f"{source}: imports requirements evidence.intentional_overrides: expected a list")
-    events = (receipt.load or {}).get("events")
-    if events is not None and not isinstance(events, list):
-        raise InputError(f"{source}: load.events: a {type(events).__name__}, expected a list")
     believed, reason = believed_status(receipt, document)
     if receipt.status == "FAIL" and receipt.outcome.expected_failure:
         believed = "EXPECTED_FAIL"  # a known-bad cell whose failure was seen: the check works
@@ -449,20 +439,21 @@ def _compare(cell: str, a: Shown, b: Shown, why: str) -> Compare:
 
 # -- what changed between two receipts -----------------------------------------------------------------
 
-NUMBERS = (
-    ("output tok/s", ("throughput", "output_tok_s")),
-    ("TTFT p50 ms", ("latency_ms", "ttft", "p50")),
-    ("TTFT p99 ms", ("latency_ms", "ttft", "p99")),
-    ("TPOT p50 ms", ("latency_ms", "tpot", "p50")),
-    ("ITL p50 ms", ("latency_ms", "itl", "p50")),
-    ("ITL p99 ms", ("latency_ms", "itl", "p99")),
-    ("E2E p50 ms", ("latency_ms", "e2el", "p50")),
-    ("clean questions", ("questions", "clean")),
+# What the compare view sets side by side: a name, and how it is read from the typed load summary.
+NUMBERS: tuple[tuple[str, Callable[[LoadSummary], float | None]], ...] = (
+    ("output tok/s", lambda load: load.throughput.output_tok_s),
+    ("TTFT p50 ms", lambda load: load.latency("ttft", "p50")),
+    ("TTFT p99 ms", lambda load: load.latency("ttft", "p99")),
+    ("TPOT p50 ms", lambda load: load.latency("tpot", "p50")),
+    ("ITL p50 ms", lambda load: load.latency("itl", "p50")),
+    ("ITL p99 ms", lambda load: load.latency("itl", "p99")),
+    ("E2E p50 ms", lambda load: load.latency("e2el", "p50")),
+    ("clean questions", lambda load: load.questions.clean),
 )
 
 
-def number(receipt: Shown, path: Sequence[str]) -> float | None:
-    return _finite(_dig(receipt.load, *path))
+def number(receipt: Shown, read: Callable[[LoadSummary], float | None]) -> float | None:
+    return _finite(read(receipt.load)) if receipt.load else None
 
 
 def pin_rows(a: Shown, b: Shown) -> list[tuple[str, str, str, bool]]:

@@ -8,6 +8,7 @@ step reported beside the others. NVML is faked by a stand-in module with nvidia-
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -16,6 +17,7 @@ from typing import Any
 import pytest
 
 from pipeline.errors import InfraError
+from pipeline.findings import LoadSection
 from pipeline.matrix.read import load_matrix
 from tests.unit.fake_docker import RecordingDocker
 from verify.forensics.costreceipt import cost_and_forensics
@@ -31,6 +33,15 @@ from verify.forensics.gpucost import (
 from verify.forensics.pyspy import find_py_spy
 from verify.forensics.spin import DeviceWindow, GpuStallVerdict, SpinRule, judge_spin
 from verify.forensics.stall import StallForensics, coredump_env, gpu_windows, parse_stacks
+
+RECEIPT = Path(__file__).resolve().parents[2] / "docs" / "receipt-cpu-tiny.json"  # a real cpu-tiny receipt
+
+
+def _load(cost: dict[str, Any], events: list[dict[str, Any]]) -> LoadSection:
+    """A real run's load section with the given cost and watchdog events."""
+    section = LoadSection.parse(json.loads(RECEIPT.read_text())["load"])
+    return dataclasses.replace(section, cost=cost, summary=dataclasses.replace(section.summary, events=tuple(events)))
+
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -136,7 +147,7 @@ def test_a_cpu_cell_has_every_cost_field_with_its_reason() -> None:
     section = empty_cost_section("CPU cell (arch none): no GPU is assigned to the server")
     for name in COST_FIELDS:
         assert section[name]["value"] is None and section[name]["reason"].startswith("CPU cell"), name
-    receipt = cost_and_forensics({"cost": section, "events": []}, seconds=120.0)
+    receipt = cost_and_forensics(_load(section, []), seconds=120.0)
     assert receipt["cost"]["gpu_seconds_verifying"]["value"] is None
     assert receipt["cost"]["gpu_seconds_verifying"]["reason"].startswith("CPU cell")
     assert receipt["forensics"] == []
@@ -144,7 +155,7 @@ def test_a_cpu_cell_has_every_cost_field_with_its_reason() -> None:
 
 def test_gpu_seconds_verifying_is_wall_clock_times_gpus() -> None:
     samples = [_sample(float(t), util=90.0, power=400.0, energy=1000 * t, memory=1) for t in range(3)]
-    load = {"cost": cost_section(samples, source="nvml", output_tokens=10, seconds=2.0), "events": []}
+    load = _load(cost_section(samples, source="nvml", output_tokens=10, seconds=2.0), [])
     assert cost_and_forensics(load, seconds=300.0)["cost"]["gpu_seconds_verifying"]["value"] == 300.0
     assert cost_and_forensics(None, seconds=5.0)["cost"]["peak_memory_bytes"]["reason"].startswith("no load stage")
 
@@ -322,7 +333,7 @@ def test_receipt_lists_each_documented_stall() -> None:
         "reason": "6 in flight",
         "forensics": {"dir": "load/forensics"},
     }
-    load = {"cost": empty_cost_section("CPU cell"), "events": [event, {"type": "UNKNOWN", "forensics": None}]}
+    load = _load(empty_cost_section("CPU cell"), [event, {"type": "UNKNOWN", "forensics": None}])
     assert cost_and_forensics(load, seconds=1.0)["forensics"] == [
         {"type": "ENGINE_STALL_API_ALIVE", "at": 31.2, "reason": "6 in flight", "dir": "load/forensics"}
     ]

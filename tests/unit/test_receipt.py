@@ -248,3 +248,22 @@ def test_the_summary_shows_the_cost_and_build_numbers_that_have_values() -> None
 
 def receipt_json(receipt: Receipt) -> str:
     return json.dumps(receipt.to_json())
+
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+REAL_RECEIPTS = sorted([*FIXTURES.rglob("receipt.json"), SCHEMA_FILE.parent / "receipt-cpu-tiny.json"])
+
+
+@pytest.mark.parametrize("path", REAL_RECEIPTS, ids=lambda p: "/".join(p.parts[-3:]))
+def test_a_real_receipts_load_section_reads_back_typed_and_writes_back_key_for_key(path: Path) -> None:
+    """Receipts from real runs (cpu-tiny here, vLLM 0.26.0 on the H200): the typed load section
+    (pipeline/findings.py) is the JSON it came from, in the same order, so a receipt read and written
+    again says the same."""
+    document = json.loads(path.read_text())
+    receipt = Receipt.parse(document, source=str(path))
+    if document.get("load") is None:
+        assert receipt.load is None
+        return
+    assert receipt.load is not None and receipt.load.summary.questions.attempted >= 0
+    written = receipt.to_json()["load"]
+    assert json.dumps(written) == json.dumps(document["load"])

@@ -111,3 +111,54 @@ def other(path: Path):
         "planted.py:10: winners reads a loaded document's 'stages' by key",
         "planted.py:11: winners reads a loaded document's 'outcome' by key",
     ]
+
+
+# -- the load section: read through its typed fields (pipeline/findings.py), never by key ----------
+
+THE_LOAD_MODEL = (THE_MODEL, REPO / "pipeline" / "findings.py")
+LOAD_KEYS = frozenset({"latency_ms", "throughput", "questions", "events", "cost", "correctness", "tokens", "stats"})
+
+
+def load_section_readers(source: str, where: str) -> list[str]:
+    """`where:line: ...` for each read by key of an object's `.load` (`receipt.load["latency_ms"]`,
+    `(receipt.load or {}).get("events")`): the receipt's load section as JSON, not as its type."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Subscript):
+            target, key = node.value, node.slice
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
+            target, key = node.func.value, node.args[0] if node.args else None
+        else:
+            continue
+        if isinstance(target, ast.BoolOp):  # `(x.load or {})`
+            target = target.values[0]
+        names_load = isinstance(target, ast.Attribute) and target.attr == "load"
+        if names_load and isinstance(key, ast.Constant) and key.value in LOAD_KEYS:
+            found.append(f"{where}:{node.lineno}: reads the load section's {key.value!r} by key")
+    return found
+
+
+def test_no_load_section_is_read_by_key_outside_its_model() -> None:
+    found = [
+        hit
+        for package in PACKAGES
+        for path in sorted((REPO / package).rglob("*.py"))
+        if path not in THE_LOAD_MODEL
+        for hit in load_section_readers(path.read_text(), str(path.relative_to(REPO)))
+    ]
+    assert found == [], "read these through pipeline.findings.LoadSection's fields:\n" + "\n".join(found)
+
+
+def test_the_load_scan_sees_the_reads_the_report_made_before() -> None:
+    """The two shapes the site report used until the load section was typed."""
+    planted = """
+def events(receipt):
+    return (receipt.load or {}).get("events") or ()
+
+def tok_s(shown):
+    return shown.load["throughput"]["output_tok_s"], shown.load.get("model")
+"""
+    assert load_section_readers(planted, "planted.py") == [
+        "planted.py:3: reads the load section's 'events' by key",
+        "planted.py:6: reads the load section's 'throughput' by key",
+    ]

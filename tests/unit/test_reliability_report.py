@@ -5,6 +5,7 @@ seen failing before its fix."""
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -98,6 +99,11 @@ WRONG_TYPES: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
     ("image-ref-number", lambda d: d["image"].update(ref=3), "image.ref"),
     ("load-list", lambda d: d.update(load=[1]), "load"),
     ("events-map", lambda d: d["load"].update(events={"a": 1}), "load.events"),
+    # the load section is typed (pipeline/findings.py): each of its fields is checked, with its path
+    ("latency-string", lambda d: d["load"]["latency_ms"]["ttft"].update(p50="fast"), "load.latency_ms.ttft.p50"),
+    ("questions-missing", lambda d: d["load"].pop("questions"), "load.questions"),
+    ("tok-s-inf", lambda d: d["load"]["throughput"].update(output_tok_s=math.inf), "load.throughput.output_tok_s"),
+    ("event-number", lambda d: d["load"].update(events=[3]), "load.events[0]"),
     ("checks-map", lambda d: d["stages"][0].update(checks={"a": 1}), "stages[0].checks"),
     ("check-number", lambda d: d["stages"][0].update(checks=[3]), "stages[0].checks[0]"),
     ("artifacts-list", lambda d: d["stages"][0].update(artifacts=[1]), "stages[0].artifacts"),

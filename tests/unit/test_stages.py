@@ -46,7 +46,7 @@ class Stages:
         self.seen[stage] = ctx
         status = self.statuses.get(stage, Status.PASS)
         found = ProbeReport.parse(json.loads(PROBE.read_text())) if stage == "imports" else None
-        return StageResult.of(stage, [_check(status, stage)], 0.1, found=found)
+        return StageResult.of(stage, [_check(status, stage)], 0.1, probe_report=found)
 
 
 def _verify(real_matrix: Matrix, tmp_path: Path, stages: Stages, **kw: Any) -> Any:

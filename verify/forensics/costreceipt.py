@@ -10,16 +10,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from pipeline.findings import LoadSection
 from verify.forensics.gpucost import empty_cost_section
 
 __all__ = ["cost_and_forensics"]
 
 
-def cost_and_forensics(load: dict[str, Any] | None, *, seconds: float) -> dict[str, Any]:
+def cost_and_forensics(load: LoadSection | None, *, seconds: float) -> dict[str, Any]:
     if load is None:
         cost = empty_cost_section("no load stage ran (or it wrote no summary)")
     else:
-        cost = dict(load.get("cost") or empty_cost_section("this load summary predates cost sampling"))
+        cost = dict(load.cost or empty_cost_section("this load summary predates cost sampling"))
     gpus = len(cost.get("gpus") or [])
     if gpus:
         cost["gpu_seconds_verifying"] = {"value": round(seconds * gpus, 3), "unit": "GPU-s"}
@@ -27,7 +28,7 @@ def cost_and_forensics(load: dict[str, Any] | None, *, seconds: float) -> dict[s
         cost["gpu_seconds_verifying"] = {"value": None, "unit": "GPU-s", "reason": cost.get("reason") or "no GPU"}
     stalls = [
         {"type": e.get("type"), "at": e.get("at"), "reason": e.get("reason"), **(e.get("forensics") or {})}
-        for e in (load or {}).get("events") or []
+        for e in (load.summary.events if load else ())
         if e.get("forensics") is not None
     ]
     return {"cost": cost, "forensics": stalls}

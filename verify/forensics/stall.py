@@ -39,8 +39,8 @@ from verify.runtime import Runtime, as_runtime
 from verify.serving import driver_for
 
 if TYPE_CHECKING:  # the load run's outcome, only as a type: the load run calls back into these instruments
+    from pipeline.findings import LoadSummary
     from verify.load.outcome import LoadOutcome
-    from verify.load.summary import LoadSummary
 
 __all__ = [
     "COREDUMP_DIR",

@@ -5,11 +5,11 @@ determinism, latency and fault statistics.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from pipeline.findings import LOAD_SCHEMA_VERSION, LoadSummary, Questions, Throughput
 from pipeline.matrix.model import LoadSpec
 from pipeline.result import CheckResult, Status
 from verify.load.determinism import Sample, judge_phase
@@ -18,106 +18,7 @@ from verify.load.stats import fault_stats
 from verify.load.watchdog import Event
 from verify.serving.openai import ErrorClass
 
-LOAD_SCHEMA_VERSION = 1
-
-
 __all__ = ["LOAD_SCHEMA_VERSION", "LoadSummary", "Questions", "Throughput", "judge_load", "summarise", "summarise_load"]
-
-
-@dataclass(frozen=True, kw_only=True)
-class Questions:
-    """How the questions ended: clean, faulted (an error or a wrong answer) or incomplete (cancelled)."""
-
-    attempted: int  # clean + faulted: the questions a verdict can count
-    clean: int
-    faulted: int
-    incomplete: int
-
-
-@dataclass(frozen=True, kw_only=True)
-class Throughput:
-    output_tok_s: float
-    requests_s: float
-    questions_h: float
-
-
-@dataclass(frozen=True, kw_only=True)
-class LoadSummary:
-    """The load section of the receipt (load.json, schema_version 1), written once by `summarise_load`.
-
-    The checks read it through these fields; `to_dict` is the JSON on disk, key for key, and `from_dict`
-    reads that JSON back (extra keys a stage adds beside it, cost and correctness, are not part of it)."""
-
-    schema_version: int
-    config: dict[str, Any]
-    model: str
-    seconds: float
-    stop_reason: str
-    questions: Questions
-    requests_ok: int
-    errors: dict[str, int]  # error class -> requests
-    output_tokens: int
-    prompt_tokens: int
-    determinism_tokens: tuple[int, int]  # (prompt, completion) tokens of determinism phase B
-    throughput: Throughput
-    latency_ms: dict[str, dict[str, float | None]]  # ttft, tpot, itl, e2el -> p50, p90, p99, max, mean
-    server_counter_deltas: dict[str, float] | None  # None: a scrape is missing (a verdict, a failed scrape)
-    events: tuple[dict[str, Any], ...]
-    stats: dict[str, Any] | None  # fault statistics; None when no question was attempted
-    files: dict[str, str]
-
-    def to_dict(self) -> dict[str, Any]:
-        q = self.questions
-        return {
-            "schema_version": self.schema_version,
-            "config": self.config,
-            "model": self.model,
-            "seconds": self.seconds,
-            "stop_reason": self.stop_reason,
-            "questions": {"attempted": q.attempted, "clean": q.clean, "faulted": q.faulted, "incomplete": q.incomplete},
-            "requests": {"ok": self.requests_ok, "errors": self.errors},
-            "tokens": {
-                "output": self.output_tokens,
-                "prompt": self.prompt_tokens,
-                "determinism_under_load": {
-                    "prompt": self.determinism_tokens[0],
-                    "completion": self.determinism_tokens[1],
-                },
-            },
-            "throughput": {
-                "output_tok_s": self.throughput.output_tok_s,
-                "requests_s": self.throughput.requests_s,
-                "questions_h": self.throughput.questions_h,
-            },
-            "latency_ms": self.latency_ms,
-            "server_counter_deltas": self.server_counter_deltas,
-            "events": list(self.events),
-            "stats": self.stats,
-            "files": self.files,
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> LoadSummary:
-        tokens, determinism = data["tokens"], data["tokens"]["determinism_under_load"]
-        return cls(
-            schema_version=data["schema_version"],
-            config=data["config"],
-            model=data["model"],
-            seconds=data["seconds"],
-            stop_reason=data["stop_reason"],
-            questions=Questions(**data["questions"]),
-            requests_ok=data["requests"]["ok"],
-            errors=data["requests"]["errors"],
-            output_tokens=tokens["output"],
-            prompt_tokens=tokens["prompt"],
-            determinism_tokens=(determinism["prompt"], determinism["completion"]),
-            throughput=Throughput(**data["throughput"]),
-            latency_ms=data["latency_ms"],
-            server_counter_deltas=data["server_counter_deltas"],
-            events=tuple(data["events"]),
-            stats=data["stats"],
-            files=data["files"],
-        )
 
 
 def _percentiles(values: list[float]) -> dict[str, float | None]:

@@ -29,11 +29,12 @@ from pipeline.cache import cache_dir
 from pipeline.cmd import CommandFailed
 from pipeline.docker.client import Docker
 from pipeline.errors import CheckFailed, InfraError
+from pipeline.findings import Distribution, ProbeReport
 from pipeline.matrix.model import Arm, Cell
 from pipeline.result import CheckResult, StageResult, Status
 from verify.runtime import Runtime, as_runtime
 from verify.runtime.docker import DockerRuntime
-from verify.stages.probe import Distribution, ProbeReport, probe_image
+from verify.stages.probe import probe_image
 
 __all__ = [
     "BYPASS_ENV",
@@ -99,7 +100,7 @@ def run_imports(
     checks = judge(cell, report, base)
     if base_note:
         checks.append(CheckResult(name="base-probe", status=Status.WARN, message=base_note))
-    return StageResult.of(STAGE, checks, time.monotonic() - started, found=report, probe=str(probe_file))
+    return StageResult.of(STAGE, checks, time.monotonic() - started, probe_report=report, probe=str(probe_file))
 
 
 def probe_base(docker: Docker, cell: Cell, base_ref: str, *, python: str) -> tuple[BaseProbe | None, str | None]:

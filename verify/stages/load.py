@@ -14,8 +14,8 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
+from pipeline.findings import LoadSection
 from pipeline.matrix.model import Arm, Cell, LoadSpec
 from pipeline.result import CheckResult, StageResult, Status
 from verify.forensics.stall import LoadInstruments
@@ -128,19 +128,21 @@ def run_load_stage(
     finally:
         instruments.stop()  # the GPU sampler ends with the load, on every path
         server.remove()
-    summary: dict[str, Any] | None = None
+    section: LoadSection | None = None
     if outcome is not None:
         typed = summarise_load(outcome, spec)
-        summary = {**typed.to_dict(), "cost": instruments.cost_of(outcome, typed)}  # load.json: the summary, then cost
         load_checks = judge_load(outcome, typed, batch_invariant=target.batch_invariant)
-        correctness, summary["correctness"] = judge_correctness(
+        correctness, correctness_section = judge_correctness(
             cell, arm, spec, outcome, [*checks, *load_checks], canaries, source=image
         )
+        # load.json: the summary, then the cost sampled over it, then the correctness judged from it
+        section = LoadSection(summary=typed, cost=instruments.cost_of(outcome, typed), correctness=correctness_section)
         summary_path = stage_dir / "load.json"
-        summary_path.write_text(json.dumps(summary, indent=2) + "\n")
+        summary_path.write_text(json.dumps(section.to_json(), indent=2) + "\n")
         checks += load_checks + correctness
         artifacts.update(outcome.files, summary=str(summary_path))
     log = server.log_path.read_bytes() if server.log_path.exists() else b""
     server_signatures = [s for s in signatures if s.source == "server"]
     checks += [c for c in judge(scan(log, (), server_signatures), ()) if c.name == "signatures"]
-    return StageResult.of(STAGE, checks, time.monotonic() - started, found=summary, **artifacts)
+    result = StageResult.of(STAGE, checks, time.monotonic() - started, load_section=section)
+    return dataclasses.replace(result, artifacts=dict(artifacts))  # names `of` would read as its own keywords

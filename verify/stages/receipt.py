@@ -13,7 +13,6 @@ from pipeline.receipt import ImageRef, Receipt, Runtime
 from pipeline.result import Status, VerifyReport
 from verify.forensics.costreceipt import cost_and_forensics
 from verify.serving import DRIVERS
-from verify.stages.probe import ProbeReport
 
 __all__ = ["build_receipt", "build_section", "receipt_status"]
 
@@ -58,7 +57,7 @@ def build_receipt(
     """`environment`: the host runtime's environment (`HostEnv.to_json`); the image fields then
     name it, its inventory digest in place of an image digest."""
     status, reason = receipt_status(report)
-    load = _load_summary(report)
+    load = report.load
     spent = cost_and_forensics(load, seconds=finished_at - started_at)
     return Receipt(
         status=status,
@@ -115,10 +114,9 @@ def _iso(epoch: float) -> str:
 
 def _runtime(report: VerifyReport) -> Runtime | None:
     """What the image's own stack saw on this host (the imports probe): torch, CUDA, cuDNN, GPUs."""
-    stage = next((s for s in report.stages if s.stage == "imports"), None)
-    if stage is None or not isinstance(stage.found, ProbeReport):
+    probe = report.probe
+    if probe is None:
         return None
-    probe = stage.found
     versions = {name: d.version for name in RUNTIME_DISTS if (d := probe.dist(name)) is not None}
     torch = probe.torch
     return Runtime(
@@ -129,12 +127,6 @@ def _runtime(report: VerifyReport) -> Runtime | None:
         gpus_seen_by_torch=tuple(torch.gpus) if torch else (),
         distributions=versions,
     )
-
-
-def _load_summary(report: VerifyReport) -> dict[str, Any] | None:
-    """The load stage's summary, as it handed it on (its file is load.json)."""
-    stage = next((s for s in report.stages if s.stage == "load"), None)
-    return stage.found if stage is not None and isinstance(stage.found, dict) else None
 
 
 def _autotune_winners(report: VerifyReport) -> tuple[dict[str, Any], ...] | None:

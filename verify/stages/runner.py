@@ -17,14 +17,13 @@ from pipeline.docker.client import Docker
 from pipeline.errors import InputError
 from pipeline.matrix.model import STAGES, Arm, Cell, LoadSpec
 from pipeline.receipt import Receipt
-from pipeline.result import CheckResult, StageResult, Status, VerifyReport, evaluate
+from pipeline.result import CheckResult, StageResult, Status, VerifyReport, evaluate, worst
 from verify.logs.catalog import Facts
 from verify.runtime import Runtime, as_runtime
 from verify.serving import driver_for
 from verify.stages.autotune import run_autotune
 from verify.stages.imports import run_imports
 from verify.stages.load import run_load_stage
-from verify.stages.probe import ProbeReport
 from verify.stages.server import SharedServer
 from verify.stages.serverplan import ServerPlan, plan_servers
 from verify.stages.startup import run_startup
@@ -57,8 +56,8 @@ def stage_facts(cell: Cell, imports: StageResult | None) -> Facts:
     flashinfer = next((o.version for o in cell.overrides if o.name == "flashinfer-python"), None)
     driver = driver_for(cell.serve)
     cudnn = version = None
-    if imports is not None and isinstance(imports.found, ProbeReport):
-        report = imports.found
+    if imports is not None and imports.probe_report is not None:
+        report = imports.probe_report
         dist = report.dist("flashinfer-python")
         flashinfer = dist.version if dist else None
         cudnn = report.torch.cudnn if report.torch else None
@@ -195,7 +194,7 @@ def verify_image(
                 facts = stage_facts(cell, result)
             if extra_checks and extra_checks.get(stage):
                 checks = [*result.checks, *extra_checks[stage]]
-                result = StageResult.of(stage, checks, result.seconds, found=result.found, **result.artifacts)
+                result = dataclasses.replace(result, checks=tuple(checks), status=worst([c.status for c in checks]))
             results.append(_kept(result))
             _print_stage(cell, result)
             if result.status in (Status.FAIL, Status.ERROR):
