@@ -15,12 +15,16 @@ import math
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipeline.errors import InfraError, InputError
 from pipeline.matrix.model import Cell, Matrix
-from stackproof.ab import Side, run_ab
 from stackproof.cli.common import Command, arg, emit, load, load_spec, seconds
-from verify.perf.ab import AbReport
+
+if TYPE_CHECKING:  # the run itself (load test, numpy, the HTTP client) is imported when the command runs:
+    # every other command, and `--help`, start without it (a third of a second per process)
+    from stackproof.ab import Side
+    from verify.perf.ab import AbReport
 
 __all__ = ["COMMANDS", "MAX_PAIRS", "ab_command", "parse_pairs", "parse_threshold", "resolve_side"]
 
@@ -50,6 +54,7 @@ def parse_pairs(text: str) -> int:
 
 
 def ab_command(args: argparse.Namespace) -> int:
+    from stackproof.ab import run_ab
     from stackproof.runjob import exclusive_dir
 
     matrix, images = load(args)
@@ -89,6 +94,7 @@ def _side(matrix: Matrix, text: str, which: str) -> tuple[Cell, str | None]:
 def _resolve(matrix: Matrix, images: Path, cell: Cell, arm_name: str | None, label: str) -> Side:
     """The side's runtime and image: the cell's built host environment, or its built image."""
     from pipeline.matrix.site import load_site
+    from stackproof.ab import Side
 
     arm = cell.arm(arm_name) if arm_name else None
     site = load_site(matrix)
