@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipeline.errors import InfraError, InputError
 from pipeline.matrix.model import Cell, Matrix
-from stackproof.ab import Side
+
+if TYPE_CHECKING:  # the A/B run (load test, numpy) is imported when a side is built: `--help` stays quick
+    from stackproof.ab import Side
 
 __all__ = ["built_side", "parse_side", "resolve_side"]
 
@@ -36,6 +39,7 @@ def parse_side(matrix: Matrix, text: str, which: str) -> tuple[Cell, str | None]
 def built_side(matrix: Matrix, images: Path, cell: Cell, arm_name: str | None, label: str) -> Side:
     """The side's runtime and image: the cell's built host environment, or its built image."""
     from pipeline.matrix.site import load_site
+    from stackproof.ab import Side
 
     arm = cell.arm(arm_name) if arm_name else None
     site = load_site(matrix)

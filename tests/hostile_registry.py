@@ -134,7 +134,7 @@ def serve(answer: Handler) -> Iterator[Served]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), Adapter)
     server.daemon_threads = True
     served.address = f"127.0.0.1:{server.server_address[1]}"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:
         yield served

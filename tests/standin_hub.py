@@ -62,8 +62,11 @@ def stand_in_hub(repo_id: str, files: dict[str, bytes], revision: str | None = N
     revision = revision or hashlib.sha1(listing.encode()).hexdigest()
     hub = StandInHub(repo_id=repo_id, revision=revision, files=dict(files))
     server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(hub))
+    server.daemon_threads = True  # closing waits for no handler still stalling for a client that gave up
     hub.url = f"http://127.0.0.1:{server.server_address[1]}"
-    thread = threading.Thread(target=server.serve_forever, name="stand-in-hub", daemon=True)
+    # shutdown() waits out one poll of serve_forever: 0.05 s, not its default 0.5 s, on every test's teardown
+    poll = {"poll_interval": 0.05}
+    thread = threading.Thread(target=server.serve_forever, kwargs=poll, name="stand-in-hub", daemon=True)
     thread.start()
     try:
         yield hub

@@ -12,10 +12,12 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from stackproof.bisection import Bisect, canonical, check_ends, moved_packages, parse_version, run_bisect
 from stackproof.cli.common import Command, arg, emit, load, load_spec, parse_pairs, parse_threshold, seconds
-from verify.perf.bisection import BisectReport
+
+if TYPE_CHECKING:  # imported when the command runs (stackproof/cli/ab.py says why)
+    from verify.perf.bisection import BisectReport
 
 __all__ = ["COMMANDS", "bisect_command"]
 
@@ -23,6 +25,7 @@ __all__ = ["COMMANDS", "bisect_command"]
 def bisect_command(args: argparse.Namespace) -> int:
     from pipeline.errors import InputError
     from pipeline.matrix.site import load_site
+    from stackproof.bisection import Bisect, canonical, check_ends, moved_packages, parse_version, run_bisect
     from stackproof.runjob import exclusive_dir
     from verify.runtime.host import remove_dead_host_runs
 

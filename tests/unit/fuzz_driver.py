@@ -157,7 +157,7 @@ class QuietServer(ThreadingHTTPServer):
 def main() -> int:
     cases = json.loads(Path(sys.argv[1]).read_text())
     server = QuietServer(("127.0.0.1", 0), Hostile)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     port = server.server_address[1]
     from stackproof.cli import main as cli
 

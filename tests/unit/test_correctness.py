@@ -34,6 +34,10 @@ SPEC = LoadSpec(questions=6, concurrency=2, max_tokens=12, determinism_prompts=2
 
 @pytest.fixture(autouse=True)
 def _no_proxy_no_kernel_log(monkeypatch: pytest.MonkeyPatch) -> None:
+    _quiet(monkeypatch)
+
+
+def _quiet(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(watchdog, "_kernel_xid", lambda since: [])
@@ -76,9 +80,12 @@ def test_loop_period(text: str, period: int | None) -> None:
 # -- each detector both ways against a fake server ------------------------------------------------------
 
 
-@pytest.fixture
-def normal_baseline(tmp_path: Path) -> Rates:
-    rates = _rates(_run(tmp_path))
+@pytest.fixture(scope="module")
+def normal_baseline(tmp_path_factory: pytest.TempPathFactory) -> Rates:
+    """One normal run for the module's detectors (a value: the tests only compare against it)."""
+    with pytest.MonkeyPatch.context() as monkeypatch:  # what _no_proxy_no_kernel_log does per test
+        _quiet(monkeypatch)
+        rates = _rates(_run(tmp_path_factory.mktemp("baseline")))
     assert (rates.loop, rates.empty, rates.collapse) == (0.0, 0.0, 0.0) and rates.answers > 10
     return rates
 

@@ -9,6 +9,7 @@ doctor input, questions files, and hostile servers on 127.0.0.1.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -163,6 +164,11 @@ for _path, _values in {
 
 def _set(document: str, path: str, value: str) -> str:
     """The valid document with the value at `path` replaced by `value` (YAML text), as text."""
+    return _with_placeholder(document, path).replace("'@@VALUE@@'", value)
+
+
+@functools.cache  # one YAML round trip per path, not per value: every worker collects these cases
+def _with_placeholder(document: str, path: str) -> str:
     import yaml
 
     data = yaml.safe_load(document)
@@ -171,8 +177,7 @@ def _set(document: str, path: str, value: str) -> str:
     for part in parts[:-1]:
         target = target[part]
     target[parts[-1]] = "@@VALUE@@"
-    text = yaml.safe_dump(data, sort_keys=False, width=10_000)
-    return text.replace("'@@VALUE@@'", value)
+    return yaml.safe_dump(data, sort_keys=False, width=10_000)
 
 
 def _matrix_cases() -> list[Case]:

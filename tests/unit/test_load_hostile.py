@@ -41,7 +41,7 @@ SPEC = LoadSpec(
 @pytest.fixture(scope="module")
 def hostile() -> Iterator[str]:
     server = QuietServer(("127.0.0.1", 0), Hostile)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     million_series()  # made before any test traces memory: the server's cost is not the client's
     yield f"http://127.0.0.1:{server.server_address[1]}"

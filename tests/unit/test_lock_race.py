@@ -2,7 +2,8 @@
 (a `verify` starting beside them) sees the old lock or a new one whole, never a truncated file.
 
 A unit test with real processes and a real file: two forked writers call `write_lock` in a loop
-(different documents, so a mix would show) while this process reads the file the whole time.
+(different documents, so a mix would show) while this process reads the file the whole time: for
+one second in the quick tier, for three with --run-slow (CI), three processes busy all along.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import json
 import multiprocessing
 import time
 from pathlib import Path
+
+import pytest
 
 from pipeline.build.lock import Lock, LockedPackage, inputs_digest, read_lock, write_lock
 from pipeline.matrix.model import Cell, Matrix
@@ -31,13 +34,16 @@ def _writer(cell: Cell, packages: int, until: float) -> None:
         write_lock(cell, lock)
 
 
-def test_two_locks_racing_to_one_file_never_leave_a_torn_lock(real_matrix: Matrix, tmp_path: Path) -> None:
+@pytest.mark.parametrize("seconds", [1.0, pytest.param(3.0, marks=pytest.mark.slow)])
+def test_two_locks_racing_to_one_file_never_leave_a_torn_lock(
+    real_matrix: Matrix, tmp_path: Path, seconds: float
+) -> None:
     cell = real_matrix.cell("cpu-tiny")
     assert cell.install is not None
     cell = dataclasses.replace(cell, install=dataclasses.replace(cell.install, lock=tmp_path / "cpu-tiny.lock.json"))
     lock_path = cell.install.lock
     _writer(cell, 1, time.monotonic() + 0.01)  # the old lock, whole
-    until = time.monotonic() + 3.0
+    until = time.monotonic() + seconds
     context = multiprocessing.get_context("fork")
     writers = [context.Process(target=_writer, args=(cell, n, until)) for n in (300, 3000)]
     for w in writers:

@@ -328,7 +328,7 @@ def test_receipts_from_a_registry_by_tag_schema_index_and_by_legacy_tag() -> Non
     _Registry.manifests["sha256-" + "b" * 64 + ".receipt"] = old  # stackproof 0.1's single receipt
     _Registry.manifests["cpu-tiny-verified"] = json.dumps({"layers": []}).encode()  # an image: no receipt
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Registry)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     try:
         receipts = receipts_from_registry(f"127.0.0.1:{server.server_address[1]}")
     finally:

@@ -167,9 +167,9 @@ def test_startup_passes_on_a_real_cpu_server_log_and_an_answering_server(real_ma
 
 def test_startup_fails_on_a_dead_engine_and_on_a_fatal_log_line(real_matrix: Matrix, tmp_path: Path) -> None:
     with FakeVllm(dead=True) as fake:
-        dead = _startup(real_matrix, tmp_path / "dead", fake, CPU_LOG, readiness_s=2.0)
+        dead = _startup(real_matrix, tmp_path / "dead", fake, CPU_LOG, readiness_s=1.0)
     assert dead.status is Status.FAIL
-    assert next(c for c in dead.checks if c.name == "readiness").message.startswith("not ready after 2s")
+    assert next(c for c in dead.checks if c.name == "readiness").message.startswith("not ready after 1s")
     fatal = CPU_LOG + "\ntorch.AcceleratorError: CUDA error: an illegal memory access was encountered\n"
     with FakeVllm() as fake:
         failed = _startup(real_matrix, tmp_path / "fatal", fake, fatal)
