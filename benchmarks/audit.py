@@ -73,6 +73,25 @@ Measured on the 2-core dev box (load average 1.4-3.3 unless said), nice -n 10, `
   matrix MISSED (107 s beyond the downloads): nearly all of it is the first indexing pass, now
   mostly `ast.parse` (C code) of every Python file the wheels ship, 126 s of CPU, which two cores
   cannot fit in 60 s of wall however it is split.
+2026-12-05, later (issue 25's cold clause): the whole matrix (15 cells, 20 wheels, the unreachable
+index asked once) reindexed on a copy of a filled cache, nice 0, load average at start/end beside each;
+`before` = main d278f1f (the numbers above: 107.4 / 125.7 at their load), `after` = this branch; wall / CPU s:
+    reindex  before 81.8 / 107.4 (load 4.9-2.7), 141.3 / 113.5 (3.7-5.8), 72.1 / 101.8 (2.9-2.4),
+                    67.0 / 102.5 (1.8-1.6)
+             after  110.2 / 85.8 (5.8-3.9), 68.1 / 81.8 (1.6-2.9), 44.9 / 79.1 (2.0-1.9)  (goal met at
+                    load 2: 44.9 s beyond the downloads, of 60)
+    warm     before 5.2 / 5.3, 5.2 / 5.3   after 5.8 / 5.2, 5.0 / 5.1
+  Where the after's CPU goes (an in-process reindex, load 2.0: 43.4 s wall): the audit process 6.5 s,
+  its two workers 72.9 s; one process over every new source file, per phase: ast.parse 46 s, the
+  walk 16 s (20 s before), C++ 4.6 s, zip reads 3.6 s. What changed (verify/audit/index.py,
+  pysource.py): one worker pool per command, not per wheel, fed batches biggest file first (the
+  fixed halves of before left a core idle at each wheel's end and small wheels ran on one core);
+  each earlier index read once per process, not once per later wheel (190 JSON reads, ~15 s CPU);
+  the walk reads only node-bearing fields and tests no isinstance per child. Every after run's JSON
+  equals the before run's with pip's timestamps masked (the unreachable index's message carries the
+  time it was asked), and the 20 index documents are byte for byte the same. At load 4-6 (other
+  test runs on the box) neither code meets 60 s: the wall then follows the share of two cores the
+  workers get, and ~73 s of worker CPU is mostly ast.parse (C), which no split can remove.
 """
 
 from __future__ import annotations

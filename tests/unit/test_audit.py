@@ -280,6 +280,48 @@ def test_a_file_two_wheels_share_is_parsed_once(tmp_path: Path, monkeypatch: pyt
     assert parsed == [] and "CutlassNvFp4LinearKernel" in reused.classes
 
 
+def test_an_index_built_in_this_process_is_not_read_back_for_the_next_wheel(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a cold audit builds its wheels one after another: each earlier index is read once, not once
+    # per later wheel (the whole matrix's 20 wheels read 190 documents)
+    monkeypatch.setattr(index_module, "_DONORS", {})
+    for n in range(4):
+        (tmp_path / "wheels" / "vllm" / str(n)).mkdir(parents=True)
+    wheels = [fake_wheel(tmp_path / "wheels" / "vllm" / str(n), {f"vllm/m{n}.py": VLLM_INIT}) for n in range(4)]
+    donors: list[Path] = []  # documents read for their files (any wheel's: no sha256 asked)
+    real = index_module.read_document
+
+    def counted(store: Path, sha256: str | None) -> dict[str, object] | None:
+        if sha256 is None:
+            donors.append(store)
+        return real(store, sha256)
+
+    monkeypatch.setattr(index_module, "read_document", counted)
+    built = [load_or_build(w, name="vllm", version="0.28.0", sha256=f"{n}" * 64) for n, w in enumerate(wheels[:3])]
+    assert donors == [] and all("CutlassNvFp4LinearKernel" in b.classes for b in built)
+    monkeypatch.setattr(index_module, "_DONORS", {})  # a later command: the three read once each
+    load_or_build(wheels[3], name="vllm", version="0.28.0", sha256="3" * 64)
+    assert sorted(d.parent.name for d in donors) == ["0", "1", "2"]
+
+
+def test_the_workers_read_a_wheel_as_this_process_does(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the pool takes batches biggest file first; the facts come back in the wheel's file order
+    files = {f"vllm/m{n}.py": VLLM_INIT + f'\nlogger.info("module {n}")\n' * n for n in range(12)}
+    wheel = fake_wheel(tmp_path, {**files, "csrc/a.cu": 'TORCH_CHECK(x, "bad x");'})
+    alone = index_module.index_files(wheel, {})
+    monkeypatch.setattr(index_module, "_POOLED_BYTES", 0)
+    monkeypatch.setattr(index_module, "_WORKERS", 2)
+    monkeypatch.setattr(index_module, "_POOL", None)
+    try:
+        pooled = index_module.index_files(wheel, {})
+        assert index_module._POOL is not None
+    finally:
+        if index_module._POOL is not None:
+            index_module._POOL.shutdown()
+    assert pooled == alone and len(alone) == 13
+
+
 def test_a_wheel_is_fetched_by_pip_once_then_answered_from_the_cache(tmp_path: Path) -> None:
     source = tmp_path / "links"
     source.mkdir()

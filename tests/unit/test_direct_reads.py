@@ -52,7 +52,12 @@ ALLOWED: dict[str, dict[str, str]] = {
     "pipeline/releases/pins.py": {"fetch_metadata": LOG},
     "pipeline/releases/table.py": {"load_table": PACKAGE, "write_release": PACKAGE, "cached_release": CACHE},
     "verify/audit/__init__.py": {"_archive": WHEEL},
-    "verify/audit/index.py": {"index_files": WHEEL, "_index_members": WHEEL},
+    "verify/audit/index.py": {
+        "index_files": WHEEL,
+        "_index_members": WHEEL,
+        "_index_batch": WHEEL,
+        "_read_members": WHEEL,
+    },
     "verify/audit/store.py": {"read_document": CACHE},
     "verify/audit/wheels.py": {
         "fetch_wheel": LOG,

@@ -46,7 +46,32 @@ _LEAVES = frozenset(
     {ast.Constant, ast.Name, ast.Load, ast.Store, ast.Del, ast.Pass, ast.Break, ast.Continue}
     | {cls for base in (ast.operator, ast.unaryop, ast.cmpop, ast.boolop) for cls in base.__subclasses__()}
 )
+
+
+def _node_types(base: type) -> set[type]:
+    found: set[type] = set()
+    subclasses: list[type] = base.__subclasses__()
+    for sub in subclasses:
+        found |= {sub, *_node_types(sub)}
+    return found
+
+
+# The node types the walk enters: a value of any other type (None, a str, a bool, a leaf) is passed
+# over by one set lookup, without an isinstance test per child.
+_ENTER = frozenset(_node_types(ast.AST) - _LEAVES)
+# Fields that hold only names, numbers, flags, contexts or operators: never a node to enter.
+_SCALAR_FIELDS = frozenset(
+    {"id", "attr", "name", "arg", "module", "level", "conversion", "kind", "type_comment", "is_async", "simple"}
+    | {"ctx", "op", "ops", "names", "kwd_attrs", "tag"}
+)
+_FIELDS: dict[type, tuple[str, ...]] = {}  # node type -> the fields the walk reads, last first
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
+
+
+def _fields(kind: type) -> tuple[str, ...]:
+    names: tuple[str, ...] = kind._fields  # type: ignore[attr-defined]
+    fields = _FIELDS[kind] = tuple(f for f in reversed(names) if f not in _SCALAR_FIELDS)
+    return fields
 
 
 class PythonIndexer:
@@ -62,7 +87,11 @@ class PythonIndexer:
         self.module_refs: dict[str, set[str]] = {}  # module-level name -> names in its value
         self.function: ast.AST | None = None  # the innermost function around the node visited
         self._refs_cache: dict[int, tuple[str, ...]] = {}
-        self._visitors: dict[type, Callable[[Any], None]] = {
+
+    def visit(self, tree: ast.AST) -> None:
+        # Built per walk, not kept: bound methods on self would be a reference cycle, and the
+        # indexing workers run with the cyclic collector paused (each module's text would stay).
+        visitors: dict[type, Callable[[Any], None]] = {
             ast.ClassDef: self.visit_ClassDef,
             ast.Subscript: self.visit_Subscript,
             ast.Return: self.visit_Return,
@@ -70,29 +99,30 @@ class PythonIndexer:
             ast.Raise: self.visit_Raise,
             ast.Call: self.visit_Call,
         }
-
-    def visit(self, tree: ast.AST) -> None:
-        visitors = self._visitors
-        stack: list[tuple[ast.AST, ast.AST | None]] = [(tree, None)]
-        pop, push = stack.pop, stack.append
+        # A function's body is followed on the stack by a 1-tuple holding the function around it,
+        # which restores `function` once the body is done (a tuple per function, not per node).
+        stack: list[Any] = [tree]
+        function: ast.AST | None = None
+        pop, enter = stack.pop, _ENTER
         while stack:
-            node, function = pop()
+            node = pop()
             kind = type(node)
+            if kind is tuple:
+                function = node[0]
+                continue
             visitor = visitors.get(kind)
             if visitor is not None:
                 self.function = function
                 visitor(node)
             if kind in _FUNCTIONS:
+                stack.append((function,))
                 function = node
-            children: list[ast.AST] = []
-            for field in node._fields:
+            for field in _FIELDS.get(kind) or _fields(kind):  # last field first: the first is popped first
                 value = getattr(node, field, None)
-                if isinstance(value, list):
-                    children += [c for c in value if isinstance(c, ast.AST) and type(c) not in _LEAVES]
-                elif isinstance(value, ast.AST) and type(value) not in _LEAVES:
-                    children.append(value)
-            for child in reversed(children):
-                push((child, function))
+                if type(value) is list:
+                    stack += [c for c in reversed(value) if type(c) in enter]
+                elif type(value) in enter:
+                    stack.append(value)
 
     def run(self) -> FileFacts:
         try:
@@ -161,11 +191,13 @@ class PythonIndexer:
 
     def visit_Assign(self, node: ast.Assign) -> None:
         # A message built first and logged or raised later (`message = f"..."; logger.warning(message)`).
+        # Tested cheapest first (most assignments are neither): formatted, or textual and named.
         value = node.value
-        named = any(isinstance(t, ast.Name) and _MESSAGE_NAME.search(t.id) for t in node.targets)
-        formatted = isinstance(value, ast.JoinedStr) and any(isinstance(v, ast.FormattedValue) for v in value.values)
-        textual = not (isinstance(value, ast.Constant) and not isinstance(value.value, str))
-        if formatted or (named and textual):
+        if isinstance(value, ast.JoinedStr) and any(isinstance(v, ast.FormattedValue) for v in value.values):
+            self._message(value, (), node.lineno, "assigned")
+        elif isinstance(value, ast.Constant) and not isinstance(value.value, str):
+            return
+        elif any(isinstance(t, ast.Name) and _MESSAGE_NAME.search(t.id) for t in node.targets):
             self._message(value, (), node.lineno, "assigned")
 
     def visit_Raise(self, node: ast.Raise) -> None:
