@@ -92,6 +92,11 @@ index asked once) reindexed on a copy of a filled cache, nice 0, load average at
   time it was asked), and the 20 index documents are byte for byte the same. At load 4-6 (other
   test runs on the box) neither code meets 60 s: the wall then follows the share of two cores the
   workers get, and ~73 s of worker CPU is mostly ast.parse (C), which no split can remove.
+2026-12-05, main after the merge, the whole matrix truly cold (an empty --cache, no pip cache on the
+box: every wheel fetched from the index), nice 10, load average 1.5-1.7:
+    cold     61.7 / 91.1 (download 18.2 s, unreachable 0.3 s: 43.5 s beyond the downloads, goal met;
+             21 wheels)     warm 5.0 / 4.9 (goal met)
+  (the 2026-12-02 cold run of the old code: 556.4 s, 57.5 s of it downloading, 499 s beyond.)
 """
 
 from __future__ import annotations
