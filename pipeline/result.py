@@ -7,7 +7,7 @@ what one verification of one image produced, with the cell's expectation evaluat
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -115,13 +115,6 @@ class VerifyReport:
     def load(self) -> LoadSection | None:
         """The load section, when the load stage ran and measured."""
         return next((s.load_section for s in self.stages if s.load_section is not None), None)
-
-    def to_json(self) -> dict[str, Any]:
-        document = asdict(self)
-        for stage in document["stages"]:
-            # kept in memory only; their serialised forms are the stage's artifact files
-            del stage["probe_report"], stage["load_section"]
-        return document
 
 
 def evaluate(expect: Expectation | None, stages: list[StageResult]) -> Outcome:
