@@ -8,6 +8,7 @@ sessions pass nothing, so `stackproof run cpu-tiny` alone does what `nox -s demo
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -81,6 +82,7 @@ def _beside(session: nox.Session, args: list[str], name: str) -> Iterator[None]:
             os.killpg(background.pid, 9)
             background.wait()
         print(f"\n===== {name} group (ran beside the rest) =====\n" + log_path.read_text(errors="replace"), flush=True)
+        shutil.rmtree(tmp, ignore_errors=True)  # the audit group's wheels: 2.5 GB a run, left behind before
     if code != 0:
         session.error(f"the {name} integration group failed (exit {code}): its log is above")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
 import os
 import signal
@@ -46,9 +47,17 @@ def dispatch(args: argparse.Namespace) -> int:
         return _report(args, InputError.exit_code, "an input is nested too deeply to read")
     except OSError as exc:
         where = f"{exc.filename}: " if exc.filename else ""
-        return _report(args, 3, f"{where}{exc.strerror or exc}: fix the path or its permissions")
+        return _report(args, 3, f"{where}{exc.strerror or exc}: {_os_error_advice(exc)}")
     except MemoryError:
         return _report(args, 3, "out of memory: the input or the run is larger than this host allows")
+
+
+def _os_error_advice(exc: OSError) -> str:
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        # A full disk is not the path's fault: say where space goes (docker's build cache keeps every
+        # layer of a removed image; the run's --out and TMPDIR hold logs and environments).
+        return "free disk space (`docker builder prune`, old run outputs, TMPDIR) and run again"
+    return "fix the path or its permissions"
 
 
 # A person reads the first screenfuls; a broken generator's 300,000 identical problems cost half a

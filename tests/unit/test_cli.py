@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -251,3 +252,24 @@ def test_every_command_path_is_registered_once_and_reaches_its_handler() -> None
         assert exc.value.code == 0, argv
     with pytest.raises(Exception, match="invalid choice"):
         parser.parse_args(["no-such-command"])
+
+
+def test_a_full_disk_is_exit_3_saying_to_free_space_not_to_fix_permissions(capsys) -> None:
+    # CI, 2026-12-05: a build that filled the disk was told "fix the path or its permissions".
+    import argparse
+    import errno
+
+    from stackproof.cli.dispatch import dispatch
+
+    def raising(code: int) -> argparse.Namespace:
+        def handler(_: argparse.Namespace) -> int:
+            raise OSError(code, os.strerror(code), "/tmp/run/rootfs.tar")
+
+        return argparse.Namespace(handler=handler, json=False)
+
+    assert dispatch(raising(errno.ENOSPC)) == 3
+    full = capsys.readouterr().err
+    assert "No space left on device" in full and "free disk space" in full and "permissions" not in full
+    assert dispatch(raising(errno.EACCES)) == 3
+    denied = capsys.readouterr().err
+    assert "Permission denied" in denied and "fix the path or its permissions" in denied

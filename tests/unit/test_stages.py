@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from pipeline.result import CheckResult, StageResult, Status
 from stackproof.soak import soak
 from tests.unit.fake_docker import ReplayDocker
 from tests.unit.fake_openai import FakeVllm
+from verify.stages import server as server_module
 from verify.stages.probe import ProbeReport
 from verify.stages.runner import StageContext, verify_image
 from verify.stages.server import Server, SharedServer
@@ -185,6 +187,48 @@ def test_startup_keeps_a_passing_server_for_the_next_stage(real_matrix: Matrix, 
         assert kept is not None and kept.base_url == fake.url
         share.close()
     assert share.peek() is None
+
+
+class _LaggingLog(ReplayDocker):
+    """A server whose log follower is `lag_s` behind from the engine's ready line on, as a
+    `docker logs -f` or a polled file tail on a busy host is: /health already answers."""
+
+    def __init__(self, log: str, lag_s: float) -> None:
+        super().__init__(log)
+        self.lag_s = lag_s
+
+    def follow_logs(self, name: str, on_line: Any, *, timeout: float) -> None:
+        for line in self.log.splitlines():
+            if "Application startup complete." in line:
+                time.sleep(self.lag_s)
+            on_line(line)
+
+
+def test_a_kept_servers_log_is_judged_only_once_it_holds_the_engines_ready_line(
+    real_matrix: Matrix, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Seen in CI (host runtime): ready at 45 s, and `expect:startup-complete` FAILed on a log the
+    # follower had not yet written the line to. A lag past the grace still fails: the check is real.
+    monkeypatch.setattr(server_module, "READY_LINE_GRACE_S", 1.0)
+    checks = {lag_s: _kept_startup_checks(real_matrix, tmp_path / str(lag_s), lag_s) for lag_s in (0.5, 2.0)}
+    assert checks[0.5]["expect:startup-complete"] is Status.PASS, checks[0.5]
+    assert checks[2.0]["expect:startup-complete"] is Status.FAIL, checks[2.0]
+
+
+def _kept_startup_checks(real_matrix: Matrix, out: Path, lag_s: float) -> dict[str, Status]:
+    from verify.stages.runner import stage_facts
+
+    cell = real_matrix.cell("cpu-tiny")
+    lagging = _LaggingLog(CPU_LOG, lag_s)
+    share = SharedServer()
+    with FakeVllm() as fake:
+        port = int(fake.url.rsplit(":", 1)[1])
+        result = run_startup(
+            lagging, cell, "img", arm=None, out_dir=out, facts=stage_facts(cell, None), share=share, keep=True,
+            new_server=lambda _, c, image, **kw: Server(lagging, c, image, port=port, **kw),
+        )  # fmt: skip
+        share.close()
+    return {c.name: c.status for c in result.checks}
 
 
 # -- soak over stand-in servers ---------------------------------------------------------------------
