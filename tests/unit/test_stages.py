@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import time
 from functools import partial
 from pathlib import Path
@@ -19,6 +20,7 @@ from pipeline.result import CheckResult, StageResult, Status
 from stackproof.soak import soak
 from tests.unit.fake_docker import ReplayDocker
 from tests.unit.fake_openai import FakeVllm
+from verify.serving import DRIVERS
 from verify.stages import server as server_module
 from verify.stages.probe import ProbeReport
 from verify.stages.runner import StageContext, verify_image
@@ -199,7 +201,7 @@ class _LaggingLog(ReplayDocker):
 
     def follow_logs(self, name: str, on_line: Any, *, timeout: float) -> None:
         for line in self.log.splitlines():
-            if "Application startup complete." in line:
+            if re.search(DRIVERS["vllm"].ready_line, line):
                 time.sleep(self.lag_s)
             on_line(line)
 

@@ -198,8 +198,8 @@ class Server:
             def on_line(line: str) -> None:
                 log.write(line + "\n")
                 log.flush()
-                if self._ready_line.search(line):
-                    self._ready_line_logged.set()
+                if not self._ready_line_logged.is_set() and self._ready_line.search(line):
+                    self._ready_line_logged.set()  # once: the load's lines need no search after it
                 self.tail.append(line)
                 if self.watcher is not None:
                     self.watcher.feed(line)
