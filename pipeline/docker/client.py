@@ -546,7 +546,11 @@ class Docker:
         argv = ["image", "import"]
         for change in changes:
             argv += ["--change", change]
-        return self._docker(*argv, str(tarball), tag, timeout=600).stdout.strip()
+        return self._docker(*argv, str(tarball), tag, timeout=1800).stdout.strip()
+
+    def load_archive(self, archive: Path) -> str:
+        """`docker load` of a docker or OCI image archive: its output (the `Loaded image` lines)."""
+        return self._docker("image", "load", "--input", str(archive), timeout=1800).stdout
 
     def created_since(self, since: float, label: str) -> list[str]:
         """Names of containers carrying `label` created since `since` (epoch seconds), from the
