@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.matrix.model import BootstrapBase, Cell, CellBase, HostBase, Matrix, RegistryBase
+from pipeline.matrix.model import ArchiveBase, BootstrapBase, Cell, CellBase, HostBase, Matrix, RegistryBase
 
 if TYPE_CHECKING:
     from pipeline.docker.client import Docker
@@ -220,6 +220,12 @@ def _image_facts(
             platforms, platforms_source = (machine,), f"base {base.name} is bootstrapped on this host"
         if require is None:
             require, require_source = "", f"base {base.name} is bootstrapped: no NVIDIA_REQUIRE_CUDA"
+        return require, require_source, platforms, platforms_source
+    if isinstance(base, ArchiveBase):
+        if require is None:  # an archive's own config is read only once it is loaded; a rootfs has none
+            require, require_source = "", f"base {base.name} is a local archive: no NVIDIA_REQUIRE_CUDA declared"
+        if platforms is None:
+            platforms_source = f"unknown: base {base.name} is a local archive (its platform is read when loaded)"
         return require, require_source, platforms, platforms_source
     assert isinstance(base, RegistryBase)
     local = _inspect(docker, base.reference) if docker is not None else None

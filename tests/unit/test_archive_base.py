@@ -13,7 +13,7 @@ import pytest
 from pipeline.build.archive import archive_path, ensure_archive_base
 from pipeline.build.plan import plan_cell
 from pipeline.errors import InfraError, InputError
-from pipeline.matrix.model import ArchiveBase
+from pipeline.matrix.model import ArchiveBase, Matrix
 from pipeline.matrix.read import load_matrix
 from pipeline.matrix.site import SiteSettings, load_site
 from tests.unit.conftest import Invalid
@@ -138,3 +138,12 @@ def test_the_site_directory_setting(write_matrix: Callable[[str], Path], images_
     env = {"STACKPROOF_MIRRORS": "none", "STACKPROOF_BASE_ARCHIVES": str(tmp_path)}
     assert load_site(matrix, env).base_archives == tmp_path
     assert load_site(matrix, {"STACKPROOF_MIRRORS": "none"}).base_archives is None
+
+
+def test_preflight_facts_of_an_archive_base(real_matrix: Matrix) -> None:
+    from pipeline.host.facts import _image_facts
+
+    cell = real_matrix.cell("gpu-docker-vllm-0.26.0-tiny")
+    require, require_source, platforms, platforms_source = _image_facts(real_matrix, cell, None)
+    assert (require, platforms) == ("", None)
+    assert "local archive" in require_source and platforms_source.startswith("unknown: base gpu-host-tree")
