@@ -53,7 +53,7 @@ def _probe(image: str, gpus: str | None) -> Container:
 def test_auto_detection_picks_cdi_for_the_declared_kind(docker_26: Docker) -> None:
     access = docker_26.gpu_access(env=FAKE)
     assert access.how == "cdi" and access.cdi_kind == FAKE_KIND and "fake-gpu.yaml" in access.source
-    with pytest.raises(InfraError, match="no spec there declares nvidia.com/gpu.*nvidia-ctk cdi generate"):
+    with pytest.raises(InfraError, match=r"no spec there declares nvidia\.com/gpu.*nvidia-ctk cdi generate"):
         Docker(docker_26.cli).gpu_access(env={})  # the real kind: no spec for it here
 
 
