@@ -69,7 +69,7 @@ def test_validate_real_matrix_reports_notes(real: list[str], repo: Path, capsys)
     out, err = capsys.readouterr()
     document = json.loads(out)
     assert document["valid"] is True
-    assert document["cells"] == 15
+    assert document["cells"] == 16
     assert document["file"] == str(repo / "matrix.yaml")
     assert len(document["notes"]) == 7  # the cells on the tag-only vllm-openai and SGLang release bases
     assert all("pinned by tag only" in note for note in document["notes"])
