@@ -8,6 +8,7 @@ rootfs tarball of this host's sh, imported by sha256; a wrong sha256 is refused 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import uuid
 from collections.abc import Iterator
@@ -73,9 +74,14 @@ def test_an_archive_base_is_imported_by_sha256_and_the_cdi_device_reaches_only_i
     assert ensure_archive_base(docker, base, directory=tmp_path, matrix_file=Path("m.yaml")) == base.tag
     assert dict(docker.image(base.tag).env)["PATH"] == "/bin"  # type: ignore[union-attr]
     docker.gpu_access(env=FAKE)  # this run's choice, as the runtime makes it once
-    given = docker.run_to_end(_probe(base.tag, "all"), timeout=60)
+    probe = _probe(base.tag, "all")
+    given = docker.run_to_end(probe, timeout=60)
+    assert docker.container_state(probe.name) == ("missing", -1)  # the GPU container is gone after it
     assert given.returncode == 0 and given.stdout.split() == ["env=all", "fake", "gpu", "card"], given.stderr
     one = docker.run_to_end(_probe(base.tag, "device=0"), timeout=60)
     assert one.stdout.split()[0] == "env=0"
     without = docker.run_to_end(_probe(base.tag, None), timeout=60)
     assert without.returncode == 0 and without.stdout.split() == ["env=", "no-card"]
+    failing = _probe(base.tag, "all")
+    failed = docker.run_to_end(dataclasses.replace(failing, command=("/bin/sh", "-c", "exit 7")), timeout=60)
+    assert failed.returncode == 7 and docker.container_state(failing.name) == ("missing", -1)
