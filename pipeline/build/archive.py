@@ -15,6 +15,7 @@ from pathlib import Path
 from pipeline.console import console
 from pipeline.docker.client import Docker
 from pipeline.errors import InfraError, InputError
+from pipeline.guard.boundedio import open_input
 from pipeline.matrix.model import ArchiveBase
 
 __all__ = ["archive_path", "ensure_archive_base", "file_sha256"]
@@ -33,7 +34,7 @@ def archive_path(base: ArchiveBase, directory: Path | None) -> Path:
 
 def file_sha256(path: Path) -> str:
     h = hashlib.sha256()
-    with path.open("rb") as f:
+    with open_input(path, "base archive") as f:  # a regular file: a FIFO or device is refused
         while chunk := f.read(_CHUNK):
             h.update(chunk)
     return h.hexdigest()
