@@ -33,7 +33,9 @@ def write_fake_cdi_spec(directory: Path) -> Path:
     return directory
 
 
-def host_rootfs(tarball: Path, binaries: tuple[str, ...] = ("/bin/sh", "/bin/cat", "/usr/bin/env")) -> Path:
+def host_rootfs(
+    tarball: Path, binaries: tuple[str, ...] = ("/bin/sh", "/bin/cat", "/usr/bin/env", "/bin/mkdir", "/bin/chmod")
+) -> Path:
     """A root filesystem tarball of a few of this host's binaries and the libraries `ldd` names:
     enough to run `sh -c` in a container, built in milliseconds with no registry."""
     files: set[Path] = set()

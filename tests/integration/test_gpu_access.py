@@ -20,7 +20,7 @@ from pipeline.build.archive import ensure_archive_base
 from pipeline.docker.client import Container, Docker, DockerCli
 from pipeline.errors import InfraError, InputError
 from pipeline.matrix.model import ArchiveBase
-from tests.integration.conftest import Daemon
+from tests.integration.conftest import IMAGES, Daemon
 from tests.integration.fake_cdi import FAKE_ENV, FAKE_KIND, FAKE_MOUNT, host_rootfs
 
 FAKE = {"STACKPROOF_CDI_KIND": FAKE_KIND}
@@ -85,3 +85,38 @@ def test_an_archive_base_is_imported_by_sha256_and_the_cdi_device_reaches_only_i
     failing = _probe(base.tag, "all")
     failed = docker.run_to_end(dataclasses.replace(failing, command=("/bin/sh", "-c", "exit 7")), timeout=60)
     assert failed.returncode == 7 and docker.container_state(failing.name) == ("missing", -1)
+
+
+def test_a_cell_builds_over_a_rootfs_archive_base(docker: Docker, tmp_path: Path) -> None:
+    """`stackproof build`'s own path on the 20.10 daemon (BuildKit, --network host): the archive is
+    checked and imported, and the cell's Dockerfile makes the /tmp an imported tree lacks."""
+    from pipeline.build.image import build_cell
+    from pipeline.matrix.read import load_matrix
+    from pipeline.matrix.site import SiteSettings
+
+    tarball = host_rootfs(tmp_path / "rootfs.tar")
+    sha = hashlib.sha256(tarball.read_bytes()).hexdigest()
+    matrix_file = tmp_path / "matrix.yaml"
+    matrix_file.write_text(
+        "schema_version: 1\nindexes: {pypi: {url: 'https://pypi.org/simple'}}\n"
+        f"bases:\n  tiny: {{archive: rootfs.tar, sha256: '{sha}', format: rootfs, python: /bin/sh,\n"
+        "         env: {PATH: /bin}}\n"
+        "cells:\n  - {id: archive-cell, base: tiny, platform: linux/amd64, arch: none, serve: null}\n"
+    )
+    matrix = load_matrix(matrix_file, images_dir=IMAGES)
+    base = matrix.cell("archive-cell").base
+    assert isinstance(base, ArchiveBase)
+    result = None
+    try:
+        result = build_cell(
+            docker, matrix, matrix.cell("archive-cell"), SiteSettings(base_archives=tmp_path), IMAGES,
+            out_dir=tmp_path / "out",
+        )  # fmt: skip
+        script = "test -d /tmp && test -k /tmp && echo tmp-ok"  # the sticky bit: chmod 1777
+        check = Container(image=result.tag, name=f"sp-arch-{uuid.uuid4().hex[:8]}", role="probe",
+                          command=("/bin/sh", "-c", script), network="none")  # fmt: skip
+        assert docker.run_to_end(check, timeout=60).stdout.strip() == "tmp-ok"
+    finally:
+        for tag in (result.tag if result else None, base.tag):
+            if tag and docker.image(tag) is not None:
+                docker.remove_image(tag)
