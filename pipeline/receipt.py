@@ -64,6 +64,9 @@ class ImageRef:
     # `id_is` "environment": `id` the digest of its inventory, pipeline/host/env.py).
     runtime: str = "docker"
     environment: dict[str, Any] | None = None  # host: its python, root, version and package count
+    # docker: how the server's container was given GPUs ({how: gpus|cdi, cdi_kind, source},
+    # pipeline/docker/gpuaccess.py); None: no GPU was asked for, or a receipt from before it was recorded.
+    gpu_access: dict[str, Any] | None = None
 
     @property
     def on_host(self) -> bool:
@@ -122,7 +125,7 @@ class Receipt:
             "claims": CLAIMS,
             "cell": self.cell,
             "arm": self.arm,
-            "image": {**asdict(self.image), "repo_digests": list(self.image.repo_digests)},
+            "image": _image_json(self.image),
             "matrix_digest": self.matrix_digest,
             "host": self.host.to_json(),
             "tool": {"name": self.tool_name, "version": self.tool_version},
@@ -281,6 +284,13 @@ def _outcome(f: _Fields) -> Outcome:
     )
 
 
+def _image_json(image: ImageRef) -> dict[str, Any]:
+    data = {**asdict(image), "repo_digests": list(image.repo_digests)}
+    if data["gpu_access"] is None:  # optional: receipts without a GPU read as they always did
+        del data["gpu_access"]
+    return data
+
+
 def _image(f: _Fields) -> ImageRef:
     f.obj("image")
     environment = f.obj("image.environment", required=False)
@@ -291,6 +301,7 @@ def _image(f: _Fields) -> ImageRef:
         repo_digests=tuple(f.text(f"image.repo_digests[{i}]") for i in range(len(f.walk("image.repo_digests") or ()))),
         runtime=f.optional_text("image.runtime") or "docker",  # receipts before host runs: docker
         environment=environment,
+        gpu_access=f.obj("image.gpu_access", required=False),
     )
 
 

@@ -338,6 +338,8 @@ def match_cells(matrix: Matrix, fp: Fingerprint, lookup: Lookup) -> list[CellMat
         for name in pins.absent:
             if name in installed:
                 stack.append(f"{name}: the cell uninstalls it, here {installed[name]}")
+        if not pins.pins and not pins.complete:  # nothing known to compare (an archive base): no claim of a match
+            stack.append(f"stack: not known without the image ({pins.source})")
         if pins.complete:
             extra = sorted(n for n in installed if pins.get(n) is None and n not in TOOLING and n not in pins.absent)
             stack += [f"{n}: here {installed[n]}, not in the cell" for n in extra]

@@ -8,6 +8,7 @@ short load run on startup's server, kept running) — stopping at the first fail
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from collections.abc import Callable
@@ -121,6 +122,7 @@ def _verify_with_receipt(
         finished_at=time.time(),
         repo_digests=info.repo_digests if info else (),
         image_store=docker.image_store(),
+        gpu_access=dataclasses.asdict(docker.chosen_gpu_access) if docker.chosen_gpu_access else None,
         build=build_section(source=build[0], made_in_s=build[1], image_size=info.size if info else None),
     )
     paths = write_all(receipt, out_dir)

@@ -25,7 +25,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 # or `nox -s integration -- GROUP`), by what they need of the machine. A new file must be placed
 # here: collection fails otherwise, so no test falls outside every group.
 INTEGRATION_GROUPS: dict[str, tuple[str, ...]] = {
-    "build": ("test_build", "test_base_conflicts", "test_imports", "test_nonroot"),
+    "build": ("test_build", "test_base_conflicts", "test_imports", "test_nonroot", "test_gpu_access"),
     "serve": (
         "test_run",
         "test_run_vllm_032",

@@ -29,7 +29,7 @@ from pipeline.docker.client import Docker, ImageInfo
 from pipeline.docker.gc import job_labels
 from pipeline.errors import InfraError, InputError
 from pipeline.guard.redact import redact
-from pipeline.matrix.model import BootstrapBase, Cell, CellBase, Matrix, RegistryBase
+from pipeline.matrix.model import ArchiveBase, BootstrapBase, Cell, CellBase, Matrix, RegistryBase
 from pipeline.matrix.site import Mirror, SiteSettings
 from pipeline.registry.fleet import cache_ref, fetch_built, push_built, registry_credentials
 from pipeline.registry.oci import Credentials
@@ -146,6 +146,10 @@ def _ensure_bases(
         build_cell(docker, matrix, parent, site, images_dir, out_dir=out_dir.parent / parent.id)
     elif isinstance(base, BootstrapBase):
         ensure_base(docker, base, site, images_dir, log_dir=out_dir)
+    elif isinstance(base, ArchiveBase):
+        from pipeline.build.archive import ensure_archive_base
+
+        ensure_archive_base(docker, base, directory=site.base_archives, matrix_file=matrix.file)
 
 
 def _reuse(docker: Docker, plan: BuildPlan, site: SiteSettings, credentials: Credentials | None) -> BuildResult | None:

@@ -21,7 +21,7 @@ from pipeline.build.lock import Lock, read_lock
 from pipeline.build.render import image_file, render_template, template_text
 from pipeline.cache import file_sha256
 from pipeline.errors import InputError
-from pipeline.matrix.model import BootstrapBase, Cell, CellBase, HostBase, Matrix, Requirement
+from pipeline.matrix.model import ArchiveBase, BootstrapBase, Cell, CellBase, HostBase, Matrix, Requirement
 from pipeline.matrix.site import SiteSettings
 
 __all__ = [
@@ -105,6 +105,8 @@ def plan_cell(matrix: Matrix, cell: Cell, site: SiteSettings, images_dir: Path) 
         from pipeline.build.bootstrap import base_tag
 
         base_ref, python = base_tag(base), base.python
+    elif isinstance(base, ArchiveBase):
+        base_ref, python = base.tag, base.python  # the tag is the archive's sha256: the content tag pins it
     else:
         base_ref, python = base.reference, base.python
     lock = read_lock(cell) if cell.install else None
@@ -117,6 +119,8 @@ def plan_cell(matrix: Matrix, cell: Cell, site: SiteSettings, images_dir: Path) 
         local_wheels=_find_local_wheels(wanted, site),
         venv=base.recipe.venv if isinstance(base, BootstrapBase) else None,
         images_dir=images_dir,
+        # `docker import` of a tree packed without /tmp (gpu-docker.md section 5): pip needs one.
+        make_tmp=isinstance(base, ArchiveBase) and base.format == "rootfs",
     )
 
 
@@ -139,6 +143,7 @@ def render_plan(
     local_wheels: tuple[LocalWheel, ...],
     venv: str | None,
     images_dir: Path,
+    make_tmp: bool = False,
 ) -> BuildPlan:
     """The Dockerfile and context files for `cell`, from this checkout's templates and recipes."""
     # Overridden packages stay in the lock install and the override reinstalls them on top: the
@@ -163,6 +168,7 @@ def render_plan(
         base_ref=base_ref,
         python=python,
         venv=venv,
+        make_tmp=make_tmp,
         lock_groups=locked,
         override_groups=overrides,
         recipe_snippets=snippets,

@@ -21,7 +21,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,7 +37,17 @@ from pipeline.docker.gc import (
     owner_labels,
     process_alive,
 )
-from pipeline.errors import CheckFailed, InfraError
+from pipeline.docker.gpuaccess import (
+    GpuAccess,
+    GpuAccessSettingError,
+    cdi_spec_dirs,
+    cdi_spec_kinds,
+    choose_gpu_access,
+    gpu_access_setting,
+    gpu_flags,
+    missing_gpu_access_hint,
+)
+from pipeline.errors import CheckFailed, InfraError, InputError
 
 if TYPE_CHECKING:
     from pipeline.registry.oci import Credentials
@@ -199,6 +209,7 @@ class Container:
     volumes: tuple[str, ...] = ()
     network: str = "host"  # "none" for probes: importing must not need a network
     gpus: str | None = None
+    gpu_access: GpuAccess | None = None  # how `gpus` reaches docker run; None: `--gpus` (Docker.start fills it)
     shm_size: str | None = None
     pid: str | None = None  # `container:NAME`: share that container's PID namespace (a debugging sidecar)
     cap_add: tuple[str, ...] = ()
@@ -215,7 +226,7 @@ def run_argv(container: Container, *, detach: bool) -> list[str]:
     if container.shm_size:
         argv += ["--shm-size", container.shm_size]
     if container.gpus:
-        argv += ["--gpus", container.gpus]
+        argv += gpu_flags(container.gpu_access, container.gpus)
     for key, value in sorted(container.env):
         argv += ["--env", f"{key}={value}"]
     for name in container.env_from_host:
@@ -233,6 +244,30 @@ class Docker:
 
     def __init__(self, cli: DockerCli) -> None:
         self.cli = cli
+        self.chosen_gpu_access: GpuAccess | None = None  # once a GPU container ran: how it got its GPUs
+
+    def gpu_access(self, env: dict[str, str] | None = None) -> GpuAccess:
+        """How this daemon gives containers GPUs (pipeline/docker/gpuaccess.py), decided once: exit 3
+        naming what to install when it gives none, exit 2 for a bad site setting."""
+        if self.chosen_gpu_access is not None:
+            return self.chosen_gpu_access
+        try:
+            setting = gpu_access_setting(os.environ if env is None else env)
+        except GpuAccessSettingError as e:
+            raise InputError(str(e)) from None
+        info = self.info()
+        if isinstance(info, str):
+            raise InfraError(f"`docker info` failed, so GPU access cannot be told: {info[-300:]}")
+        chosen = choose_gpu_access(info, cdi_spec_kinds(cdi_spec_dirs(info)), setting)
+        if chosen is None:
+            raise InfraError(missing_gpu_access_hint(info, setting))
+        self.chosen_gpu_access = chosen
+        return chosen
+
+    def _with_gpu_access(self, container: Container) -> Container:
+        if not container.gpus or container.gpu_access is not None:
+            return container
+        return replace(container, gpu_access=self.gpu_access())
 
     @classmethod
     def connect(cls) -> Docker:
@@ -255,11 +290,11 @@ class Docker:
 
     def start(self, container: Container, *, timeout: float = 120) -> None:
         """`docker run --detach`; the caller removes it (`remove_container`) on every path."""
-        self._docker(*run_argv(container, detach=True), timeout=timeout)
+        self._docker(*run_argv(self._with_gpu_access(container), detach=True), timeout=timeout)
 
     def run(self, container: Container, *, timeout: float, check: bool = True) -> cmd.CommandResult:
         """Run `container` attached until it exits and keep it (to copy out of it): inside `removing`."""
-        return self._docker(*run_argv(container, detach=False), timeout=timeout, check=check)
+        return self._docker(*run_argv(self._with_gpu_access(container), detach=False), timeout=timeout, check=check)
 
     def run_to_end(self, container: Container, *, timeout: float) -> cmd.CommandResult:
         """Run `container` attached until it exits, then remove it, interrupted or not: its output,
@@ -511,7 +546,11 @@ class Docker:
         argv = ["image", "import"]
         for change in changes:
             argv += ["--change", change]
-        return self._docker(*argv, str(tarball), tag, timeout=600).stdout.strip()
+        return self._docker(*argv, str(tarball), tag, timeout=1800).stdout.strip()
+
+    def load_archive(self, archive: Path) -> str:
+        """`docker load` of a docker or OCI image archive: its output (the `Loaded image` lines)."""
+        return self._docker("image", "load", "--input", str(archive), timeout=1800).stdout
 
     def created_since(self, since: float, label: str) -> list[str]:
         """Names of containers carrying `label` created since `since` (epoch seconds), from the

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.matrix.model import BootstrapBase, Cell, CellBase, HostBase, Matrix, RegistryBase
+from pipeline.matrix.model import ArchiveBase, BootstrapBase, Cell, CellBase, HostBase, Matrix, RegistryBase
 
 if TYPE_CHECKING:
     from pipeline.docker.client import Docker
@@ -76,6 +76,10 @@ class PreflightFacts:
     model_architecture: str | None = None
     model_architecture_source: str = ""
     model_type: str | None = None  # config.json's (text) model_type, read with the architecture
+    # How this daemon gives containers GPUs (pipeline/docker/gpuaccess.py): the way found, described;
+    # or, when none is, what to install. Both None: not gathered (recorded facts from before).
+    gpu_access: str | None = None
+    gpu_access_missing: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -107,6 +111,8 @@ class PreflightFacts:
             model_architecture=data.get("model_architecture"),
             model_architecture_source=str(data.get("model_architecture_source", "")),
             model_type=data.get("model_type"),
+            gpu_access=data.get("gpu_access"),
+            gpu_access_missing=data.get("gpu_access_missing"),
         )
 
 
@@ -155,6 +161,7 @@ def gather_facts(
     if docker is not None:
         info, docker_error = _docker_info(docker)
     runtimes = tuple(sorted((info.get("Runtimes") or {}).keys())) if info is not None else None
+    access, access_missing = _gpu_access(info)
     require, require_source, platforms, platforms_source = _image_facts(matrix, cell, docker)
     disks = [_images_disk(info, docker_error, image_bytes)]
     if cell.serve is not None and cell.serve.model.kind == "hf":
@@ -176,9 +183,33 @@ def gather_facts(
         disks=tuple(disks),
         host_limits=host.limits if rules else None,
         model_architecture=architecture,
+        gpu_access=access,
+        gpu_access_missing=access_missing,
         model_architecture_source=architecture_source,
         model_type=model.model_type if model else None,
     )
+
+
+def _gpu_access(info: dict[str, Any] | None) -> tuple[str | None, str | None]:
+    """The GPU access the docker runtime will choose (the same rule, pipeline/docker/gpuaccess.py),
+    or what to install; (None, None) without a daemon or with a bad site setting (the run says it)."""
+    from pipeline.docker.gpuaccess import (
+        GpuAccessSettingError,
+        cdi_spec_dirs,
+        cdi_spec_kinds,
+        choose_gpu_access,
+        gpu_access_setting,
+        missing_gpu_access_hint,
+    )
+
+    if info is None:
+        return None, None
+    try:
+        setting = gpu_access_setting(os.environ)
+    except GpuAccessSettingError:
+        return None, None
+    chosen = choose_gpu_access(info, cdi_spec_kinds(cdi_spec_dirs(info)), setting)
+    return (chosen.describe(), None) if chosen else (None, missing_gpu_access_hint(info, setting))
 
 
 def _docker_info(docker: Docker) -> tuple[dict[str, Any] | None, str | None]:
@@ -220,6 +251,12 @@ def _image_facts(
             platforms, platforms_source = (machine,), f"base {base.name} is bootstrapped on this host"
         if require is None:
             require, require_source = "", f"base {base.name} is bootstrapped: no NVIDIA_REQUIRE_CUDA"
+        return require, require_source, platforms, platforms_source
+    if isinstance(base, ArchiveBase):
+        if require is None:  # an archive's own config is read only once it is loaded; a rootfs has none
+            require, require_source = "", f"base {base.name} is a local archive: no NVIDIA_REQUIRE_CUDA declared"
+        if platforms is None:
+            platforms_source = f"unknown: base {base.name} is a local archive (its platform is read when loaded)"
         return require, require_source, platforms, platforms_source
     assert isinstance(base, RegistryBase)
     local = _inspect(docker, base.reference) if docker is not None else None

@@ -391,6 +391,10 @@ def _runtime(facts: PreflightFacts, docker_required: bool) -> CheckResult:
             f"must know the NVIDIA runtime: {_TOOLKIT_FIX}",
             **evidence,
         )
+    if facts.gpu_access is not None:  # the way the docker runtime will use (pipeline/docker/gpuaccess.py)
+        return _item("nvidia-runtime", Status.PASS, f"GPU access: {facts.gpu_access}", **evidence)
+    if facts.gpu_access_missing is not None:
+        return _item("nvidia-runtime", Status.FAIL, facts.gpu_access_missing, **evidence)
     if "nvidia" in facts.runtimes:
         return _item("nvidia-runtime", Status.PASS, "docker has the nvidia runtime", **evidence)
     if facts.cdi_specs:

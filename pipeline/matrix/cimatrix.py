@@ -167,6 +167,8 @@ def cell_definition(matrix: Matrix, cell: Cell) -> str:
     root = _absolute(matrix.file).parent
     data = dataclasses.asdict(cell)
     del data["line"]
+    if isinstance(data.get("base"), dict):
+        data["base"].pop("line", None)  # an archive base's line, for its messages: not what it is
     names = {r.index for r in (*cell.overrides, *(cell.install.requirements if cell.install else ()))}
     data["index_urls"] = {i.name: i.url for i in matrix.indexes if i.name in names}
     return json.dumps(_relative(data, root), sort_keys=True, default=str)

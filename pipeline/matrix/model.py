@@ -106,7 +106,31 @@ class HostBase:
 
 HOST_BASE = HostBase()
 
-Base = RegistryBase | BootstrapBase | CellBase | HostBase
+ARCHIVE_FORMATS = ("docker-archive", "oci", "rootfs")
+ARCHIVE_TAG_REPOSITORY = "stackproof-base/archive"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ArchiveBase:
+    """A local image archive, for a runner without a registry: `docker load` of a docker/OCI archive
+    or `docker import` of a root filesystem tarball (`format: rootfs`, its `env` set on the image),
+    after the file's sha256 is checked. `archive` relative: under the site's STACKPROOF_BASE_ARCHIVES."""
+
+    name: str
+    archive: str
+    sha256: str  # 64 hex digits: the file's, what pins the base in the content tag
+    format: str  # one of ARCHIVE_FORMATS
+    python: str = "python3"
+    env: tuple[tuple[str, str], ...] = ()  # rootfs only: `docker import --change ENV`
+    line: int = 0  # of `sha256:` in matrix.yaml, for the mismatch message
+
+    @property
+    def tag(self) -> str:
+        """The loaded base's tag: from the sha256, so a present tag is this very file, loaded before."""
+        return f"{ARCHIVE_TAG_REPOSITORY}:{self.sha256[:32]}"
+
+
+Base = RegistryBase | BootstrapBase | CellBase | HostBase | ArchiveBase
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -404,7 +428,7 @@ class Matrix:
         bootstrap base: the one walk of the base chain (the loader has rejected cycles)."""
         return lineage(cell, {c.id: c for c in self.cells})
 
-    def root_base(self, cell: Cell) -> RegistryBase | BootstrapBase | HostBase:
+    def root_base(self, cell: Cell) -> RegistryBase | BootstrapBase | HostBase | ArchiveBase:
         """The registry or bootstrap base at the bottom of the cell's chain."""
         base = self.lineage(cell)[-1].base
         if isinstance(base, CellBase):

@@ -16,10 +16,12 @@ from packaging.utils import canonicalize_name
 from pipeline.errors import InputError, MatrixError
 from pipeline.guard.redact import secret_arg
 from pipeline.matrix.model import (
+    ARCHIVE_FORMATS,
     DEFAULT_ENGINE,
     HOST_BASE,
     SERVING_ENGINES,
     STAGES,
+    ArchiveBase,
     Base,
     BootstrapBase,
     BootstrapRecipe,
@@ -41,7 +43,9 @@ from pipeline.matrix.schema import (
     _IMAGE,
     _PACKAGE,
     _PYTHON,
+    _SHA256_HEX,
     _SUITE,
+    ARCHIVE_BASE_KEYS,
     BOOTSTRAP_KEYS,
     CELL_KEYS,
     EXPECT_KEYS,
@@ -157,6 +161,10 @@ class _Checker(CellPartsChecker):
                         venv=self.path((*bp, "venv"), b.get("venv")),
                     )
                     result.append(BootstrapBase(name=str(name), recipe=recipe))
+            elif "archive" in spec:
+                archive = self.archive_base(path, spec)
+                if archive is not None:
+                    result.append(archive)
             elif "cell" in spec:
                 if self.keys(path, spec, ("cell",)):
                     result.append(CellBase(name=str(name), cell=self.text((*path, "cell"), spec["cell"])))
@@ -190,6 +198,33 @@ class _Checker(CellPartsChecker):
                     )
                 )
         return tuple(result)
+
+    def archive_base(self, path: Path_, spec: dict[str, Any]) -> ArchiveBase | None:
+        """`{archive: PATH, sha256: HEX, format: docker-archive|oci|rootfs, python?, env?}`."""
+        if not self.keys(path, spec, ARCHIVE_BASE_KEYS, required=("archive", "sha256", "format")):
+            return None
+        archive = self.text((*path, "archive"), spec["archive"])
+        if not archive or "\n" in archive:
+            self.problem((*path, "archive"), "must be a file path (absolute, or under STACKPROOF_BASE_ARCHIVES)")
+        sha256 = self.text(
+            (*path, "sha256"), spec["sha256"], pattern=_SHA256_HEX, what="sha256 (64 lowercase hex digits)"
+        )
+        fmt = self.choice((*path, "format"), spec["format"], ARCHIVE_FORMATS, "archive format")
+        python = self.text(
+            (*path, "python"), spec.get("python", "python3"), pattern=_PYTHON, what="python command or path"
+        )
+        env = self.env((*path, "env"), spec.get("env"))
+        if env and fmt != "rootfs":
+            self.problem((*path, "env"), "only a `format: rootfs` base takes env (an image archive has its own config)")
+        return ArchiveBase(
+            name=str(path[-1]),
+            archive=archive,
+            sha256=sha256,
+            format=fmt,
+            python=python,
+            env=env,
+            line=self.src.line_of((*path, "sha256")),
+        )
 
     # -- cells ------------------------------------------------------------------------------------
 

@@ -64,12 +64,14 @@ EXPECT_REQUIRED = ("outcome", "stage", "reason", "match")
 INDEX_KEYS = ("url",)
 REGISTRY_BASE_KEYS = ("image", "digest", "python", "require_cuda", "platforms")
 BOOTSTRAP_KEYS = ("suite", "variant", "include", "venv")
+ARCHIVE_BASE_KEYS = ("archive", "sha256", "format", "python", "env")
 TOOL_OWNED_ARGS = ("--host", "--port")  # the tool binds the server to 127.0.0.1 on a port it picks
 
 _ID = re.compile(r"^[a-z0-9][a-z0-9._-]{0,99}$")  # a path component and a tag repository: short, no `/`
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _PACKAGE = re.compile(r"^([A-Z0-9]|[A-Z0-9][A-Z0-9._-]*[A-Z0-9])$", re.IGNORECASE)
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+_SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 _IMAGE = re.compile(r"^[a-z0-9][a-z0-9._/:-]*:[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
 _MODEL = re.compile(r"^(hf:[\w.-]+/[\w.-]+|path:/\S+)$")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")

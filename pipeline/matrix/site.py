@@ -17,6 +17,8 @@ directories, and intercept TLS with their own CA. Both come from the environment
 - `STACKPROOF_BUILD_CACHE`: `none` turns that registry layer cache off.
 - `STACKPROOF_RUNNER_LABELS`: a YAML file mapping the matrix's runner labels onto this site's
   (`pipeline.matrix.runners`): ARC scale sets, for one, carry none of the default `self-hosted` labels.
+- `STACKPROOF_BASE_ARCHIVES`: the directory a relative `archive:` base path is under (an air-gapped
+  runner's image archives; pipeline/build/archive.py). Default: the current directory.
 
 An index a build needs that has no mirror is asked once (`check_reachable`) before the build
 starts: unreachable, the job ends with exit 3 naming the index and STACKPROOF_MIRRORS, instead
@@ -82,6 +84,7 @@ class SiteSettings:
     registry: str | None = None  # HOST[:PORT][/NAMESPACE]: where the fleet's built images are
     build_cache: bool = True  # keep buildx's layer cache in `registry` (when the CLI has buildx)
     runner_labels: RunnerLabels | None = None
+    base_archives: Path | None = None  # STACKPROOF_BASE_ARCHIVES: where relative `archive:` bases are
     notes: tuple[str, ...] = field(default=())
 
     def mirror(self, index: str) -> Mirror | None:
@@ -167,6 +170,7 @@ def load_site(matrix: Matrix, env: Mapping[str, str] | None = None) -> SiteSetti
         registry=_registry(env),
         build_cache=env.get("STACKPROOF_BUILD_CACHE", "").lower() not in ("none", "off", "0"),
         runner_labels=load_runner_labels(Path(labels_file), matrix) if labels_file else None,
+        base_archives=Path(env["STACKPROOF_BASE_ARCHIVES"]) if env.get("STACKPROOF_BASE_ARCHIVES") else None,
         notes=tuple(notes),
     )
 

@@ -41,7 +41,7 @@ from packaging.version import InvalidVersion, Version
 
 from pipeline import cmd
 from pipeline.errors import InputError, PipelineError
-from pipeline.matrix.model import BootstrapBase, Cell, CellBase, HostBase, Matrix, RegistryBase
+from pipeline.matrix.model import ArchiveBase, BootstrapBase, Cell, CellBase, HostBase, Matrix, RegistryBase
 from pipeline.releases.table import (
     NETWORK_WORDS,
     Release,
@@ -407,6 +407,8 @@ def cell_stack(matrix: Matrix, cell: Cell, lookup: Lookup) -> Pins:
         pins, complete, source = {}, True, f"bootstrap base {base.name} (an empty venv)"
     elif isinstance(base, HostBase):
         pins, complete, source = {}, True, "a host environment (a new venv)"
+    elif isinstance(base, ArchiveBase):  # what a local archive holds is not known without loading it
+        pins, complete, source = {}, False, f"archive base {base.name} (sha256 {base.sha256[:12]}): contents not read"
     else:
         pins, complete, source = _registry_pins(base, cell.platform, lookup, assumed, notes)
     if cell.install is not None:

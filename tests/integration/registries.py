@@ -40,6 +40,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from tests.integration.fake_cdi import write_fake_cdi_spec
+
 DOCKER26_PREFIX = Path(os.environ.get("STACKPROOF_DOCKER26", "/opt/stackproof/docker26"))
 SERVICE = "stackproof-test-registry"
 ISSUER = "stackproof-test-issuer"
@@ -279,7 +281,11 @@ class Docker26:
     def start(self) -> None:
         for sub in ("data", "exec"):
             (self.state / sub).mkdir(parents=True, exist_ok=True)
-        (self.state / "daemon.json").write_text(json.dumps({"features": {"containerd-snapshotter": True}}))
+        # CDI on, reading a spec for a fake device kind (tests/integration/fake_cdi.py): the CPU proof of
+        # the CDI GPU path (pipeline/docker/gpuaccess.py).
+        cdi = write_fake_cdi_spec(self.state / "cdi")
+        config = {"features": {"containerd-snapshotter": True, "cdi": True}, "cdi-spec-dirs": [str(cdi)]}
+        (self.state / "daemon.json").write_text(json.dumps(config))
         path = f"{DOCKER26_PREFIX / 'usr' / 'bin'}:{DOCKER26_PREFIX / 'usr' / 'sbin'}:/usr/sbin:/usr/bin:/sbin:/bin"
         log = (self.state / "dockerd.log").open("w")
         argv = [

@@ -40,11 +40,12 @@ ON_SGLANG_IMAGES = {"sm120-sglang-0.5.18-qwen3.8-nvfp4", "sm120-sglang-0.5.19-qw
 CPU_HOST = "cpu-tiny-host"  # cpu-tiny's lock and recipes on the host runtime: no Dockerfile
 H200 = "h200-vllm-0.26.0-tiny"  # the host's own environment: no lock, no recipe, no Dockerfile
 CPU_032 = "cpu-tiny-vllm-0.32"  # extends cpu-tiny (its packages, recipes), with a lock of its own
+GPU_DOCKER = "gpu-docker-vllm-0.26.0-tiny"  # the GPU host's tree as an archive base, the tiny-model recipe
 # rendered from the templates
-IN_DOCKER = ON_CPU_TINY | ON_VLLM_IMAGE | ON_VLLM_033 | {SGLANG_CPU, CPU_032} | ON_SGLANG_IMAGES
+IN_DOCKER = ON_CPU_TINY | ON_VLLM_IMAGE | ON_VLLM_033 | {SGLANG_CPU, CPU_032, GPU_DOCKER} | ON_SGLANG_IMAGES
 ALL = IN_DOCKER | {CPU_HOST, H200}
 ON_CPU_TINY_LOCK = ON_CPU_TINY | {CPU_HOST}
-ON_TINY_MODEL = ON_CPU_TINY | {SGLANG_CPU, CPU_HOST, CPU_032}  # the tiny-model recipe's cells
+ON_TINY_MODEL = ON_CPU_TINY | {SGLANG_CPU, CPU_HOST, CPU_032, GPU_DOCKER}  # the tiny-model recipe's cells
 
 
 @pytest.fixture(autouse=True)
@@ -319,7 +320,7 @@ def test_reasons_go_to_stderr_and_the_table(repo: GitRepo, capsys: pytest.Captur
     out = capsys.readouterr().out.splitlines()
     assert out[0].split()[-1] == "why"
     assert out[1].startswith(CPU) and out[1].endswith("locks/cpu-tiny.lock.json changed")
-    assert out[-1] == "5 of 15 cells selected, changed since HEAD"
+    assert out[-1] == "5 of 16 cells selected, changed since HEAD"
 
 
 def test_changed_since_and_named_cells_intersect(repo: GitRepo, capsys: pytest.CaptureFixture[str]) -> None:
@@ -333,7 +334,7 @@ def test_no_change_is_an_empty_include_list(repo: GitRepo, capsys: pytest.Captur
     code, doc, _ = ci_matrix(capsys, "--matrix", str(repo.matrix), "--changed-since", "HEAD")
     assert (code, doc) == (0, {"include": []})
     assert main(["ci-matrix", "--matrix", str(repo.matrix), "--changed-since", "HEAD"]) == 0
-    assert capsys.readouterr().out == "0 of 15 cells selected, changed since HEAD\n"
+    assert capsys.readouterr().out == "0 of 16 cells selected, changed since HEAD\n"
 
 
 def test_no_matrix_at_the_ref_selects_every_cell(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

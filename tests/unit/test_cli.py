@@ -69,7 +69,7 @@ def test_validate_real_matrix_reports_notes(real: list[str], repo: Path, capsys)
     out, err = capsys.readouterr()
     document = json.loads(out)
     assert document["valid"] is True
-    assert document["cells"] == 15
+    assert document["cells"] == 16
     assert document["file"] == str(repo / "matrix.yaml")
     assert len(document["notes"]) == 7  # the cells on the tag-only vllm-openai and SGLang release bases
     assert all("pinned by tag only" in note for note in document["notes"])
@@ -96,6 +96,7 @@ def test_list_json_is_one_document(real: list[str], capsys) -> None:
         "sglang-cpu-tiny",
         "sm120-sglang-0.5.18-qwen3.8-nvfp4",
         "sm120-sglang-0.5.19-qwen3.8-nvfp4",
+        "gpu-docker-vllm-0.26.0-tiny",
     ]
     assert rows["cpu-tiny"] == {
         "id": "cpu-tiny",
@@ -137,6 +138,7 @@ def test_list_text_has_one_line_per_cell(real: list[str], capsys) -> None:
         "sglang-cpu-tiny",
         "sm120-sglang-0.5.18-qwen3.8-nvfp4",
         "sm120-sglang-0.5.19-qwen3.8-nvfp4",
+        "gpu-docker-vllm-0.26.0-tiny",
     ]
     assert lines[5].endswith("expect fail at imports")
     assert lines[6].endswith("expect fail at imports")

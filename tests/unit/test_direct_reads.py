@@ -42,6 +42,9 @@ ALLOWED: dict[str, dict[str, str]] = {
     "pipeline/cache.py": {"file_sha256": CACHE},
     "pipeline/docker/client.py": {"_detect_cli_cached": CACHE},
     "pipeline/docker/gc.py": {"stat_fields": KERNEL},
+    "pipeline/docker/gpuaccess.py": {
+        "_spec_kind": SYSTEM + "; CDI specs in the directories docker info names, size-capped"
+    },
     "pipeline/host/env.py": {"built_env_at": STORE},
     "pipeline/host/facts.py": {"_cdi_specs": SYSTEM},
     "pipeline/host/geometry.py": {"cpu_model": KERNEL, "_os_name": SYSTEM},

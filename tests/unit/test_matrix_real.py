@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.errors import InputError
-from pipeline.matrix.model import BootstrapBase, CellBase, HostBase, Matrix, RegistryBase
+from pipeline.matrix.model import ArchiveBase, BootstrapBase, CellBase, HostBase, Matrix, RegistryBase
 
 FIXED = "sm120-vllm-0.28.0-fi-0.6.18.post1-cu130"
 RELEASE = "sm120-vllm-0.28.0-release"
@@ -34,6 +34,7 @@ def test_real_matrix_cells_in_file_order(real_matrix: Matrix) -> None:
         "sm120-vllm-0.33.0-release",
         "sm121-vllm-0.33.0-release",
         *sglang,
+        "gpu-docker-vllm-0.26.0-tiny",
     ]
     assert {c.id: c.arch for c in real_matrix.cells} == {
         "cpu-tiny": "none",
@@ -51,6 +52,7 @@ def test_real_matrix_cells_in_file_order(real_matrix: Matrix) -> None:
         sglang[0]: "none",
         sglang[1]: "sm120",
         sglang[2]: "sm120",
+        "gpu-docker-vllm-0.26.0-tiny": "sm90",
     }
     assert [c.is_gpu for c in real_matrix.cells] == [
         False,
@@ -68,8 +70,9 @@ def test_real_matrix_cells_in_file_order(real_matrix: Matrix) -> None:
         False,
         True,
         True,
+        True,
     ]
-    assert [c.serve.engine for c in real_matrix.cells if c.serve] == ["vllm"] * 9 + ["sglang"] * 3
+    assert [c.serve.engine for c in real_matrix.cells if c.serve] == ["vllm"] * 9 + ["sglang"] * 3 + ["vllm"]
     assert [c.id for c in real_matrix.cells if c.on_host] == host
 
 
@@ -89,7 +92,10 @@ def test_real_matrix_indexes_and_bases(real_matrix: Matrix) -> None:
     names = [ix.name for ix in real_matrix.indexes]
     assert names == ["pypi", "pytorch-cpu", "flashinfer", "flashinfer-cu130"]
     assert real_matrix.index("flashinfer-cu130").url == "https://flashinfer.ai/whl/cu130"
-    debian, cpu_tiny, vllm, vllm_0_33, sglang_0_5_18, sglang_0_5_19 = real_matrix.bases
+    debian, cpu_tiny, vllm, vllm_0_33, sglang_0_5_18, sglang_0_5_19, gpu_host_tree = real_matrix.bases
+    # The GPU host's tree: its sha256 is written there (zeros here never match a file: a build stops).
+    assert isinstance(gpu_host_tree, ArchiveBase) and gpu_host_tree.format == "rootfs"
+    assert gpu_host_tree.sha256 == "0" * 64 and gpu_host_tree.python == "/opt/torch/.venv/bin/python"
     assert isinstance(vllm_0_33, RegistryBase) and vllm_0_33.image == "vllm/vllm-openai:v0.33.0"
     assert (sglang_0_5_18.image, sglang_0_5_19.image) == (
         "lmsysorg/sglang:v0.5.18-cu130",

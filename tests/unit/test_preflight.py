@@ -536,3 +536,21 @@ def test_cli_verify_of_the_host_cell_without_a_gpu_exits_3_before_anything_start
     err = capsys.readouterr().err
     assert code == 3 and "preflight FAIL  gpu: no NVIDIA GPU seen (nvidia-smi: not found on PATH)" in err
     assert "nvidia-runtime" not in err and "Traceback" not in err
+
+
+def test_the_gpu_access_the_runtime_will_use_decides_and_is_named(sm90: Cell) -> None:
+    """Gathered by the docker runtime's own rule (pipeline/docker/gpuaccess.py): the way found is
+    said; none found fails naming what to install, even where a spec file lies on a daemon without CDI."""
+    from pipeline.host.facts import _gpu_access
+
+    base = with_docker(h200(), "runc")
+    found = dataclasses.replace(base, gpu_access="cdi (--device nvidia.com/gpu=...; CDI spec for nvidia.com/gpu: x)")
+    runtime = item(judge_preflight(sm90, found), "nvidia-runtime")
+    assert runtime.status is Status.PASS and runtime.message.startswith("GPU access: cdi (--device nvidia.com/gpu")
+    info_20 = {"Runtimes": {"runc": {}}, "CDISpecDirs": None}
+    described, missing = _gpu_access(info_20)
+    assert described is None and missing is not None and "CDI is off" in missing
+    lost = dataclasses.replace(base, cdi_specs=("/etc/cdi/nvidia.yaml",), gpu_access_missing=missing)
+    runtime = item(judge_preflight(sm90, lost), "nvidia-runtime")
+    assert runtime.status is Status.FAIL and "nvidia-ctk cdi generate" in runtime.message
+    assert PreflightFacts.parse(json.loads(json.dumps(lost.to_json()))) == lost

@@ -267,3 +267,19 @@ def test_a_real_receipts_load_section_reads_back_typed_and_writes_back_key_for_k
     assert receipt.load is not None and receipt.load.summary.questions.attempted >= 0
     written = receipt.to_json()["load"]
     assert json.dumps(written) == json.dumps(document["load"])
+
+
+def test_the_gpu_access_is_recorded_optional_and_checked(tmp_path: Path) -> None:
+    """Which way the container got its GPUs (pipeline/docker/gpuaccess.py): written, read back,
+    validated; absent in a receipt without a GPU (older receipts stay valid); a bad one is refused."""
+    import dataclasses
+
+    plain = _receipt(Status.PASS, Status.PASS)
+    assert "gpu_access" not in plain.to_json()["image"]
+    access = {"how": "cdi", "cdi_kind": "nvidia.com/gpu", "source": "CDI spec for nvidia.com/gpu: /etc/cdi/nvidia.yaml"}
+    gpu = dataclasses.replace(plain, image=dataclasses.replace(plain.image, gpu_access=access))
+    written = json.loads(write_all(gpu, tmp_path)["receipt"].read_text())
+    assert written["image"]["gpu_access"] == access and list(_validator().iter_errors(written)) == []
+    assert Receipt.parse(written) == gpu
+    written["image"]["gpu_access"]["how"] = "nvidia"
+    assert [e.message for e in _validator().iter_errors(written)] == ["'nvidia' is not one of ['gpus', 'cdi']"]

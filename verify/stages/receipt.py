@@ -53,6 +53,7 @@ def build_receipt(
     image_store: str = "classic",
     build: dict[str, Any] | None = None,
     environment: dict[str, Any] | None = None,
+    gpu_access: dict[str, Any] | None = None,
 ) -> Receipt:
     """`environment`: the host runtime's environment (`HostEnv.to_json`); the image fields then
     name it, its inventory digest in place of an image digest."""
@@ -71,6 +72,7 @@ def build_receipt(
             repo_digests=repo_digests,
             runtime="host" if environment else "docker",
             environment=environment,
+            gpu_access=gpu_access,
         ),
         matrix_digest=matrix_digest,
         host=host,
