@@ -17,6 +17,9 @@ directories, and intercept TLS with their own CA. Both come from the environment
 - `STACKPROOF_BUILD_CACHE`: `none` turns that registry layer cache off.
 - `STACKPROOF_RUNNER_LABELS`: a YAML file mapping the matrix's runner labels onto this site's
   (`pipeline.matrix.runners`): ARC scale sets, for one, carry none of the default `self-hosted` labels.
+- `STACKPROOF_COMPILE_CACHE`: a directory for the servers' compile/JIT caches (vLLM's torch.compile,
+  inductor, Triton, FlashInfer's JIT), one slot per image id (`pipeline.compilecache`); `--compile-cache`
+  on run and verify sets it. Unset: every start compiles from nothing.
 
 An index a build needs that has no mirror is asked once (`check_reachable`) before the build
 starts: unreachable, the job ends with exit 3 naming the index and STACKPROOF_MIRRORS, instead
@@ -36,6 +39,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipeline.compilecache import CompileCache, compile_cache_from_env
 from pipeline.errors import InfraError, InputError
 from pipeline.guard import boundedio
 from pipeline.guard.redact import redact
@@ -83,6 +87,7 @@ class SiteSettings:
     build_cache: bool = True  # keep buildx's layer cache in `registry` (when the CLI has buildx)
     runner_labels: RunnerLabels | None = None
     notes: tuple[str, ...] = field(default=())
+    compile_cache: CompileCache | None = None  # STACKPROOF_COMPILE_CACHE: servers' compile/JIT cache
 
     def mirror(self, index: str) -> Mirror | None:
         return next((m for m in self.mirrors if m.index == index), None)
@@ -168,6 +173,7 @@ def load_site(matrix: Matrix, env: Mapping[str, str] | None = None) -> SiteSetti
         build_cache=env.get("STACKPROOF_BUILD_CACHE", "").lower() not in ("none", "off", "0"),
         runner_labels=load_runner_labels(Path(labels_file), matrix) if labels_file else None,
         notes=tuple(notes),
+        compile_cache=compile_cache_from_env(env),
     )
 
 
