@@ -25,9 +25,10 @@ def project_imports(path: Path) -> list[tuple[int, str, str]]:
     """(line, module, name) of every `from MODULE import NAME` of this project's code in `path`."""
     found = []
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            if node.module.split(".")[0] in PROJECT:
-                found += [(node.lineno, node.module, alias.name) for alias in node.names]
+        ours = isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] in PROJECT
+        if ours:
+            assert isinstance(node, ast.ImportFrom) and node.module
+            found += [(node.lineno, node.module, alias.name) for alias in node.names]
     return found
 
 
