@@ -21,6 +21,7 @@ import pytest
 
 from pipeline.host.proc import Marked, group_members, marked_processes
 from tests.integration.conftest import JOB, REPO, python_as, runner_dir, stackproof
+from tests.launch import launched
 
 pytestmark = pytest.mark.integration
 
@@ -61,7 +62,11 @@ class Tool:
             user, ["-m", "stackproof", "verify", CELL, "--stages", "startup", "--out", str(out)], {**os.environ}
         )
         env["STACKPROOF_JOB"] = JOB
-        self.proc = subprocess.Popen(argv, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
+        # Through the launcher: SIGINT reaches the tool as KeyboardInterrupt even when the suite was
+        # started with it ignored (a background job); the launcher execs, so the pid is the same.
+        self.proc = subprocess.Popen(
+            launched(argv), cwd=REPO, env=env, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
         self.via_runuser = argv[0] == "runuser"
         self.lines: list[str] = []
 

@@ -23,6 +23,7 @@ import pytest
 
 from pipeline.docker.client import Docker
 from tests.integration.conftest import JOB, REPO, containers, created_since, runner_dir, stackproof, write_matrix
+from tests.launch import launched
 
 pytestmark = pytest.mark.integration
 
@@ -220,10 +221,11 @@ def test_interrupted_run_leaves_no_container(
 ) -> None:
     """Interrupt `stackproof run` while the container of `phase` runs: every container goes."""
     role = f"io.stackproof.role={phase}"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pipeline", "run", "cpu-tiny", "--out", str(tmp_path)],
+    proc = subprocess.Popen(  # through the launcher: SIGINT is the default even in a background job
+        launched([sys.executable, "-m", "pipeline", "run", "cpu-tiny", "--out", str(tmp_path)]),
         cwd=REPO,
         env={**os.environ, "STACKPROOF_JOB": JOB},
+        stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
