@@ -88,10 +88,11 @@ class CompileCache:
         process) and say whether it held anything before this start."""
         slot, key = self.slot(image_key)
         warm = slot.is_dir() and any(slot.iterdir())
-        for _, folder in CACHE_VARIABLES:
-            (slot / folder).mkdir(parents=True, exist_ok=True)
-            (slot / folder).chmod(0o777)
-        slot.chmod(0o777)
+        try:
+            for folder in (slot, *(slot / name for _, name in CACHE_VARIABLES)):
+                _make_shared(folder)
+        except OSError as exc:
+            raise InputError(f"{ENV_NAME}: {slot}: cannot use it ({exc.strerror})") from None
         env = tuple((name, f"{CONTAINER_DIR}/{folder}") for name, folder in CACHE_VARIABLES)
         return CacheUse(slot=slot, key=key, warm=warm, env=env)
 
@@ -115,6 +116,16 @@ class CompileCacheRecord:
 
     def to_json(self) -> dict[str, Any]:
         return {"used": self.used, "warm": self.warm, "starts": list(self.starts)}
+
+
+def _make_shared(folder: Path) -> None:
+    """Make `folder` writable by every user (the server may run as another user than this process);
+    one made by someone else is left as it is: only its owner may change its mode."""
+    try:
+        folder.mkdir(parents=True)
+    except FileExistsError:
+        return
+    folder.chmod(0o777)
 
 
 def compile_cache_from_env(env: Mapping[str, str]) -> CompileCache | None:
