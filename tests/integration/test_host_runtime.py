@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.host.proc import Marked, group_members, marked_processes
-from tests.integration.conftest import JOB, REPO, python_as, runner_dir, stackproof
+from tests.integration.conftest import COLD, JOB, REPO, python_as, runner_dir, stackproof
 from tests.launch import launched
 
 pytestmark = pytest.mark.integration
@@ -62,6 +62,9 @@ class Tool:
             user, ["-m", "stackproof", "verify", CELL, "--stages", "startup", "--out", str(out)], {**os.environ}
         )
         env["STACKPROOF_JOB"] = JOB
+        # COLD: killed or interrupted before or around readiness, it gains nothing from the compile
+        # cache, and a kill during vLLM's non-atomic cache write must not break the session's slot.
+        env.update(COLD)
         # Through the launcher: SIGINT reaches the tool as KeyboardInterrupt even when the suite was
         # started with it ignored (a background job); the launcher execs, so the pid is the same.
         self.proc = subprocess.Popen(

@@ -231,7 +231,9 @@ def test_interrupted_run_leaves_no_container(
     proc = subprocess.Popen(  # through the launcher: SIGINT is the default even in a background job
         launched([sys.executable, "-m", "pipeline", "run", "cpu-tiny", "--out", str(tmp_path)]),
         cwd=REPO,
-        env={**os.environ, "STACKPROOF_JOB": JOB},
+        # COLD: killed before it is ready, it gains nothing from the cache, and a kill in the middle
+        # of vLLM's (non-atomic) cache write must not leave the session's slot broken.
+        env={**os.environ, "STACKPROOF_JOB": JOB, **COLD},
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
