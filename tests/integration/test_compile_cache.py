@@ -13,9 +13,10 @@ from tests.integration.conftest import containers, docker_cmd, stackproof
 
 CELL_LABEL = "io.stackproof.cell=cpu-tiny"
 
-# A warm start must save at least this much of the cold one: the cache holds the inductor compile,
-# about 43 of the 47 s of a cold start on this machine kind (measured, this file's docstring).
-MIN_SAVED_FRACTION = 0.3
+# A warm start must save at least this much of the cold one. Measured here (2 cores, load average 9
+# from other jobs): cold 64 s to /health, warm 38 s (41% saved); CI's quiet box: a cold start is
+# about 47 s, 43 of them inductor compile.
+MIN_SAVED_FRACTION = 0.25
 
 
 def test_a_warm_cache_starts_faster_and_the_receipt_says_warm(cpu_tiny: str, tmp_path: Path) -> None:
@@ -28,6 +29,7 @@ def test_a_warm_cache_starts_faster_and_the_receipt_says_warm(cpu_tiny: str, tmp
     assert cold["status"] == warm["status"] == "INCONCLUSIVE", document  # --stages startup: a partial run
     assert cold["cache_warm"] is False and warm["cache_warm"] is True, document
     saved = cold["readiness_seconds"] - warm["readiness_seconds"]
+    print(f"compile cache: cold start {cold['readiness_seconds']}s, warm {warm['readiness_seconds']}s")
     assert saved > MIN_SAVED_FRACTION * cold["readiness_seconds"], f"warm start saved only {saved:.1f}s: {document}"
     receipts = sorted(
         (Receipt.read(path) for path in out.glob("cpu-tiny/run-*/receipt.json")), key=lambda r: r.started_at
