@@ -70,20 +70,22 @@ def tests(session: nox.Session) -> None:
         timing.report()
         return
     integration = ["tests/integration", "--run-docker", *rest]
-    with (
-        _prebuilt(session, PREBUILD) as first_built,
-        _beside(session, [*integration, "-m", AUDIT, *timing.xml(AUDIT)], AUDIT, timing),
-    ):
-        timing.run(session, "unit", ["pytest", "-ra", "--durations=15", *unit, *rest])
-        first_built()
-        quiet = " or ".join(QUIET)
-        with _beside(session, [*integration, "-m", quiet, *timing.xml("quiet")], "quiet", timing):
-            timing.run(session, TIMED[0], ["pytest", "-ra", "--durations=30", *integration, "-m", TIMED[0]])
-        for group in TIMED[1:]:
-            timing.run(session, group, ["pytest", "-ra", "--durations=30", *integration, "-m", group])
-        others = " and ".join(f"not {g}" for g in (AUDIT, *QUIET, *TIMED))
-        timing.run(session, "others", ["pytest", "-ra", *integration, "-m", others], none_ok=True)
-    timing.report()
+    try:
+        with (
+            _prebuilt(session, PREBUILD) as first_built,
+            _beside(session, [*integration, "-m", AUDIT, *timing.xml(AUDIT)], AUDIT, timing),
+        ):
+            timing.run(session, "unit", ["pytest", "-ra", "--durations=15", *unit, *rest])
+            first_built()
+            quiet = " or ".join(QUIET)
+            with _beside(session, [*integration, "-m", quiet, *timing.xml("quiet")], "quiet", timing):
+                timing.run(session, TIMED[0], ["pytest", "-ra", "--durations=30", *integration, "-m", TIMED[0]])
+            for group in TIMED[1:]:
+                timing.run(session, group, ["pytest", "-ra", "--durations=30", *integration, "-m", group])
+            others = " and ".join(f"not {g}" for g in (AUDIT, *QUIET, *TIMED))
+            timing.run(session, "others", ["pytest", "-ra", *integration, "-m", others], none_ok=True)
+    finally:
+        timing.report()  # the log's last lines, also when a group failed
 
 
 class Timing:
