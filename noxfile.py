@@ -11,7 +11,9 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -37,6 +39,20 @@ def lint(session: nox.Session) -> None:
     session.run("lint-imports")  # the layers: commands above checks above the floor (pyproject.toml)
 
 
+# The integration groups (tests/conftest.py INTEGRATION_GROUPS) by how they may share the machine
+# (docs/ci.md). AUDIT needs no docker and runs beside everything from the start. QUIET groups judge
+# no timing: they run beside the first TIMED group, niced. TIMED groups judge timings (load, A/B,
+# sweep, bisect) and run one after another; the last runs alone. A group in no tuple (a new one) runs
+# in the foreground after the TIMED ones, alone: the safe place until it is sorted.
+AUDIT = "audit"
+QUIET = ("build", "registry")
+TIMED = ("serve", "host")
+# Images the integration tier's session fixtures build, built while the unit tier runs. The first
+# is waited for before any integration group starts (its bootstrapped base is shared and has no
+# lock); the fixtures of the others wait on the build's own per-cell lock (pipeline/cache.py).
+PREBUILD = ("cpu-tiny", "sglang-cpu-tiny", "cpu-tiny-vllm-0.32")
+
+
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     """Unit tier always; the integration tier with `-- --run-docker` (real dockerd, real builds)."""
@@ -44,24 +60,123 @@ def tests(session: nox.Session) -> None:
     docker = "--run-docker" in session.posargs
     rest = [arg for arg in session.posargs if arg != "--run-docker"]
     # The unit tier on every core, a file per worker (a module fixture, like the fuzz suite's one
-    # child process for all its cases, runs once); the integration tier after it, one test at a
-    # time: its real servers share the host's cores and one daemon. The slowest tests are listed at
-    # the end of each: where the minutes go, in every CI log. --run-slow: CI runs the unit tests
-    # marked slow too (tests/conftest.py).
+    # child process for all its cases, runs once). --run-slow: CI runs the unit tests marked slow too
+    # (tests/conftest.py). Every pytest writes JUnit XML: the session ends with the slowest tests and
+    # each group's time, over all of them.
     unit = ["-n", "auto", "--dist", "loadfile", "--run-slow", "tests/unit"]
+    timing = Timing(Path(tempfile.mkdtemp(prefix="stackproof-timing-")))
     if not docker:
-        session.run("pytest", "-ra", "--durations=15", *unit, *rest)
+        timing.run(session, "unit", ["pytest", "-ra", "--durations=15", *unit, *rest])
+        timing.report()
         return
-    # The audit group needs no docker: it downloads the matrix's real wheels and reads them, minutes
-    # spent mostly waiting on the network. It runs beside the rest, at a lower CPU priority than the
-    # servers whose timings the other groups judge.
-    with _beside(session, ["tests/integration", "--run-docker", "-m", "audit", *rest], "audit"):
-        session.run("pytest", "-ra", "--durations=15", *unit, *rest)
-        session.run("pytest", "-ra", "--durations=60", "tests/integration", "--run-docker", "-m", "not audit", *rest)
+    integration = ["tests/integration", "--run-docker", *rest]
+    try:
+        with (
+            _prebuilt(session, PREBUILD) as first_built,
+            _beside(session, [*integration, "-m", AUDIT, *timing.xml(AUDIT)], AUDIT, timing),
+        ):
+            timing.run(session, "unit", ["pytest", "-ra", "--durations=15", *unit, *rest])
+            first_built()
+            quiet = " or ".join(QUIET)
+            with _beside(session, [*integration, "-m", quiet, *timing.xml("quiet")], "quiet", timing):
+                timing.run(session, TIMED[0], ["pytest", "-ra", "--durations=30", *integration, "-m", TIMED[0]])
+            for group in TIMED[1:]:
+                timing.run(session, group, ["pytest", "-ra", "--durations=30", *integration, "-m", group])
+            others = " and ".join(f"not {g}" for g in (AUDIT, *QUIET, *TIMED))
+            timing.run(session, "others", ["pytest", "-ra", *integration, "-m", others], none_ok=True)
+    finally:
+        timing.report()  # the log's last lines, also when a group failed
+
+
+class Timing:
+    """Each group's wall time, and every test's from the JUnit XML each pytest writes."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.walls: dict[str, float] = {}
+
+    def xml(self, name: str) -> list[str]:
+        return [f"--junitxml={self.folder / name}.xml"]
+
+    def run(self, session: nox.Session, name: str, argv: list[str], *, none_ok: bool = False) -> None:
+        started = time.monotonic()
+        try:
+            # pytest exits 5 when no test was selected: a group with no tests yet is not a failure.
+            session.run(*argv, *self.xml(name), success_codes=[0, 5] if none_ok else [0])
+        finally:
+            self.walls[name] = time.monotonic() - started
+
+    def report(self) -> None:
+        """The 20 slowest tests of the whole session (setup, call and teardown), then each group's time:
+        pytest's own, and the wall time the foreground waited for it."""
+        cases, groups = [], []
+        for path in sorted(self.folder.glob("*.xml"), key=lambda p: p.stat().st_mtime):
+            for suite in ET.parse(path).iter("testsuite"):
+                groups.append(f"{path.stem:<10} {float(suite.get('time') or 0):7.0f}s  {suite.get('tests')} tests")
+            for case in ET.parse(path).iter("testcase"):
+                name = f"{case.get('classname', '')}::{case.get('name', '')}"
+                cases.append((float(case.get("time") or 0), path.stem, name))
+        lines = ["", "===== the 20 slowest tests (all groups) ====="]
+        lines += [f"{seconds:8.1f}s  {group:<8} {name}" for seconds, group, name in sorted(cases, reverse=True)[:20]]
+        lines += ["===== each group's time (pytest's own) =====", *groups, "===== waited for in the foreground ====="]
+        lines += [f"{name:<16} {seconds:7.0f}s" for name, seconds in self.walls.items()]
+        print("\n".join(lines), flush=True)
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 @contextmanager
-def _beside(session: nox.Session, args: list[str], name: str) -> Iterator[None]:
+def _prebuilt(session: nox.Session, cells: tuple[str, ...]) -> Iterator[Callable[[], None]]:
+    """Build `cells` in the background, niced (one after another: they share a bootstrapped base);
+    yields a wait for the first. The images are removed at the end, as the session fixtures would
+    have removed them: those carrying this prebuild's job label, and the bases it bootstrapped."""
+    job = f"nox-prebuild-{os.getpid()}"
+    tmp = Path(tempfile.mkdtemp(prefix="stackproof-prebuild-"))
+    before = _stackproof_images()
+    steps = [f"stackproof build {cell} --out {tmp / cell} && touch {tmp / cell}.done" for cell in cells]
+    env = {**os.environ, "STACKPROOF_JOB": job, "PATH": f"{session.bin}{os.pathsep}{os.environ.get('PATH', '')}"}
+    log = (tmp / "prebuild.log").open("wb")
+    session.log(f"building {', '.join(cells)} beside the unit tier (log: {tmp / 'prebuild.log'})")
+    background = subprocess.Popen(
+        ["nice", "-n", "10", "sh", "-c", " && ".join(steps)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+    )
+
+    def wait_first() -> None:
+        deadline = time.monotonic() + 1800
+        while not (tmp / f"{cells[0]}.done").exists():
+            if background.poll() is not None or time.monotonic() > deadline:
+                print((tmp / "prebuild.log").read_text(errors="replace")[-6000:], flush=True)
+                session.error(f"the prebuild of {cells[0]} failed or took over 30 min: its log is above")
+            time.sleep(2)
+
+    try:
+        yield wait_first
+    finally:
+        if background.poll() is None:  # only when the session failed early: the tiers wait on these builds
+            os.killpg(background.pid, 9)
+            background.wait()
+        log.close()
+        for tag in sorted(_stackproof_images() - before):
+            label = _docker("image", "inspect", "--format", '{{index .Config.Labels "io.stackproof.job"}}', tag)
+            if label.strip() in (job, "", "<no value>"):
+                _docker("image", "rm", "--force", tag)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _docker(*args: str) -> str:
+    done = subprocess.run(["docker", *args], capture_output=True, text=True, timeout=300, check=False)
+    return done.stdout
+
+
+def _stackproof_images() -> set[str]:
+    return set(_docker("images", "--format", "{{.Repository}}:{{.Tag}}", "--filter", "reference=stackproof/*").split())
+
+
+@contextmanager
+def _beside(session: nox.Session, args: list[str], name: str, timing: Timing) -> Iterator[None]:
     """Run `pytest ARGS` niced in the background while the block runs; its log is printed after it,
     and its failure fails the session. A failure in the block stops it at once."""
     # Not session.create_tmp(): it would set TMPDIR for every later command of the session, to a
@@ -72,11 +187,13 @@ def _beside(session: nox.Session, args: list[str], name: str) -> Iterator[None]:
     env["PATH"] = f"{session.bin}{os.pathsep}{env.get('PATH', '')}"
     argv = ["nice", "-n", "10", f"{session.bin}/pytest", "-ra", "--durations=10", f"--basetemp={tmp / name}", *args]
     session.log(f"{name} group beside the rest: {' '.join(argv[3:])} (log: {log_path})")
+    started = time.monotonic()
     with log_path.open("wb") as log:
         background = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:
         yield
         code = background.wait(timeout=3600)  # an hour: the cold download of every cell's wheels
+        timing.walls[f"{name} (beside)"] = time.monotonic() - started
     finally:
         if background.poll() is None:
             os.killpg(background.pid, 9)

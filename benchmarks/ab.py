@@ -163,7 +163,7 @@ def measure_aa(args: argparse.Namespace) -> tuple[list[Any], float, int, float]:
 
     from pipeline.matrix.read import load_matrix
     from stackproof.ab import measure_slices, start_servers
-    from stackproof.cli.ab import resolve_side
+    from stackproof.sides import resolve_side
     from verify.perf.ab import AbConfig, judge, slice_order
 
     matrix = load_matrix(REPO / "matrix.yaml", images_dir=REPO / "images")

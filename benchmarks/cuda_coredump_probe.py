@@ -19,11 +19,11 @@ core file with cuda-gdb afterwards either way.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import stat
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -39,8 +39,11 @@ extern "C" __global__ void stackproof_spin(unsigned long long ns) {
 
 
 def main() -> None:
-    scratch = Path(sys.argv[1])
-    spin_s = float(sys.argv[2]) if len(sys.argv) > 2 else 25.0
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("scratch", type=Path, help="the directory CUDA_COREDUMP_PIPE and CUDA_COREDUMP_FILE name")
+    parser.add_argument("spin_s", type=float, nargs="?", default=25.0, help="how long the kernel spins (s)")
+    args = parser.parse_args()
+    scratch, spin_s = args.scratch, args.spin_s
     import cupy
 
     report: dict[str, Any] = {"env": {k: v for k, v in os.environ.items() if k.startswith("CUDA_")}}

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pipeline
+from pipeline.compilecache import CompileCacheRecord
 from pipeline.errors import InputError
 from pipeline.findings import FieldError, LoadSection
 from pipeline.guard.jsonfile import jsonable, read_json
@@ -36,6 +37,7 @@ __all__ = [
     "RECEIPT_KIND",
     "RECEIPT_SCHEMA_VERSION",
     "SCHEMA_FILE",
+    "CompileCacheRecord",
     "ImageRef",
     "Receipt",
     "ReceiptError",
@@ -112,6 +114,8 @@ class Receipt:
     forensics: tuple[dict[str, Any], ...] = ()
     # How the image came to be: built, found or pulled, the build's seconds and the image's size.
     build: dict[str, Any] | None = None
+    # Whether the servers started with the site's compile cache, and warm (absent in older receipts).
+    compile_cache: CompileCacheRecord | None = None
     tool_version: str = pipeline.__version__
     tool_name: str = "stackproof"  # a receipt read back may name another writer: publish refuses it
     schema_version: int = RECEIPT_SCHEMA_VERSION
@@ -144,6 +148,7 @@ class Receipt:
             "cost": self.cost,
             "forensics": list(self.forensics),
             "build": self.build,
+            "compile_cache": self.compile_cache.to_json() if self.compile_cache else None,
         }
 
     @classmethod
@@ -260,8 +265,19 @@ def _parse(f: _Fields) -> Receipt:
             f.get(f"forensics[{i}]", dict) for i in range(len(f.get("forensics", list, required=False) or ()))
         ),
         build=f.obj("build", required=False),
+        compile_cache=_compile_cache(f),
         tool_version=str(f.get("tool.version", str, required=False) or ""),
         tool_name=str(f.get("tool.name", str, required=False) or ""),
+    )
+
+
+def _compile_cache(f: _Fields) -> CompileCacheRecord | None:
+    if f.obj("compile_cache", required=False) is None:
+        return None
+    starts = range(len(f.get("compile_cache.starts", list, required=False) or []))
+    used, warm = f.get("compile_cache.used", bool), f.get("compile_cache.warm", bool)
+    return CompileCacheRecord(
+        used=used, warm=warm, starts=tuple(f.get(f"compile_cache.starts[{i}]", dict) for i in starts)
     )
 
 

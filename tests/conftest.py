@@ -36,6 +36,7 @@ INTEGRATION_GROUPS: dict[str, tuple[str, ...]] = {
         "test_doctor",
         "test_modelstore",
         "test_reliability",
+        "test_compile_cache",
     ),
     "registry": (
         "test_publish",

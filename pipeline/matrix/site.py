@@ -19,6 +19,9 @@ directories, and intercept TLS with their own CA. Both come from the environment
   (`pipeline.matrix.runners`): ARC scale sets, for one, carry none of the default `self-hosted` labels.
 - `STACKPROOF_BASE_ARCHIVES`: the directory a relative `archive:` base path is under (an air-gapped
   runner's image archives; pipeline/build/archive.py). Default: the current directory.
+- `STACKPROOF_COMPILE_CACHE`: a directory for the servers' compile/JIT caches (vLLM's torch.compile,
+  inductor, Triton, FlashInfer's JIT), one slot per image id (`pipeline.compilecache`); `--compile-cache`
+  on run and verify sets it. Unset: every start compiles from nothing.
 
 An index a build needs that has no mirror is asked once (`check_reachable`) before the build
 starts: unreachable, the job ends with exit 3 naming the index and STACKPROOF_MIRRORS, instead
@@ -38,6 +41,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipeline.compilecache import CompileCache, compile_cache_from_env
 from pipeline.errors import InfraError, InputError
 from pipeline.guard import boundedio
 from pipeline.guard.redact import redact
@@ -86,6 +90,7 @@ class SiteSettings:
     runner_labels: RunnerLabels | None = None
     base_archives: Path | None = None  # STACKPROOF_BASE_ARCHIVES: where relative `archive:` bases are
     notes: tuple[str, ...] = field(default=())
+    compile_cache: CompileCache | None = None  # STACKPROOF_COMPILE_CACHE: servers' compile/JIT cache
 
     def mirror(self, index: str) -> Mirror | None:
         return next((m for m in self.mirrors if m.index == index), None)
@@ -172,6 +177,7 @@ def load_site(matrix: Matrix, env: Mapping[str, str] | None = None) -> SiteSetti
         runner_labels=load_runner_labels(Path(labels_file), matrix) if labels_file else None,
         base_archives=Path(env["STACKPROOF_BASE_ARCHIVES"]) if env.get("STACKPROOF_BASE_ARCHIVES") else None,
         notes=tuple(notes),
+        compile_cache=compile_cache_from_env(env),
     )
 
 

@@ -53,6 +53,19 @@ VERIFY_OPTIONS = (
         help="with --runtime host: verify the environment this interpreter belongs to (nothing is built or "
         "installed); its identity in the receipt is the digest of its installed inventory",
     ),
+    arg(
+        "--compile-cache",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="the servers' compile/JIT cache, one slot per image (sets STACKPROOF_COMPILE_CACHE); the receipt "
+        "says whether it was warm. `none`: start cold whatever the site sets",
+    ),
+    arg(
+        "--compile-cache-compare",
+        action="store_true",
+        help="verify twice with a fresh cache (cold, then warm) and print the two startup times side by side",
+    ),
 )
 
 PULL_ONLY_HELP = "never build: take the image from STACKPROOF_REGISTRY or fail (exit 3)"
@@ -173,6 +186,17 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _verify_or_run(args: argparse.Namespace, *, build: bool) -> int:
+    from stackproof.compilecompare import compared, use_compile_cache
+
+    use_compile_cache(args.compile_cache)  # a bad directory is exit 2 before anything runs
+    if args.compile_cache_compare:
+        code, document, line = compared(lambda: _verify_once(args, build=build, quiet=True))
+        _emit(args, document, line)
+        return code
+    return _verify_once(args, build=build)[0]
+
+
+def _verify_once(args: argparse.Namespace, *, build: bool, quiet: bool = False) -> tuple[int, Receipt]:
     from stackproof.runjob import remove_dead_runs, run_cell
     from verify.stages.runner import parse_stages
 
@@ -189,7 +213,7 @@ def _verify_or_run(args: argparse.Namespace, *, build: bool) -> int:
         raise InputError(f"--python {args.python}: only with --runtime host (cell {cell.id} runs on {runtime})")
     if runtime == "host":
         found = _on_host(args, matrix, cell, images, site, build=build, stages=stages, load=load, previous=previous)
-        return _verdict(args, cell, found)
+        return _verdict(args, cell, found, quiet=quiet), found
     docker = _engine(args, matrix, cell, images, site)  # bad input is exit 2 before any host check
     remove_dead_runs(docker)
     receipt = run_cell(
@@ -206,7 +230,7 @@ def _verify_or_run(args: argparse.Namespace, *, build: bool) -> int:
         load=load,
         fetch_model=not args.no_fetch,
     )
-    return _verdict(args, cell, receipt)
+    return _verdict(args, cell, receipt, quiet=quiet), receipt
 
 
 def _on_host(
@@ -268,13 +292,14 @@ def _previous(path: Path | None) -> Receipt | None:
         ) from None
 
 
-def _verdict(args: argparse.Namespace, cell: Cell, receipt: Receipt) -> int:
+def _verdict(args: argparse.Namespace, cell: Cell, receipt: Receipt, *, quiet: bool = False) -> int:
     """The pipeline's verdict (the cell's `expect` applied), and with `--json` the receipt itself:
     the document receipt.json holds, so what a script reads from stdout is what publish gates on."""
     outcome = receipt.outcome
     verdict = "NOT_REPRODUCED" if outcome.not_reproduced else "PASS" if outcome.passed else "FAIL"
     stages_line = ", ".join(f"{s.stage} {s.status}" for s in receipt.stages)
-    _emit(args, receipt.to_json(), f"{cell.id}: {verdict}: {outcome.summary} [{stages_line}]")
+    if not quiet:  # --compile-cache-compare prints one document for both runs
+        _emit(args, receipt.to_json(), f"{cell.id}: {verdict}: {outcome.summary} [{stages_line}]")
     return 0 if outcome.passed else 1
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pipeline.compilecache import ENV_NAME as COMPILE_CACHE_ENV
 from pipeline.docker.client import Docker
 from pipeline.errors import InfraError
 from tests.conftest import in_ci
@@ -301,3 +302,31 @@ def docker_config(tmp_path: Path, daemon: Daemon) -> Path:
 def canary() -> str:
     """A registry password that no output, stored blob or written file may contain."""
     return f"CANARY-{secrets.token_hex(8)}"
+
+
+# -- the compile cache ------------------------------------------------------------------------------
+
+# Every server start of the session uses one compile/JIT cache (pipeline/compilecache.py): the first
+# start of each image fills that image's slot, every later one is warm (a vLLM CPU start spends about
+# 43 of its 47 s compiling). A test that judges a cold start says so: it passes `env=COLD` to the tool
+# (or starts its in-process servers with `compile_cache=None`), and asserts the receipt says unused.
+COLD = {COMPILE_CACHE_ENV: "none"}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_compile_cache() -> Iterator[Path | None]:
+    """The session's cache, in STACKPROOF_COMPILE_CACHE for the tool and the in-process stages. A
+    cache already set in the environment is used as it is (a developer's warm one across sessions);
+    `none` there turns it off. Made here, it is removed at the end."""
+    given = os.environ.get(COMPILE_CACHE_ENV)
+    if given is not None:
+        yield Path(given) if given.strip().lower() not in ("", "none", "off", "0") else None
+        return
+    root = Path(tempfile.mkdtemp(prefix="stackproof-compile-cache-"))
+    root.chmod(0o1777)  # the runner user's runs make their own image slots in it (as in /tmp)
+    os.environ[COMPILE_CACHE_ENV] = str(root)
+    try:
+        yield root
+    finally:
+        os.environ.pop(COMPILE_CACHE_ENV, None)
+        shutil.rmtree(root, ignore_errors=True)

@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from pipeline.host.proc import Marked, group_members, marked_processes
-from tests.integration.conftest import JOB, REPO, python_as, runner_dir, stackproof
+from tests.integration.conftest import COLD, JOB, REPO, python_as, runner_dir, stackproof
+from tests.launch import launched
 
 pytestmark = pytest.mark.integration
 
@@ -61,7 +62,14 @@ class Tool:
             user, ["-m", "stackproof", "verify", CELL, "--stages", "startup", "--out", str(out)], {**os.environ}
         )
         env["STACKPROOF_JOB"] = JOB
-        self.proc = subprocess.Popen(argv, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
+        # COLD: killed or interrupted before or around readiness, it gains nothing from the compile
+        # cache, and a kill during vLLM's non-atomic cache write must not break the session's slot.
+        env.update(COLD)
+        # Through the launcher: SIGINT reaches the tool as KeyboardInterrupt even when the suite was
+        # started with it ignored (a background job); the launcher execs, so the pid is the same.
+        self.proc = subprocess.Popen(
+            launched(argv), cwd=REPO, env=env, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
         self.via_runuser = argv[0] == "runuser"
         self.lines: list[str] = []
 

@@ -18,11 +18,13 @@ import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest.mock import ANY
 
 import pytest
 
 from pipeline.docker.client import Docker
-from tests.integration.conftest import JOB, REPO, containers, created_since, runner_dir, stackproof, write_matrix
+from tests.integration.conftest import COLD, JOB, REPO, containers, created_since, runner_dir, stackproof, write_matrix
+from tests.launch import launched
 
 pytestmark = pytest.mark.integration
 
@@ -37,10 +39,16 @@ def runner_out(runner_user: str | None) -> Iterator[Path]:
 
 
 def test_cpu_tiny_end_to_end(docker: Docker, cpu_tiny: str, runner_user: str | None, runner_out: Path) -> None:
-    """As an ordinary user in the docker group (a self-hosted runner's user), never as root."""
+    """As an ordinary user in the docker group (a self-hosted runner's user), never as root. It judges
+    a cold start (COLD): the image's own compile, never hidden by the session's compile cache."""
     since = time.time() - 1
-    result = stackproof(["run", "cpu-tiny", "--json", "--out", str(runner_out)], user=runner_user)
+    result = stackproof(["run", "cpu-tiny", "--json", "--out", str(runner_out)], user=runner_user, env=COLD)
     assert result.returncode == 0, result.stderr[-5000:]
+    assert result.json()["compile_cache"] == {
+        "used": False,
+        "warm": False,
+        "starts": [{"server": ANY, "used": False, "warm": False}],
+    }
     # A terminal a person reads: phase lines and verdicts, never the server's own output.
     assert len(result.stderr.splitlines()) < 60, result.stderr
     assert "[server cpu-tiny]" not in result.stderr and "GET /metrics" not in result.stderr
@@ -220,10 +228,13 @@ def test_interrupted_run_leaves_no_container(
 ) -> None:
     """Interrupt `stackproof run` while the container of `phase` runs: every container goes."""
     role = f"io.stackproof.role={phase}"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pipeline", "run", "cpu-tiny", "--out", str(tmp_path)],
+    proc = subprocess.Popen(  # through the launcher: SIGINT is the default even in a background job
+        launched([sys.executable, "-m", "pipeline", "run", "cpu-tiny", "--out", str(tmp_path)]),
         cwd=REPO,
-        env={**os.environ, "STACKPROOF_JOB": JOB},
+        # COLD: killed before it is ready, it gains nothing from the cache, and a kill in the middle
+        # of vLLM's (non-atomic) cache write must not leave the session's slot broken.
+        env={**os.environ, "STACKPROOF_JOB": JOB, **COLD},
+        stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,

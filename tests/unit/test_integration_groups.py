@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 from pathlib import Path
+from types import ModuleType
+
+import pytest
 
 from tests.conftest import INTEGRATION_GROUPS, integration_group
 
@@ -20,3 +25,42 @@ def test_the_nox_session_names_every_group() -> None:
     noxfile = (REPO / "noxfile.py").read_text()
     usage = next(line for line in noxfile.splitlines() if "nox -s integration -- build|" in line)
     assert set(usage.split("-- ", 1)[1].split(" ", 1)[0].split("|")) == set(INTEGRATION_GROUPS)
+
+
+@functools.cache
+def _noxfile() -> ModuleType:
+    """noxfile.py as a module, loaded once (each load registers its sessions with nox)."""
+    spec = importlib.util.spec_from_file_location("stackproof_noxfile", REPO / "noxfile.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_nox_schedule_names_only_real_groups_and_runs_each_once() -> None:
+    """AUDIT beside everything, QUIET beside the first TIMED group, TIMED one after another; a group
+    in none of them (a new one) runs in the foreground after them (its `-m` is the complement)."""
+    nox_file = _noxfile()
+    placed = [nox_file.AUDIT, *nox_file.QUIET, *nox_file.TIMED]
+    assert len(placed) == len(set(placed)) and set(placed) <= set(INTEGRATION_GROUPS), placed
+    assert "serve" in nox_file.TIMED and "host" in nox_file.TIMED, (
+        "the groups that judge timings never run beside each other"
+    )
+
+
+def test_the_session_ends_with_the_20_slowest_tests_and_each_groups_time(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    timing = _noxfile().Timing(tmp_path)
+    for group, count in (("unit", 25), ("serve", 3)):
+        cases = "".join(f'<testcase classname="tests.{group}" name="t{i}" time="{i}.5"/>' for i in range(count))
+        (tmp_path / f"{group}.xml").write_text(
+            f'<testsuites><testsuite name="pytest" tests="{count}" time="{count * 10}">{cases}</testsuite></testsuites>'
+        )
+    timing.walls["unit"] = 250.0
+    timing.report()
+    out = capsys.readouterr().out
+    slowest = out.split("the 20 slowest tests (all groups) =====\n")[1].split("=====")[0].splitlines()
+    assert len(slowest) == 20 and slowest[0].split() == ["24.5s", "unit", "tests.unit::t24"]
+    assert "serve" in out.split("each group's time")[1] and "30s  3 tests" in out
+    assert "unit                 250s" in out

@@ -9,7 +9,7 @@ from typing import Any
 
 from pipeline.host.geometry import HostFingerprint
 from pipeline.matrix.model import STAGES
-from pipeline.receipt import ImageRef, Receipt, Runtime
+from pipeline.receipt import CompileCacheRecord, ImageRef, Receipt, Runtime
 from pipeline.result import Status, VerifyReport
 from verify.forensics.costreceipt import cost_and_forensics
 from verify.serving import DRIVERS
@@ -88,6 +88,7 @@ def build_receipt(
         cost=spent["cost"],
         forensics=tuple(spent["forensics"]),
         build=build,
+        compile_cache=CompileCacheRecord.of_starts(list(report.servers.get("compile_cache") or [])),
     )
 
 

@@ -215,6 +215,7 @@ def verify_image(
             "started": len(share.started),
             "runtime": runtime.kind,
             "containers": list(share.started),
+            "compile_cache": list(share.cache_uses),
             **plan.to_json(),
         },
     )

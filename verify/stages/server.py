@@ -11,6 +11,7 @@ streamed to a file (and the terminal) for the whole life of the server.
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 import sys
@@ -22,7 +23,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import Literal
 
+from pipeline.compilecache import CONTAINER_DIR, CacheUse, CompileCache, compile_cache_from_env
 from pipeline.console import console
 from pipeline.docker.client import Container, Docker, Mount
 from pipeline.errors import CheckFailed
@@ -31,6 +34,7 @@ from pipeline.matrix.model import Arm, Cell, ServeSpec
 from verify.forensics.stall import COREDUMP_DIR, coredump_env
 from verify.logs.logscan import LogWatcher
 from verify.runtime import Runtime, as_runtime
+from verify.runtime.docker import DockerRuntime
 from verify.serving import driver_for
 from verify.serving.openai import ServerCalls
 
@@ -93,6 +97,7 @@ class Server:
         unset_env: tuple[str, ...] = (),
         scratch: tuple[str, ...] = (),
         on_start: Callable[[Server], None] | None = None,
+        compile_cache: CompileCache | Literal["site"] | None = "site",
     ) -> None:
         if cell.serve is None:
             raise CheckFailed(f"cell {cell.id!r} has no serve spec")
@@ -116,6 +121,10 @@ class Server:
         # written by the server, read out with `copy_out`, removed with it.
         self.scratch = scratch
         self.on_start = on_start  # told of every start, e.g. to count server starts per run
+        # The site's compile/JIT cache (pipeline/compilecache.py): "site" reads STACKPROOF_COMPILE_CACHE
+        # (which `--compile-cache` sets); None starts cold whatever the site says.
+        self.compile_cache = compile_cache_from_env(os.environ) if compile_cache == "site" else compile_cache
+        self.cache_use: CacheUse | None = None  # set at start: the slot, and whether it was warm
         self._follower: threading.Thread | None = None
         self._ready_line = re.compile(self.driver.ready_line)
         self._ready_line_logged = threading.Event()  # the follower wrote the driver's ready line
@@ -139,6 +148,10 @@ class Server:
     def start(self) -> None:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self._started = True  # from here on, remove() must run even if `docker run` is interrupted
+        if isinstance(self.compile_cache, CompileCache):
+            self.cache_use = self.compile_cache.use(self._image_key())
+            warmth = "warm" if self.cache_use.warm else "cold"
+            print(f"{self.cell.id}: compile cache {self.cache_use.slot} ({warmth})", file=sys.stderr)
         if self.on_start is not None:
             self.on_start(self)
         self.runtime.start(self.container())
@@ -147,10 +160,21 @@ class Server:
         self._follower = threading.Thread(target=self._follow_logs, name=f"logs-{self.name}", daemon=True)
         self._follower.start()
 
+    def _image_key(self) -> str:
+        """What the compile cache's slot is keyed by: the image id on docker (a tag can move to
+        another image), the environment's reference on the host."""
+        if isinstance(self.runtime, DockerRuntime):
+            info = self.runtime.docker.image(self.image)
+            if info is not None:
+                return info.id
+        return self.image
+
     def container(self) -> Container:
-        """What this server's `docker run` says: the cell's env, its volumes, the model store."""
+        """What this server's `docker run` says: the cell's env, its volumes, the model store, and
+        the compile cache's slot when the site gives one (the cell's own env wins over its variables)."""
         store = model_mounts(self.serve)  # hf: models: the store read-only, offline, HF_TOKEN by name
-        env = {**self.cell.serve_env(self.arm), **self.extra_env, **dict(store.env)}  # the store's settings win
+        cache = dict(self.cache_use.env) if self.cache_use else {}  # under the cell's: a cell's own value wins
+        env = {**cache, **self.cell.serve_env(self.arm), **self.extra_env, **dict(store.env)}  # the store's win
         scratch = self.scratch
         if self.serve.forensics.cuda_coredump:  # ready for a user-triggered CUDA core dump (verify/forensics/stall.py)
             env.update(coredump_env())
@@ -160,6 +184,8 @@ class Server:
             command = ["env", *(arg for name in self.unset_env for arg in ("-u", name)), *command]
         mounts = [Mount(source=host, target=path, read_only=False) for host, path in sorted(self.volumes.items())]
         mounts += [Mount(source=host, target=path) for host, path in store.volumes]
+        if self.cache_use is not None:
+            mounts.append(Mount(source=self.cache_use.slot, target=CONTAINER_DIR, read_only=False))
         return Container(
             image=self.image,
             name=self.name,
@@ -311,9 +337,12 @@ class SharedServer:
     def __init__(self) -> None:
         self.server: Server | None = None
         self.started: list[str] = []
+        self.cache_uses: list[dict[str, object]] = []  # per start: the compile cache, warm or not
 
     def note_start(self, server: Server) -> None:
         self.started.append(server.name)
+        use = server.cache_use.to_json() if server.cache_use else {"used": False, "warm": False}
+        self.cache_uses.append({"server": server.name, **use})
 
     def keep(self, server: Server) -> None:
         self.server = server
