@@ -28,11 +28,12 @@ python3 -m venv /tmp/tools && /tmp/tools/bin/python -m pip install -q --no-index
     > /tmp/pip-tools.log 2>&1 || { tail -20 /tmp/pip-tools.log; exit 3; }
 PYTHONPATH=$PWD /tmp/tools/bin/python -m stackproof --help > /dev/null || exit 3
 echo "$(el) tool venv ready"
-# The tiny Llama, generated with the host's torch/transformers (no hub here).
-mkdir -p /tmp/models
-HF_HUB_OFFLINE=1 python3 images/recipes/tiny-model/make_tiny_model.py /tmp/models/tiny-llama > /tmp/tiny.log 2>&1 \
-    || { tail -20 /tmp/tiny.log; exit 3; }
-echo "$(el) model at /tmp/models/tiny-llama"
+# The server's wheels into the host's venv, which is the base (HANDOFF: the cell has no install step;
+# the tiny model is generated in the build by the base's own python).
+python3 -m pip install -q --no-index --no-deps --no-cache-dir /tmp/carry/wheels/*.whl > /tmp/pip-server.log 2>&1 \
+    || { tail -20 /tmp/pip-server.log; exit 3; }
+python3 -c 'import vllm, torch, transformers; print("vllm", vllm.__version__, "torch", torch.__version__, "transformers", transformers.__version__)' 2>&1 | tail -1
+echo "$(el) server wheels in $(python3 -c 'import sys; print(sys.prefix)')"
 # The base: the host's own /usr, /etc, /opt/torch as a rootfs archive (the driver folder stays out:
 # the CDI spec mounts it). Its sha256 pins it in the content tag like any other input.
 mkdir -p /tmp/archives
