@@ -1,7 +1,7 @@
 """`--compile-cache DIR` and `--compile-cache-compare` of run and verify.
 
 The cache itself is a site setting read where a server starts (`STACKPROOF_COMPILE_CACHE`,
-pipeline/compilecache.py); `--compile-cache` sets it for this command. The compare mode verifies
+pipeline/matrix/compilecache.py); `--compile-cache` sets it for this command. The compare mode verifies
 twice against one fresh, empty cache, so the first start is cold and the second warm, and reports
 both startup times side by side: what a site gains from the cache, measured on its own machine.
 """
@@ -15,8 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pipeline.compilecache import ENV_NAME, compile_cache_from_env
 from pipeline.errors import InputError
+from pipeline.matrix.compilecache import ENV_NAME, compile_cache_from_env
 from pipeline.receipt import Receipt
 
 __all__ = ["compared", "readiness_seconds", "side_by_side", "use_compile_cache"]

@@ -23,7 +23,8 @@ from pipeline.host.geometry import host_fingerprint
 from pipeline.host.modelstore import ensure_model
 from pipeline.matrix.model import Arm, Cell, LoadSpec, Matrix
 from pipeline.matrix.site import SiteSettings
-from pipeline.receipt import Receipt, write_all
+from pipeline.receipt import Receipt
+from pipeline.receiptrender import write_all
 from pipeline.result import CheckResult, Status
 from verify.runtime.host import HostRuntime
 from verify.stages.receipt import build_receipt, build_section

@@ -50,7 +50,8 @@ def _stall_image(base: str) -> str:
 
 
 def _server_container(cell_id: str) -> str | None:
-    found = _docker("ps", "-q", "--filter", f"label=io.stackproof.cell={cell_id}", "--filter", "label=io.stackproof.role=server")
+    labels = (f"label=io.stackproof.cell={cell_id}", "label=io.stackproof.role=server")
+    found = _docker("ps", "-q", "--filter", labels[0], "--filter", labels[1])
     return found.splitlines()[0] if found else None
 
 
@@ -66,7 +67,8 @@ def _inject(mode: str, out: Path, log: list[str], stop: threading.Event) -> None
         if container and _load_requests(out) >= LOAD_REQUESTS_BEFORE_FAULT:
             if mode == "stall":
                 _docker("exec", container, "touch", "/tmp/stackproof-stall")
-                log.append(f"{time.time():.3f} stall flag made in {container[:12]} after {_load_requests(out)} requests")
+                made = _load_requests(out)
+                log.append(f"{time.time():.3f} stall flag made in {container[:12]} after {made} requests")
             else:
                 from pipeline.docker.client import Docker
                 from tests.faults import signal_engine_core
@@ -98,7 +100,7 @@ def main() -> int:
     matrix = load_matrix(args.matrix, images_dir=images)
     cell = matrix.cell(CELL)
     docker = Docker.connect()
-    plan, image = built_image(docker, matrix, cell, load_site(matrix), images)
+    plan, _image = built_image(docker, matrix, cell, load_site(matrix), images)
     tag = _stall_image(plan.tag) if args.mode == "stall" else plan.tag
     image_id = _docker("image", "inspect", "-f", "{{.Id}}", tag)
     assert cell.serve is not None
@@ -114,8 +116,17 @@ def main() -> int:
     started = time.time()
     try:
         receipt = _verify_with_receipt(
-            docker, matrix, cell, image=tag, image_id=image_id, base_ref=plan.base_ref,
-            stages=("startup", "load"), arm=None, out_dir=args.out / args.mode, previous=None, load=load,
+            docker,
+            matrix,
+            cell,
+            image=tag,
+            image_id=image_id,
+            base_ref=plan.base_ref,
+            stages=("startup", "load"),
+            arm=None,
+            out_dir=args.out / args.mode,
+            previous=None,
+            load=load,
         )
     finally:
         stop.set()

@@ -20,7 +20,7 @@ directories, and intercept TLS with their own CA. Both come from the environment
 - `STACKPROOF_BASE_ARCHIVES`: the directory a relative `archive:` base path is under (an air-gapped
   runner's image archives; pipeline/build/archive.py). Default: the current directory.
 - `STACKPROOF_COMPILE_CACHE`: a directory for the servers' compile/JIT caches (vLLM's torch.compile,
-  inductor, Triton, FlashInfer's JIT), one slot per image id (`pipeline.compilecache`); `--compile-cache`
+  inductor, Triton, FlashInfer's JIT), one slot per image id (`pipeline.matrix.compilecache`); `--compile-cache`
   on run and verify sets it. Unset: every start compiles from nothing.
 
 An index a build needs that has no mirror is asked once (`check_reachable`) before the build
@@ -41,10 +41,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.compilecache import CompileCache, compile_cache_from_env
 from pipeline.errors import InfraError, InputError
 from pipeline.guard import boundedio
 from pipeline.guard.redact import redact
+from pipeline.matrix.compilecache import CompileCache, compile_cache_from_env
 from pipeline.matrix.model import Matrix
 from pipeline.matrix.runners import RunnerLabels, load_runner_labels
 from pipeline.registry.oci import split_registry

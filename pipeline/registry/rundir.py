@@ -1,7 +1,7 @@
 """What makes a receipt the output of a run: the run directory it was written into.
 
 `stackproof run`/`verify` write a receipt into its own run directory (`OUT/CELL/run-<time>`),
-beside its renderings (junit.xml, summary.md: pipeline.receipt.write_all) and the files its stages
+beside its renderings (junit.xml, summary.md: pipeline.receiptrender.write_all) and the files its stages
 kept (the imports probe, the server logs, the load's records), which its stages name as artifacts.
 The receipt is the one document of a run; publish believes it to be a run's output only when the
 directory it sits in holds together with it:

@@ -153,7 +153,7 @@ def _delta(pair: tuple[float | None, float | None]) -> str:
 def _receipt_files(receipt: Shown, out: dict[str, bytes]) -> Links:
     """The receipt as it was, and what the run left beside it; JUnit and the summary are rendered from
     the receipt when the run directory is not at hand (they are pure functions of it)."""
-    from pipeline.receipt import render_junit, render_markdown
+    from pipeline.receiptrender import render_junit, render_markdown
 
     base = f"receipts/{receipt.id}"
     document = jsonable(receipt.document)

@@ -25,9 +25,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.compilecache import ENV_NAME as COMPILE_CACHE_ENV
 from pipeline.docker.client import Docker
 from pipeline.errors import InfraError
+from pipeline.matrix.compilecache import ENV_NAME as COMPILE_CACHE_ENV
 from tests.conftest import in_ci
 
 REPO = Path(__file__).resolve().parents[2]
@@ -306,7 +306,7 @@ def canary() -> str:
 
 # -- the compile cache ------------------------------------------------------------------------------
 
-# Every server start of the session uses one compile/JIT cache (pipeline/compilecache.py): the first
+# Every server start of the session uses one compile/JIT cache (pipeline/matrix/compilecache.py): the first
 # start of each image fills that image's slot, every later one is warm (a vLLM CPU start spends about
 # 43 of its 47 s compiling). A test that judges a cold start says so: it passes `env=COLD` to the tool
 # (or starts its in-process servers with `compile_cache=None`), and asserts the receipt says unused.

@@ -26,7 +26,7 @@ from pipeline.host.geometry import HostFingerprint, host_fingerprint
 from pipeline.matrix.model import STAGES
 from pipeline.matrix.read import load_matrix
 from pipeline.matrix.site import load_site
-from pipeline.receipt import write_all
+from pipeline.receiptrender import write_all
 from pipeline.registry.oci import TRUSTED_REALMS_ENV, Credentials, RegistryClient
 from pipeline.result import CheckResult, Outcome, StageResult, Status, VerifyReport
 from tests.integration.conftest import IMAGES, Daemon, write_matrix

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from pipeline.receipt import Receipt, write_all
+from pipeline.receipt import Receipt
+from pipeline.receiptrender import write_all
 from pipeline.result import Status
 from stackproof.cli import main
 from stackproof.kernels import arch_of, judge_probe

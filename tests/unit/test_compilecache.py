@@ -1,4 +1,4 @@
-"""The compile/JIT cache a site gives server starts (pipeline/compilecache.py): the setting, the slot
+"""The compile/JIT cache a site gives server starts (pipeline/matrix/compilecache.py): the setting, the slot
 per image, the server's argv and environment, and what the receipt says of it."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from typing import Any
 import jsonschema
 import pytest
 
-from pipeline.compilecache import CACHE_VARIABLES, CONTAINER_DIR, ENV_NAME, CompileCache, compile_cache_from_env
 from pipeline.docker.client import ImageInfo, Mount
 from pipeline.errors import InputError
 from pipeline.host.geometry import HostFingerprint
+from pipeline.matrix.compilecache import CACHE_VARIABLES, CONTAINER_DIR, ENV_NAME, CompileCache, compile_cache_from_env
 from pipeline.matrix.read import load_matrix
 from pipeline.receipt import SCHEMA_FILE, CompileCacheRecord, Receipt
 from pipeline.result import CheckResult, Outcome, StageResult, Status, VerifyReport

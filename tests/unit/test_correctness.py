@@ -295,7 +295,7 @@ def test_unanswered_canaries_are_an_error_not_a_score() -> None:
 
 
 def test_the_summary_line_shows_rates_beside_the_baseline_and_the_canary_score() -> None:
-    from pipeline.receipt import _correctness_line
+    from pipeline.receiptrender import _correctness_line
 
     section = {
         "rates": {"loop": 1.0, "empty": 0.0, "length": None, "collapse": 1.0},

@@ -14,7 +14,7 @@ import pytest
 
 from pipeline.host.geometry import HostFingerprint
 from pipeline.matrix.model import Expectation, Matrix
-from pipeline.receipt import render_junit, render_markdown
+from pipeline.receiptrender import render_junit, render_markdown
 from pipeline.result import CheckResult, StageResult, Status, VerifyReport, evaluate
 from tests.unit.test_autotune import previous_receipt
 from verify.kernels.autotune import read_cache, winners

@@ -17,7 +17,8 @@ import pytest
 
 from pipeline.errors import InputError
 from pipeline.host.geometry import HostFingerprint, differences
-from pipeline.receipt import SCHEMA_FILE, Receipt, render_junit, render_markdown, write_all
+from pipeline.receipt import SCHEMA_FILE, Receipt
+from pipeline.receiptrender import render_junit, render_markdown, write_all
 from pipeline.registry.oci import split_registry
 from pipeline.registry.publish import legacy_receipt_tag, referrers_tag
 from pipeline.result import CheckResult, Outcome, StageResult, Status, VerifyReport

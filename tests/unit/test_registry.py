@@ -17,7 +17,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from pipeline.docker.client import _docker_config
 from pipeline.errors import InfraError, InputError
-from pipeline.receipt import Receipt, receipt_problems, render_markdown, write_all
+from pipeline.receipt import Receipt, receipt_problems
+from pipeline.receiptrender import render_markdown, write_all
 from pipeline.registry import attest
 from pipeline.registry.oci import Credentials, RegistryClient, find_credentials, parse_challenge, platform_manifest
 from pipeline.registry.publish import publish, publishable_problems

@@ -25,11 +25,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import Literal
 
-from pipeline.compilecache import CONTAINER_DIR, CacheUse, CompileCache, compile_cache_from_env
 from pipeline.console import console
 from pipeline.docker.client import Container, Docker, Mount
 from pipeline.errors import CheckFailed
 from pipeline.host.modelstore import model_mounts
+from pipeline.matrix.compilecache import CONTAINER_DIR, CacheUse, CompileCache, compile_cache_from_env
 from pipeline.matrix.model import Arm, Cell, ServeSpec
 from verify.forensics.stall import COREDUMP_DIR, coredump_env
 from verify.logs.logscan import LogWatcher
@@ -121,7 +121,7 @@ class Server:
         # written by the server, read out with `copy_out`, removed with it.
         self.scratch = scratch
         self.on_start = on_start  # told of every start, e.g. to count server starts per run
-        # The site's compile/JIT cache (pipeline/compilecache.py): "site" reads STACKPROOF_COMPILE_CACHE
+        # The site's compile/JIT cache (pipeline/matrix/compilecache.py): "site" reads STACKPROOF_COMPILE_CACHE
         # (which `--compile-cache` sets); None starts cold whatever the site says.
         self.compile_cache = compile_cache_from_env(os.environ) if compile_cache == "site" else compile_cache
         self.cache_use: CacheUse | None = None  # set at start: the slot, and whether it was warm

@@ -99,7 +99,7 @@ class CompileCache:
 
 @dataclass(frozen=True, kw_only=True)
 class CompileCacheRecord:
-    """Whether this verification's servers used the site's compile/JIT cache (pipeline/compilecache.py),
+    """Whether this verification's servers used the site's compile/JIT cache (pipeline/matrix/compilecache.py),
     and whether it was warm: a warm cache can hide a compile failure of the image under test."""
 
     used: bool  # at least one server start used it
