@@ -28,6 +28,7 @@ CLASS_KEYS = (
     "min_count",
     "phased",
     "fallback",
+    "loud_only",
 )
 FIRST_ONLY_FACTS = frozenset({"arch", "vllm", "flashinfer", "sglang", "torch", "driver", "model_architecture"})
 
@@ -45,6 +46,9 @@ class FailureClass:
     phased: bool = False  # say which startup phase it happened in
     next_by_phase: tuple[tuple[str, str], ...] = ()  # advice that fits the phase, when one is known
     fallback: bool = False  # named only when no other failing class is (the error-line extractor)
+    # a line its own logger calls INFO or WARNING does not count: the text is quoted as advice there
+    # ("... can cause fd limit errors like `OSError: [Errno 24] Too many open files`")
+    loud_only: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -127,6 +131,7 @@ def _class(src: YamlSource, path: Path_, entry: Any, problems: list[str]) -> Fai
         phased=bool(entry.get("phased", False)),
         next_by_phase=tuple((str(k), str(v).strip()) for k, v in (entry.get("next_by_phase") or {}).items()),
         fallback=bool(entry.get("fallback", False)),
+        loud_only=bool(entry.get("loud_only", False)),
     )
 
 

@@ -356,7 +356,7 @@ def _classes(
     warnings: list[ClassHit] = []
     for class_id, found in seen.items():
         c = by_id[class_id]
-        if c.fallback:  # a line its own logger calls INFO or WARNING is not an error line
+        if c.fallback or c.loud_only:  # a line its own logger calls INFO or WARNING is not an error line
             found = [m for m in found if not _QUIET_LEVEL.match(clean_line(m.line).text)]
             if not found:
                 continue
