@@ -29,6 +29,7 @@ CLASS_KEYS = (
     "phased",
     "fallback",
     "loud_only",
+    "cleared_by_worker_lines",
 )
 FIRST_ONLY_FACTS = frozenset({"arch", "vllm", "flashinfer", "sglang", "torch", "driver", "model_architecture"})
 
@@ -49,6 +50,8 @@ class FailureClass:
     # a line its own logger calls INFO or WARNING does not count: the text is quoted as advice there
     # ("... can cause fd limit errors like `OSError: [Errno 24] Too many open files`")
     loud_only: bool = False
+    # not a failure when a worker process logs after the last sighting: what it waited for was busy
+    cleared_by_worker_lines: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -132,6 +135,7 @@ def _class(src: YamlSource, path: Path_, entry: Any, problems: list[str]) -> Fai
         next_by_phase=tuple((str(k), str(v).strip()) for k, v in (entry.get("next_by_phase") or {}).items()),
         fallback=bool(entry.get("fallback", False)),
         loud_only=bool(entry.get("loud_only", False)),
+        cleared_by_worker_lines=bool(entry.get("cleared_by_worker_lines", False)),
     )
 
 

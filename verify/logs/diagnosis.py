@@ -372,10 +372,26 @@ def _classes(
             next=dict(c.next_by_phase).get(phase or "", c.next),
             phase=phase,
         )
-        (hits if c.severity == "fail" and _fails(c, lines, phases) else warnings).append(hit)
+        fails = c.severity == "fail" and _fails(c, lines, phases)
+        if fails and c.cleared_by_worker_lines and _workers_log_after(data, found[-1].line):
+            fails = False  # the workers it waited for went on logging: busy (compiling), not hung
+        (hits if fails else warnings).append(hit)
     hits.sort(key=lambda h: (by_id[h.id].priority, h.line_no))
     warnings.sort(key=lambda h: h.line_no)
     return hits, warnings
+
+
+_WORKER = re.compile(r"^(?:Vllm)?Worker")
+
+
+def _workers_log_after(data: Log, line: str, window: int = 1 << 16) -> bool:
+    """Whether a worker process (vLLM's `(Worker_TP0 pid=N)` prefix) logs after the last sighting."""
+    needle = line.encode(errors="replace")
+    pos = data.rfind(needle)
+    if pos < 0:
+        return False
+    after = bytes(data[pos + len(needle) : pos + len(needle) + window]).decode(errors="replace")
+    return any(_WORKER.match(clean_line(text).process or "") for text in after.splitlines()[1:])
 
 
 def _cause_above(classes: ClassCatalog, matches: Sequence[LogMatch], line_no: int) -> str:
