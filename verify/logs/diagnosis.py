@@ -124,6 +124,8 @@ class Diagnosis:
                 text += f": {_exception_text(self.last_exception)}"
             elif self.primary.id == "python-exception":  # the paste ends before the raise line
                 text += f", cut off before its exception; {self.primary.text}"
+            elif self.primary.id == "unclassified-error":  # the line is all there is to go on
+                text += f": {self.primary.text[:200]}"
             # a candidate incident follows the class, never replaces it (issue 44)
             for c in self.candidates[:1]:
                 text += f"; candidate: {c.id} ({', '.join(c.refs)}), if {' and '.join(c.missing)}"
@@ -209,6 +211,10 @@ def diagnose(
     by_id = {c.id: c for c in classes.classes}
     fallback = [h for h in hits if by_id[h.id].fallback]
     hits = [h for h in hits if not by_id[h.id].fallback]
+    # A bare `Error: message` with no frame is Rust's, Go's or Node's way to end (Python has no class
+    # named Error): the error line it is, not "A Python exception" (issue 44).
+    if last is not None and last.frame is None and last.type == "Error" and not hits and fallback:
+        last = None
     if not hits and last is None:
         hits = fallback[:1]
     if hits and hits[0].id == "python-exception" and last is None:
