@@ -257,3 +257,12 @@ def test_a_stall_notice_is_a_failure_unless_a_worker_logs_after_it() -> None:
     # the engine's own line after it is not the workers': still a stall
     engine = diagnose((STALL * 3 + "(EngineCore pid=102) INFO 05-21 06:33:35 [core.py:1] still waiting\n").encode())
     assert engine.primary is not None and engine.primary.id == "shm-broadcast-stall"
+
+
+def test_flashinfer_refusing_the_architecture_is_its_class_and_a_cubin_path_alone_is_not() -> None:
+    # the title of flashinfer-ai/flashinfer#5445 (SGLang on an RTX PRO 6000, SM120): trtllm-gen's FMHA runner
+    line = "tvm.error.InternalError: Error in function 'TllmGenFmhaRunner' at .sglang/lib/python3.12/site-packages/flashinfer/data/include/flashinfer/trtllm/fmha/fmhaRunner.cuh:37: Unsupported architecture\n"
+    d = diagnose(line.encode())
+    assert d.primary is not None and d.primary.id == "flashinfer-unsupported", d.summary()
+    info = "INFO 11-30 10:00:00 [utils.py:1] loading flashinfer/data/include/flashinfer/trtllm/fmha/fmhaRunner.cuh for sm_120\n"
+    assert diagnose(info.encode()).verdict == "clean"
