@@ -266,3 +266,15 @@ def test_flashinfer_refusing_the_architecture_is_its_class_and_a_cubin_path_alon
     assert d.primary is not None and d.primary.id == "flashinfer-unsupported", d.summary()
     info = "INFO 11-30 10:00:00 [utils.py:1] loading flashinfer/data/include/flashinfer/trtllm/fmha/fmhaRunner.cuh for sm_120\n"
     assert diagnose(info.encode()).verdict == "clean"
+
+
+@pytest.mark.parametrize(
+    ("line", "cls"),
+    [
+        ("OSError: [Errno 28] No space left on device: '/dev/shm/psm_cd3afbff'\n", "shm-too-small"),
+        ("OSError: [Errno 28] No space left on device: '/root/.cache/huggingface/hub/tmpk2v1'\n", "disk-full"),
+    ],
+)
+def test_enospc_under_dev_shm_is_the_shared_memory_not_the_disk(line: str, cls: str) -> None:
+    d = diagnose(line.encode())
+    assert d.primary is not None and d.primary.id == cls, d.summary()
