@@ -33,8 +33,8 @@ BEYOND = LOGS / "beyond"
 HALVES = {half: yaml.safe_load((BEYOND / half / "index.yaml").read_text())["logs"] for half in ("tune", "test")}
 SCHEMA = json.loads((ROOT / "docs" / "inspect-log.schema.json").read_text())
 # The held-out half as scored when issue 44's work was done (tests/fixtures/logs/beyond/RESULTS.txt):
-# main before it named the right class for 1 of 34 failing pastes.
-HELD_OUT = {"failing": 34, "right_class": 33, "wrong_incident": 0, "failing_called_clean": 1, "clean_called_failure": 0}
+# main before it named the right class for 2 of 37 failing pastes.
+HELD_OUT = {"failing": 37, "right_class": 35, "wrong_incident": 0, "failing_called_clean": 1, "clean_called_failure": 0}
 
 
 def inspect(path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[str, Any]]:
