@@ -61,6 +61,7 @@ FAMILIES = {
     "host and environment": (
         "port-in-use",
         "permission-denied",
+        "cache-dir-missing",
         "model-files-missing",
         "disk-full",
         "shm-too-small",
