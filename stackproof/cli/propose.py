@@ -19,6 +19,7 @@ from typing import Any
 
 from pipeline.errors import InputError, MatrixError
 from pipeline.guard import boundedio
+from pipeline.guard.atomic import replace_text
 from pipeline.matrix.model import Matrix
 from pipeline.matrix.yamlsrc import MAX_BYTES
 from pipeline.releases.pins import ReleaseLookup
@@ -108,7 +109,7 @@ def _propose(args: argparse.Namespace) -> int:
     text = insert(boundedio.read_text(matrix.file, "matrix", limit=MAX_BYTES), proposal)
     new = _validated(matrix.file, text, images)
     if not args.dry_run:
-        matrix.file.write_text(text, encoding="utf-8")
+        replace_text(matrix.file, text)
     code, audit = 0, None
     if not args.no_audit:
         code, audit = _audit(new, proposal.cell_ids, lookup)
