@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 
 from pipeline.guard import boundedio
+from pipeline.guard.yamltext import scalar
 from pipeline.matrix.yamlsrc import MAX_BYTES
 from verify.audit.checks import Evidence, _candidates, _plan, check_pattern
 from verify.audit.index import Message, PackageIndex
@@ -34,7 +35,6 @@ __all__ = [
     "FixPlan",
     "apply_edits",
     "closest",
-    "emitted",
     "locate_rule",
     "plan_fix",
     "reread_problems",
@@ -178,17 +178,6 @@ def _quoted(text: str) -> list[str]:
     return ["'" + text.replace("'", "''") + "'", double, text]
 
 
-def emitted(text: str) -> str:
-    """`text` as one-line YAML, written by the emitter (issue 43: never pasted): single-quoted when
-    that stays on one line, else double-quoted with escapes (a newline is `\\n`, never a fold)."""
-    for style in ("'", '"'):
-        out = yaml.safe_dump(text, default_style=style, width=float("inf"), allow_unicode=False)
-        out = out.removesuffix("\n").removesuffix("\n...").rstrip("\n")
-        if "\n" not in out:
-            return out
-    raise ValueError(f"{text!r} cannot be written on one line")  # pragma: no cover - double quotes always can
-
-
 def apply_edits(path: Path, edits: Sequence[Edit]) -> tuple[str, str, list[str]]:
     """(old text, new text, problems): each edit replaces its scalar, the value of its own key
     (`expect:`, `pattern:`), on its own line only; an id spelled like the pattern stays."""
@@ -204,7 +193,7 @@ def apply_edits(path: Path, edits: Sequence[Edit]) -> tuple[str, str, list[str]]
         for form in _quoted(edit.old):
             match = re.search(rf"(?<![\w-]){key}\s*:\s*({re.escape(form)})", lines[at]) if form else None
             if match is not None:
-                lines[at] = lines[at][: match.start(1)] + emitted(edit.new) + lines[at][match.end(1) :]
+                lines[at] = lines[at][: match.start(1)] + scalar(edit.new) + lines[at][match.end(1) :]
                 break
         else:
             problems.append(f"{path}:{edit.line}: the pattern is not written on one line there; edit it by hand")
