@@ -203,3 +203,79 @@ def test_a_stdout_that_cannot_take_output_is_exit_3_without_traceback(redirect: 
     assert proc.returncode == code and "Traceback" not in proc.stdout + proc.stderr
     if code == 3:
         assert "stdout" in proc.stderr
+
+
+# -- 4. false passes on the host runtime -----------------------------------------------------------
+
+
+def _host_cell() -> object:
+    from pipeline.matrix.read import load_matrix
+
+    return load_matrix(REPO / "matrix.yaml", images_dir=REPO / "images").cell("cpu-tiny-host")
+
+
+def test_a_given_environment_without_the_lock_fails_the_lock_check() -> None:
+    """Seen failing first: a locked host cell given an environment holding none of its lock passed
+    `--stages imports` (no check compared the two)."""
+    from pipeline.build.lock import read_lock
+    from pipeline.host.env import HostEnv
+    from pipeline.result import Status
+    from stackproof.runjob import _lock_check
+
+    cell = _host_cell()
+    lock = read_lock(cell)  # type: ignore[arg-type]
+    whole = tuple((p.name, p.version) for p in lock.packages)
+    env = HostEnv(python=Path(sys.executable), root=None, digest="sha256:x", python_version="3.11.9", packages=3,
+                  source="given", versions=(("pyyaml", "6.0"),))  # fmt: skip
+    check = _lock_check(cell, env)  # type: ignore[arg-type]
+    assert check is not None and check.status is Status.FAIL and "locked at" in check.message
+    held = HostEnv(**{**env.__dict__, "versions": whole})
+    passed = _lock_check(cell, held)  # type: ignore[arg-type]
+    assert passed is not None and passed.status is Status.PASS
+
+
+def test_a_module_that_shadows_its_distribution_is_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seen failing first: a `given:` environment whose metadata says one version and whose
+    importable module is another copy passed. Now the file `import` loads must be the distribution's."""
+    from pipeline.host.env import import_differences
+
+    assert import_differences(Path(sys.executable), ("pyyaml",)) == ()
+    (tmp_path / "yaml").mkdir()
+    (tmp_path / "yaml" / "__init__.py").write_text("__version__ = 'other'\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    (found,) = import_differences(Path(sys.executable), ("pyyaml",))
+    assert "import yaml" in found and str(tmp_path) in found
+
+
+_FORKER = """
+import os, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+print(child.pid, flush=True)
+if sys.argv[1] == "hang":
+    time.sleep(120)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat").read_text() if Path(f"/proc/{pid}/stat").exists() else ""
+    return bool(stat) and stat.split(")")[-1].split()[0] != "Z"
+
+
+def test_what_a_command_starts_ends_with_it(tmp_path: Path) -> None:
+    """Seen failing first: the grandchild of an interpreter (a `--python` that forks) outlived the
+    command, and on a timeout it kept the pipe open, so the caller waited for it, not its timeout."""
+    from pipeline import cmd
+    from pipeline.errors import InfraError
+
+    done = cmd.run([sys.executable, "-c", _FORKER, "exit"], quiet=True, timeout=30)
+    pid = int(done.stdout.split()[0])
+    time.sleep(0.2)
+    assert not _alive(pid)
+    started = time.monotonic()
+    with pytest.raises(InfraError, match="timed out"):
+        cmd.run([sys.executable, "-c", _FORKER, "hang"], quiet=True, timeout=1)
+    assert time.monotonic() - started < 8
