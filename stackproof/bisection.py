@@ -94,6 +94,9 @@ def _cell_pins(cell: Cell) -> dict[str, tuple[str, str]]:
     return pins
 
 
+MAX_VERSIONS = 128  # environments one bisection builds: 7 A/B steps search them
+
+
 def candidate_versions(
     matrix: Matrix, site: SiteSettings, ask: Bisect, moved: tuple[tuple[str, str, str], ...]
 ) -> tuple[tuple[str, tuple[Requirement, ...]], ...]:
@@ -119,6 +122,11 @@ def candidate_versions(
         pins = _pins_at(version, moved, listed)
         if pins is not None:
             out.append((str(version), pins))
+    if len(out) > MAX_VERSIONS:  # issue 43: each is an environment built before the first A/B
+        raise InputError(
+            f"--good {ask.good} --bad {ask.bad}: {len(out):,} versions of {ask.package} between them, past the "
+            f"{MAX_VERSIONS} a bisection builds; narrow the range (the newest good and oldest bad you know)"
+        )
     return tuple(out)
 
 
