@@ -33,7 +33,7 @@ from pipeline.matrix.site import Mirror
 
 __all__ = ["files_of_page", "list_versions", "versions_of_files"]
 
-POLICY = httppolicy.HttpPolicy(read_s=30, total_s=120, max_items=100_000, max_body=32 << 20)
+POLICY = httppolicy.HttpPolicy(read_s=30, total_s=120, max_items=100_000, max_body=32 << 20, min_rate_bps=1024.0)
 
 
 class _Anchors(html.parser.HTMLParser):
