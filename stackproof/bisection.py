@@ -115,18 +115,17 @@ def candidate_versions(
             near = ", ".join(str(v) for v in listed[ask.package][-8:]) or "none"
             raise InputError(f"{flag} {end}: {ask.package} has no such version on index {moved[0][1]} (newest: {near})")
     pre = good.is_prerelease or bad.is_prerelease
+    between = [v for v in listed[ask.package] if good <= v <= bad and (pre or not v.is_prerelease)]
+    if len(between) > MAX_VERSIONS:  # issue 43: each is an environment built before the first A/B
+        raise InputError(
+            f"--good {ask.good} --bad {ask.bad}: {len(between):,} versions of {ask.package} between them, past the "
+            f"{MAX_VERSIONS} a bisection builds; narrow the range (the newest good and oldest bad you know)"
+        )
     out = []
-    for version in listed[ask.package]:
-        if not good <= version <= bad or (version.is_prerelease and not pre):
-            continue
+    for version in between:
         pins = _pins_at(version, moved, listed)
         if pins is not None:
             out.append((str(version), pins))
-    if len(out) > MAX_VERSIONS:  # issue 43: each is an environment built before the first A/B
-        raise InputError(
-            f"--good {ask.good} --bad {ask.bad}: {len(out):,} versions of {ask.package} between them, past the "
-            f"{MAX_VERSIONS} a bisection builds; narrow the range (the newest good and oldest bad you know)"
-        )
     return tuple(out)
 
 

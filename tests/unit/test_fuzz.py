@@ -746,7 +746,7 @@ def _surface_cases() -> list[Case]:
     # 1. quadratic work: a 300 kB environment value through the redaction of every printed line
     # (main: no answer in 100 s), nested ARGs (billion laughs) and a long `${V%%pat}` in a Dockerfile
     long_env = json.dumps({**doctor, "env_extra": {"VLLM_LONG": "a" * 300_000, "VLLM_DOTS": "a." * 150_000}})
-    add("1", "doctor-long-env", ["doctor", "--input", "{DIR}/d.json", "--json", *m], (0,),
+    add("1", "doctor-long-env", ["doctor", "--input", "{DIR}/d.json", *m], (0,),
         files={"d.json": long_env.encode(), **VALID_FILES}, timeout=60)  # fmt: skip
     laughs = "FROM x\nARG A0=xxxxxxxxxx\n"
     laughs += "".join(f"ARG A{i}=" + f"${{A{i - 1}}}" * 4 + "\n" for i in range(1, 40))
@@ -784,7 +784,7 @@ def _surface_cases() -> list[Case]:
             report,
             (2,),
             rf"{doc}\.json",
-            files={f"runs/x/{doc}.json": _perfdoc(doc, edit, raw=raw)},
+            files={f"runs/x/{doc}.json": _perfdoc(doc, edit, raw=raw), "runs/r/receipt.json": _receipt_with(str)},
         )
     # 7. escape sequences from a reporter's file never reach the terminal (main: four raw ESCs)
     escapes = {**doctor, "env_extra": {"VLLM_TITLE": "\x1b]0;owned\x07\x1b[2J"}}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import resource
 import subprocess
 import sys
@@ -279,3 +280,204 @@ def test_what_a_command_starts_ends_with_it(tmp_path: Path) -> None:
     with pytest.raises(InfraError, match="timed out"):
         cmd.run([sys.executable, "-c", _FORKER, "hang"], quiet=True, timeout=1)
     assert time.monotonic() - started < 8
+
+
+# -- 5. arguments checked before anything starts ------------------------------------------------------
+
+VALID_MATRIX = """\
+schema_version: 1
+indexes:
+  pypi: {url: "https://pypi.org/simple"}
+bases:
+  img:
+    image: "example/img:1.0"
+    digest: "sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+cells:
+  - id: a
+    base: img
+    platform: linux/amd64
+    arch: none
+    serve:
+      model: {source: "hf:org/model", revision: "0123456789abcdef0123456789abcdef01234567"}
+      load: {questions: 4, concurrency: 2}
+"""
+
+
+@pytest.mark.parametrize(
+    ("argv", "option"),
+    [
+        (["sweep", "a", "--sweep", "concurrency=1,1000000000"], "--sweep"),
+        (["sweep", "a", "--sweep", "rate=1,1e9"], "--sweep"),
+        (["ab", "a", "a", "--slice", "1e-9"], "--slice"),
+        (["ab", "a", "a", "--slice", "604800"], "--slice"),
+        (["bisect", "a", "--package", "../../etc", "--good", "1", "--bad", "2"], "--package"),
+        (["bisect", "a", "--package", "", "--good", "1", "--bad", "2"], "--package"),
+    ],
+)
+def test_an_absurd_argument_is_exit_2_before_anything_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], option: str
+) -> None:
+    """Seen failing first: each was taken, and refused only after a server or an index was asked
+    (here, with no docker daemon: exit 3), or never."""
+    from stackproof.cli import main
+
+    (tmp_path / "m.yaml").write_text(VALID_MATRIX)
+    with pytest.raises(SystemExit) as exited:
+        main([*argv, "--matrix", str(tmp_path / "m.yaml")])
+    assert exited.value.code == 2 and option in capsys.readouterr().err
+
+
+def test_sensible_arguments_still_parse() -> None:
+    from stackproof.cli.common import package_name, slice_seconds
+    from verify.perf.sweep import parse_sweep
+
+    assert slice_seconds("20") == 20.0 and package_name("flashinfer-python") == "flashinfer-python"
+    assert parse_sweep("concurrency=1,4096").values == (1.0, 4096.0)
+
+
+def test_a_bisection_past_its_version_cap_is_refused_before_any_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seen failing first: 3,000 listed versions meant 3,000 environments built before any A/B."""
+    from types import SimpleNamespace
+
+    from packaging.version import Version
+
+    from stackproof import bisection
+
+    listed = tuple(Version(f"1.{i}") for i in range(3000))
+    monkeypatch.setattr(bisection, "list_versions", lambda *a, **k: listed)
+    cell = SimpleNamespace(install=None, platform="linux/amd64")
+    site = SimpleNamespace(index_location=lambda matrix, index: None)
+    ask = bisection.Bisect(cell=cell, package="x", good="1.0", bad="1.2999", metric="output_tok_s",  # type: ignore[arg-type]
+                           threshold=0.05, index=None, slice_s=20, pairs=5)  # fmt: skip
+    with pytest.raises(InputError, match=r"--good 1\.0 --bad 1\.2999: 3,000 versions"):
+        bisection.candidate_versions(None, site, ask, (("x", "pypi", ""),))  # type: ignore[arg-type]
+    small = bisection.Bisect(**{**ask.__dict__, "bad": "1.9"})
+    assert len(bisection.candidate_versions(None, site, small, (("x", "pypi", ""),))) == 10  # type: ignore[arg-type]
+
+
+def test_a_wheel_tag_that_does_not_parse_fits_nothing() -> None:
+    """Seen failing first: `cp3x` in an abi3 wheel's tag raised ValueError out of bisect."""
+    from pipeline.releases.simpleindex import versions_of_files
+
+    files = [("x-1.0-cp3x-abi3-manylinux_2_28_x86_64.whl", False), ("x-2.0-cp39-abi3-manylinux_2_28_x86_64.whl", False)]
+    assert [str(v) for v in versions_of_files(files, "x", python="3.11", machine="x86_64")] == ["2.0"]
+
+
+def test_probe_kernels_gives_up_on_a_hung_interpreter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seen failing first: a --python that never answers kept `probe kernels` for the probe's hour."""
+    from pipeline.errors import InfraError
+    from stackproof import kernels
+
+    hung = tmp_path / "python"
+    hung.write_text("#!/bin/sh\nsleep 300\n")
+    hung.chmod(0o755)
+    monkeypatch.setattr(kernels, "CHECK_TIMEOUT_S", 1)
+    started = time.monotonic()
+    with pytest.raises(InfraError, match="timed out"):
+        kernels._check_interpreter(str(hung))
+    assert time.monotonic() - started < 8
+    with pytest.raises(InfraError, match=r"cannot import .*flashinfer.*pip install"):
+        kernels._check_interpreter(sys.executable)
+
+
+# -- 6. documents read back by `report` ----------------------------------------------------------------
+
+PERFDOCS = REPO / "tests" / "fixtures" / "perfdocs"
+
+
+@pytest.mark.parametrize(
+    ("raw", "value", "message"),
+    [
+        ('"slice_s": 5.0', "Infinity", "Infinity is not a JSON number"),
+        ('"pairs": 10', "9" * 5000, "an integer of 5,000 digits"),
+        ('"seed": 0', "1e999", "1e999 is past a number's range"),
+    ],
+    ids=["infinity", "huge-integer", "past-float"],
+)
+def test_a_document_holding_what_json_does_not_is_refused(tmp_path: Path, raw: str, value: str, message: str) -> None:
+    """Seen failing first: Infinity was taken (exit 0), a 5,000-digit integer was a traceback."""
+    from pipeline.guard.typeddoc import read_strict_json
+
+    text = (PERFDOCS / "ab.json").read_text()
+    assert raw in text
+    (tmp_path / "ab.json").write_text(text.replace(raw, f"{raw.split(':')[0]}: {value}"))
+    with pytest.raises(InputError, match=rf"ab\.json: not strict JSON: {re.escape(message)}"):
+        read_strict_json(tmp_path / "ab.json", "A/B report", limit=1 << 20)
+
+
+def test_a_field_of_the_wrong_type_is_refused_naming_it() -> None:
+    """Seen failing first: `faults: {A: "many"}` was shown as a report (exit 0)."""
+    import json
+
+    from pipeline.guard.typeddoc import check_schema
+
+    for name in ("ab", "sweep", "bisect"):  # the producers' own documents pass
+        check_schema(json.loads((PERFDOCS / f"{name}.json").read_text()), f"{name}.json", name, f"{name}.schema.json")
+    document = json.loads((PERFDOCS / "ab.json").read_text())
+    document["faults"]["A"] = "many"
+    with pytest.raises(InputError, match=r"ab\.json: faults\.A: 'many' is not of type 'integer'"):
+        check_schema(document, "ab.json", "A/B report", "ab.schema.json")
+
+
+# -- 8. index trouble called the right thing -----------------------------------------------------------
+
+PIP_TAIL = (
+    "Could not fetch URL http://127.0.0.1:1/simple/vllm/: HTTPConnectionPool(host='127.0.0.1', port=1): Max retries "
+    "exceeded with url: /simple/vllm/ (Caused by ResponseError('too many 500 error responses')) - skipping\n"
+    "ERROR: No matching distribution found for vllm==0.28.0"
+)
+
+
+def test_an_index_that_cannot_answer_is_exit_3_and_pip_reads_no_configuration(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seen failing first: a mirror answering 500 was exit 1 ("No matching distribution"), and
+    site-wide pip configuration reached a command documented as isolated."""
+    from pipeline import cmd
+    from pipeline.errors import InfraError
+    from pipeline.releases import pins
+
+    seen: dict[str, object] = {}
+
+    def failing(argv: list[str], **kw: object) -> object:
+        seen.update(argv=argv, env=kw.get("env"))
+        raise cmd.CommandFailed(argv, 1, PIP_TAIL)
+
+    monkeypatch.setattr(pins.cmd, "run", failing)
+    with pytest.raises(InfraError, match=r"could not answer for vllm==0\.28\.0: .*500 error responses"):
+        pins.fetch_metadata("vllm", "0.28.0", "linux/amd64", find_links=Path("/srv/wheels"))
+    assert seen["env"] == {"PIP_CONFIG_FILE": os.devnull}
+    argv = seen["argv"]
+    assert isinstance(argv, list) and "--no-index" in argv and "--index-url" not in argv and "/srv/wheels" in argv
+
+    def no_such(argv: list[str], **kw: object) -> object:
+        raise cmd.CommandFailed(argv, 1, "ERROR: No matching distribution found for vllm==9.9.9")
+
+    monkeypatch.setattr(pins.cmd, "run", no_such)
+    with pytest.raises(cmd.CommandFailed):  # the index answered: no such version is not exit 3
+        pins.fetch_metadata("vllm", "9.9.9", "linux/amd64")
+
+
+def test_a_local_pypi_mirror_is_read_not_the_public_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipeline.matrix.read import load_matrix
+    from stackproof.auditjob import release_lookup
+
+    (tmp_path / "m.yaml").write_text(VALID_MATRIX)
+    (tmp_path / "wheels").mkdir()
+    monkeypatch.setenv("STACKPROOF_MIRRORS", f"pypi={tmp_path / 'wheels'}")
+    lookup = release_lookup(load_matrix(tmp_path / "m.yaml", images_dir=REPO / "images"))
+    assert lookup.fetch.keywords["find_links"] == tmp_path / "wheels"  # type: ignore[attr-defined]
+    assert "pypi.org" not in lookup.fetch.keywords["index_url"]  # type: ignore[attr-defined]
+
+
+def test_a_registry_answer_under_the_rate_floor_is_given_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seen failing first: one byte a second was read until the 300 s total; now given up at the
+    floor (1 KiB/s, averaged after 20 s of body). A fake clock: one chunk a second."""
+    from pipeline.errors import InfraError
+    from pipeline.guard import httppolicy
+
+    clock = iter(range(10_000))
+    monkeypatch.setattr(httppolicy.time, "monotonic", lambda: float(next(clock)))
+    with pytest.raises(InfraError, match=r"bytes/s for 21s"):
+        httppolicy.read_capped((b"{" for _ in range(400)), policy=httppolicy.DEFAULT, what="registry", started=0.0)
+    clock = iter(range(10_000))
+    body = httppolicy.read_capped((b"x" * 65536 for _ in range(60)), policy=httppolicy.DEFAULT, what="r", started=0.0)
+    assert len(body) == 60 * 65536
