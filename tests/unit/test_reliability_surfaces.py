@@ -209,28 +209,29 @@ def test_a_stdout_that_cannot_take_output_is_exit_3_without_traceback(redirect: 
 # -- 4. false passes on the host runtime -----------------------------------------------------------
 
 
-def _host_cell() -> object:
-    from pipeline.matrix.read import load_matrix
-
-    return load_matrix(REPO / "matrix.yaml", images_dir=REPO / "images").cell("cpu-tiny-host")
-
-
-def test_a_given_environment_without_the_lock_fails_the_lock_check() -> None:
+def test_a_given_environment_without_the_lock_fails_the_lock_check(monkeypatch: pytest.MonkeyPatch) -> None:
     """Seen failing first: a locked host cell given an environment holding none of its lock passed
-    `--stages imports` (no check compared the two)."""
-    from pipeline.build.lock import read_lock
+    `--stages imports` (no check compared the two). The lock is cpu-tiny's own (locks/cpu-tiny.lock.json)."""
+    from types import SimpleNamespace
+
+    from pipeline.build.lock import Lock, LockedPackage
+    from pipeline.guard.jsonfile import read_json
+    from pipeline.host import env as host_env
     from pipeline.host.env import HostEnv
     from pipeline.result import Status
     from stackproof.runjob import _lock_check
 
-    cell = _host_cell()
-    lock = read_lock(cell)  # type: ignore[arg-type]
-    whole = tuple((p.name, p.version) for p in lock.packages)
+    data = read_json(REPO / "locks" / "cpu-tiny.lock.json", "lock")
+    packages = tuple(
+        LockedPackage(name=p["name"], version=p["version"], index=p["index"], hashes=()) for p in data["packages"]
+    )
+    monkeypatch.setattr(host_env, "read_lock", lambda cell: Lock(cell="cpu-tiny", inputs_digest="", packages=packages))
+    cell = SimpleNamespace(install=object(), uninstall=("triton",), overrides=())
     env = HostEnv(python=Path(sys.executable), root=None, digest="sha256:x", python_version="3.11.9", packages=3,
                   source="given", versions=(("pyyaml", "6.0"),))  # fmt: skip
     check = _lock_check(cell, env)  # type: ignore[arg-type]
     assert check is not None and check.status is Status.FAIL and "locked at" in check.message
-    held = HostEnv(**{**env.__dict__, "versions": whole})
+    held = HostEnv(**{**env.__dict__, "versions": tuple((p.name, p.version) for p in packages if p.name != "triton")})
     passed = _lock_check(cell, held)  # type: ignore[arg-type]
     assert passed is not None and passed.status is Status.PASS
 
