@@ -4,23 +4,32 @@ Every external command (docker, debootstrap, uv, pip) goes through `run` or `str
 `+ argv` first (to the terminal with -v, pipeline.console), apply a timeout, and raise
 `CommandFailed` with the tail of the output.
 Values named in `redact` are replaced by `***` in every echo and error message.
+
+Each command runs in its own session and process group, and the whole group is ended (SIGKILL)
+when the command exits, times out or the caller is interrupted (issue 43): a child it started
+(an interpreter given with `--python` that forks, a tool's helper) does not outlive it, and a
+grandchild holding the output pipe open cannot keep the caller waiting past its timeout.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
+import signal
 import subprocess
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pipeline.console import console
 from pipeline.errors import InfraError, PipelineError
 
-__all__ = ["CommandFailed", "CommandResult", "run", "stream"]
+__all__ = ["CommandFailed", "CommandResult", "end_group", "run", "stream"]
 
 
 class CommandFailed(PipelineError):
@@ -71,31 +80,88 @@ def run(
         console().command(_echo(argv, redact))
     started = time.monotonic()
     try:
-        proc = subprocess.run(
+        proc = subprocess.Popen(
             list(argv),
             env={**os.environ, **env} if env else None,
             cwd=cwd,
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.PIPE if input_text is not None else subprocess.DEVNULL,
             text=True,
-            timeout=timeout,
-            input=input_text,
-            stdin=None if input_text is not None else subprocess.DEVNULL,
+            errors="replace",
+            start_new_session=True,  # its own group: ended as one (end_group)
         )
     except FileNotFoundError as exc:
         raise InfraError(f"{argv[0]}: not found on PATH ({exc})") from exc
+    readers = _Readers(proc, input_text)
+    try:
+        proc.wait(timeout=timeout)  # the command itself, not the pipes a child of it may hold open
     except subprocess.TimeoutExpired as exc:
+        end_group(proc)
+        readers.join()
         raise InfraError(f"timed out after {timeout:.0f}s: {_echo(argv, redact)}") from exc
+    except BaseException:
+        end_group(proc)
+        raise
+    end_group(proc)  # what it started and left running goes with it
+    stdout, stderr = readers.join()
     result = CommandResult(
         argv=tuple(argv),
         returncode=proc.returncode,
-        stdout=proc.stdout,
-        stderr=proc.stderr,
+        stdout=stdout,
+        stderr=stderr,
         seconds=time.monotonic() - started,
     )
     if check and proc.returncode != 0:
-        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-30:])
+        tail = "\n".join((stdout + stderr).splitlines()[-30:])
         raise CommandFailed([_echo([a], redact) for a in argv], proc.returncode, tail)
     return result
+
+
+def end_group(proc: subprocess.Popen[str]) -> None:
+    """SIGKILL the process group `proc` leads (it, and whatever it started that stayed in it), then reap it."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+class _Readers:
+    """stdout and stderr read in threads (and stdin fed), so that the wait is on the process, and a
+    straggler that left the group with the pipes open costs at most `grace` seconds once it ends."""
+
+    def __init__(self, proc: subprocess.Popen[str], input_text: str | None, grace: float = 5.0) -> None:
+        self.proc, self.grace = proc, grace
+        self.parts: tuple[list[str], list[str]] = ([], [])
+        self.threads = [
+            threading.Thread(target=self._read, args=(pipe, into), daemon=True)
+            for pipe, into in ((proc.stdout, self.parts[0]), (proc.stderr, self.parts[1]))
+        ]
+        if input_text is not None:
+            self.threads.append(threading.Thread(target=self._feed, args=(input_text,), daemon=True))
+        for thread in self.threads:
+            thread.start()
+
+    @staticmethod
+    def _read(pipe: Any, into: list[str]) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            for piece in iter(lambda: pipe.read(65536), ""):
+                into.append(piece)
+
+    def _feed(self, text: str) -> None:
+        assert self.proc.stdin is not None
+        with contextlib.suppress(OSError, ValueError):
+            self.proc.stdin.write(text)
+            self.proc.stdin.close()
+
+    def join(self) -> tuple[str, str]:
+        deadline = time.monotonic() + self.grace
+        for thread in self.threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        for pipe, thread in zip((self.proc.stdout, self.proc.stderr), self.threads, strict=False):
+            if pipe is not None and not thread.is_alive():  # closing under a blocked reader would block too
+                with contextlib.suppress(OSError, ValueError):
+                    pipe.close()
+        return "".join(self.parts[0]), "".join(self.parts[1])
 
 
 def stream(
@@ -128,6 +194,7 @@ def stream(
             text=True,
             errors="replace",
             bufsize=1,
+            start_new_session=True,
         )
     except FileNotFoundError as exc:
         raise InfraError(f"{argv[0]}: not found on PATH ({exc})") from exc
@@ -141,9 +208,9 @@ def stream(
                 raise InfraError(f"timed out after {timeout:.0f}s: {_echo(argv, redact)}")
         returncode = proc.wait(timeout=max(1.0, timeout - (time.monotonic() - started)))
     except BaseException:
-        proc.kill()
-        proc.wait()
+        end_group(proc)
         raise
+    end_group(proc)
     if returncode != 0:
         raise CommandFailed([_echo([a], redact) for a in argv], returncode, "\n".join(tail))
     return CommandResult(

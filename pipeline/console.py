@@ -283,7 +283,8 @@ class Console:
 
     def _clear(self) -> None:
         if self._drawn:
-            self.stream.write("\r" + "\x1b[1A" * (self._drawn - 1) + "\x1b[J")
+            sequence = "\r" + "\x1b[1A" * (self._drawn - 1) + "\x1b[J"
+            getattr(self.stream, "write_control", self.stream.write)(sequence)  # the CLI's stream neutralises escapes
             self._drawn = 0
 
     def _draw(self, *, force: bool = False) -> None:

@@ -23,11 +23,17 @@ def release_lookup(matrix: Matrix, *, online: bool = True) -> ReleaseLookup:
     from pipeline.releases.pins import fetch_metadata
 
     site = load_site(matrix)
-    index_url = "https://pypi.org/simple"
+    index_url, find_links = "https://pypi.org/simple", None
     if any(ix.name == "pypi" for ix in matrix.indexes):
         mirror = site.index_location(matrix, "pypi")
-        index_url = index_url if mirror.is_local else mirror.location
-    fetch = functools.partial(fetch_metadata, index_url=index_url, cert=site.ca_bundle, redact=site.secrets())
+        if mirror.is_local:  # issue 43: the mirror's directory, never the public index in its place
+            find_links = mirror.directory
+            index_url = mirror.directory.as_uri()  # the cache's key: not the public index's metadata
+        else:
+            index_url = mirror.location
+    fetch = functools.partial(
+        fetch_metadata, index_url=index_url, cert=site.ca_bundle, redact=site.secrets(), find_links=find_links
+    )
     return ReleaseLookup(online=online, fetch=fetch, cache=cache_dir(), index_url=index_url)
 
 

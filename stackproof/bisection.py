@@ -94,6 +94,9 @@ def _cell_pins(cell: Cell) -> dict[str, tuple[str, str]]:
     return pins
 
 
+MAX_VERSIONS = 128  # environments one bisection builds: 7 A/B steps search them
+
+
 def candidate_versions(
     matrix: Matrix, site: SiteSettings, ask: Bisect, moved: tuple[tuple[str, str, str], ...]
 ) -> tuple[tuple[str, tuple[Requirement, ...]], ...]:
@@ -112,10 +115,14 @@ def candidate_versions(
             near = ", ".join(str(v) for v in listed[ask.package][-8:]) or "none"
             raise InputError(f"{flag} {end}: {ask.package} has no such version on index {moved[0][1]} (newest: {near})")
     pre = good.is_prerelease or bad.is_prerelease
+    between = [v for v in listed[ask.package] if good <= v <= bad and (pre or not v.is_prerelease)]
+    if len(between) > MAX_VERSIONS:  # issue 43: each is an environment built before the first A/B
+        raise InputError(
+            f"--good {ask.good} --bad {ask.bad}: {len(between):,} versions of {ask.package} between them, past the "
+            f"{MAX_VERSIONS} a bisection builds; narrow the range (the newest good and oldest bad you know)"
+        )
     out = []
-    for version in listed[ask.package]:
-        if not good <= version <= bad or (version.is_prerelease and not pre):
-            continue
+    for version in between:
         pins = _pins_at(version, moved, listed)
         if pins is not None:
             out.append((str(version), pins))

@@ -15,7 +15,7 @@ from typing import Any
 
 from pipeline import cmd
 from pipeline.docker.client import Container, Docker, Mount
-from pipeline.errors import CheckFailed
+from pipeline.errors import CheckFailed, InfraError
 from pipeline.guard.jsonfile import read_json
 from pipeline.result import CheckResult, Status
 from verify.kernels.autotune import judge_cache, load_policies, read_cache
@@ -80,25 +80,47 @@ def probe_kernels(
     if docker is not None and image is not None:
         _probe_in_container(docker, image, config, out_dir, python=python, gpus=gpus, args=args)
     else:
-        cmd.run(
-            [
-                python,
-                str(KERNEL_PROBE_FILE),
-                "--config",
-                str(config),
-                "--cache",
-                str(cache),
-                "--report",
-                str(report),
-                *args,
-            ],
-            timeout=3600,
-        )
+        _check_interpreter(python)
+        argv = [python, str(KERNEL_PROBE_FILE), "--config", str(config), "--cache", str(cache), "--report", str(report)]
+        try:
+            cmd.run([*argv, *args], timeout=3600)
+        except cmd.CommandFailed as exc:  # the probe's own traceback: its last line says what broke
+            last = (exc.output_tail.strip().splitlines() or ["no output"])[-1][:300]
+            raise InfraError(
+                f"the kernel probe under --python {python} failed (exit {exc.returncode}): {last}"
+            ) from None
     if not report.is_file() or not cache.is_file():
         raise CheckFailed(f"the kernel probe wrote no {'report' if not report.is_file() else 'cache'} in {out_dir}")
     return judge_probe(
         read_json(report, "kernel probe report", mapping=False), cache, arch=arch, seconds=time.monotonic() - started
     )
+
+
+PROBE_MODULES = ("torch", "flashinfer")  # what verify/probes/kernel_probe.py imports
+CHECK_TIMEOUT_S = 120
+
+
+def _check_interpreter(python: str) -> None:
+    """`--python` runs and imports what the probe needs, within CHECK_TIMEOUT_S (issue 43): a missing
+    module is exit 3 naming what to install, and a hung interpreter is given up on in minutes, not
+    after the probe's hour."""
+    script = (
+        "import importlib.util, sys; "
+        f"print(' '.join(m for m in {PROBE_MODULES!r} if importlib.util.find_spec(m) is None))"
+    )
+    try:
+        done = cmd.run([python, "-c", script], timeout=CHECK_TIMEOUT_S, check=False, quiet=True)
+    except InfraError as exc:
+        raise InfraError(f"--python {python}: {exc}") from None
+    if done.returncode != 0:
+        raise InfraError(f"--python {python}: not a working Python interpreter (exit {done.returncode})")
+    missing = done.stdout.split()
+    if missing:
+        packages = " ".join("flashinfer-python" if m == "flashinfer" else m for m in missing)
+        raise InfraError(
+            f"--python {python} cannot import {', '.join(missing)}: install them into it "
+            f"(`{python} -m pip install {packages}`) or probe a built CELL"
+        )
 
 
 def _probe_in_container(

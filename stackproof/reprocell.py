@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from pipeline.errors import InputError, MatrixError
 from pipeline.guard import boundedio
+from pipeline.guard.atomic import replace_text
 from pipeline.guard.redact import redact
 from pipeline.matrix.yamlsrc import MAX_BYTES
 
@@ -34,11 +35,11 @@ def write_cell(matrix_file: Path, cell: ReproCell, *, images_dir: Path) -> Path:
         sections = {name: redact(text) for name, text in cell.sections(indent)}
         if key in sections:
             text = _insert(text, key, ("\n" if key == "cells" else "") + sections[key], matrix_file)
-    matrix_file.write_text(text, encoding="utf-8")
+    replace_text(matrix_file, text)
     try:
         load_matrix(matrix_file, images_dir=images_dir)
     except MatrixError as exc:
-        matrix_file.write_text(original, encoding="utf-8")
+        replace_text(matrix_file, original)
         raise MatrixError([*exc.problems, f"{matrix_file}: restored unchanged; cell {cell.id} was not added"]) from exc
     return matrix_file
 

@@ -18,7 +18,16 @@ from typing import Any
 from pipeline.build.image import build_cell, build_seconds, built_image
 from pipeline.docker.client import Docker
 from pipeline.errors import InfraError, InputError
-from pipeline.host.env import HostEnv, build_host_env, built_host_env, given_differences, given_env, plan_host_env
+from pipeline.host.env import (
+    HostEnv,
+    build_host_env,
+    built_host_env,
+    given_differences,
+    given_env,
+    import_differences,
+    lock_differences,
+    plan_host_env,
+)
 from pipeline.host.geometry import host_fingerprint
 from pipeline.host.modelstore import ensure_model
 from pipeline.matrix.model import ArchiveBase, Arm, Cell, LoadSpec, Matrix
@@ -155,7 +164,8 @@ def run_on_host(
     print(f"{cell.id}: verifying the host environment {env.ref} ({env.digest[:19]})", file=sys.stderr)
     runtime = HostRuntime(python=env.python, files_root=env.files_root, image_env=lineage_env(matrix, cell))
     out_dir = _run_dir(out_root, cell)
-    first_checks = [c for c in (_given_check(cell, env), _host_expectations(matrix, cell)) if c]
+    checks = (_given_check(cell, env), _lock_check(cell, env), _host_expectations(matrix, cell))
+    first_checks = [c for c in checks if c]
     started = time.time()
     report = verify_image(
         runtime,
@@ -222,6 +232,7 @@ def _given_check(cell: Cell, env: HostEnv) -> CheckResult | None:
     if not cell.given:
         return None
     differences = given_differences(cell, env.versions)
+    differences += import_differences(env.python, tuple(r.name for r in cell.given))
     wanted = {r.name: r.version for r in cell.given}
     evidence: dict[str, Any] = {"given": wanted, "differences": list(differences)}
     if differences:
@@ -230,6 +241,20 @@ def _given_check(cell: Cell, env: HostEnv) -> CheckResult | None:
         )
     message = f"{len(wanted)} given packages at their versions ({env.packages} installed)"
     return CheckResult(name="given-environment", status=Status.PASS, message=message, evidence=evidence)
+
+
+def _lock_check(cell: Cell, env: HostEnv) -> CheckResult | None:
+    """An environment given with --python for a locked cell holds the cell's lock (issue 43): a FAIL
+    before any stage runs on one that does not, whatever it imports."""
+    if cell.install is None or env.source != "given":
+        return None
+    differences = lock_differences(cell, env.versions)
+    evidence: dict[str, Any] = {"differences": list(differences[:50]), "count": len(differences)}
+    if differences:
+        shown = "; ".join(differences[:5]) + (f"; and {len(differences) - 5} more" if len(differences) > 5 else "")
+        return CheckResult(name="lock-environment", status=Status.FAIL, message=shown, evidence=evidence)
+    message = f"the environment holds the cell's lock ({env.packages} installed)"
+    return CheckResult(name="lock-environment", status=Status.PASS, message=message, evidence=evidence)
 
 
 def lineage_env(matrix: Matrix, cell: Cell) -> tuple[tuple[str, str], ...]:

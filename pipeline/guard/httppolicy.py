@@ -35,12 +35,17 @@ class HttpPolicy:
     total_s: float = 300.0  # one answer, first byte to last
     max_body: int = 64 * 2**20
     max_items: int = 10_000
+    # Issue 43: an answer whose body arrives slower than this on average, once `rate_grace_s` passed
+    # since its first byte, is given up on (0: no floor). A registry dribbling one byte a second
+    # stays under the read timeout for ever and was given up on only at total_s (300 s).
+    min_rate_bps: float = 0.0
+    rate_grace_s: float = 20.0
 
     def timeout(self) -> httpx.Timeout:
         return httpx.Timeout(self.read_s, connect=self.connect_s)
 
 
-DEFAULT = HttpPolicy()
+DEFAULT = HttpPolicy(min_rate_bps=1024.0)  # registries: manifests, tokens, blobs (never a token stream)
 
 
 def fetch(
@@ -69,12 +74,20 @@ def read_capped(chunks: Iterable[bytes], *, policy: HttpPolicy, what: str, start
     started = time.monotonic() if started is None else started
     parts: list[bytes] = []
     size = 0
+    first: float | None = None
     for chunk in chunks:
+        now = time.monotonic()
+        first = now if first is None else first
         size += len(chunk)
         if size > policy.max_body:
             raise InfraError(f"{what}: the answer is larger than {policy.max_body:,} bytes: refused while reading")
-        if time.monotonic() - started > policy.total_s:
+        if now - started > policy.total_s:
             raise InfraError(f"{what}: the answer took longer than {policy.total_s:g}s in all: given up")
+        if policy.min_rate_bps and now - first > policy.rate_grace_s and size / (now - first) < policy.min_rate_bps:
+            raise InfraError(
+                f"{what}: the answer came at {size / (now - first):,.0f} bytes/s for {now - first:.0f}s, under "
+                f"{policy.min_rate_bps:,.0f} bytes/s: given up (a server this slow is not answering)"
+            )
         parts.append(chunk)
     return b"".join(parts)
 

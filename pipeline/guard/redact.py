@@ -9,11 +9,12 @@ credentials too: `redact` removes them from every message the tool prints.
 
 from __future__ import annotations
 
+import errno
 import re
 import threading
 from typing import IO, Any
 
-__all__ = ["REDACTED", "RedactingStream", "redact", "secret_arg", "secret_env"]
+__all__ = ["REDACTED", "RedactingStream", "neutralise", "redact", "secret_arg", "secret_env"]
 
 REDACTED = "***"
 
@@ -30,16 +31,20 @@ _SECRET_VALUE = re.compile(
     r"(?<![A-Za-z0-9])(?:"
     r"sk-[A-Za-z0-9_-]{20,}|hf_[A-Za-z0-9]{20,}|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}|"
     r"glpat-[A-Za-z0-9_-]{16,}|xox[abprs]-[A-Za-z0-9-]{8,}|AKIA[0-9A-Z]{16}|"
-    r"eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*|"
+    r"(?<![A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{8,}+\.[A-Za-z0-9_-]{8,}+\.[A-Za-z0-9_-]*+|"
     r"[Bb]earer\s+[A-Za-z0-9._~+/=-]{8,}"
     r")"
 )
-_URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/\s@]+@")
+# Linear time (issue 43): a scheme is at most 32 characters, so a long run of letters costs each
+# start 32 steps, not the rest of the run (`[A-Za-z][A-Za-z0-9+.-]*` was quadratic: 20,000 letters
+# took 2.4 s, a 300 kB environment value minutes); a JWT starts only where a run of its alphabet
+# starts, and its parts are read possessively (no re-reading of one run from each `-` in it).
+_URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]{0,31}://)[^/\s@]++@")
 # `HF_TOKEN=abc`, `"HF_TOKEN": "abc"`, `api_key: abc`: the value of a credential-named variable,
 # whatever it looks like (a short or custom token matches no token pattern). Bounded: no backtracking
 # beyond one name and one value.
 _NAMED_SECRET = re.compile(
-    r"(?P<name>\b[A-Za-z][A-Za-z0-9_.-]{0,80})(?P<sep>\"?\s{0,4}[=:]\s{0,4}\"?)(?P<value>[^\s\"',;&]{1,4096})"
+    r"(?P<name>\b[A-Za-z][A-Za-z0-9_.-]{0,80}+)(?P<sep>\"?\s{0,4}[=:]\s{0,4}\"?)(?P<value>[^\s\"',;&]{1,4096})"
 )
 
 
@@ -93,17 +98,36 @@ _SECRET_NAME_END = re.compile(
 )
 
 
+# Control characters other than tab, newline and carriage return (a progress bar's redraw): an escape
+# sequence from an environment value, a server's answer or a reporter's file would otherwise drive
+# the reader's terminal (retitle it, hide text, rewrite earlier lines). Shown as `\x1b`, visibly.
+_CONTROLS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+
+
+def neutralise(text: str) -> str:
+    """`text` with every control character but tab, newline and CR written out as `\\xNN`."""
+    return _CONTROLS.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
 class RedactingStream:
     """A text stream that passes every line through `redact` before it leaves the process.
 
     The CLI installs one over stdout and stderr, so every line any command prints (progress, errors,
     JSON documents, a tool's echoed output) is redacted once, at the edge, instead of at each print.
     Text is held until a line ends (`\n` or `\r`, progress lines) or the stream is flushed, so a
-    secret written in two pieces is still one string to redact."""
+    secret written in two pieces is still one string to redact.
 
-    def __init__(self, stream: IO[str], secrets: tuple[str, ...] = ()) -> None:
+    One safe output stream (issue 43): control characters are neutralised (`neutralise`; the
+    console's own cursor moves go through `write_control`), and a stream that is closed (None: the
+    process started with the descriptor closed), full (/dev/full, a full disk) or gone bad stops
+    taking output instead of raising from every print: `failed` says why, and the CLI turns a
+    failed stdout into exit 3. A reader that went away (EPIPE) still raises BrokenPipeError, which
+    the CLI ends quietly as 141."""
+
+    def __init__(self, stream: IO[str] | None, secrets: tuple[str, ...] = ()) -> None:
         self.stream = stream
         self.secrets = secrets
+        self.failed: OSError | None = None
         self._pending = ""
         self._lock = threading.Lock()
 
@@ -113,18 +137,51 @@ class RedactingStream:
             cut = max(self._pending.rfind("\n"), self._pending.rfind("\r"))
             if cut >= 0:
                 ready, self._pending = self._pending[: cut + 1], self._pending[cut + 1 :]
-                self.stream.write(redact(ready, self.secrets))
+                self._emit(neutralise(redact(ready, self.secrets)))
             if len(self._pending) > 65536:  # a line without end: redact it in pieces rather than hold it
-                self.stream.write(redact(self._pending, self.secrets))
+                self._emit(neutralise(redact(self._pending, self.secrets)))
                 self._pending = ""
         return len(text)
+
+    def write_control(self, sequence: str) -> None:
+        """The console's own cursor moves (its live block), written as they are, after what is held."""
+        with self._lock:
+            if self._pending:
+                self._emit(neutralise(redact(self._pending, self.secrets)))
+                self._pending = ""
+            self._emit(sequence)
 
     def flush(self) -> None:
         with self._lock:
             if self._pending:
-                self.stream.write(redact(self._pending, self.secrets))
+                self._emit(neutralise(redact(self._pending, self.secrets)))
                 self._pending = ""
-        self.stream.flush()
+            self._emit(None)
 
-    def __getattr__(self, name: str) -> Any:  # isatty, fileno, encoding, buffer...
+    def _emit(self, text: str | None) -> None:
+        if self.failed is not None:
+            return
+        if self.stream is None:
+            if text:
+                self.failed = OSError(errno.EBADF, "the stream is closed")
+            return
+        try:
+            if text is None:
+                self.stream.flush()
+            else:
+                self.stream.write(text)
+        except BrokenPipeError:
+            raise
+        except (OSError, ValueError) as exc:  # full, closed under us, an I/O error
+            self.failed = exc if isinstance(exc, OSError) else OSError(errno.EBADF, str(exc))
+
+    def isatty(self) -> bool:
+        try:
+            return self.stream is not None and self.failed is None and self.stream.isatty()
+        except (AttributeError, ValueError, OSError):
+            return False
+
+    def __getattr__(self, name: str) -> Any:  # fileno, encoding, buffer...
+        if self.stream is None:
+            raise AttributeError(name)
         return getattr(self.stream, name)

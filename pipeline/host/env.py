@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline import cmd
 from pipeline.build.lock import read_lock
 from pipeline.build.plan import RequirementGroup, lock_groups, override_groups
 from pipeline.build.render import image_file, render_template
@@ -53,6 +54,7 @@ __all__ = [
 ENVS_DIR = "envs"
 COMPLETE = "stackproof-env.json"  # written last: an environment without it is an unfinished build
 INSTALL_TIMEOUT_S = 3600
+INTERPRETER_TIMEOUT_S = 120  # reading an inventory or what imports: seconds, not an hour
 
 # Run by the environment's own python (stdlib only): what is installed, and which interpreter.
 _INVENTORY = r"""
@@ -271,12 +273,11 @@ def given_env(python: str, *, where: str = "--python") -> HostEnv:
 
 
 def inventory(python: Path, *, where: str | None = None) -> Inventory:
-    """The environment's inventory as its own python reads it, with its digest."""
+    """The environment's inventory as its own python reads it, with its digest. Run in its own
+    process group (pipeline.cmd), ended with it: an interpreter that forks or hangs leaves nothing."""
     try:
-        done = subprocess.run(
-            [str(python), "-I", "-c", _INVENTORY], capture_output=True, text=True, timeout=120, check=False
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
+        done = cmd.run([str(python), "-I", "-c", _INVENTORY], timeout=INTERPRETER_TIMEOUT_S, check=False, quiet=True)
+    except (OSError, InfraError) as exc:
         raise InputError(
             f"{where or python}: cannot run it as a Python interpreter ({type(exc).__name__}: {exc})"
         ) from None
@@ -451,4 +452,86 @@ def given_differences(cell: Cell, versions: tuple[tuple[str, str], ...]) -> tupl
             same = found == want.version
         if not same:
             out.append(f"{want.name}: the cell is given {want.version}, the environment has {found}")
+    return tuple(out)
+
+
+def lock_differences(cell: Cell, versions: tuple[tuple[str, str], ...]) -> tuple[str, ...]:
+    """Where an environment given for a locked cell (`--python`) departs from the cell's lock, one
+    line each (issue 43: such an environment holding none of the lock passed `--stages imports`).
+    What the cell uninstalls or overrides is not compared."""
+    from packaging.utils import canonicalize_name
+
+    if cell.install is None:
+        return ()
+    skipped = {str(canonicalize_name(n)) for n in cell.uninstall} | {r.name for r in cell.overrides}
+    here = {str(canonicalize_name(name)): version for name, version in versions}
+    try:
+        lock = read_lock(cell)
+    except InputError as exc:
+        return (f"the cell's lock cannot be read: {exc}",)
+    out = []
+    for package in lock.packages:
+        name = str(canonicalize_name(package.name))
+        if name in skipped or here.get(name) == package.version:
+            continue
+        found = here.get(name)
+        out.append(f"{name}: locked at {package.version}, the environment has {found or 'none'}")
+    return tuple(out)
+
+
+# Run by the environment's python: for each distribution named, which file `import TOP` would load
+# for each of its top-level modules, and whether that file is one of the distribution's own.
+_IMPORT_OWNER = r"""
+import importlib.util, json, os, sys
+from importlib import metadata
+out = {}
+for name in sys.argv[1:]:
+    try:
+        dist = metadata.distribution(name)
+    except metadata.PackageNotFoundError:
+        out[name] = {"error": "not installed"}
+        continue
+    files = {os.path.realpath(dist.locate_file(f)) for f in (dist.files or ())}
+    tops = (dist.read_text("top_level.txt") or "").split() or [name.replace("-", "_")]
+    seen = []
+    for top in tops:
+        try:
+            spec = importlib.util.find_spec(top)
+        except (ImportError, ValueError) as exc:
+            seen.append([top, None, False]); continue
+        origin = spec.origin if spec else None
+        path = os.path.realpath(origin) if origin and os.path.exists(origin) else None
+        seen.append([top, path, path in files])
+    out[name] = {"version": dist.version, "modules": seen}
+print(json.dumps(out))
+"""
+
+
+def import_differences(python: Path, names: tuple[str, ...]) -> tuple[str, ...]:
+    """Where what imports is not what the metadata says (issue 43): `import vllm` must load a file of
+    the installed vllm distribution, not a copy that shadows it (a directory on the path, a .pth)."""
+    if not names:
+        return ()
+    done = cmd.run(
+        [str(python), "-c", _IMPORT_OWNER, *names],
+        timeout=INTERPRETER_TIMEOUT_S,
+        check=False,
+        quiet=True,
+        cwd=Path("/"),
+    )
+    try:
+        document = json.loads(done.stdout)
+    except ValueError:
+        return (f"{python}: could not tell what imports (exit {done.returncode})",)
+    out = []
+    for name in names:
+        entry = document.get(name) if isinstance(document, dict) else None
+        if not isinstance(entry, dict) or "modules" not in entry:
+            continue  # not installed: given_differences says so
+        for top, path, owned in entry["modules"]:
+            if path is not None and not owned:
+                out.append(
+                    f"{name}: the metadata says {entry['version']}, and `import {top}` loads {path}, "
+                    "which is none of that distribution's files"
+                )
     return tuple(out)

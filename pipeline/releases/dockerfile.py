@@ -32,6 +32,15 @@ _ASSIGN = re.compile(r"(?:^|[;&|(]\s*|\s)(?:export\s+)?(?P<name>[A-Za-z_]\w*)=(?
 _ECHO = re.compile(r"echo\s+(?P<spec>\"[^\"]*\"|'[^']*'|\S+)\s*>>?\s*(?P<file>\S+)")
 DOCKERFILE_LIMIT = 4 * 2**20  # vLLM's is about 20 KB
 _USES = re.compile(r"(?:UV_OVERRIDE[= ]\s*|--overrides?[= ]\s*)(?P<file>[^\s;&|\"']+)")
+# Issue 43: a value is at most VALUE_LIMIT characters once expanded (vLLM's longest is a few dozen),
+# so nested ARGs (`ARG B=${A}${A}...`, each doubling: billion laughs) are refused at the line that
+# passes it, not grown until memory runs out; and `${V%%pat}` tries each cut once per value of at
+# most that size (the fnmatch per cut made a long value quadratic).
+VALUE_LIMIT = 4096
+
+
+class _TooLong(Exception):
+    pass
 
 
 def read_dockerfile(path: Path) -> DockerfileFacts:
@@ -41,18 +50,12 @@ def read_dockerfile(path: Path) -> DockerfileFacts:
     written: list[tuple[int, str, str, str]] = []  # (line, raw spec, spec as expanded there, file)
     used: set[str] = set()
     for line, instruction in _instructions(text):
-        keyword, _, rest = instruction.partition(" ")
-        keyword = keyword.upper()
-        if keyword in ("ARG", "ENV"):
-            _declare(keyword, rest, variables)
-        if keyword == "RUN" or keyword == "ENV":
-            for match in _ASSIGN.finditer(rest if keyword == "RUN" else ""):
-                variables[match.group("name")] = _expand(_unquote(match.group("value")), variables, None)
-            for match in _ECHO.finditer(rest):
-                raw = _unquote(match.group("spec"))
-                written.append((line, raw, _expand(raw, variables, None), match.group("file")))
-        for match in _USES.finditer(instruction):
-            used.add(_expand(match.group("file"), variables, None))
+        try:
+            _evaluate(instruction, line, variables, written, used)
+        except _TooLong as exc:
+            raise InputError(
+                f"{path}:{line}: {exc} expands past {VALUE_LIMIT:,} characters: not a release Dockerfile's value"
+            ) from None
     overrides: dict[str, str] = {}
     referenced: set[str] = set()
     for line, raw, spec, file in written:
@@ -64,7 +67,9 @@ def read_dockerfile(path: Path) -> DockerfileFacts:
         name, version = _pin(_expand(spec, {}, f"{path}:{line}"), f"{path}:{line}")
         overrides[name] = version
     cuda = variables.get("CUDA_VERSION")
-    require_cuda = f"cuda>={'.'.join(cuda.split('.')[:2])}" if cuda and re.match(r"\d+\.\d+", cuda) else None
+    require_cuda = (
+        f"cuda>={'.'.join(cuda.split('.')[:2])}" if cuda and re.fullmatch(r"\d+\.\d+(\.\d+)*", cuda) else None
+    )
     args = {k: variables[k] for k in sorted(referenced | ({"CUDA_VERSION"} if cuda else set())) if k in variables}
     return DockerfileFacts(
         source=f"{path.name} (given with --dockerfile)",
@@ -72,6 +77,23 @@ def read_dockerfile(path: Path) -> DockerfileFacts:
         args=tuple(sorted(args.items())),
         require_cuda=require_cuda,
     )
+
+
+def _evaluate(
+    instruction: str, line: int, variables: dict[str, str], written: list[tuple[int, str, str, str]], used: set[str]
+) -> None:
+    keyword, _, rest = instruction.partition(" ")
+    keyword = keyword.upper()
+    if keyword in ("ARG", "ENV"):
+        _declare(keyword, rest, variables)
+    if keyword == "RUN" or keyword == "ENV":
+        for match in _ASSIGN.finditer(rest if keyword == "RUN" else ""):
+            variables[match.group("name")] = _expand(_unquote(match.group("value")), variables, None)
+        for match in _ECHO.finditer(rest):
+            raw = _unquote(match.group("spec"))
+            written.append((line, raw, _expand(raw, variables, None), match.group("file")))
+    for match in _USES.finditer(instruction):
+        used.add(_expand(match.group("file"), variables, None))
 
 
 def _instructions(text: str) -> list[tuple[int, str]]:
@@ -113,7 +135,16 @@ def _declare(keyword: str, rest: str, variables: dict[str, str]) -> None:
 
 
 def _expand(value: str, variables: dict[str, str], where: str | None) -> str:
+    grown = [0]
+
     def one(match: re.Match[str]) -> str:
+        out = _one(match)
+        grown[0] += len(out)
+        if grown[0] > VALUE_LIMIT:
+            raise _TooLong(f"${{{match.group('name') or match.group('bare')}}}")
+        return out
+
+    def _one(match: re.Match[str]) -> str:
         name = match.group("name") or match.group("bare")
         if name not in variables:
             if where is None:
@@ -128,6 +159,8 @@ def _expand(value: str, variables: dict[str, str], where: str | None) -> str:
             return current[(max(cuts) if op == "##" else min(cuts)) :] if cuts else current
         return current
 
+    if len(value) > VALUE_LIMIT:
+        raise _TooLong(f"{value[:40]!r}...")
     return _EXPANSION.sub(one, value)
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import re
 import sys
 import tempfile
@@ -40,7 +41,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from pipeline import cmd
-from pipeline.errors import InputError, PipelineError
+from pipeline.errors import InfraError, InputError, PipelineError
 from pipeline.matrix.model import ArchiveBase, BootstrapBase, Cell, CellBase, HostBase, Matrix, RegistryBase
 from pipeline.releases.table import (
     NETWORK_WORDS,
@@ -298,18 +299,23 @@ def fetch_metadata(
     index_url: str = "https://pypi.org/simple",
     cert: Path | None = None,
     redact: tuple[str, ...] = (),
+    find_links: Path | None = None,
 ) -> WheelMetadata:
     """The cp312 manylinux wheel of name==version: its file name, sha256 and `Requires-Dist`, read
     through range requests (`--use-feature=fast-deps`; a server without ranges sends the file).
 
-    `--isolated` keeps the host's pip configuration (extra indexes, constraints) out of the
-    answer; `cert` is then the CA bundle to pass on (the site's, see pipeline/matrix/site.py). One retry:
-    an unreachable index costs seconds, not pip's default five retries with back-off.
+    `--isolated` and `PIP_CONFIG_FILE=/dev/null` keep the host's pip configuration (extra indexes,
+    constraints; the user's and the site-wide files) out of the answer; `find_links`: a local
+    mirror directory, read with `--no-index` (never the public index instead); `cert`: the CA
+    bundle to pass on (the site's, see pipeline/matrix/site.py). One retry: an unreachable index
+    costs seconds, not pip's default five retries with back-off; one that cannot answer (unreachable,
+    5xx) is InfraError (exit 3), not pip's "no matching distribution".
     """
     machine = "aarch64" if platform == "linux/arm64" else "x86_64"
     with tempfile.TemporaryDirectory(prefix="stackproof-pins-") as target:
         argv = [sys.executable, "-m", "pip", "install", "--isolated", "--dry-run", "--no-deps", "--ignore-installed"]
-        argv += ["--quiet", "--report", "-", "--index-url", index_url, "--only-binary=:all:", "--python-version"]
+        where = ["--no-index", "--find-links", str(find_links)] if find_links else ["--index-url", index_url]
+        argv += ["--quiet", "--report", "-", *where, "--only-binary=:all:", "--python-version"]
         argv += ["3.12", "--platform", f"manylinux_2_28_{machine}", "--target", target, "--use-feature=fast-deps"]
         argv += ["--retries", "1", "--timeout", "30", "--disable-pip-version-check"]
         # --quiet keeps stdout for the report and hides pip's retry warnings; its --log keeps them,
@@ -317,13 +323,20 @@ def fetch_metadata(
         argv += ["--log", str(Path(target) / "pip.log")]
         argv += ([f"--cert={cert}"] if cert else []) + [f"{name}=={version}"]
         try:
-            result = cmd.run(argv, timeout=180, redact=redact)
+            # PIP_CONFIG_FILE=/dev/null: no configuration file at all, the site-wide ones too
+            # (--isolated skips the user's only; issue 43: /etc/pip.conf's index leaked in).
+            result = cmd.run(argv, timeout=180, redact=redact, env={"PIP_CONFIG_FILE": os.devnull})
         except cmd.CommandFailed as exc:
             log = (Path(target) / "pip.log").read_text(errors="replace") if (Path(target) / "pip.log").exists() else ""
             for secret in redact:  # the log names the index URL, credentials and all
                 log = log.replace(secret, "***") if secret else log
             network = [line for line in log.splitlines() if NETWORK_WORDS.search(line)][-3:]
-            raise cmd.CommandFailed(exc.argv, exc.returncode, "\n".join([*network, exc.output_tail])) from None
+            network += [line for line in exc.output_tail.splitlines() if NETWORK_WORDS.search(line)][-3:]
+            if network:  # issue 43: the index could not answer (unreachable, 5xx): exit 3, not "no such version"
+                shown = re.sub(r"^\S+T\S+ ", "", network[-1].strip())[:400]
+                source = f"index {find_links}" if find_links else "the pypi index"
+                raise InfraError(f"{source} could not answer for {name}=={version}: {shown}") from None
+            raise cmd.CommandFailed(exc.argv, exc.returncode, exc.output_tail) from None
     try:
         item = json.loads(result.stdout)["install"][0]
         info = item.get("download_info") or {}

@@ -20,6 +20,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from pipeline.errors import InputError
+from pipeline.guard.yamltext import comment, scalar
 from pipeline.matrix.model import Cell, CellBase, Matrix, RegistryBase
 from pipeline.releases.pins import FI_CUBIN, FI_JIT, FI_PYTHON, Pins, cuda_tag, release_of_image
 
@@ -102,8 +103,8 @@ def plan_proposal(
         if any(c.id == cell_id for c in matrix.cells):
             raise InputError(f"{matrix.file}: a cell {cell_id!r} exists already: nothing to propose")
     command = f"vllm=={wanted.vllm}" + (f" {FI_PYTHON}=={wanted.flashinfer}" if wanted.flashinfer else "")
-    header = f"  # Proposed by `stackproof matrix propose {command}`: the {previous} cells on vLLM\n"
-    header += f"  # {wanted.vllm}'s release image. Its pins: {pins.source}.\n"
+    header = comment(f"  # Proposed by `stackproof matrix propose {command}`: the {previous} cells on vLLM") + "\n"
+    header += comment(f"  # {wanted.vllm}'s release image. Its pins: {pins.source}.") + "\n"
     return Proposal(
         version=wanted.vllm,
         previous=previous,
@@ -168,7 +169,7 @@ def _cell_yaml(
     lines = [
         f"  - id: {cell_id}",
         f"    extends: {template.id}",
-        f"    description: {_quoted(description)}",
+        f"    description: {scalar(description)}",
         f"    base: {base}",
         "    # The expectation of the extended cell describes its own stack; this one is unknown until a run.",
         "    expect: null",
@@ -191,21 +192,17 @@ def _base_yaml(name: str, version: str, old: RegistryBase, require_cuda: tuple[s
         f"  {name}:",
         "    # Pinned by tag only until a runner records the digest it pulled; `stackproof build`",
         "    # prints that digest, and it belongs here.",
-        f'    image: "vllm/vllm-openai:v{version}"',
+        f"    image: {scalar(f'vllm/vllm-openai:v{version}')}",
         f"    python: {old.python}",
     ]
     if require_cuda:
-        lines += [f"    # {require_cuda[1]}", f'    require_cuda: "{require_cuda[0]}"']
+        lines += [f"    # {comment(require_cuda[1])}", f"    require_cuda: {scalar(require_cuda[0])}"]
     if old.platforms:
         lines += [
             f"    # The platforms of {old.name}'s tag: not read from the registry for this one.",
             f"    platforms: [{', '.join(old.platforms)}]",
         ]
     return "\n".join(lines) + "\n"
-
-
-def _quoted(text: str) -> str:
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def insert(text: str, proposal: Proposal) -> str:

@@ -33,7 +33,7 @@ from pipeline.matrix.site import Mirror
 
 __all__ = ["files_of_page", "list_versions", "versions_of_files"]
 
-POLICY = httppolicy.HttpPolicy(read_s=30, total_s=120, max_items=100_000, max_body=32 << 20)
+POLICY = httppolicy.HttpPolicy(read_s=30, total_s=120, max_items=100_000, max_body=32 << 20, min_rate_bps=1024.0)
 
 
 class _Anchors(html.parser.HTMLParser):
@@ -87,8 +87,13 @@ def versions_of_files(files: list[tuple[str, bool]], name: str, *, python: str, 
 
 
 def _fits(tag: Tag, compact: str, machine: str) -> bool:
+    minor = tag.interpreter[3:]  # `cp39` -> 9; a tag that is no CPython minor (`cp3x`) fits nothing (issue 43)
     interpreter_ok = tag.interpreter in ("py3", f"py{compact}", f"cp{compact}") or (
-        tag.interpreter.startswith("cp3") and tag.abi == "abi3" and int(tag.interpreter[3:] or 0) <= int(compact[1:])
+        tag.interpreter.startswith("cp3")
+        and tag.abi == "abi3"
+        and minor.isdigit()
+        and compact[1:].isdigit()
+        and int(minor) <= int(compact[1:])
     )
     platform_ok = tag.platform == "any" or (tag.platform.startswith(("manylinux", "linux")) and machine in tag.platform)
     return interpreter_ok and platform_ok

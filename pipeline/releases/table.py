@@ -17,7 +17,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -139,9 +138,9 @@ def _cache_file(cache: Path, index_url: str, version: str) -> Path:
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    from pipeline.guard.atomic import replace_text
+
+    replace_text(path, text)
 
 
 # -- JSON form (the same shape as tests/fixtures/repro/pypi-metadata-vllm-0.28.0.json) --------------

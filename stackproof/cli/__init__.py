@@ -71,7 +71,25 @@ def main(argv: list[str] | None = None) -> int:
             args = _parser().parse_args(argv)
         except UsageError as exc:
             raise SystemExit(_usage_error(argv, exc)) from None  # argparse's contract: SystemExit(2)
-        return dispatch(args)
+        return _output_checked(dispatch(args))
+
+
+def _output_checked(code: int) -> int:
+    """A stdout that could not take the output (closed, full) is infrastructure trouble: exit 3,
+    said on stderr, instead of a traceback or the interpreter's exit 120 (issue 43)."""
+    from pipeline.guard.redact import RedactingStream
+
+    with contextlib.suppress(OSError, ValueError):
+        sys.stdout.flush()
+    failed = sys.stdout.failed if isinstance(sys.stdout, RedactingStream) else None
+    if failed is None or code not in (0, 1):
+        return code
+    print(
+        f"stackproof: error: stdout: {failed.strerror or failed}: the output was not written; "
+        "point stdout at a file or terminal that can take it",
+        file=sys.stderr,
+    )
+    return 3
 
 
 class UsageError(Exception):
@@ -109,10 +127,20 @@ def _redacted_output() -> Any:
     try:
         yield
     finally:
-        for stream in (sys.stdout, sys.stderr):
+        for stream, underlying in zip((sys.stdout, sys.stderr), saved, strict=True):
             with contextlib.suppress(OSError, ValueError):
                 stream.flush()
+            if isinstance(stream, RedactingStream) and stream.failed is not None:
+                _discard(underlying)
         sys.stdout, sys.stderr = saved
+
+
+def _discard(stream: Any) -> None:
+    """Point a stream that failed (full, bad) at /dev/null, so the interpreter's last flush of what
+    it still holds raises nothing (it would print 'Exception ignored' and exit 120)."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+        stream.flush()
 
 
 def commands() -> tuple[Command, ...]:

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from stackproof.cli.common import Command, arg, emit, load, load_spec, parse_pairs, parse_threshold, seconds
+from stackproof.cli.common import Command, arg, emit, load, load_spec, parse_pairs, parse_threshold, slice_seconds
 
 if TYPE_CHECKING:  # the run itself (load test, numpy, the HTTP client) is imported when the command runs:
     # every other command, and `--help`, start without it (a third of a second per process)
@@ -78,7 +78,7 @@ COMMANDS = (
         args=(
             arg("a", metavar="A", help="CELL or CELL:ARM: the baseline"),
             arg("b", metavar="B", help="CELL or CELL:ARM: the bump"),
-            arg("--slice", type=seconds, default=20.0, help="seconds of load per slice (default 20)"),
+            arg("--slice", type=slice_seconds, default=20.0, help="seconds of load per slice (default 20)"),
             arg("--pairs", type=parse_pairs, default=5, help="measured A/B slice pairs after the warm-up (default 5)"),
             arg("--threshold", type=parse_threshold, default=0.05, help="smallest change that matters: 5%% or 0.05"),
             arg("--out", type=Path, default=Path("stackproof-out")),

@@ -14,7 +14,17 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from stackproof.cli.common import Command, arg, emit, load, load_spec, parse_pairs, parse_threshold, seconds
+from stackproof.cli.common import (
+    Command,
+    arg,
+    emit,
+    load,
+    load_spec,
+    package_name,
+    parse_pairs,
+    parse_threshold,
+    slice_seconds,
+)
 
 if TYPE_CHECKING:  # imported when the command runs (stackproof/cli/ab.py says why)
     from verify.perf.bisection import BisectReport
@@ -85,7 +95,12 @@ COMMANDS = (
         load_options=True,
         args=(
             arg("cell"),
-            arg("--package", required=True, help="the package moved (flashinfer-python moves the trio)"),
+            arg(
+                "--package",
+                type=package_name,
+                required=True,
+                help="the package moved (flashinfer-python moves the trio)",
+            ),
             arg("--good", required=True, help="a version of the package known good: every step's baseline"),
             arg("--bad", required=True, help="a newer version known bad"),
             arg(
@@ -97,7 +112,7 @@ COMMANDS = (
             ),
             arg("--threshold", type=parse_threshold, default=0.05, help="smallest change that matters: 5%% or 0.05"),
             arg("--index", default=None, help="the package's index, when the cell names none for it"),
-            arg("--slice", type=seconds, default=20.0, help="seconds of load per A/B slice (default 20)"),
+            arg("--slice", type=slice_seconds, default=20.0, help="seconds of load per A/B slice (default 20)"),
             arg("--pairs", type=parse_pairs, default=5, help="measured slice pairs per A/B (default 5)"),
             arg("--build-only", action="store_true", help="make every version's environment; run no A/B"),
             arg("--out", type=Path, default=Path("stackproof-out")),

@@ -165,6 +165,25 @@ count = number(int, zero_ok=True)
 positive_float = number(float)
 concurrency = number(int, high=MAX_CONCURRENCY)
 seconds = number(float, high=MAX_SECONDS)
+MIN_SLICE_S, MAX_SLICE_S = 1.0, 3600.0  # a slice of A/B, sweep or bisect: a second to an hour of load
+
+
+def slice_seconds(text: str) -> float:
+    """`--slice` (issue 43): 1 s to an hour, refused before any server starts (a 10**-9 s slice
+    measures nothing; a week's slice times 1,000 pairs is no run anyone waits for)."""
+    value = float(seconds(text))
+    if not MIN_SLICE_S <= value <= MAX_SLICE_S:
+        raise argparse.ArgumentTypeError(f"{text!r}: give {MIN_SLICE_S:g} to {MAX_SLICE_S:g} seconds of load per slice")
+    return value
+
+
+def package_name(text: str) -> str:
+    """A distribution name as PEP 508 spells one (issue 43: empty or path-like names were taken)."""
+    import re
+
+    if not re.fullmatch(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,198}[A-Za-z0-9])?", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a package name (letters, digits, '.', '_', '-')")
+    return text
 
 
 # -- argument types and inputs more than one command takes ------------------------------------------

@@ -57,6 +57,8 @@ def _os_error_advice(exc: OSError) -> str:
         # A full disk is not the path's fault: say where space goes (docker's build cache keeps every
         # layer of a removed image; the run's --out and TMPDIR hold logs and environments).
         return "free disk space (`docker builder prune`, old run outputs, TMPDIR) and run again"
+    if exc.errno == errno.EFBIG:  # the file was not written: the file it replaces is as it was
+        return "a file-size limit (`ulimit -f`) stopped the write; raise it and run again"
     return "fix the path or its permissions"
 
 

@@ -88,9 +88,13 @@ def _audit_fix(path: Path, report: Any, out: Any) -> int:
     for problem in plan.problems:
         print(f"matrix audit --fix: {problem}", file=sys.stderr)
     if plan.edits:
-        path.write_text(plan.new_text)
+        from pipeline.guard.atomic import replace_text
+
+        replace_text(path, plan.new_text)  # read back as only those rules changed (verify/audit/fix.py)
         print(
-            f"matrix audit --fix: rewrote {len(plan.edits)} rule(s) in {path}; run matrix audit again", file=sys.stderr
+            f"matrix audit --fix: rewrote {len(plan.edits)} rule(s) in {path}, read back as only those rules "
+            "changed; run matrix audit again",
+            file=sys.stderr,
         )
     return 1 if plan.unfixed else 0
 

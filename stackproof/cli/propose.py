@@ -19,6 +19,7 @@ from typing import Any
 
 from pipeline.errors import InputError, MatrixError
 from pipeline.guard import boundedio
+from pipeline.guard.atomic import replace_text
 from pipeline.matrix.model import Matrix
 from pipeline.matrix.yamlsrc import MAX_BYTES
 from pipeline.releases.pins import ReleaseLookup
@@ -53,13 +54,11 @@ def _refresh_one(
     from pipeline.releases.pins import fetch_release
     from pipeline.releases.table import PLATFORMS, TABLE, DockerfileFacts, load_table, write_release
 
-    lookup = release_lookup(matrix)
-    known = load_table().get(version) if TABLE.exists() else None
-    print(f"reading vllm {version} and its torch's wheel metadata ({', '.join(PLATFORMS)})", file=sys.stderr)
-    release = fetch_release(version, PLATFORMS, lookup.fetch)
-    facts = known.dockerfile if known else None
+    # The user's inputs first (issue 43): a Dockerfile or override that is bad input is exit 2
+    # before any index is asked.
+    given: DockerfileFacts | None = None
     if dockerfile is not None:
-        facts = read_dockerfile(dockerfile)
+        given = read_dockerfile(dockerfile)
     elif image_overrides:
         pairs = []
         for spec in image_overrides:
@@ -67,7 +66,12 @@ def _refresh_one(
             if not sep or not name or not pinned:
                 raise InputError(f"--image-override {spec!r}: write NAME==VERSION")
             pairs.append((str(canonicalize_name(name)), pinned))
-        facts = DockerfileFacts(source=str(because), overrides=tuple(sorted(pairs)))
+        given = DockerfileFacts(source=str(because), overrides=tuple(sorted(pairs)))
+    lookup = release_lookup(matrix)
+    known = load_table().get(version) if TABLE.exists() else None
+    print(f"reading vllm {version} and its torch's wheel metadata ({', '.join(PLATFORMS)})", file=sys.stderr)
+    release = fetch_release(version, PLATFORMS, lookup.fetch)
+    facts = given if given is not None else (known.dockerfile if known else None)
     release = dataclasses.replace(release, dockerfile=facts)
     write_release(release)
     return release
@@ -108,7 +112,7 @@ def _propose(args: argparse.Namespace) -> int:
     text = insert(boundedio.read_text(matrix.file, "matrix", limit=MAX_BYTES), proposal)
     new = _validated(matrix.file, text, images)
     if not args.dry_run:
-        matrix.file.write_text(text, encoding="utf-8")
+        replace_text(matrix.file, text)
     code, audit = 0, None
     if not args.no_audit:
         code, audit = _audit(new, proposal.cell_ids, lookup)

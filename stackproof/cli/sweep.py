@@ -14,7 +14,7 @@ import math
 import time
 from pathlib import Path
 
-from stackproof.cli.common import Command, arg, emit, load, load_spec, seconds
+from stackproof.cli.common import Command, arg, emit, load, load_spec, slice_seconds
 from stackproof.sides import resolve_side
 from verify.perf.sweep import SweepAxis, SweepReport, parse_sweep
 
@@ -90,7 +90,7 @@ COMMANDS = (
         args=(
             arg("target", metavar="CELL", help="CELL or CELL:ARM"),
             arg("--sweep", type=parse_axis, required=True, help="concurrency=1,2,4,8 or rate=0.5,1,2"),
-            arg("--slice", type=seconds, default=20.0, help="seconds of load per point (default 20)"),
+            arg("--slice", type=slice_seconds, default=20.0, help="seconds of load per point (default 20)"),
             arg(
                 "--ttft-p99-limit",
                 type=parse_limit_ms,

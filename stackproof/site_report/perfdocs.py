@@ -5,6 +5,8 @@ sweep.json; docs/*.schema.json) into their run directory. The report finds them 
 --receipts roots as the receipts and reads each through its producer's own typed reader
 (verify/perf/*: `from_json`), so the page shows what the producer wrote and nothing it re-derives.
 A document that does not read is refused as a receipt is: InputError naming the file and the field.
+Issue 43: read as strict JSON (no Infinity, no 5,000-digit integer) and checked against its
+published schema after its typed reader took it (pipeline/guard/typeddoc.py).
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.errors import InputError
-from stackproof.site_report.sources import _read_json
+from pipeline.guard.typeddoc import check_schema, read_strict_json
+from stackproof.site_report.sources import RECEIPT_LIMIT_BYTES
 from verify.perf.ab import AbReport
 from verify.perf.bisection import BisectReport
 from verify.perf.sweep import SweepReport
@@ -49,11 +52,15 @@ def perfdocs_from_dirs(roots: Sequence[Path]) -> PerfDocs:
         for path in sorted(root.rglob(AB_FILE)):
             if _inside_a_bisect(path, root):
                 continue  # a bisect's own step: shown in the bisect's table, not as an A/B of its own
-            ab.append((str(path), AbReport.from_json(_object(path), source=str(path))))
+            document = _object(path)
+            ab.append((str(path), AbReport.from_json(document, source=str(path))))
+            check_schema(document, path, "A/B report", "ab.schema.json")
         for path in sorted(root.rglob(BISECT_FILE)):
             bisect.append((str(path), read_bisect(path)))
         for path in sorted(root.rglob(SWEEP_FILE)):
-            sweep.append((str(path), SweepReport.from_json(_object(path), source=str(path))))
+            document = _object(path)
+            sweep.append((str(path), SweepReport.from_json(document, source=str(path))))
+            check_schema(document, path, "sweep report", "sweep.schema.json")
     return PerfDocs(ab=tuple(ab), bisect=tuple(bisect), sweep=tuple(sweep))
 
 
@@ -63,11 +70,14 @@ def _inside_a_bisect(path: Path, root: Path) -> bool:
 
 
 def read_bisect(path: Path) -> BisectReport:
-    return BisectReport.read(_object(path), source=str(path))
+    document = _object(path)
+    report = BisectReport.read(document, source=str(path))
+    check_schema(document, path, "bisect report", "bisect.schema.json")
+    return report
 
 
 def _object(path: Path) -> dict[str, object]:
-    document = _read_json(path)
+    document = read_strict_json(path, "performance report", limit=RECEIPT_LIMIT_BYTES)
     if not isinstance(document, dict):
         raise InputError(f"{path}: not a JSON object")
     return document

@@ -62,6 +62,10 @@ class Hostile(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         mode, _, rest = self.path.lstrip("/").partition("/")
+        if mode == "v2":  # issue 43: a registry answering one byte a second, whatever is asked
+            return self._endless(b"", b"{", 1.0)
+        if mode == "status-500" and rest != "v1/models":  # an index mirror that cannot answer
+            return self._send(500, b"oops", "text/plain")
         if rest == "v1/models":
             bodies = {
                 "html": (200, b"<html><body>Welcome to nginx</body></html>", "text/html"),
@@ -169,8 +173,9 @@ def main() -> int:
         started = time.monotonic()
         result: dict[str, Any] = {"code": None, "traceback": None, "hang": False}
         signal.alarm(int(case.get("timeout", 30)))
-        saved = {k: os.environ.get(k) for k in case.get("env", {})}
-        os.environ.update(case.get("env", {}))
+        env = {k: v.replace("{PORT}", str(port)) for k, v in case.get("env", {}).items()}
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
         try:
             stdin = io.TextIOWrapper(io.BytesIO(case.get("stdin", "").encode()))
             with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):

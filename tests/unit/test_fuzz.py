@@ -721,7 +721,88 @@ def _reliability_cases() -> list[Case]:
     return cases
 
 
-CASES = [*_matrix_cases(), *_cli_cases(), *_file_cases(), *_server_cases(), *_reliability_cases()]
+PERFDOCS = REPO / "tests" / "fixtures" / "perfdocs"
+
+
+def _perfdoc(name: str, edit: Any, *, raw: tuple[str, str] | None = None) -> bytes:
+    document = json.loads((PERFDOCS / f"{name}.json").read_text())
+    edit(document)
+    text = json.dumps(document)
+    return (text.replace(*raw) if raw else text).encode()
+
+
+def _surface_cases() -> list[Case]:
+    """Issue 43: the surfaces added since issue 27 (A/B, bisect, sweep, propose, the host runtime,
+    the console); class `43.N` is the issue's class N. A closed or full stdout needs a real process:
+    benchmarks/hostile_inputs.py's PROCESS_CASES and tests/unit/test_reliability_surfaces.py."""
+    cases: list[Case] = []
+
+    def add(klass: str, name: str, argv: list[str], expect: tuple[int, ...], located: str = "", **kw: Any) -> None:
+        cases.append(Case(id=f"i43-{klass}-{name}", argv=argv, expect=expect, located=located, klass=f"43.{klass}",
+                          **kw))  # fmt: skip
+
+    m = ["--matrix", "{DIR}/m.yaml", "--images", str(REPO / "images")]
+    doctor = json.loads((REPO / "tests" / "fixtures" / "doctor" / "cpu-tiny-container.json").read_text())
+    # 1. quadratic work: a 300 kB environment value through the redaction of every printed line
+    # (main: no answer in 100 s), nested ARGs (billion laughs) and a long `${V%%pat}` in a Dockerfile
+    long_env = json.dumps({**doctor, "env_extra": {"VLLM_LONG": "a" * 300_000, "VLLM_DOTS": "a." * 150_000}})
+    add("1", "doctor-long-env", ["doctor", "--input", "{DIR}/d.json", *m], (0,),
+        files={"d.json": long_env.encode(), **VALID_FILES}, timeout=60)  # fmt: skip
+    laughs = "FROM x\nARG A0=xxxxxxxxxx\n"
+    laughs += "".join(f"ARG A{i}=" + f"${{A{i - 1}}}" * 4 + "\n" for i in range(1, 40))
+    nowhere = {"STACKPROOF_MIRRORS": "pypi=http://127.0.0.1:9/s"}  # a late check would ask it: exit 3
+    refresh = ["matrix", "pins", "refresh", "vllm==0.28.0", *m, "--dockerfile"]
+    add("1", "dockerfile-billion-laughs", [*refresh, "{DIR}/Dockerfile"], (2,), r"Dockerfile:7: ",
+        files={"Dockerfile": laughs.encode(), **VALID_FILES}, env=nowhere)  # fmt: skip
+    quadratic = f'FROM x\nARG V={"a" * 200_000}\nRUN X="${{V%%*a*b}}"\n'
+    add("1", "dockerfile-long-cut", [*refresh, "{DIR}/Dockerfile"], (2,), r"Dockerfile:2: ",
+        files={"Dockerfile": quadratic.encode(), **VALID_FILES}, env=nowhere)  # fmt: skip
+    # 5. arguments checked before anything starts (no docker daemon here: a late check is exit 3)
+    add("5", "sweep-axis-past-cap", ["sweep", "a", "--sweep", "concurrency=1,1000000000", *m], (2,), r"--sweep",
+        files=VALID_FILES)  # fmt: skip
+    add("5", "ab-slice-nanosecond", ["ab", "a", "a", "--slice", "1e-9", *m], (2,), r"--slice", files=VALID_FILES)
+    add("5", "sweep-slice-a-week", ["sweep", "a", "--sweep", "concurrency=1,2", "--slice", "604800", *m], (2,),
+        r"--slice", files=VALID_FILES)  # fmt: skip
+    for name, package in {"package-path": "../../etc", "package-empty": ""}.items():
+        add("5", f"bisect-{name}", ["bisect", "a", "--package", package, "--good", "1.0", "--bad", "2.0", *m], (2,),
+            r"--package", files=VALID_FILES)  # fmt: skip
+    probe = ["probe", "kernels", "--host", "--python", sys.executable, "--config", "{DIR}/c.json", "--out", "{DIR}/o"]
+    add("5", "probe-kernels-missing-modules", [*probe, *m], (3,), r"flashinfer",
+        files={"c.json": b"{}", **VALID_FILES})  # fmt: skip
+    # 6. the documents `report` reads back: Infinity, a 5,000-digit integer, a string for a count
+    report = ["report", "--receipts", "{DIR}/runs", "--out", "{DIR}/site"]
+    for name, doc, edit, raw in (
+        ("ab-infinity", "ab", lambda d: d["config"].update(slice_s="INF"), ('"INF"', "Infinity")),
+        ("ab-huge-integer", "ab", lambda d: d["config"].update(pairs="BIG"), ('"BIG"', "9" * 5000)),
+        ("ab-faults-string", "ab", lambda d: d["faults"].update(A="many"), None),
+        ("sweep-huge-integer", "sweep", lambda d: d["points"][0].update(questions="BIG"), ('"BIG"', "9" * 5000)),
+        ("bisect-infinity", "bisect", lambda d: d.update(threshold="INF"), ('"INF"', "-Infinity")),
+    ):
+        add(
+            "6",
+            f"report-{name}",
+            report,
+            (2,),
+            rf"{doc}\.json",
+            files={f"runs/x/{doc}.json": _perfdoc(doc, edit, raw=raw), "runs/r/receipt.json": _receipt_with(str)},
+        )
+    # 7. escape sequences from a reporter's file never reach the terminal (main: four raw ESCs)
+    escapes = {**doctor, "env_extra": {"VLLM_TITLE": "\x1b]0;owned\x07\x1b[2J"}}
+    escapes["host"] = {**doctor["host"], "os": "Debian \x1b]0;owned\x07"}
+    add("7", "doctor-input-escapes", ["doctor", "--input", "{DIR}/d.json", *m], (0,),
+        files={"d.json": json.dumps(escapes).encode(), **VALID_FILES}, forbid="\x1b")  # fmt: skip
+    # 8. an index or registry that cannot answer is exit 3: a mirror answering 500, one unreachable,
+    # a registry answering a byte a second (given up at the rate floor, not after 300 s)
+    for name, mirror in {"mirror-500": "http://127.0.0.1:{PORT}/status-500/simple", "mirror-unreachable":
+                         "http://127.0.0.1:9/simple"}.items():  # fmt: skip
+        add("8", f"pins-refresh-{name}", ["matrix", "pins", "refresh", "vllm==0.28.0", *m], (3,), r"could not answer",
+            files=VALID_FILES, env={"STACKPROOF_MIRRORS": f"pypi={mirror}"}, timeout=60)  # fmt: skip
+    add("8", "registry-dribble", ["pull", "a", "--registry", "127.0.0.1:{PORT}/stackproof", *m], (3,),
+        r"bytes/s", files=VALID_FILES, timeout=60)  # fmt: skip
+    return cases
+
+
+CASES = [*_matrix_cases(), *_cli_cases(), *_file_cases(), *_server_cases(), *_reliability_cases(), *_surface_cases()]
 
 
 def _limit_memory() -> None:

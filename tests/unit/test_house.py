@@ -28,6 +28,7 @@ DATA_TABLES: dict[tuple[str, str], str] = {
     ("tests/unit/test_fuzz.py", "_cli_cases"): FUZZ_TABLE,
     ("tests/unit/test_fuzz.py", "_file_cases"): FUZZ_TABLE,
     ("tests/unit/test_fuzz.py", "_reliability_cases"): FUZZ_TABLE,
+    ("tests/unit/test_fuzz.py", "_surface_cases"): FUZZ_TABLE,
 }
 
 

@@ -21,12 +21,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from pipeline.guard import boundedio
+from pipeline.guard.yamltext import scalar
 from pipeline.matrix.yamlsrc import MAX_BYTES
 from verify.audit.checks import Evidence, _candidates, _plan, check_pattern
 from verify.audit.index import Message, PackageIndex
 
-__all__ = ["Closest", "Edit", "FixPlan", "apply_edits", "closest", "locate_rule", "plan_fix", "unified_diff"]
+__all__ = [
+    "Closest",
+    "Edit",
+    "FixPlan",
+    "apply_edits",
+    "closest",
+    "locate_rule",
+    "plan_fix",
+    "reread_problems",
+    "unified_diff",
+]
 
 _SCAN = 400  # candidates compared per package: the best-sharing ones come first
 _CUTOFF = 0.6
@@ -137,6 +150,8 @@ class Edit:
     line: int  # 1-based, in the matrix file
     old: str  # the pattern as loaded
     new: str
+    rule_id: str = ""  # the rule's id and the key its pattern is under (`expect`, `pattern`)
+    kind: str = ""
 
 
 def locate_rule(source: Any, rule_id: str, kind: str, pattern: str) -> list[int]:
@@ -164,7 +179,8 @@ def _quoted(text: str) -> list[str]:
 
 
 def apply_edits(path: Path, edits: Sequence[Edit]) -> tuple[str, str, list[str]]:
-    """(old text, new text, problems): each edit replaces its scalar on its own line only."""
+    """(old text, new text, problems): each edit replaces its scalar, the value of its own key
+    (`expect:`, `pattern:`), on its own line only; an id spelled like the pattern stays."""
     old = boundedio.read_text(path, "rule file", limit=MAX_BYTES)
     lines = old.splitlines(keepends=True)
     problems = []
@@ -173,13 +189,40 @@ def apply_edits(path: Path, edits: Sequence[Edit]) -> tuple[str, str, list[str]]
         if not 0 <= at < len(lines):
             problems.append(f"{path}:{edit.line}: no such line")
             continue
+        key = re.escape(edit.kind) if edit.kind else r"[\w-]+"
         for form in _quoted(edit.old):
-            if form and form in lines[at]:
-                lines[at] = lines[at].replace(form, "'" + edit.new.replace("'", "''") + "'", 1)
+            match = re.search(rf"(?<![\w-]){key}\s*:\s*({re.escape(form)})", lines[at]) if form else None
+            if match is not None:
+                lines[at] = lines[at][: match.start(1)] + scalar(edit.new) + lines[at][match.end(1) :]
                 break
         else:
             problems.append(f"{path}:{edit.line}: the pattern is not written on one line there; edit it by hand")
     return old, "".join(lines), problems
+
+
+def reread_problems(old: str, new: str, edits: Sequence[Edit]) -> list[str]:
+    """Read the rewritten text back: it must be the old document with exactly the edited rules'
+    patterns replaced, every other value as it was (issue 43: a fix is verified, or not claimed)."""
+    try:
+        before, after = yaml.safe_load(old), yaml.safe_load(new)
+    except yaml.YAMLError as exc:
+        return [f"the rewritten file does not read back as YAML ({exc})"]
+    changes = {(e.rule_id, e.kind, e.old): e.new for e in edits}
+
+    def expected(node: Any) -> Any:
+        if isinstance(node, dict):
+            out = {k: expected(v) for k, v in node.items()}
+            for (rule_id, kind, pattern), new_pattern in changes.items():
+                if node.get("id") == rule_id and node.get(kind) == pattern:
+                    out[kind] = new_pattern
+            return out
+        if isinstance(node, list):
+            return [expected(v) for v in node]
+        return node
+
+    if after != expected(before):
+        return ["the rewritten file does not read back as the old one with only those rules changed"]
+    return []
 
 
 def unified_diff(path: Path, old: str, new: str) -> str:
@@ -224,8 +267,13 @@ def plan_fix(path: Path, findings: Sequence[Any]) -> FixPlan:
         if not lines:
             problems.append(f"{kind} {rule_id}: {pattern!r}: not found in {path}")
             unfixed += 1
-        edits += [Edit(line=line, old=pattern, new=next(iter(suggestions))) for line in lines]
+        replacement = next(iter(suggestions))
+        edits += [Edit(line=line, old=pattern, new=replacement, rule_id=rule_id, kind=kind) for line in lines]
     old, new, more = apply_edits(path, edits)
+    if not more and (unread := reread_problems(old, new, edits)):
+        more, new = unread, old  # nothing claimed that the file would not say
+    if new == old:
+        edits = []
     return FixPlan(
         edits=tuple(edits),
         diff=unified_diff(path, old, new),

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.errors import InputError
+from pipeline.matrix.schema import MAX_CONCURRENCY
 
 __all__ = [
     "AXES",
@@ -48,6 +49,7 @@ KIND = "stackproof.sweep"
 SCHEMA_VERSION = 1
 AXES = ("concurrency", "rate")  # closed loop (requests in flight) or open loop (questions per second)
 MAX_POINTS = 64
+MAX_VALUE = {"concurrency": MAX_CONCURRENCY, "rate": 10_000.0}  # requests in flight; questions per second
 VERDICTS = ("WITHIN LIMIT", "CROSSES", "OVER AT FIRST")
 
 
@@ -73,6 +75,8 @@ def parse_sweep(text: str) -> SweepAxis:
             raise ValueError(f"{text!r}: {item.strip()!r} must be a positive number")
         if name == "concurrency" and value != int(value):
             raise ValueError(f"{text!r}: a concurrency is a whole number of requests in flight, not {item.strip()}")
+        if value > MAX_VALUE[name]:  # issue 43: the axis skipped the cap --concurrency has
+            raise ValueError(f"{text!r}: {item.strip()} is past the largest {name}, {MAX_VALUE[name]:,}")
         values.append(value)
     if len(values) != len(set(values)):
         raise ValueError(f"{text!r}: a load point is given twice")
