@@ -234,8 +234,10 @@ def start_servers(
             _ready(servers, sides, key, at)
         if kept is not None and sides[key].label in kept.labels:
             kept.servers[sides[key].label] = servers[key]
+    # Only when this call started more than one: a side started beside a kept one (bisect's later
+    # steps) already started on the caches the kept one warmed.
     first = next(iter(waiting), None)
-    if restart_first and first is not None and len(sides) > 1:
+    if restart_first and first is not None and len(waiting) > 1:
         print(f"ab: restarting side {first} ({sides[first].label}), started first, on the caches now warm",
               file=sys.stderr)  # fmt: skip
         servers[first].remove()
