@@ -119,6 +119,8 @@ def main() -> int:
               + ("" if "A/B" in name else f"  (false alarms {alarms}/{n})"))  # fmt: skip
         print(f"  pairs to the verdict: median {median:g} (min {min(r['pairs'])}, max {max(r['pairs'])}), "
               f"{(FIXED_S + PAIR_S * median) / 60:.1f} min at {PAIR_S} s a pair")  # fmt: skip
+        looks = Counter(r["pairs"])
+        print("  runs decided by look: " + ", ".join(f"{size} pairs {looks[size]}/{n}" for size in sorted(looks)))
         if r["undecided"]:
             print("  left UNDECIDED: " + ", ".join(f"{m} {c}/{n}" for m, c in r["undecided"].most_common()))
     return 0

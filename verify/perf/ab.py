@@ -325,8 +325,10 @@ def look_sizes(pairs: int, max_pairs: int) -> list[int]:
 
 
 def decided(report: AbReport) -> bool:
-    """Every metric has a verdict other than UNDECIDED: a sequential run stops here."""
-    return all(m.verdict != "UNDECIDED" for m in report.metrics)
+    """A sequential run stops here: every metric has a verdict other than UNDECIDED, or one is a
+    REGRESSION (the run's verdict then, whatever more pairs say of the others: each look's interval
+    is already at the confidence of all the looks planned)."""
+    return report.verdict == "REGRESSION" or all(m.verdict != "UNDECIDED" for m in report.metrics)
 
 
 def refused(*, a: str, b: str, config: AbConfig, reason: str, engines: dict[str, dict[str, Any]],
