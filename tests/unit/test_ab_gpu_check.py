@@ -152,3 +152,41 @@ def test_the_schedule_on_h100_noise_quick() -> None:
     assert results["A/B, 10% regression"]["verdicts"]["REGRESSION"] == 1
     assert results["A/B, 10% regression"]["pairs"] == [12]
     assert sum(results["A/A, no offset (apart + restart)"]["verdicts"].values()) == 1
+
+
+@pytest.mark.slow  # uv makes two environments: about 3 s
+def test_a_layer_over_a_given_environment_shadows_only_its_pin(tmp_path: Path) -> None:
+    """`bisect --python`: the planted 5.0 as a layer over an existing venv that no `install:`
+    describes (uv, the planted wheels as a local index). The layer's python imports the layer's
+    copy (DELAY_S 0.005) and still sees the base's own packages; the base is never written to; the
+    layer is found built the second time, and not once its base interpreter is gone."""
+    import subprocess
+    import sys
+
+    from benchmarks.gpu_ab.planted import CELL, REPO, build_index
+    from pipeline.host.env import _uv, given_env
+    from pipeline.host.layer import build_layer, built_layer, given_base_plan, plan_layer
+    from pipeline.matrix.model import Requirement
+    from pipeline.matrix.read import load_matrix
+    from pipeline.matrix.site import Mirror, SiteSettings
+
+    build_index(tmp_path / "index", 0.005)
+    base = tmp_path / "base"
+    subprocess.run([_uv(), "venv", "--no-python-downloads", "--python", sys.executable, str(base)], check=True,
+                   capture_output=True)  # fmt: skip
+    site_packages = next(base.glob("lib/python*/site-packages"))
+    (site_packages / "base_only.py").write_text("WHERE = 'base'\n")
+    before = sorted(p.name for p in site_packages.iterdir())
+    matrix = load_matrix(REPO / "matrix.yaml", images_dir=REPO / "images")
+    given = given_env(str(base / "bin" / "python"))
+    pin = Requirement(name="stackproof-planted", version="5.0", index="pypi")
+    plan = plan_layer(given_base_plan(matrix.cell(CELL), given), (pin,), given=given.python)
+    site = SiteSettings(mirrors=(Mirror(index="pypi", location=str(tmp_path / "index" / "files")),))
+    layer = build_layer(plan, given, site, matrix, envs_dir=tmp_path / "envs")
+    probe = "import stackproof_planted, base_only; print(stackproof_planted.DELAY_S, base_only.WHERE)"
+    done = subprocess.run([str(layer.python), "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["0.005", "base"]
+    assert sorted(p.name for p in site_packages.iterdir()) == before  # the base untouched
+    assert built_layer(plan, envs_dir=tmp_path / "envs") is not None
+    moved = plan_layer(plan.base, plan.pins, given=tmp_path / "gone" / "python")
+    assert built_layer(moved, envs_dir=tmp_path / "envs") is None  # its base interpreter is gone

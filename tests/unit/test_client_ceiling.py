@@ -26,6 +26,7 @@ def test_the_closed_form_luck_is_the_binomial_one(p0: float, n: int) -> None:
     assert clean_run_luck(p0, n) == pytest.approx(fault_stats(p0, n, 0).p_luck, rel=1e-9)
 
 
+@pytest.mark.slow  # a fresh interpreter importing scipy: 2-6 s on a loaded host
 def test_the_progress_line_s_luck_imports_nothing_and_the_full_stats_do() -> None:
     """Both ways, in one fresh interpreter: clean_run_luck leaves scipy unimported, then fault_stats
     (what the progress line called) imports it."""
