@@ -52,6 +52,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("report", type=Path, nargs="*")
     parser.add_argument("--windows", type=int, default=None, metavar="N", help="judge disjoint windows of N pairs")
+    parser.add_argument("--quick", action="store_true", help="the noise table of a drawn A/A, 3 trials (the unit tier)")
     parser.add_argument("--python", default=None, help="--measure-aa of a host cell: its environment's interpreter")
     parser.add_argument("--trials", type=int, default=60)
     parser.add_argument("--max-pairs", type=int, default=200)
@@ -67,6 +68,9 @@ def main() -> int:
     sys.path.insert(0, str(REPO))
     from verify.perf.ab import SliceMetrics
 
+    if args.quick:
+        args.trials, args.max_pairs = 3, 12
+        return _noise_table(args, _drawn_aa(12), 3.0, 22.0)
     if args.windows is not None:
         if not args.report:
             parser.error("--windows N takes the A/A reports (AB_JSON ...) to cut")
@@ -119,6 +123,19 @@ def _noise_table(args: argparse.Namespace, slices: list[Any], slice_s: float, fi
         print(f"every metric decided, {effect:.0%} effect at threshold {threshold:.1%}: {n} pairs, "
               f"time to verdict {_minutes(fixed_s + 2 * n * slice_s)} at {slice_s:.0f}s slices")  # fmt: skip
     return 0
+
+
+def _drawn_aa(pairs: int) -> list[Any]:
+    """An A/A of `pairs` pairs drawn at the H100's 3% per pair (benchmarks/ab_looks.py), for --quick."""
+    from verify.perf.ab import METRICS, SliceMetrics
+
+    rng = np.random.default_rng(0)
+    return [
+        SliceMetrics(side=side, pair=pair, position=2 * pair + (side == "B"), seconds=3.0, questions=8, faulted=0,
+                     values={m.name: float(np.exp(rng.normal(0, 0.03))) for m in METRICS})
+        for pair in range(pairs)
+        for side in ("A", "B")
+    ]  # fmt: skip
 
 
 def _pair_log_ratios(slices: list[Any], name: str) -> np.ndarray:

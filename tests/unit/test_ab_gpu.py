@@ -232,3 +232,14 @@ def test_bad_gpu_options_are_exit_2_before_anything_starts(
 ) -> None:
     assert main([*argv, "--json"]) == 2
     assert said in json.loads(capsys.readouterr().out)["error"]["message"]
+
+
+def test_the_refusal_reads_as_what_to_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from stackproof.cli.ab import _text
+
+    text = H200_LOG.read_text()
+    report, _ = run(tmp_path, monkeypatch, logs=(text, starved(text)), apart=True)
+    said = _text(report)
+    assert "engine A: KV cache 41.59 GiB (21,803,104 tokens), started #1" in said
+    assert "engine B: KV cache 0.63 GiB (330,016 tokens), started #2" in said
+    assert "REFUSED: the sides' KV cache memory differ 66.02-fold" in said and "fix: start the sides apart" in said
