@@ -102,6 +102,9 @@ class Plan:
     apart: bool = False  # start the sides one after another, each ready before the next starts
     restart_first: bool = False  # once both are ready, start the first-started side again
     kv_tolerance: float | None = KV_TOLERANCE  # None: a KV cache mismatch is compared anyway
+    # When the looks stop (default verify/perf/ab.py `decided`: every metric decided, or a
+    # REGRESSION); `bisect` stops on its one metric, judged one-sided as its steps are.
+    stop: Callable[[AbReport], bool] = decided
 
 
 def defaults_for(cell: Cell) -> Plan:
@@ -160,10 +163,11 @@ def run_ab(
             slices += measure_slices(servers, sides, spec, plan.slice_s, order, out_dir, first_position=len(slices))
             done = size
             look = judge(slices, a=a.label, b=b.label, config=replace(config, pairs=size))
-            if decided(look):
+            if plan.stop(look):
                 break
             if size < sizes[-1]:
-                print(f"ab: {size} pairs leave {_undecided(look)} UNDECIDED: on to {2 * size}", file=sys.stderr)
+                following = sizes[sizes.index(size) + 1]
+                print(f"ab: {size} pairs leave {_undecided(look)} UNDECIDED: on to {following}", file=sys.stderr)
     correctness = _correctness(out_dir / "warmup" / "A" / GREEDY_FILE, out_dir / "warmup" / "B" / GREEDY_FILE)
     report = judge(
         slices, a=a.label, b=b.label, config=replace(config, pairs=done), correctness=correctness,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -28,7 +29,9 @@ from pipeline.matrix.model import Cell, LoadSpec, Matrix, Requirement
 from pipeline.matrix.site import SiteSettings
 from pipeline.releases.simpleindex import list_versions, local_label
 from stackproof.ab import KeptServers, Plan, Side, run_ab
+from verify.perf.ab import AbReport
 from verify.perf.bisection import (
+    BEHAVIOURS,
     BisectReport,
     Evidence,
     Search,
@@ -240,13 +243,26 @@ def _step(a: Side, b: Side, ask: Bisect, spec: LoadSpec, out: Path, kept: KeptSe
     out.mkdir(parents=True, exist_ok=True)
     try:
         # One metric decides a step (--metric): its interval at 95%, not the run's family-wise one.
-        plan = replace(ask.plan, threshold=ask.threshold)
+        plan = replace(ask.plan, threshold=ask.threshold, stop=step_decided(ask.metric))
         report = run_ab(a, b, spec=spec, plan=plan, out_dir=out, family=1, kept=kept)
     except CheckFailed as exc:
         if not str(exc).startswith("side B"):
             raise CheckFailed(f"the good end {ask.good} does not start: {exc}") from exc
         return evidence_of_no_start(str(exc), time.monotonic() - started)
     return evidence_of_ab(report, ask.metric)
+
+
+def step_decided(metric: str) -> Callable[[AbReport], bool]:
+    """A step's looks stop once its metric is judged BAD or GOOD (one-sided, as the step is judged):
+    another metric's REGRESSION, or one still UNDECIDED, does not decide the step nor keep it going.
+    `greedy` and `start` need no more pairs than the first look's."""
+
+    def stop(report: AbReport) -> bool:
+        if metric in BEHAVIOURS:
+            return True
+        return judge_evidence(metric, evidence_of_ab(report, metric))[0] != "UNDECIDED"
+
+    return stop
 
 
 def _env_json(env: HostEnv) -> dict[str, object]:

@@ -243,3 +243,21 @@ def test_the_refusal_reads_as_what_to_fix(tmp_path: Path, monkeypatch: pytest.Mo
     assert "engine A: KV cache 41.59 GiB (21,803,104 tokens), started #1" in said
     assert "engine B: KV cache 0.63 GiB (330,016 tokens), started #2" in said
     assert "REFUSED: the sides' KV cache memory differ 66.02-fold" in said and "fix: start the sides apart" in said
+
+
+def test_a_bisect_step_stops_on_its_own_metric(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """bisect --metric tok_s: a step whose tok/s is decided (GOOD or BAD) stops at the first look even
+    while other metrics are UNDECIDED; the same drawn slices under the A/B's own rule look on."""
+    from dataclasses import replace
+
+    import stackproof.ab as ab
+    from stackproof.bisection import step_decided
+
+    stop = step_decided("tok_s")
+    report, _ = run(tmp_path / "tok", monkeypatch, noise=0.06, effect=0.8, stop=stop)
+    assert report.config.pairs == 12  # tok/s -44%: BAD at the first look
+    whole, _ = run(tmp_path / "all", monkeypatch, noise=0.06)
+    assert whole.config.pairs > 12  # an A/A at 6%: the p90s need more looks
+    assert step_decided("greedy")(whole) and step_decided("start")(whole)
+    assert ab.Plan(slice_s=1.0, pairs=2, max_pairs=2).stop is ab.decided
+    assert replace(ab.Plan(slice_s=1.0, pairs=2, max_pairs=2), stop=stop).stop is stop
