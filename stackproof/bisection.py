@@ -21,7 +21,7 @@ from pathlib import Path
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from pipeline.errors import CheckFailed, InputError
+from pipeline.errors import CheckFailed, InfraError, InputError
 from pipeline.guard.jsonfile import write_json_read_back
 from pipeline.host.env import HostEnv, build_host_env, built_host_env, given_env, plan_host_env
 from pipeline.host.layer import build_layer, given_base_plan, plan_layer
@@ -249,6 +249,10 @@ def _step(a: Side, b: Side, ask: Bisect, spec: LoadSpec, out: Path, kept: KeptSe
         if not str(exc).startswith("side B"):
             raise CheckFailed(f"the good end {ask.good} does not start: {exc}") from exc
         return evidence_of_no_start(str(exc), time.monotonic() - started)
+    if report.verdict == "REFUSED":  # the engines did not get the same memory: no step can be judged
+        raise InfraError(
+            f"{b.label} against {a.label}: REFUSED: {report.refusal} (report: {report.files.get('report')})"
+        )
     return evidence_of_ab(report, ask.metric)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import jsonschema
@@ -261,3 +262,19 @@ def test_a_bisect_step_stops_on_its_own_metric(tmp_path: Path, monkeypatch: pyte
     assert step_decided("greedy")(whole) and step_decided("start")(whole)
     assert ab.Plan(slice_s=1.0, pairs=2, max_pairs=2).stop is ab.decided
     assert replace(ab.Plan(slice_s=1.0, pairs=2, max_pairs=2), stop=stop).stop is stop
+
+
+def test_a_refused_bisect_step_is_exit_3_naming_the_sides(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import stackproof.bisection as bisection
+    from pipeline.errors import InfraError
+    from stackproof.ab import Plan
+
+    text = H200_LOG.read_text()
+    refused, _ = run(tmp_path, monkeypatch, logs=(text, starved(text)))
+    monkeypatch.setattr(bisection, "run_ab", lambda *args, **kwargs: refused)
+    cell = MATRIX.cell(GPU_CELL)
+    ask = bisection.Bisect(cell=cell, package="p", good="1.0", bad="8.0", metric="tok_s", threshold=0.05, index=None,
+                           plan=Plan(slice_s=1.0, pairs=2, max_pairs=2))  # fmt: skip
+    a, b = (SimpleNamespace(label=f"{GPU_CELL}@p=={v}") for v in ("1.0", "5.0"))
+    with pytest.raises(InfraError, match=r"@p==5\.0 against .*@p==1\.0: REFUSED: the sides' KV cache memory differ"):
+        bisection._step(a, b, ask, None, tmp_path / "step", None)  # type: ignore[arg-type]
