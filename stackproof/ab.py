@@ -30,6 +30,7 @@ from verify.load.summary import summarise_load
 from verify.logs.catalog import load_catalog
 from verify.logs.logscan import LogWatcher
 from verify.perf.ab import (
+    CLIENT_CPU,
     METRICS,
     AbConfig,
     AbReport,
@@ -324,7 +325,9 @@ def _one_slice(
     # Greedy answers once per side, alone, in the warm-up; the measured slices carry load only.
     slice_spec = replace(spec, duration_s=slice_s, determinism_repeats=1 if pair < 0 else 0)
     target = load_target(server, side.cell, side.arm)
+    cpu = time.process_time()  # this process is the client: the servers are processes of their own
     outcome = run_load(target, slice_spec, out_dir, soak=True)
+    share = (time.process_time() - cpu) / max(outcome.seconds, 1e-9)
     summary = summarise_load(outcome, slice_spec)
     document = summary.to_dict()
     (out_dir / "load.json").write_text(json.dumps(document, indent=2) + "\n")
@@ -335,7 +338,8 @@ def _one_slice(
         seconds=round(outcome.seconds, 3),
         questions=summary.questions.attempted,
         faulted=summary.questions.faulted,
-        values=metrics_of_summary(document),
+        # Beside the metrics, not judged: how much of a core the client used (verify/perf/ab.py client_bound).
+        values={**metrics_of_summary(document), CLIENT_CPU: round(share, 3)},
     )
 
 

@@ -79,6 +79,14 @@ def _text(report: AbReport) -> str:
         else:
             flag = "CORRUPTION" if c.corruption else "no corruption"
             lines.append(f"  greedy agreement {c.agreement:.1%}, {flag}")
+    from verify.perf.ab import CLIENT_BOUND, client_bound
+
+    bound, said = client_bound(report.slices)
+    if bound:
+        lines.append(
+            f"  client: more than {CLIENT_BOUND:.0%} of a core in {bound} of {said} slices: the load client was "
+            "the bottleneck there, and its figures partly measure it (lower --concurrency)"
+        )
     lines.append(f"ab report: {report.files.get('report')}")
     return "\n".join(lines)
 

@@ -278,3 +278,29 @@ def test_a_refused_bisect_step_is_exit_3_naming_the_sides(tmp_path: Path, monkey
     a, b = (SimpleNamespace(label=f"{GPU_CELL}@p=={v}") for v in ("1.0", "5.0"))
     with pytest.raises(InfraError, match=r"@p==5\.0 against .*@p==1\.0: REFUSED: the sides' KV cache memory differ"):
         bisection._step(a, b, ask, None, tmp_path / "step", None)  # type: ignore[arg-type]
+
+
+def test_slices_whose_client_was_cpu_bound_are_named_and_not_judged() -> None:
+    """A client at 97% of a core in two of four slices: the report says so beside the verdicts; the
+    share is not a metric (the verdicts are the same without it)."""
+    from stackproof.cli.ab import _text
+    from verify.perf.ab import CLIENT_CPU, AbConfig, judge
+
+    def slices(shares: list[float | None]) -> list[SliceMetrics]:
+        made = []
+        for i, share in enumerate(shares):
+            values: dict[str, float | None] = {"output_tok_s": 1000.0 + i, "tpot_p50": 2.0}
+            if share is not None:
+                values[CLIENT_CPU] = share
+            made.append(SliceMetrics(side="AB"[i % 2], pair=i // 2, position=i, seconds=3.0, questions=8, faulted=0,
+                                     values=values))  # fmt: skip
+        return made
+
+    config = AbConfig(threshold=0.05, confidence=0.95, resamples=500, slice_s=3.0, pairs=2, concurrency=64, seed=0,
+                      max_tokens=64)  # fmt: skip
+    bound = judge(slices([0.97, 0.97, 0.4, 0.4]), a="a", b="b", config=config)
+    quiet = judge(slices([0.4, 0.4, 0.4, 0.4]), a="a", b="b", config=config)
+    unsaid = judge(slices([None, None, None, None]), a="a", b="b", config=config)
+    assert "client: more than 85% of a core in 2 of 4 slices" in _text(bound)
+    assert "client:" not in _text(quiet) and "client:" not in _text(unsaid)
+    assert [m.verdict for m in bound.metrics] == [m.verdict for m in unsaid.metrics]

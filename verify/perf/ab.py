@@ -34,6 +34,8 @@ import numpy as np
 from pipeline.errors import InputError
 
 __all__ = [
+    "CLIENT_BOUND",
+    "CLIENT_CPU",
     "KIND",
     "METRICS",
     "SCHEMA_VERSION",
@@ -43,6 +45,7 @@ __all__ = [
     "Metric",
     "MetricVerdict",
     "SliceMetrics",
+    "client_bound",
     "decided",
     "judge",
     "look_sizes",
@@ -338,6 +341,18 @@ def refused(*, a: str, b: str, config: AbConfig, reason: str, engines: dict[str,
         a=a, b=b, config=config, slices=(), metrics=(), correctness=None, verdict="REFUSED",
         seconds=round(seconds, 1), files=files, engines=engines, refusal=reason,
     )  # fmt: skip
+
+
+CLIENT_CPU = "client_cpu_share"  # a slice's value beside the metrics: the client's CPU over its seconds
+CLIENT_BOUND = 0.85  # of one core: past it the event loop is the bottleneck, and the figures measure it
+
+
+def client_bound(slices: tuple[SliceMetrics, ...] | list[SliceMetrics]) -> tuple[int, int]:
+    """(slices whose client used more than CLIENT_BOUND of a core, slices that say): the load client
+    is one event loop on one core; on the H100 it saturated from concurrency 64 and the engine got
+    36 of 64 tokens a step (shared/reference/gpu-docker.md section 4). Not a verdict: a warning."""
+    said = [s.values[CLIENT_CPU] for s in slices if s.values.get(CLIENT_CPU) is not None]
+    return sum(1 for v in said if v is not None and v > CLIENT_BOUND), len(said)
 
 
 def metrics_of_summary(summary: dict[str, Any]) -> dict[str, float | None]:
