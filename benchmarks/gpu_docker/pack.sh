@@ -19,7 +19,7 @@ T0=$(date +%s); el() { echo "[$(( $(date +%s) - T0 ))s]"; }
 names() { awk '{print $NF}' "$1" | grep '\.whl$'; }
 pins() { names "$1" | sed -E 's/^([^-]+)-([^-]+)-.*/\1==\2/; s/_/-/g'; }
 plat=(--only-binary=:all: --no-deps --python-version 3.12 --implementation cp)
-for p in manylinux_2_34 manylinux_2_31 manylinux_2_28 manylinux_2_27 manylinux_2_26 manylinux_2_24 manylinux_2_17 manylinux2014 manylinux_2_5 manylinux1; do
+for p in manylinux_2_31 manylinux_2_28 manylinux_2_27 manylinux_2_26 manylinux_2_24 manylinux_2_17 manylinux2014 manylinux_2_5 manylinux1; do
     plat+=(--platform "${p}_x86_64")
 done
 for list in server tool; do

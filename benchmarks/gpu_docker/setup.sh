@@ -37,9 +37,10 @@ echo "$(el) server wheels in $(python3 -c 'import sys; print(sys.prefix)')"
 # The base: the host's own /usr, /etc, /opt/torch as a rootfs archive (the driver folder stays out:
 # the CDI spec mounts it). Its sha256 pins it in the content tag like any other input.
 mkdir -p /tmp/archives
-tar -C / --exclude=usr/local/nvidia -cf /tmp/archives/hostbase.tar usr etc opt/torch bin lib lib64 sbin 2>/tmp/tar.err
+# One read of the tree: the tar is hashed as it is written (a second pass over 16 GB cost 16 s).
+tar -C / --exclude=usr/local/nvidia -cf - usr etc opt/torch bin lib lib64 sbin 2>/tmp/tar.err \
+    | tee /tmp/archives/hostbase.tar | sha256sum | cut -d' ' -f1 > /tmp/archives/hostbase.tar.sha256
 echo "$(el) hostbase.tar: $(du -sh /tmp/archives/hostbase.tar | cut -f1) (tar rc $?, $(wc -l < /tmp/tar.err) warnings)"
-sha256sum /tmp/archives/hostbase.tar | cut -d' ' -f1 > /tmp/archives/hostbase.tar.sha256
 echo "$(el) sha256 $(cat /tmp/archives/hostbase.tar.sha256)"
 nvidia-smi -L; df -h /tmp | tail -1
 /tmp/tools/bin/python verify/probes/doctor_probe.py > "$OUT/doctor-probe.json" 2>/dev/null || true

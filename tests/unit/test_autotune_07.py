@@ -311,3 +311,21 @@ def test_the_0_26_facts_read_the_real_h200_line_and_the_stage_judges_its_hash_fo
     assert new is not None
     line = f"Using FlashInfer autotune cache file: {named}. Pass --disable-flashinfer-autotune to skip autotuning."
     assert re.search(new.announcements[0], line).group("path") == named  # type: ignore[union-attr]
+
+
+def test_a_0_26_server_that_never_reached_tuning_names_the_gate(real_matrix, tmp_path: Path) -> None:
+    """The real H200 0.26.0 log tuned and wrote nothing: the `autotune: {entries: none}` GPU docker cell
+    passes on it. The same log with the warmup's autotune lines gone (what a container without nvcc on
+    PATH logs: has_flashinfer() is False and kernel_warmup.py:118-121 skips tuning silently) is
+    INCONCLUSIVE and names that gate, not only "no file"."""
+    cell = real_matrix.cell("gpu-docker-vllm-0.26.0-tiny")
+    facts = Facts(serve=True, arch="sm90", engine_version="0.26.0", flashinfer="0.6.14")
+    tuned = SERVER_0_26.read_text()
+    (tmp_path / "cache").mkdir()
+    (check,) = judge_fresh_cache(cell, tuned, tmp_path / "cache", tmp_path, facts=facts, env={})
+    assert check.status is Status.PASS, check.message
+    untuned = "\n".join(line for line in tuned.splitlines() if "autotune" not in line.lower())
+    assert "Using FlashInfer for top-p & top-k sampling." in untuned  # FlashInfer itself was there
+    (check,) = judge_fresh_cache(cell, untuned, tmp_path / "cache", tmp_path, facts=facts, env={})
+    assert check.status is Status.INCONCLUSIVE
+    assert "never reached tuning" in check.message and "nvcc on the server's PATH" in check.message

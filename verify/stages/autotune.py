@@ -166,6 +166,8 @@ def judge_fresh_cache(
                 f"{title} named no autotune cache file" if not logged else f"{title} named {logged}, which is missing"
             )
         )
+        if not logged and tuning.gate and reason != tuning.disabled_line:
+            reason += f"; it never reached tuning: {tuning.gate}"
         return [
             CheckResult(
                 name="autotune-cache",
