@@ -20,7 +20,16 @@ REGRESSION or an IMPROVEMENT of the cell against itself), per metric too; then, 
 pairs' noise, the pairs at which an A/A is called NO CHANGE in 19 of 20 runs, and the pairs a 5%
 and a 10% effect need (as above). Writes every repeat's report and the pooled slices to --out.
        python benchmarks/ab.py --measure-aa cpu-tiny-host [--repeats 20] [--pairs 3] [--slice 3]
-                               [--concurrency 8] [--max-tokens 16] [--out DIR]
+                               [--concurrency 8] [--max-tokens 16] [--out DIR] [--python PY]
+       (a host cell without `install:`, on a GPU host: --python names its environment; the sides
+        start apart and the first is restarted there, as `stackproof ab` starts a GPU cell's)
+
+The judge on disjoint windows of long A/A runs (`--windows N AB_JSON...`): the measured pairs of
+every report, pooled in their order, cut into windows of N pairs, each judged alone (one look, all
+eight metrics): how many windows end NO CHANGE, UNDECIDED or in a false alarm. Then the pooled
+pairs judged at once: per metric the offset of B against A with its interval, the start-order
+bias the A/A still carries (an A/A of one cell: every change is a bias or noise).
+       python benchmarks/ab.py --windows 12 run1/ab.json run2/ab.json run3/ab.json
 """
 
 from __future__ import annotations
@@ -41,7 +50,10 @@ EFFECTS = ((0.10, 0.05), (0.05, 0.025))  # (planted effect, threshold it is judg
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("report", type=Path, nargs="?")
+    parser.add_argument("report", type=Path, nargs="*")
+    parser.add_argument("--windows", type=int, default=None, metavar="N", help="judge disjoint windows of N pairs")
+    parser.add_argument("--quick", action="store_true", help="the noise table of a drawn A/A, 3 trials (the unit tier)")
+    parser.add_argument("--python", default=None, help="--measure-aa of a host cell: its environment's interpreter")
     parser.add_argument("--trials", type=int, default=60)
     parser.add_argument("--max-pairs", type=int, default=200)
     parser.add_argument("--measure-aa", metavar="CELL", default=None)
@@ -56,13 +68,21 @@ def main() -> int:
     sys.path.insert(0, str(REPO))
     from verify.perf.ab import SliceMetrics
 
+    if args.quick:
+        args.trials, args.max_pairs = 3, 12
+        return _noise_table(args, _drawn_aa(12), 3.0, 22.0)
+    if args.windows is not None:
+        if not args.report:
+            parser.error("--windows N takes the A/A reports (AB_JSON ...) to cut")
+        return windows(args.report, args.windows)
     if args.measure_aa:
         slices, slice_s, pairs, fixed_s = measure_aa(args)
         print(f"pooled noise of {len(slices) // 2} A/A pairs of {slice_s:.0f}s slices:")
-    elif args.report is None:
-        parser.error("give an A/B report (AB_JSON) or --measure-aa CELL")
+    elif len(args.report) != 1:
+        parser.error("give one A/B report (AB_JSON) or --measure-aa CELL")
     else:
         # The slices and timings only (their schema is the oldest part of ab.json): any A/A run's noise.
+        args.report = args.report[0]
         document = json.loads(args.report.read_text())
         slices = [SliceMetrics.from_json(s) for s in document["slices"]]
         slice_s, pairs, seconds = document["config"]["slice_s"], document["config"]["pairs"], document["seconds"]
@@ -103,6 +123,19 @@ def _noise_table(args: argparse.Namespace, slices: list[Any], slice_s: float, fi
         print(f"every metric decided, {effect:.0%} effect at threshold {threshold:.1%}: {n} pairs, "
               f"time to verdict {_minutes(fixed_s + 2 * n * slice_s)} at {slice_s:.0f}s slices")  # fmt: skip
     return 0
+
+
+def _drawn_aa(pairs: int) -> list[Any]:
+    """An A/A of `pairs` pairs drawn at the H100's 3% per pair (benchmarks/ab_looks.py), for --quick."""
+    from verify.perf.ab import METRICS, SliceMetrics
+
+    rng = np.random.default_rng(0)
+    return [
+        SliceMetrics(side=side, pair=pair, position=2 * pair + (side == "B"), seconds=3.0, questions=8, faulted=0,
+                     values={m.name: float(np.exp(rng.normal(0, 0.03))) for m in METRICS})
+        for pair in range(pairs)
+        for side in ("A", "B")
+    ]  # fmt: skip
 
 
 def _pair_log_ratios(slices: list[Any], name: str) -> np.ndarray:
@@ -167,7 +200,7 @@ def measure_aa(args: argparse.Namespace) -> tuple[list[Any], float, int, float]:
     from verify.perf.ab import AbConfig, judge, slice_order
 
     matrix = load_matrix(REPO / "matrix.yaml", images_dir=REPO / "images")
-    a, b = (resolve_side(matrix, REPO / "images", args.measure_aa, which) for which in ("A", "B"))
+    a, b = (resolve_side(matrix, REPO / "images", args.measure_aa, which, python=args.python) for which in ("A", "B"))
     assert a.cell.serve is not None
     # Two servers compiling at once on two shared cores took more than the cell's 420 s (load average 35).
     serve = dataclasses.replace(a.cell.serve, readiness_timeout_s=args.readiness_timeout)
@@ -178,7 +211,8 @@ def measure_aa(args: argparse.Namespace) -> tuple[list[Any], float, int, float]:
     started = time.monotonic()
     reports, pooled = [], []
     with contextlib.ExitStack() as stack:
-        servers = start_servers(sides, out_dir=out, stack=stack)
+        gpu = a.cell.is_gpu  # started as `stackproof ab` starts a GPU cell's sides (stackproof/ab.py defaults_for)
+        servers = start_servers(sides, out_dir=out, stack=stack, apart=gpu, restart_first=gpu)
         fixed_s = time.monotonic() - started
         measure_slices(servers, sides, spec, args.slice, slice_order(0), out / "warm")
         for repeat in range(args.repeats):
@@ -213,6 +247,46 @@ def _tally(reports: list[Any], args: argparse.Namespace, out: Path, seconds: flo
         got = [next(m for m in r.metrics if m.name == metric.name).verdict for r in reports]
         print(f"  {metric.name:<13} NO CHANGE {got.count('NO CHANGE'):>2}  UNDECIDED {got.count('UNDECIDED'):>2}  "
               f"false alarm {got.count('REGRESSION') + got.count('IMPROVEMENT'):>2}")  # fmt: skip
+
+
+def pooled_slices(reports: list[Path]) -> list[Any]:
+    """The measured slices of every report, in order, their pairs renumbered to stay apart."""
+    from verify.perf.ab import SliceMetrics
+
+    pooled: list[Any] = []
+    for path in reports:
+        measured = [SliceMetrics.from_json(s) for s in json.loads(path.read_text())["slices"] if s["pair"] >= 0]
+        base = 1 + max((s.pair for s in pooled), default=-1)
+        pooled += [SliceMetrics(**{**s.__dict__, "pair": s.pair + base}) for s in measured]
+    return pooled
+
+
+def windows(reports: list[Path], size: int) -> int:
+    """Disjoint windows of `size` pairs judged alone, then the pooled offset (module docstring)."""
+    from verify.perf.ab import AbConfig, judge
+
+    slices = pooled_slices(reports)
+    pairs = sorted({s.pair for s in slices})
+    cuts = [pairs[i : i + size] for i in range(0, len(pairs) - size + 1, size)]
+    verdicts, alarms = [], 0
+    for number, cut in enumerate(cuts):
+        window = [s for s in slices if s.pair in set(cut)]
+        config = AbConfig(threshold=0.05, confidence=0.95, resamples=4000, slice_s=0.0, pairs=size, concurrency=1,
+                          seed=number, max_tokens=1)  # fmt: skip
+        report = judge(window, a="A", b="B", config=config)
+        verdicts.append(report.verdict)
+        alarms += any(m.verdict in ("REGRESSION", "IMPROVEMENT") for m in report.metrics)
+    n = len(cuts)
+    print(f"{len(pairs)} A/A pairs from {len(reports)} report(s), {n} disjoint windows of {size} pairs:")
+    print(f"  NO CHANGE {verdicts.count('NO CHANGE')}/{n}, UNDECIDED {verdicts.count('UNDECIDED')}/{n}, "
+          f"false alarms {alarms}/{n}")  # fmt: skip
+    config = AbConfig(threshold=0.05, confidence=0.95, resamples=4000, slice_s=0.0, pairs=len(pairs), concurrency=1,
+                      seed=0, max_tokens=1)  # fmt: skip
+    print(f"  the offset B vs A over all {len(pairs)} pairs (start-order bias, or noise):")
+    for m in judge(slices, a="A", b="B", config=config).metrics:
+        if m.change is not None:
+            print(f"    {m.name:<13} {m.change:+6.2%} [{m.ci_low:+.2%}, {m.ci_high:+.2%}]  {m.verdict}")
+    return 0
 
 
 def _minutes(seconds: float) -> str:

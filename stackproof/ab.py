@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from pipeline.errors import CheckFailed, InfraError, PipelineError
 from pipeline.guard.jsonfile import write_json_read_back
@@ -29,20 +30,35 @@ from verify.load.summary import summarise_load
 from verify.logs.catalog import load_catalog
 from verify.logs.logscan import LogWatcher
 from verify.perf.ab import (
+    CLIENT_CPU,
     METRICS,
     AbConfig,
     AbReport,
     Correctness,
     SliceMetrics,
+    decided,
     judge,
+    look_sizes,
     metrics_of_summary,
+    refused,
     slice_order,
 )
+from verify.perf.engines import KV_TOLERANCE, engine_facts, mismatch
 from verify.runtime import Runtime
 from verify.stages.load import load_target
 from verify.stages.server import Server, ServerFailed
 
-__all__ = ["AB_FILE", "KeptServers", "Side", "measure_slices", "run_ab", "start_servers"]
+__all__ = [
+    "AB_FILE",
+    "KeptServers",
+    "Plan",
+    "Side",
+    "Started",
+    "defaults_for",
+    "measure_slices",
+    "run_ab",
+    "start_servers",
+]
 
 AB_FILE = "ab.json"
 
@@ -75,49 +91,116 @@ class KeptServers:
     servers: dict[str, Server]  # label -> the running server; filled as the sides are first started
 
 
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    """How an A/B is run, beside its load: the schedule, how its servers start, what makes it refused.
+    `defaults_for` gives the GPU's or the CPU's; the command line overrides each."""
+
+    slice_s: float
+    pairs: int  # the first look
+    max_pairs: int  # looks double the pairs up to this while a metric is UNDECIDED (= pairs: one look)
+    threshold: float = 0.05
+    apart: bool = False  # start the sides one after another, each ready before the next starts
+    restart_first: bool = False  # once both are ready, start the first-started side again
+    kv_tolerance: float | None = KV_TOLERANCE  # None: a KV cache mismatch is compared anyway
+    # When the looks stop (default verify/perf/ab.py `decided`: every metric decided, or a
+    # REGRESSION); `bisect` stops on its one metric, judged one-sided as its steps are.
+    stop: Callable[[AbReport], bool] = decided
+
+
+def defaults_for(cell: Cell) -> Plan:
+    """GPU cells: 3 s slices, 12 pairs doubling to 96, the sides started apart and the first restarted.
+    From the H100 (shared/reference/gpu-docker.md, sections 3-4): per-pair noise 2.3-3.6% for the
+    medians (9-20 pairs decide them at 5%), 6-8.5% for the p90s and TTFT (about 72 pairs); two
+    servers started at once on one GPU split its memory 40 to 1, and the side started second (on a
+    warm JIT cache) was 2% faster. CPU cells keep 20 s slices and 5 pairs, started together: there
+    one pair varies by 38-70%, and a start is minutes of compiling."""
+    if cell.is_gpu:
+        return Plan(slice_s=3.0, pairs=12, max_pairs=96, apart=True, restart_first=True)
+    return Plan(slice_s=20.0, pairs=5, max_pairs=5)
+
+
 def run_ab(
     a: Side,
     b: Side,
     *,
     spec: LoadSpec,
-    slice_s: float,
-    pairs: int,
-    threshold: float,
+    plan: Plan,
     out_dir: Path,
     new_server: ServerMaker = Server,
     family: int = len(METRICS),
     kept: KeptServers | None = None,
 ) -> AbReport:
-    """Start both servers, run the slices, judge them, write ab.json (read back before it is returned).
-    `family`: how many metrics the caller decides on (verify/perf/ab.py: per_metric_confidence);
-    `kept`: sides whose servers the caller keeps up across runs (the rest are removed at the end)."""
+    """Start both servers, compare their engines (REFUSED on a mismatch), run the slices in looks
+    until every metric is decided or `plan.max_pairs` are spent, write ab.json (read back before it
+    is returned). `family`: how many metrics the caller decides on (verify/perf/ab.py:
+    per_metric_confidence); `kept`: sides whose servers the caller keeps up across runs."""
     started = time.monotonic()
+    sizes = look_sizes(plan.pairs, max(plan.pairs, plan.max_pairs))
     config = AbConfig(
-        threshold=threshold,
-        confidence=0.95,
-        resamples=4000,
-        slice_s=slice_s,
-        pairs=pairs,
-        concurrency=spec.concurrency,
-        seed=spec.seed,
-        max_tokens=spec.max_tokens,
-        family=family,
-    )
+        threshold=plan.threshold, confidence=0.95, resamples=4000, slice_s=plan.slice_s, pairs=plan.pairs,
+        concurrency=spec.concurrency, seed=spec.seed, max_tokens=spec.max_tokens, family=family,
+        looks=len(sizes), max_pairs=sizes[-1],
+    )  # fmt: skip
+    sides = {"A": a, "B": b}
+    files = {"dir": str(out_dir), "report": str(out_dir / AB_FILE)}
     with contextlib.ExitStack() as stack:
-        servers = start_servers({"A": a, "B": b}, out_dir=out_dir, stack=stack, new_server=new_server, kept=kept)
-        slices = measure_slices(servers, {"A": a, "B": b}, spec, slice_s, slice_order(pairs), out_dir)
+        servers = start_servers(
+            sides, out_dir=out_dir, stack=stack, new_server=new_server, kept=kept, apart=plan.apart,
+            restart_first=plan.restart_first,
+        )  # fmt: skip
+        engines = {key: engine_facts(_log_head(servers[key].log_path), **servers.facts[key]) for key in sides}
+        why = None if plan.kv_tolerance is None else mismatch(engines["A"], engines["B"], tolerance=plan.kv_tolerance)
+        if why is not None:
+            report = refused(
+                a=a.label, b=b.label, config=config, reason=why, seconds=time.monotonic() - started, files=files,
+                engines={k: f.to_json() for k, f in engines.items()},
+            )  # fmt: skip
+            return _written(report, out_dir)
+        slices: list[SliceMetrics] = []
+        done = 0
+        for size in sizes:
+            order = [entry for entry in slice_order(size) if entry[0] >= done or (entry[0] < 0 and done == 0)]
+            slices += measure_slices(servers, sides, spec, plan.slice_s, order, out_dir, first_position=len(slices))
+            done = size
+            look = judge(slices, a=a.label, b=b.label, config=replace(config, pairs=size))
+            if plan.stop(look):
+                break
+            if size < sizes[-1]:
+                following = sizes[sizes.index(size) + 1]
+                print(f"ab: {size} pairs leave {_undecided(look)} UNDECIDED: on to {following}", file=sys.stderr)
     correctness = _correctness(out_dir / "warmup" / "A" / GREEDY_FILE, out_dir / "warmup" / "B" / GREEDY_FILE)
     report = judge(
-        slices,
-        a=a.label,
-        b=b.label,
-        config=config,
-        correctness=correctness,
-        seconds=time.monotonic() - started,
-        files={"dir": str(out_dir), "report": str(out_dir / AB_FILE)},
-    )
+        slices, a=a.label, b=b.label, config=replace(config, pairs=done), correctness=correctness,
+        seconds=time.monotonic() - started, files=files, engines={k: f.to_json() for k, f in engines.items()},
+    )  # fmt: skip
+    return _written(report, out_dir)
+
+
+def _undecided(report: AbReport) -> str:
+    return ", ".join(m.name for m in report.metrics if m.verdict == "UNDECIDED")
+
+
+def _written(report: AbReport, out_dir: Path) -> AbReport:
     path = out_dir / AB_FILE
     return AbReport.from_json(write_json_read_back(path, report.to_json(), "A/B report"), source=str(path))
+
+
+def _log_head(path: Path, cap: int = 16 * 2**20) -> str:
+    """The first `cap` bytes of a server log (its engine facts are written before it is ready)."""
+    try:
+        with path.open("rb") as log:
+            return log.read(cap).decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+class Started(dict[str, Server]):
+    """The servers by side key, with what their starts were: order, seconds to ready, restarted."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.facts: dict[str, dict[str, Any]] = {}
 
 
 def start_servers(
@@ -127,37 +210,70 @@ def start_servers(
     stack: contextlib.ExitStack,
     new_server: ServerMaker = Server,
     kept: KeptServers | None = None,
-) -> dict[str, Server]:
-    """One server per side (key "A", "B", ...), all started before any is waited for (their starts
-    overlap), each removed when `stack` closes (a kept side's when `kept.stack` does, and one already
-    kept is reused); CheckFailed naming the side whose server never got ready."""
-    servers, started = {}, {}
+    apart: bool = False,
+    restart_first: bool = False,
+) -> Started:
+    """One server per side (key "A", "B", ...), each removed when `stack` closes (a kept side's when
+    `kept.stack` does, and one already kept is reused); CheckFailed naming the side whose server never
+    got ready. Together (the default), all are started before any is waited for; `apart`, each is
+    ready before the next starts (on one GPU, a start profiles the free memory: two at once each count
+    the other's allocation as their own). `restart_first`: once all are ready, the one started first
+    is started again, so every side started with the caches (compile, JIT) the others left."""
+    servers, waiting = Started(), dict[str, float]()
     for key, side in sides.items():
         reused = _kept_server(kept, side)
         if reused is not None:
             servers[key] = reused
+            servers.facts[key] = {"started_order": 0, "start_s": None, "restarted": False}
             continue
-        server = new_server(
-            side.runtime,
-            side.cell,
-            side.image,
-            out_dir=out_dir / f"server-{key}",
-            arm=side.arm,
-            watcher=LogWatcher(load_catalog()),
-        )
         keeps = kept is not None and side.label in kept.labels
-        (kept.stack if kept is not None and keeps else stack).callback(server.remove)
-        server.start()
-        servers[key] = started[key] = server
-    for key, server in started.items():
-        try:
-            server.wait_ready()
-        except ServerFailed as exc:
-            which = f"side {key} ({sides[key].label})" if len(sides) > 1 else sides[key].label
-            raise CheckFailed(f"{which}: {exc.reason}") from exc
+        servers[key] = _new(new_server, side, out_dir / f"server-{key}")
+        (kept.stack if kept is not None and keeps else stack).callback(_remover(servers, key))
+        servers.facts[key] = {"started_order": len(waiting) + 1, "start_s": None, "restarted": False}
+        waiting[key] = time.monotonic()
+        servers[key].start()
+        if apart:
+            _ready(servers, sides, key, waiting[key])
+    for key, at in waiting.items():
+        if not apart:
+            _ready(servers, sides, key, at)
         if kept is not None and sides[key].label in kept.labels:
-            kept.servers[sides[key].label] = server
+            kept.servers[sides[key].label] = servers[key]
+    # Only when this call started more than one: a side started beside a kept one (bisect's later
+    # steps) already started on the caches the kept one warmed.
+    first = next(iter(waiting), None)
+    if restart_first and first is not None and len(waiting) > 1:
+        print(f"ab: restarting side {first} ({sides[first].label}), started first, on the caches now warm",
+              file=sys.stderr)  # fmt: skip
+        servers[first].remove()
+        servers[first] = _new(new_server, sides[first], out_dir / f"server-{first}-restart")
+        at = time.monotonic()
+        servers[first].start()
+        _ready(servers, sides, first, at)
+        servers.facts[first]["restarted"] = True
+        if kept is not None and sides[first].label in kept.labels:
+            kept.servers[sides[first].label] = servers[first]
     return servers
+
+
+def _remover(servers: Started, key: str) -> Callable[[], None]:
+    """Removes whichever server holds the side's key when the stack closes (a restart replaces it)."""
+    return lambda: servers[key].remove()
+
+
+def _new(new_server: ServerMaker, side: Side, out_dir: Path) -> Server:
+    return new_server(
+        side.runtime, side.cell, side.image, out_dir=out_dir, arm=side.arm, watcher=LogWatcher(load_catalog())
+    )
+
+
+def _ready(servers: Started, sides: dict[str, Side], key: str, since: float) -> None:
+    try:
+        servers[key].wait_ready()
+    except ServerFailed as exc:
+        which = f"side {key} ({sides[key].label})" if len(sides) > 1 else sides[key].label
+        raise CheckFailed(f"{which}: {exc.reason}") from exc
+    servers.facts[key]["start_s"] = round(time.monotonic() - since, 1)
 
 
 def _kept_server(kept: KeptServers | None, side: Side) -> Server | None:
@@ -209,7 +325,9 @@ def _one_slice(
     # Greedy answers once per side, alone, in the warm-up; the measured slices carry load only.
     slice_spec = replace(spec, duration_s=slice_s, determinism_repeats=1 if pair < 0 else 0)
     target = load_target(server, side.cell, side.arm)
+    cpu = time.process_time()  # this process is the client: the servers are processes of their own
     outcome = run_load(target, slice_spec, out_dir, soak=True)
+    share = (time.process_time() - cpu) / max(outcome.seconds, 1e-9)
     summary = summarise_load(outcome, slice_spec)
     document = summary.to_dict()
     (out_dir / "load.json").write_text(json.dumps(document, indent=2) + "\n")
@@ -220,7 +338,8 @@ def _one_slice(
         seconds=round(outcome.seconds, 3),
         questions=summary.questions.attempted,
         faulted=summary.questions.faulted,
-        values=metrics_of_summary(document),
+        # Beside the metrics, not judged: how much of a core the client used (verify/perf/ab.py client_bound).
+        values={**metrics_of_summary(document), CLIENT_CPU: round(share, 3)},
     )
 
 

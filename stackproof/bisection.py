@@ -14,21 +14,24 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from pipeline.errors import CheckFailed, InputError
+from pipeline.errors import CheckFailed, InfraError, InputError
 from pipeline.guard.jsonfile import write_json_read_back
-from pipeline.host.env import HostEnv, build_host_env, built_host_env, plan_host_env
-from pipeline.host.layer import build_layer, plan_layer
+from pipeline.host.env import HostEnv, build_host_env, built_host_env, given_env, plan_host_env
+from pipeline.host.layer import build_layer, given_base_plan, plan_layer
 from pipeline.matrix.model import Cell, LoadSpec, Matrix, Requirement
 from pipeline.matrix.site import SiteSettings
 from pipeline.releases.simpleindex import list_versions, local_label
-from stackproof.ab import KeptServers, Side, run_ab
+from stackproof.ab import KeptServers, Plan, Side, run_ab
+from verify.perf.ab import AbReport
 from verify.perf.bisection import (
+    BEHAVIOURS,
     BisectReport,
     Evidence,
     Search,
@@ -56,9 +59,9 @@ class Bisect:
     metric: str
     threshold: float
     index: str | None  # --index: for a package the cell does not name
-    slice_s: float
-    pairs: int
+    plan: Plan  # each step's A/B: its schedule, starts (stackproof/ab.py); its threshold is `threshold`
     build_only: bool = False  # make every version's environment, run no A/B
+    python: str | None = None  # --python: the layers sit on this existing environment, not a built one
 
 
 def moved_packages(matrix: Matrix, cell: Cell, package: str, index: str | None) -> tuple[tuple[str, str, str], ...]:
@@ -163,7 +166,7 @@ def run_bisect(
     started = time.monotonic()
     versions = candidate_versions(matrix, site, ask, moved)
     pins = dict(versions)
-    envs = _Environments(matrix, images, site, ask.cell, tuple(name for name, _, _ in moved))
+    envs = _Environments(matrix, images, site, ask.cell, tuple(name for name, _, _ in moved), python=ask.python)
     names = tuple(v for v, _ in versions)
     print(f"bisect: {ask.package} {len(names)} versions {names[0]} .. {names[-1]}: {', '.join(names)}", file=sys.stderr)
     # Every listed version's environment now (a layer is 1-2 s): a rerun, or a later bisect with
@@ -247,15 +250,30 @@ def _step(a: Side, b: Side, ask: Bisect, spec: LoadSpec, out: Path, kept: KeptSe
     out.mkdir(parents=True, exist_ok=True)
     try:
         # One metric decides a step (--metric): its interval at 95%, not the run's family-wise one.
-        report = run_ab(
-            a, b, spec=spec, slice_s=ask.slice_s, pairs=ask.pairs, threshold=ask.threshold, out_dir=out, family=1,
-            kept=kept,
-        )  # fmt: skip
+        plan = replace(ask.plan, threshold=ask.threshold, stop=step_decided(ask.metric))
+        report = run_ab(a, b, spec=spec, plan=plan, out_dir=out, family=1, kept=kept)
     except CheckFailed as exc:
         if not str(exc).startswith("side B"):
             raise CheckFailed(f"the good end {ask.good} does not start: {exc}") from exc
         return evidence_of_no_start(str(exc), time.monotonic() - started)
+    if report.verdict == "REFUSED":  # the engines did not get the same memory: no step can be judged
+        raise InfraError(
+            f"{b.label} against {a.label}: REFUSED: {report.refusal} (report: {report.files.get('report')})"
+        )
     return evidence_of_ab(report, ask.metric)
+
+
+def step_decided(metric: str) -> Callable[[AbReport], bool]:
+    """A step's looks stop once its metric is judged BAD or GOOD (one-sided, as the step is judged):
+    another metric's REGRESSION, or one still UNDECIDED, does not decide the step nor keep it going.
+    `greedy` and `start` need no more pairs than the first look's."""
+
+    def stop(report: AbReport) -> bool:
+        if metric in BEHAVIOURS:
+            return True
+        return judge_evidence(metric, evidence_of_ab(report, metric))[0] != "UNDECIDED"
+
+    return stop
 
 
 def _env_json(env: HostEnv) -> dict[str, object]:
@@ -265,19 +283,38 @@ def _env_json(env: HostEnv) -> dict[str, object]:
 class _Environments:
     """The layered environment of each set of pins over the cell's environment without them, built once."""
 
-    def __init__(self, matrix: Matrix, images: Path, site: SiteSettings, cell: Cell, moved: tuple[str, ...]) -> None:
+    def __init__(
+        self,
+        matrix: Matrix,
+        images: Path,
+        site: SiteSettings,
+        cell: Cell,
+        moved: tuple[str, ...],
+        *,
+        python: str | None = None,
+    ) -> None:
         if not cell.on_host:
             raise InputError(
                 f"{matrix.file}:{cell.line}: cells[{cell.id}]: bisect runs on host cells (runtime: host, with "
-                "install:); an image cell is not supported yet"
+                "install: or --python); an image cell is not supported yet"
             )
         self.matrix, self.site, self.cell = matrix, site, cell
-        self.stem_plan = plan_host_env(
-            matrix, replace(cell, overrides=tuple(o for o in cell.overrides if o.name not in moved)), images
-        )
+        self._stem: HostEnv | None = None
+        self.given: Path | None = None
+        stem_cell = replace(cell, overrides=tuple(o for o in cell.overrides if o.name not in moved))
+        if python is not None:  # the layers sit on an existing environment (a GPU host's own venv)
+            self._stem = given_env(python)
+            self.given = self._stem.python
+            self.stem_plan = given_base_plan(stem_cell, self._stem)
+        elif cell.install is None:
+            raise InputError(
+                f"{matrix.file}:{cell.line}: cells[{cell.id}] has no `install:` to build the versions over: "
+                "pass --python PY (the environment it was verified with)"
+            )
+        else:
+            self.stem_plan = plan_host_env(matrix, stem_cell, images)
         self.images = images
         self.builds = 0
-        self._stem: HostEnv | None = None
         self._made: dict[tuple[str, ...], HostEnv] = {}
 
     def stem(self) -> HostEnv:
@@ -292,7 +329,7 @@ class _Environments:
     def get(self, pins: tuple[Requirement, ...]) -> HostEnv:
         key = tuple(p.pin for p in pins)
         if key not in self._made:
-            env = build_layer(plan_layer(self.stem_plan, pins), self.stem(), self.site, self.matrix)
+            env = build_layer(plan_layer(self.stem_plan, pins, given=self.given), self.stem(), self.site, self.matrix)
             self.builds += env.source == "built"
             self._made[key] = env
         return self._made[key]

@@ -16,10 +16,10 @@ if TYPE_CHECKING:  # the A/B run (load test, numpy) is imported when a side is b
 __all__ = ["built_side", "parse_side", "resolve_side"]
 
 
-def resolve_side(matrix: Matrix, images: Path, text: str, which: str) -> Side:
+def resolve_side(matrix: Matrix, images: Path, text: str, which: str, *, python: str | None = None) -> Side:
     """`CELL` or `CELL:ARM` on the command line: the built side that serves it (`ab`'s two and `sweep`'s one)."""
     cell, arm = parse_side(matrix, text, which)
-    return built_side(matrix, images, cell, arm, text)
+    return built_side(matrix, images, cell, arm, text, python=python)
 
 
 def parse_side(matrix: Matrix, text: str, which: str) -> tuple[Cell, str | None]:
@@ -36,21 +36,35 @@ def parse_side(matrix: Matrix, text: str, which: str) -> tuple[Cell, str | None]
     return cell, None
 
 
-def built_side(matrix: Matrix, images: Path, cell: Cell, arm_name: str | None, label: str) -> Side:
-    """The side's runtime and image: the cell's built host environment, or its built image."""
+def built_side(
+    matrix: Matrix, images: Path, cell: Cell, arm_name: str | None, label: str, *, python: str | None = None
+) -> Side:
+    """The side's runtime and image: the cell's built host environment (or the existing one `python`
+    belongs to, as `verify --runtime host --python` serves it), or its built image."""
     from pipeline.matrix.site import load_site
     from stackproof.ab import Side
 
     arm = cell.arm(arm_name) if arm_name else None
+    if python is not None and not cell.on_host:
+        raise InputError(f"--python {python}: only for a host cell (runtime: host); {cell.id} runs on {cell.runtime}")
     site = load_site(matrix)
     if cell.on_host:
-        from pipeline.host.env import built_host_env, plan_host_env
+        from pipeline.host.env import HostEnv, built_host_env, given_env, plan_host_env
         from stackproof.runjob import lineage_env
         from verify.runtime.host import HostRuntime, remove_dead_host_runs
 
         for run in remove_dead_host_runs():
             print(f"stackproof: ended {run}: its run is gone", file=sys.stderr)
-        env = built_host_env(plan_host_env(matrix, cell, images))
+        env: HostEnv | None
+        if python is not None:
+            env = given_env(python)  # a missing or broken interpreter is exit 2 before anything starts
+        elif cell.install is None:
+            raise InputError(
+                f"{matrix.file}:{cell.line}: cells[{cell.id}] has no `install:` to build a host environment "
+                "from: pass --python PY (the environment it was verified with)"
+            )
+        else:
+            env = built_host_env(plan_host_env(matrix, cell, images))
         if env is None:
             raise InfraError(f"{cell.id}: its host environment is not built: run `stackproof build {cell.id}`")
         runtime = HostRuntime(python=env.python, files_root=env.files_root, image_env=lineage_env(matrix, cell))

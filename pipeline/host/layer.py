@@ -38,10 +38,10 @@ from pipeline.host.env import (  # the same install steps as a full build
     built_env_at,
     built_host_env,
 )
-from pipeline.matrix.model import Matrix, Requirement
+from pipeline.matrix.model import Cell, Matrix, Requirement
 from pipeline.matrix.site import SiteSettings
 
-__all__ = ["LAYER_PTH", "LayerPlan", "build_layer", "built_layer", "plan_layer"]
+__all__ = ["LAYER_PTH", "LayerPlan", "build_layer", "built_layer", "given_base_plan", "plan_layer"]
 
 COMPLETE = "stackproof-env.json"
 # Sorted before the pinned packages' own .pth files (site reads them in name order): the base's
@@ -57,32 +57,42 @@ class LayerPlan:
     pins: tuple[Requirement, ...]
     groups: tuple[RequirementGroup, ...]
     digest: str
+    given: Path | None = None  # the base is an existing environment (`--python`): its interpreter
 
     @property
     def name(self) -> str:
         return f"{self.base.cell.id}-L{self.digest.removeprefix('sha256:')[:15]}"
 
 
-def plan_layer(base: HostEnvPlan, pins: tuple[Requirement, ...]) -> LayerPlan:
+def plan_layer(base: HostEnvPlan, pins: tuple[Requirement, ...], *, given: Path | None = None) -> LayerPlan:
     groups = override_groups(pins, None)  # no lock holds a bisected version: installed by pin, --no-deps
     inputs = {"base": base.digest, "pins": [g.text for g in groups], "indexes": [g.index for g in groups]}
     digest = "sha256:" + hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
-    return LayerPlan(base=base, pins=pins, groups=groups, digest=digest)
+    return LayerPlan(base=base, pins=pins, groups=groups, digest=digest, given=given)
+
+
+def given_base_plan(cell: Cell, env: HostEnv) -> HostEnvPlan:
+    """The plan standing for an existing environment (`bisect --python`, a GPU host's own venv, which
+    no `install:` describes): its content is its inventory, so its digest names the layers over it."""
+    return HostEnvPlan(
+        cell=cell, python_version=env.python_version, lock_groups=(), override_groups=(), recipes=(), digest=env.digest
+    )
 
 
 def built_layer(plan: LayerPlan, *, envs_dir: Path | None = None) -> HostEnv | None:
     """The layer of this content, when a complete build of it is here (and its base still is)."""
     root = (envs_dir or cache_dir() / ENVS_DIR) / plan.name
-    if not (root / COMPLETE).is_file() or built_host_env(plan.base, envs_dir=envs_dir) is None:
+    if not (root / COMPLETE).is_file():
         return None
-    return built_env_at(root)
+    base_here = plan.given.exists() if plan.given is not None else built_host_env(plan.base, envs_dir=envs_dir)
+    return built_env_at(root) if base_here else None
 
 
 def build_layer(
     plan: LayerPlan, base: HostEnv, site: SiteSettings, matrix: Matrix, *, envs_dir: Path | None = None
 ) -> HostEnv:
-    """Make the layer of `plan` over the built `base` (or reuse it); progress on stderr."""
-    assert base.root is not None, "a layer sits on a built environment"
+    """Make the layer of `plan` over `base` (built, or given with `plan.given`), or reuse it; progress on stderr."""
+    assert base.root is not None or plan.given is not None, "a layer sits on a built or a given environment"
     envs = envs_dir or cache_dir() / ENVS_DIR
     with locked(envs):
         existing = built_layer(plan, envs_dir=envs)
@@ -98,7 +108,8 @@ def build_layer(
             shutil.rmtree(root, ignore_errors=True)  # nothing half-built is ever found as built
             raise
         seconds = round(time.monotonic() - started, 1)
-        marker = {"cell": plan.base.cell.id, "digest": plan.digest, "base": str(base.root), "built_in_s": seconds}
+        base_name = str(base.root or base.python)
+        marker = {"cell": plan.base.cell.id, "digest": plan.digest, "base": base_name, "built_in_s": seconds}
         (root / COMPLETE).write_text(json.dumps(marker) + "\n")
     env = built_layer(plan, envs_dir=envs)
     assert env is not None
@@ -107,12 +118,16 @@ def build_layer(
 
 
 def _make_layer(plan: LayerPlan, base: HostEnv, site: SiteSettings, matrix: Matrix, *, root: Path, log: Path) -> None:
-    assert base.root is not None
     uv = _uv()
     venv = root / "venv"
     python = venv / "bin" / "python"
     root.mkdir(parents=True)
-    (root / "files").symlink_to(base.root / "files")
+    if base.root is not None:
+        (root / "files").symlink_to(base.root / "files")
+        base_venv = base.root / "venv"
+    else:  # a given environment: its interpreter is VENV/bin/python, and it has no files of a recipe
+        (root / "files").mkdir()
+        base_venv = base.python.parent.parent
     requirements = root / "requirements"
     requirements.mkdir()
     interpreter = os.path.realpath(base.python)  # the very interpreter of the base: its wheels' ABI
@@ -120,9 +135,9 @@ def _make_layer(plan: LayerPlan, base: HostEnv, site: SiteSettings, matrix: Matr
         _step(
             "venv", [uv, "venv", "--no-python-downloads", "--python", interpreter, str(venv)], {}, out, log, secrets=()
         )
-        base_site = _site_packages(base.root / "venv")
+        base_site = _site_packages(base_venv)
         _site_packages(venv).joinpath(LAYER_PTH).write_text(f"import site; site.addsitedir({str(base_site)!r})\n")
-        _rewrite_scripts(base.root / "venv" / "bin", venv / "bin", base.python, python)
+        _rewrite_scripts(base_venv / "bin", venv / "bin", base.python, python)
         for group in plan.groups:
             title, argv, env = _install_step(
                 uv, python, group, requirements, site.index_location(matrix, group.index), site

@@ -5,7 +5,8 @@ load spec of A's cell with the command line's overrides, so the questions, seed 
 the same. Exit 0: no regression (NO CHANGE, IMPROVEMENT or UNDECIDED, which says how many more
 pairs would decide); 1: a REGRESSION beyond the threshold, greedy answers diverging where a side
 was confident, or a side whose server never became ready; 2: bad input, naming the option; 3:
-infrastructure (a server that exited between slices, an environment not built).
+infrastructure (a server that exited between slices, an environment not built), or REFUSED: the
+two engines did not get the same KV cache, so nothing was measured (the report says what each got).
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from stackproof.cli.common import Command, arg, emit, load, load_spec, parse_pairs, parse_threshold, slice_seconds
+from stackproof.cli.abplan import AB_OPTIONS, PYTHON_OPTION, plan_of
+from stackproof.cli.common import Command, arg, emit, load, load_spec
 
 if TYPE_CHECKING:  # the run itself (load test, numpy, the HTTP client) is imported when the command runs:
     # every other command, and `--help`, start without it (a third of a second per process)
@@ -33,22 +35,34 @@ def ab_command(args: argparse.Namespace) -> int:
     (cell_a, arm_a), (cell_b, arm_b) = parse_side(matrix, args.a, "A"), parse_side(matrix, args.b, "B")
     assert cell_a.serve is not None
     spec = load_spec(args, cell_a.serve.load)
-    side_a = built_side(matrix, images, cell_a, arm_a, args.a)
-    side_b = built_side(matrix, images, cell_b, arm_b, args.b)
+    plan = plan_of(args, cell_a)  # exit 2 on contradicting options, before anything is built
+    side_a = built_side(matrix, images, cell_a, arm_a, args.a, python=args.python)
+    side_b = built_side(matrix, images, cell_b, arm_b, args.b, python=args.python)
     stem = time.strftime("ab-%Y%m%dT%H%M%S")
     out = exclusive_dir(args.out / "ab", stem)
-    report = run_ab(
-        side_a, side_b, spec=spec, slice_s=args.slice, pairs=args.pairs, threshold=args.threshold, out_dir=out
-    )
+    report = run_ab(side_a, side_b, spec=spec, plan=plan, out_dir=out)
     emit(args, report.to_json(), _text(report))
+    if report.verdict == "REFUSED":
+        return 3
     return 1 if report.failed else 0
 
 
 def _text(report: AbReport) -> str:
     lines = [
         f"{report.a} (A) vs {report.b} (B): {report.verdict}, threshold {report.config.threshold:.0%}, "
-        f"{report.config.pairs} pairs of {report.config.slice_s:.0f}s slices, {report.seconds:.0f}s"
+        f"{report.config.pairs} pairs of {report.config.slice_s:g}s slices, {report.seconds:.0f}s"
     ]
+    for key, facts in sorted(report.engines.items()):
+        kv = facts.get("kv_cache_gib")
+        tokens = facts.get("kv_cache_tokens")
+        lines.append(
+            f"  engine {key}: KV cache {'?' if kv is None else f'{kv:g} GiB'}"
+            f"{'' if tokens is None else f' ({tokens:,} tokens)'}, started #{facts.get('started_order')}"
+            f"{', restarted' if facts.get('restarted') else ''}"
+        )
+    if report.refusal:
+        lines.append(f"  REFUSED: {report.refusal}")
+        lines.append("  fix: start the sides apart (--apart), or --allow-kv-mismatch when the bump changes memory")
     for m in report.metrics:
         if m.change is None:
             lines.append(f"  {m.name:<13} {m.verdict:<11} {m.reason}")
@@ -65,6 +79,14 @@ def _text(report: AbReport) -> str:
         else:
             flag = "CORRUPTION" if c.corruption else "no corruption"
             lines.append(f"  greedy agreement {c.agreement:.1%}, {flag}")
+    from verify.perf.ab import CLIENT_BOUND, client_bound
+
+    bound, said = client_bound(report.slices)
+    if bound:
+        lines.append(
+            f"  client: more than {CLIENT_BOUND:.0%} of a core in {bound} of {said} slices: the load client was "
+            "the bottleneck there, and its figures partly measure it (lower --concurrency)"
+        )
     lines.append(f"ab report: {report.files.get('report')}")
     return "\n".join(lines)
 
@@ -78,9 +100,8 @@ COMMANDS = (
         args=(
             arg("a", metavar="A", help="CELL or CELL:ARM: the baseline"),
             arg("b", metavar="B", help="CELL or CELL:ARM: the bump"),
-            arg("--slice", type=slice_seconds, default=20.0, help="seconds of load per slice (default 20)"),
-            arg("--pairs", type=parse_pairs, default=5, help="measured A/B slice pairs after the warm-up (default 5)"),
-            arg("--threshold", type=parse_threshold, default=0.05, help="smallest change that matters: 5%% or 0.05"),
+            *AB_OPTIONS,
+            PYTHON_OPTION,
             arg("--out", type=Path, default=Path("stackproof-out")),
         ),
     ),

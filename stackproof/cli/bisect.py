@@ -14,17 +14,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from stackproof.cli.common import (
-    Command,
-    arg,
-    emit,
-    load,
-    load_spec,
-    package_name,
-    parse_pairs,
-    parse_threshold,
-    slice_seconds,
-)
+from stackproof.cli.abplan import AB_OPTIONS, PYTHON_OPTION, plan_of
+from stackproof.cli.common import Command, arg, emit, load, load_spec, package_name
 
 if TYPE_CHECKING:  # imported when the command runs (stackproof/cli/ab.py says why)
     from verify.perf.bisection import BisectReport
@@ -53,9 +44,9 @@ def bisect_command(args: argparse.Namespace) -> int:
         metric=args.metric,
         threshold=args.threshold,
         index=args.index,
-        slice_s=args.slice,
-        pairs=args.pairs,
+        plan=plan_of(args, cell),
         build_only=args.build_only,
+        python=args.python,
     )
     moved = moved_packages(matrix, cell, ask.package, ask.index)  # exit 2 before anything is made
     spec = load_spec(args, cell.serve.load)
@@ -110,10 +101,9 @@ COMMANDS = (
                 help="what makes a version bad (default tok_s): an A/B REGRESSION of a metric, "
                 "greedy answers that differ, or a server that does not start",
             ),
-            arg("--threshold", type=parse_threshold, default=0.05, help="smallest change that matters: 5%% or 0.05"),
             arg("--index", default=None, help="the package's index, when the cell names none for it"),
-            arg("--slice", type=slice_seconds, default=20.0, help="seconds of load per A/B slice (default 20)"),
-            arg("--pairs", type=parse_pairs, default=5, help="measured slice pairs per A/B (default 5)"),
+            *AB_OPTIONS,
+            PYTHON_OPTION,
             arg("--build-only", action="store_true", help="make every version's environment; run no A/B"),
             arg("--out", type=Path, default=Path("stackproof-out")),
         ),

@@ -14,6 +14,7 @@ import math
 import time
 from pathlib import Path
 
+from stackproof.cli.abplan import PYTHON_OPTION
 from stackproof.cli.common import Command, arg, emit, load, load_spec, slice_seconds
 from stackproof.sides import resolve_side
 from verify.perf.sweep import SweepAxis, SweepReport, parse_sweep
@@ -48,7 +49,7 @@ def sweep_command(args: argparse.Namespace) -> int:
     from stackproof.sweep import run_sweep
 
     matrix, images = load(args)
-    side = resolve_side(matrix, images, args.target, "CELL")
+    side = resolve_side(matrix, images, args.target, "CELL", python=args.python)
     assert side.cell.serve is not None
     spec = load_spec(args, side.cell.serve.load)
     out = exclusive_dir(args.out / "sweep", time.strftime("sweep-%Y%m%dT%H%M%S"))
@@ -97,6 +98,7 @@ COMMANDS = (
                 default=2000.0,
                 help="TTFT p99 limit: 2000ms or 2s (default 2s)",
             ),
+            PYTHON_OPTION,
             arg("--out", type=Path, default=Path("stackproof-out")),
         ),
     ),

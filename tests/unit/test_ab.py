@@ -251,7 +251,7 @@ def test_the_runner_keeps_one_server_per_side_and_finds_the_slower_side(tmp_path
     greedy answers agree; both servers are removed once, at the end; ab.json is the report returned."""
     from pipeline.matrix.model import LoadSpec
     from pipeline.matrix.read import load_matrix
-    from stackproof.ab import Side, run_ab
+    from stackproof.ab import Plan, Side, run_ab
 
     from .fake_openai import FakeVllm
 
@@ -270,7 +270,7 @@ def test_the_runner_keeps_one_server_per_side_and_finds_the_slower_side(tmp_path
         report = run_ab(
             Side(label="cpu-tiny-host", cell=cell, arm=None, runtime=None, image="a"),  # type: ignore[arg-type]
             Side(label="cpu-tiny-host:slow", cell=cell, arm=None, runtime=None, image="b"),  # type: ignore[arg-type]
-            spec=spec, slice_s=1.0, pairs=4, threshold=0.05, out_dir=tmp_path, new_server=new_server,
+            spec=spec, plan=Plan(slice_s=1.0, pairs=4, max_pairs=4), out_dir=tmp_path, new_server=new_server,
         )  # fmt: skip
     finally:
         for fake in fakes.values():
@@ -295,7 +295,7 @@ def test_a_kept_side_is_started_once_across_runs_and_removed_when_its_stack_clos
     from pipeline.errors import InfraError
     from pipeline.matrix.model import LoadSpec
     from pipeline.matrix.read import load_matrix
-    from stackproof.ab import KeptServers, Side, run_ab
+    from stackproof.ab import KeptServers, Plan, Side, run_ab
 
     from .fake_openai import FakeVllm
 
@@ -319,15 +319,16 @@ def test_a_kept_side_is_started_once_across_runs_and_removed_when_its_stack_clos
             kept = KeptServers(stack=stack, labels=frozenset({a.label}), servers={})
             for step, image in enumerate(("b1", "b2")):
                 run_ab(
-                    a, side(f"cpu-tiny-host@p=={step + 2}.0", image), spec=spec, slice_s=0.3, pairs=2,
-                    threshold=0.05, out_dir=tmp_path / image, new_server=new_server, kept=kept,
+                    a, side(f"cpu-tiny-host@p=={step + 2}.0", image), spec=spec,
+                    plan=Plan(slice_s=0.3, pairs=2, max_pairs=2), out_dir=tmp_path / image, new_server=new_server,
+                    kept=kept,
                 )  # fmt: skip
                 assert removed == [f"fake-{fakes[b].url}" for b in ("b1", "b2")[: step + 1]]  # B gone, A up
             assert made == ["a", "b1", "b2"]
             kept.servers[a.label].state = lambda: ("exited", 137)  # type: ignore[method-assign]
             with pytest.raises(InfraError, match=r"cpu-tiny-host@p==1\.0: its kept server exited \(exit code 137\)"):
-                run_ab(a, side("x", "b2"), spec=spec, slice_s=0.3, pairs=2, threshold=0.05, out_dir=tmp_path / "x",
-                       new_server=new_server, kept=kept)  # fmt: skip
+                run_ab(a, side("x", "b2"), spec=spec, plan=Plan(slice_s=0.3, pairs=2, max_pairs=2),
+                       out_dir=tmp_path / "x", new_server=new_server, kept=kept)  # fmt: skip
     finally:
         for fake in fakes.values():
             fake.stop()

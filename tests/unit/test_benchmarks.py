@@ -79,3 +79,22 @@ def test_every_benchmark_parses_its_arguments(script: Path) -> None:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "usage:" in done.stdout, done.stdout[-2000:]
+
+
+QUICK = [p for p in SCRIPTS if '"--quick"' in p.read_text()]
+
+
+@pytest.mark.slow  # each starts an interpreter and runs a little of its benchmark: 2-10 s on a loaded host
+@pytest.mark.parametrize("script", QUICK, ids=lambda p: str(p.relative_to(BENCHMARKS)))
+def test_every_quick_mode_runs(script: Path) -> None:
+    """A benchmark with a quick mode runs it to the end here: its measurement code cannot rot either."""
+    done = subprocess.run(
+        [sys.executable, str(script), "--quick"], cwd=REPO, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip(), "a quick mode prints what it measured"
+
+
+def test_the_benchmarks_of_issue_45_have_quick_modes() -> None:
+    names = {str(p.relative_to(BENCHMARKS)) for p in QUICK}
+    assert {"ab.py", "ab_looks.py", "client_ceiling.py", "gpu_ab/planted.py", "gpu_ab/client_vs_bench.py"} <= names

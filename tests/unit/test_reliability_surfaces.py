@@ -349,7 +349,7 @@ def test_a_bisection_past_its_version_cap_is_refused_before_any_build(monkeypatc
     cell = SimpleNamespace(install=None, platform="linux/amd64")
     site = SimpleNamespace(index_location=lambda matrix, index: None)
     ask = bisection.Bisect(cell=cell, package="x", good="1.0", bad="1.2999", metric="output_tok_s",  # type: ignore[arg-type]
-                           threshold=0.05, index=None, slice_s=20, pairs=5)  # fmt: skip
+                           threshold=0.05, index=None, plan=None)  # fmt: skip
     with pytest.raises(InputError, match=r"--good 1\.0 --bad 1\.2999: 3,000 versions"):
         bisection.candidate_versions(None, site, ask, (("x", "pypi", ""),))  # type: ignore[arg-type]
     small = bisection.Bisect(**{**ask.__dict__, "bad": "1.9"})

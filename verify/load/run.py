@@ -28,7 +28,7 @@ from verify.load.compare import GREEDY_FILE, write_greedy
 from verify.load.determinism import Sample, request_sample
 from verify.load.outcome import Live, LoadOutcome, LoadTarget
 from verify.load.progress import Progress, Tracker
-from verify.load.stats import fault_stats
+from verify.load.stats import clean_run_luck
 from verify.load.summary import judge_load, summarise
 from verify.load.watchdog import Watchdog, scrape
 from verify.load.workload import Question, arrival_gaps, builtin_pool, cycle, read_questions
@@ -374,7 +374,8 @@ async def _report_progress(
 
     def counts() -> tuple[int, int, str]:
         done, clean = live.questions_done + target.prior[0], live.questions_clean + target.prior[1]
-        luck = f"{fault_stats(spec.baseline_rate, done, 0).p_luck:.0%}" if done and done == clean else "-"
+        # Closed form, no scipy: an import inside the event loop stalls every stream (clean_run_luck).
+        luck = f"{clean_run_luck(spec.baseline_rate, done):.0%}" if done and done == clean else "-"
         return done, clean, luck
 
     try:

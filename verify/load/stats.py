@@ -14,7 +14,15 @@ from typing import Any
 
 from pipeline.errors import InputError
 
-__all__ = ["ArmComparison", "FaultStats", "clean_questions_needed", "compare_arms", "fault_stats", "parse_rate"]
+__all__ = [
+    "ArmComparison",
+    "FaultStats",
+    "clean_questions_needed",
+    "clean_run_luck",
+    "compare_arms",
+    "fault_stats",
+    "parse_rate",
+]
 
 
 MAX_QUESTIONS = 10**12  # beyond this the closed forms lose their meaning (and scipy its integers)
@@ -35,6 +43,14 @@ def parse_rate(text: str) -> float:
 
 
 MIN_RATE = 1e-12  # one fault in a trillion questions: far past any count a run can show
+
+
+def clean_run_luck(p0: float, questions: int) -> float:
+    """The chance that `questions` clean questions are luck, the rate still at p0: (1 - p0)^n, which is
+    `fault_stats(p0, n, 0).p_luck` (binom.cdf(0, n, p0)) in closed form. The load's progress line
+    shows it every 2 s from inside the event loop, where the first scipy import stalled every stream
+    for 0.8-1.0 s (benchmarks/client_ceiling.py); this takes microseconds and imports nothing."""
+    return math.exp(questions * math.log1p(-p0))
 
 
 def clean_questions_needed(p0: float, confidence: float) -> int:

@@ -26,7 +26,7 @@ once as JSON (docs/ab.schema.json) and read back through the same type (`AbRepor
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -34,6 +34,8 @@ import numpy as np
 from pipeline.errors import InputError
 
 __all__ = [
+    "CLIENT_BOUND",
+    "CLIENT_CPU",
     "KIND",
     "METRICS",
     "SCHEMA_VERSION",
@@ -43,15 +45,19 @@ __all__ = [
     "Metric",
     "MetricVerdict",
     "SliceMetrics",
+    "client_bound",
+    "decided",
     "judge",
+    "look_sizes",
     "metrics_of_summary",
     "pairs_needed",
+    "refused",
     "slice_order",
 ]
 
 KIND = "stackproof.ab"
 SCHEMA_VERSION = 1
-VERDICTS = ("REGRESSION", "IMPROVEMENT", "NO CHANGE", "UNDECIDED")
+VERDICTS = ("REGRESSION", "IMPROVEMENT", "NO CHANGE", "UNDECIDED", "REFUSED")
 DEFAULT_THRESHOLD = 0.05
 DEFAULT_CONFIDENCE = 0.95
 DEFAULT_RESAMPLES = 4000
@@ -198,6 +204,11 @@ class AbConfig:
     # How many metrics the caller decides on: the run's verdict is the worst of all eight (the
     # default); `bisect` decides on one (its --metric), whose interval then needs no correction.
     family: int = 8
+    # Sequential looks: the run is judged after `pairs`, and while a metric is UNDECIDED again at
+    # twice as many, up to `max_pairs`; each look's intervals are at the confidence that keeps the
+    # whole run's false-alarm rate (Bonferroni over family x looks). `looks` is how many were planned.
+    looks: int = 1
+    max_pairs: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -211,6 +222,8 @@ class AbConfig:
             "max_tokens": self.max_tokens,
             "resolution_ms": self.resolution_ms,
             "family": self.family,
+            "looks": self.looks,
+            "max_pairs": self.max_pairs,
         }
 
     @staticmethod
@@ -226,6 +239,8 @@ class AbConfig:
             max_tokens=int(data["max_tokens"]),
             resolution_ms=float(data["resolution_ms"]),
             family=int(data.get("family", len(METRICS))),  # documents written before it: all eight
+            looks=int(data.get("looks", 1)),  # documents written before sequential looks: one
+            max_pairs=None if data.get("max_pairs") is None else int(data["max_pairs"]),
         )
 
 
@@ -240,6 +255,9 @@ class AbReport:
     verdict: str  # the worst of the metrics': REGRESSION > UNDECIDED > IMPROVEMENT > NO CHANGE
     seconds: float  # wall time of the whole run, servers' starts included
     files: dict[str, str]
+    # Each side's engine facts (verify/perf/engines.py): KV cache, start order; {} where not read.
+    engines: dict[str, dict[str, Any]] = field(default_factory=dict)
+    refusal: str | None = None  # REFUSED: why the sides were not compared
 
     @property
     def failed(self) -> bool:
@@ -260,6 +278,8 @@ class AbReport:
             "slices": [s.to_json() for s in self.slices],
             "seconds": self.seconds,
             "files": dict(self.files),
+            "engines": {k: dict(v) for k, v in self.engines.items()},
+            "refusal": self.refusal,
         }
 
     @staticmethod
@@ -277,6 +297,8 @@ class AbReport:
                 verdict=str(data["verdict"]),
                 seconds=float(data["seconds"]),
                 files={str(k): str(v) for k, v in data["files"].items()},
+                engines={str(k): dict(v) for k, v in (data.get("engines") or {}).items()},
+                refusal=None if data.get("refusal") is None else str(data["refusal"]),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:  # a list where an object belongs
             raise InputError(f"{source}: a malformed A/B report ({type(exc).__name__}: {exc})") from None
@@ -294,6 +316,43 @@ def slice_order(pairs: int) -> list[tuple[int, str]]:
         sides = ("A", "B") if pair % 2 == 0 else ("B", "A")
         order += [(pair, side) for side in sides]
     return order
+
+
+def look_sizes(pairs: int, max_pairs: int) -> list[int]:
+    """The pair counts at which a sequential run is judged: `pairs`, then doubling, the last `max_pairs`
+    (12 .. 96: 12, 24, 48, 96). One look when max_pairs <= pairs."""
+    sizes = [pairs]
+    while sizes[-1] < max_pairs:
+        sizes.append(min(max_pairs, 2 * sizes[-1]))
+    return sizes
+
+
+def decided(report: AbReport) -> bool:
+    """A sequential run stops here: every metric has a verdict other than UNDECIDED, or one is a
+    REGRESSION (the run's verdict then, whatever more pairs say of the others: each look's interval
+    is already at the confidence of all the looks planned)."""
+    return report.verdict == "REGRESSION" or all(m.verdict != "UNDECIDED" for m in report.metrics)
+
+
+def refused(*, a: str, b: str, config: AbConfig, reason: str, engines: dict[str, dict[str, Any]],
+            seconds: float, files: dict[str, str]) -> AbReport:  # fmt: skip
+    """The report of an A/B whose sides are not comparable (their engines differ): no slice measured."""
+    return AbReport(
+        a=a, b=b, config=config, slices=(), metrics=(), correctness=None, verdict="REFUSED",
+        seconds=round(seconds, 1), files=files, engines=engines, refusal=reason,
+    )  # fmt: skip
+
+
+CLIENT_CPU = "client_cpu_share"  # a slice's value beside the metrics: the client's CPU over its seconds
+CLIENT_BOUND = 0.85  # of one core: past it the event loop is the bottleneck, and the figures measure it
+
+
+def client_bound(slices: tuple[SliceMetrics, ...] | list[SliceMetrics]) -> tuple[int, int]:
+    """(slices whose client used more than CLIENT_BOUND of a core, slices that say): the load client
+    is one event loop on one core; on the H100 it saturated from concurrency 64 and the engine got
+    36 of 64 tokens a step (shared/reference/gpu-docker.md section 4). Not a verdict: a warning."""
+    said = [s.values[CLIENT_CPU] for s in slices if s.values.get(CLIENT_CPU) is not None]
+    return sum(1 for v in said if v is not None and v > CLIENT_BOUND), len(said)
 
 
 def metrics_of_summary(summary: dict[str, Any]) -> dict[str, float | None]:
@@ -319,11 +378,12 @@ def judge(
     correctness: Correctness | None = None,
     seconds: float = 0.0,
     files: dict[str, str] | None = None,
+    engines: dict[str, dict[str, Any]] | None = None,
 ) -> AbReport:
     """The report from the slices: one verdict per metric, and the run's (the worst of them)."""
     measured = [s for s in slices if s.pair >= 0]
     rng = np.random.default_rng(config.seed)
-    each = replace(config, confidence=per_metric_confidence(config.confidence, config.family))
+    each = replace(config, confidence=per_metric_confidence(config.confidence, config.family * config.looks))
     verdicts = tuple(_judge_metric(metric, measured, each, rng) for metric in METRICS)
     return AbReport(
         a=a,
@@ -335,6 +395,7 @@ def judge(
         verdict=_overall(verdicts),
         seconds=round(seconds, 1),
         files=files or {},
+        engines=engines or {},
     )
 
 
