@@ -9,11 +9,12 @@ baselines measured before docker ran on a GPU (a vLLM 0.26.0 host start: H200 16
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from pipeline.guard.jsonfile import read_json
 
 REPO = Path(__file__).resolve().parents[2]
 RECORDED = (REPO / "tests/fixtures/gpu-docker-vllm-0.26.0", REPO / "tests/fixtures/h200-vllm-0.26.0/receipts")
@@ -75,12 +76,8 @@ def receipts_under(paths: list[Path]) -> list[tuple[str, dict[str, Any]]]:
     for path in paths:
         files = [path] if path.is_file() else sorted(path.rglob("receipt.json"))
         for file in files:
-            found.append(
-                (
-                    str(file.parent.relative_to(path) if path.is_dir() else file.parent.name),
-                    json.loads(file.read_text()),
-                )
-            )
+            label = str(file.parent.relative_to(path) if path.is_dir() else file.parent.name)
+            found.append((label, read_json(file, "receipt")))
     return found
 
 
@@ -109,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("paths", nargs="*", type=Path, help="run directories or receipt.json files")
     parser.add_argument("--quick", action="store_true", help="the recorded receipts under tests/fixtures")
     args = parser.parse_args(argv)
-    paths = list(RECORDED) if args.quick else args.paths
+    # --quick: whichever recorded receipts this checkout holds (the GPU docker ones come with a GPU session).
+    paths = [p for p in RECORDED if p.exists()] if args.quick else args.paths
     missing = [p for p in paths if not p.exists()]
     if missing or not paths:
         print(f"cost.py: no receipts at {', '.join(map(str, missing)) or '(no path given)'}", file=sys.stderr)
