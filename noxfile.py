@@ -50,7 +50,9 @@ TIMED = ("serve", "host")
 # Images the integration tier's session fixtures build, built while the unit tier runs. The first
 # is waited for before any integration group starts (its bootstrapped base is shared and has no
 # lock); the fixtures of the others wait on the build's own per-cell lock (pipeline/cache.py).
-PREBUILD = ("cpu-tiny", "sglang-cpu-tiny", "cpu-tiny-vllm-0.32")
+# cpu-tiny-host is a host environment (this user's cache), the one the ab, bisect and sweep proofs
+# share (tests/integration/conftest.py: cpu_tiny_host_env): 206 s to build on a cold cache.
+PREBUILD = ("cpu-tiny", "sglang-cpu-tiny", "cpu-tiny-vllm-0.32", "cpu-tiny-host")
 
 
 @nox.session(python=PYTHON)

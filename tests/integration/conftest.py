@@ -201,6 +201,16 @@ def sglang_cpu_tiny(docker: Docker, tmp_path_factory: pytest.TempPathFactory) ->
     return built_by_the_pipeline("sglang-cpu-tiny", tmp_path_factory)
 
 
+@pytest.fixture(scope="session")
+def cpu_tiny_host_env() -> str:
+    """cpu-tiny-host's host environment, as `stackproof build` makes it for this process's user, once
+    per session for the proofs that load it (ab, bisect, sweep); nox prebuilds it beside the unit
+    tier (noxfile.py PREBUILD), so here it is usually found. Its root directory."""
+    done = stackproof(["build", "cpu-tiny-host", "--json"], timeout=1200)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return str(done.json()["root"])
+
+
 def write_matrix(
     path: Path,
     edit: dict[str, dict[str, object]] | None = None,

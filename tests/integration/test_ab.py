@@ -57,9 +57,8 @@ SLOW = ["--slice", "4", "--pairs", "6", "--concurrency", "8", "--max-tokens", "8
 
 
 @pytest.fixture(scope="module")
-def built() -> None:
-    done = stackproof(["build", CELL], timeout=1200)
-    assert done.returncode == 0, done.stderr[-3000:]
+def built(cpu_tiny_host_env: str) -> None:
+    """The cell's environment, built once per session (tests/integration/conftest.py)."""
 
 
 @pytest.fixture

@@ -119,10 +119,8 @@ def matrix(index: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def built() -> None:
-    """The cell's own environment (the layers' base), as `stackproof build` makes it (found when built)."""
-    done = stackproof(["build", CELL], timeout=1200)
-    assert done.returncode == 0, done.stderr[-3000:]
+def built(cpu_tiny_host_env: str) -> None:
+    """The cell's environment, built once per session (tests/integration/conftest.py)."""
 
 
 def bisect(matrix: Path, out: Path, *extra: str) -> tuple[dict[str, object], float, str]:

@@ -35,9 +35,8 @@ BOUND_S = READY_S + 180
 
 
 @pytest.fixture(scope="module")
-def built() -> None:
-    done = stackproof(["build", CELL], timeout=1200)
-    assert done.returncode == 0, done.stderr[-3000:]
+def built(cpu_tiny_host_env: str) -> None:
+    """The cell's environment, built once per session (tests/integration/conftest.py)."""
 
 
 @pytest.fixture
