@@ -47,6 +47,7 @@ from verify.audit.checks import (
 )
 from verify.audit.fix import closest
 from verify.audit.index import PackageIndex, load_or_build
+from verify.audit.meanings import fixed_in_findings
 from verify.audit.versions import PackagePin, cell_packages, target_of
 from verify.audit.wheels import Unavailable, fetch_wheel
 from verify.serving import driver_for
@@ -162,6 +163,9 @@ def _audit(
         statuses, indexes = _read_packages(matrix, cell, pins, sources, cache, downloaded, progress, unreachable, pip)
         findings = _cell_findings(cell, pins, indexes, statuses, rulesets, signatures)
         findings += _assumptions(cell, pins, indexes, sources)
+        if cell.serve is not None:  # signatures are scanned in server logs only
+            versions = {n: p.version for n, p in pins.items()}
+            findings += fixed_in_findings(signatures, cell.arch, versions, indexes, _wheel_files(indexes, sources))
         out.append(CellAudit(cell=cell.id, arch=cell.arch, packages=tuple(statuses), findings=tuple(findings)))
     return AuditReport(
         cells=tuple(out),

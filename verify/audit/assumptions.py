@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from verify.audit.checks import Evidence, Finding, Status, check_pattern, check_variable
 from verify.audit.index import PackageIndex
+from verify.audit.meanings import dead_body_findings
 from verify.serving.driver import ServingDriver
 
 __all__ = ["Files", "ImportCheck", "assumption_findings", "flashinfer_checks", "literal_text", "metric_definitions"]
@@ -54,6 +55,7 @@ def assumption_findings(
         out += _autotune(driver, version, engine, indexes, files, where)
         out += _metrics(driver, version, engine[0].name, files, where)
         out += _dead_markers(driver, engine, where)
+        out += dead_body_findings(driver, version, engine, files)
     if flashinfer is not None and "flashinfer-python" in indexes:
         out += _flashinfer(flashinfer, files)
     return out

