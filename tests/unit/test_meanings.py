@@ -1,4 +1,4 @@
-"""verify/audit/meanings.py against the real upstream files (tests/fixtures/meanings/, copied from the
+"""verify/audit/meanings.py against the real upstream files (tests/fixtures/meanings/*.py.txt, copied from the
 wheels): the dead-engine body a client sees, and a fix gated on cuDNN, each proven both ways."""
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ BODY_033 = "The server had an error while processing your request."
 def _vllm(tmp_path: Path, folder: str, name: str, version: str) -> tuple[PackageIndex, Callable[..., object]]:
     here = FIXTURES / folder
     files = {
-        "vllm/v1/engine/exceptions.py": (here / "exceptions.py").read_text(),
-        "vllm/exceptions.py": (here / "vllm_exceptions.py").read_text(),
-        "vllm/entrypoints/serve/exception_handling/error_response.py": (here / "error_response.py").read_text(),
+        "vllm/v1/engine/exceptions.py": (here / "exceptions.py.txt").read_text(),
+        "vllm/exceptions.py": (here / "vllm_exceptions.py.txt").read_text(),
+        "vllm/entrypoints/serve/exception_handling/error_response.py": (here / "error_response.py.txt").read_text(),
     }
     wheel = make_wheel(tmp_path, name, version, files)
     index = index_wheel(wheel, name=name, version=version, sha256=name)
@@ -66,7 +66,7 @@ def test_a_driver_without_the_034_body_is_an_error_and_holding_it_passes(tmp_pat
 
 
 def _flashinfer(tmp_path: Path) -> tuple[PackageIndex, Callable[..., object]]:
-    text = (FIXTURES / "flashinfer-0.7.4" / "gemm_base_excerpt.py").read_text()
+    text = (FIXTURES / "flashinfer-0.7.4" / "gemm_base_excerpt.py.txt").read_text()
     files = {"flashinfer/gemm/gemm_base.py": text}
     wheel = make_wheel(tmp_path, "flashinfer-python", "0.7.4", files)
     index = index_wheel(wheel, name="flashinfer-python", version="0.7.4", sha256="fi")
