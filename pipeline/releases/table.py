@@ -78,6 +78,9 @@ class Release:
     torch_version: str | None
     torch: tuple[tuple[str, WheelMetadata], ...] = ()
     dockerfile: DockerfileFacts | None = None  # None: the release's Dockerfile was not read
+    # (package, matrix index, how it was found): the index that carries the pinned version when it is
+    # not the `pypi` one (FlashInfer 0.7.3, vLLM 0.34.0's pin, is on FlashInfer's index only).
+    indexes: tuple[tuple[str, str, str], ...] = ()
 
     @property
     def read_on(self) -> str:
@@ -159,6 +162,8 @@ def release_to_json(release: Release) -> dict[str, Any]:
         "vllm": wheels(release.version, release.vllm),
         "torch": wheels(release.torch_version, release.torch),
     }
+    if release.indexes:
+        document["indexes"] = {name: {"index": index, "how": how} for name, index, how in release.indexes}
     if release.dockerfile is not None:
         d = release.dockerfile
         document["dockerfile"] = {
@@ -198,6 +203,10 @@ def release_from_json(entry: Mapping[str, Any]) -> Release:
         torch_version=torch.get("version"),
         torch=wheels(torch),
         dockerfile=facts,
+        indexes=tuple(
+            (str(name), str(where["index"]), str(where.get("how", "")))
+            for name, where in sorted((entry.get("indexes") or {}).items())
+        ),
     )
 
 

@@ -47,7 +47,7 @@ from verify.audit.checks import (
 )
 from verify.audit.fix import closest
 from verify.audit.index import PackageIndex, load_or_build
-from verify.audit.meanings import fixed_in_findings
+from verify.audit.meanings import cudnn_backend, fixed_in_findings
 from verify.audit.versions import PackagePin, cell_packages, target_of
 from verify.audit.wheels import Unavailable, fetch_wheel
 from verify.serving import driver_for
@@ -260,7 +260,8 @@ def _assumptions(
     key = (driver.name, version, fi.version if fi else None, tuple(sorted((n, i.sha256) for n, i in indexes.items())))
     if key not in _ASSUMED:
         files = _wheel_files(indexes, sources)
-        _ASSUMED[key] = assumption_findings(driver, version, indexes, files, fi.version if fi else None)
+        unread = tuple(n for n in pins if n not in indexes)
+        _ASSUMED[key] = assumption_findings(driver, version, indexes, files, fi.version if fi else None, unread)
     return list(_ASSUMED[key])
 
 
@@ -327,6 +328,7 @@ def _cell_findings(
         engine_version=driver.version({n: p.version for n in driver.distributions if (p := pins.get(n))}),
         arch=cell.arch,
         flashinfer=fi.version if fi else None,
+        cudnn=cudnn_backend({n: p.version for n, p in pins.items()}),
     )
     rules: list[tuple[str, LogRule]] = list(rulesets(facts))
     rules += [(f"cell {cell.id}", r) for r in cell.log_rules]
@@ -427,7 +429,10 @@ def rule_finding(
         )
     search, reason = _search(rule.package, indexes, pins, owner)
     if reason is not None:
-        return Finding(kind="rule", subject=subject, where=where, status=Status.ERROR, message=reason, rule=ident)
+        # A pinned package whose wheel no index gave is not checkable (the package finding says why),
+        # as a signature on it is; a rule quoting a package the stack does not hold is an error.
+        status = Status.NOT_CHECKABLE if reason.endswith("could not be read") else Status.ERROR
+        return Finding(kind="rule", subject=subject, where=where, status=status, message=reason, rule=ident)
     evidence = check_pattern(rule.pattern, search)
     if evidence is not None:
         return Finding(kind="rule", subject=subject, where=where, status=Status.OK, evidence=(evidence,), rule=ident)

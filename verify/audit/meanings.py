@@ -34,7 +34,16 @@ from verify.audit.checks import Evidence, Finding, Status
 from verify.audit.index import PackageIndex
 from verify.serving.driver import ServingDriver, at_version
 
-__all__ = ["FIX_GATES", "Body", "Gate", "dead_body", "dead_body_findings", "fix_gate", "fixed_in_findings"]
+__all__ = [
+    "FIX_GATES",
+    "Body",
+    "Gate",
+    "cudnn_backend",
+    "dead_body",
+    "dead_body_findings",
+    "fix_gate",
+    "fixed_in_findings",
+]
 
 Files = Callable[[str, Callable[[str], bool]], list[tuple[str, str]]]
 
@@ -294,6 +303,16 @@ def fix_gate(package: PackageIndex, text: str, files: Files) -> Gate | None:
                     cond = Evidence(package=package.name, version=package.version, file=path, line=line)
                     return Gate(package=backend, below=_cudnn_version(encoded), gate=at, condition=cond)
     return None
+
+
+def cudnn_backend(pins: Mapping[str, str | None]) -> int | None:
+    """The cuDNN backend version (9.24.0.43 -> 92400) the stack pins, as the rule sets' `cudnn_below`
+    and the autotune policies compare it; None when no cuDNN is pinned."""
+    found = _cudnn_pin(pins)
+    if found is None:
+        return None
+    parts = [int(p) for p in re.findall(r"\d+", found[1])[:3]] + [0, 0]
+    return parts[0] * 10000 + parts[1] * 100 + parts[2]
 
 
 def _cudnn_pin(pins: Mapping[str, str | None]) -> tuple[str, str] | None:
