@@ -41,7 +41,8 @@ __all__ = [
     "write_release",
 ]
 
-TABLE = Path(__file__).with_name("release_pins.json")
+# STACKPROOF_RELEASE_PINS: another table file (a copy), for a run that must not write the project's own.
+TABLE = Path(os.environ.get("STACKPROOF_RELEASE_PINS") or Path(__file__).with_name("release_pins.json"))
 PLATFORMS = ("linux/amd64", "linux/arm64")  # the official image's platforms (matrix.yaml's base)
 # pip's words for "the index could not be reached", as opposed to "it has no such file".
 NETWORK_WORDS = re.compile(

@@ -143,12 +143,12 @@ def _propose_one(
 ) -> tuple[int, dict[str, Any], str]:
     """One release's cells: refresh its pins when missing, insert, validate, write, audit."""
     from pipeline.releases.propose import insert, plan_proposal
-    from pipeline.releases.table import load_table
+    from pipeline.releases.table import TABLE, load_table
 
     dockerfile = getattr(args, "dockerfile", None)
     if not args.dry_run and (wanted.vllm not in load_table() or dockerfile is not None):
         _refresh_one(matrix, wanted.vllm, dockerfile, [], None)
-        print(f"release-pin table: vllm {wanted.vllm} written (pipeline/releases/release_pins.json)", file=sys.stderr)
+        print(f"release-pin table: vllm {wanted.vllm} written ({TABLE})", file=sys.stderr)
     lookup = release_lookup(matrix)
     pins, source = lookup(wanted.vllm, "linux/amd64")
     if pins is None:
