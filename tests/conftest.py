@@ -29,6 +29,7 @@ INTEGRATION_GROUPS: dict[str, tuple[str, ...]] = {
     "serve": (
         "test_run",
         "test_run_vllm_032",
+        "test_engine_death_real",
         "test_load",
         "test_correctness",
         "test_serving_contract",
