@@ -104,3 +104,18 @@ def test_fixed_in_holds_only_under_the_fixs_condition(
     found = fixed_in_findings([sig], "sm120", pins, {"flashinfer-python": fi}, read)  # type: ignore[arg-type]
     assert [f.status for f in found] == [status]
     assert fixed_in_findings([sig], "sm90", pins, {"flashinfer-python": fi}, read) == []  # type: ignore[arg-type]
+
+
+def test_the_policies_before_issue_42_have_no_opinion_on_cudnn_9_24_and_today_s_do() -> None:
+    from verify.audit.meanings import policy_findings
+    from verify.kernels.policies import load_policies
+
+    pair = ("fp8_gemm", "CudnnFp8GemmRunner")
+    pins = {"flashinfer-python": "0.7.3", "nvidia-cudnn-cu13": "9.24.0.43"}  # vLLM 0.34.0's image
+    now = load_policies()
+    before = tuple(p for p in now if p.cudnn_below)
+    stale = policy_findings("sm120", pins, before, pair)  # the one policy keyed `cudnn_below: 92301`
+    assert [f.status for f in stale] == [Status.ERROR] and "do not cover the pins in force" in stale[0].message
+    current = policy_findings("sm120", pins, now, pair)
+    assert [f.status for f in current] == [Status.OK] and "sm12x-cudnn-fp8-unproven (warn)" in current[0].message
+    assert policy_findings("sm90", pins, now, pair) == []  # no policy watches the pair there

