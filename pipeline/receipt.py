@@ -62,6 +62,9 @@ class ImageRef:
     # docker: how the server's container was given GPUs ({how: gpus|cdi, cdi_kind, source},
     # pipeline/docker/gpuaccess.py); None: no GPU was asked for, or a receipt from before it was recorded.
     gpu_access: dict[str, Any] | None = None
+    # docker: the image's base when it came from a local archive ({name, archive, format, sha256}: the
+    # file the content tag pins, pipeline/build/archive.py); None for every other kind of base.
+    base: dict[str, Any] | None = None
 
     @property
     def on_host(self) -> bool:
@@ -295,8 +298,9 @@ def _outcome(f: _Fields) -> Outcome:
 
 def _image_json(image: ImageRef) -> dict[str, Any]:
     data = {**asdict(image), "repo_digests": list(image.repo_digests)}
-    if data["gpu_access"] is None:  # optional: receipts without a GPU read as they always did
-        del data["gpu_access"]
+    for optional in ("gpu_access", "base"):  # absent when None: older receipts read as they always did
+        if data[optional] is None:
+            del data[optional]
     return data
 
 
@@ -311,6 +315,7 @@ def _image(f: _Fields) -> ImageRef:
         runtime=f.optional_text("image.runtime") or "docker",  # receipts before host runs: docker
         environment=environment,
         gpu_access=f.obj("image.gpu_access", required=False),
+        base=f.obj("image.base", required=False),
     )
 
 

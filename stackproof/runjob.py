@@ -21,7 +21,7 @@ from pipeline.errors import InfraError, InputError
 from pipeline.host.env import HostEnv, build_host_env, built_host_env, given_differences, given_env, plan_host_env
 from pipeline.host.geometry import host_fingerprint
 from pipeline.host.modelstore import ensure_model
-from pipeline.matrix.model import Arm, Cell, LoadSpec, Matrix
+from pipeline.matrix.model import ArchiveBase, Arm, Cell, LoadSpec, Matrix
 from pipeline.matrix.site import SiteSettings
 from pipeline.receipt import Receipt
 from pipeline.receiptrender import write_all
@@ -124,6 +124,7 @@ def _verify_with_receipt(
         repo_digests=info.repo_digests if info else (),
         image_store=docker.image_store(),
         gpu_access=dataclasses.asdict(docker.chosen_gpu_access) if docker.chosen_gpu_access else None,
+        base=_archive_base(matrix, cell),
         build=build_section(source=build[0], made_in_s=build[1], image_size=info.size if info else None),
     )
     paths = write_all(receipt, out_dir)
@@ -304,3 +305,12 @@ def remove_dead_runs(docker: Docker) -> list[str]:
     for name in removed:
         print(f"stackproof: removed {name}: its run is gone", file=sys.stderr)
     return removed
+
+
+def _archive_base(matrix: Matrix, cell: Cell) -> dict[str, Any] | None:
+    """The receipt's `image.base` when the cell's image grew from a local archive: the file the
+    content tag pins, so a reader can tell which host tree the verified image was built over."""
+    base = matrix.root_base(cell)
+    if not isinstance(base, ArchiveBase):
+        return None
+    return {"name": base.name, "archive": base.archive, "format": base.format, "sha256": base.sha256}

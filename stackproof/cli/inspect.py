@@ -131,7 +131,9 @@ def _diagnosis_text(name: str, verdict: str, diagnosis: Any, checks: list[Any]) 
     if diagnosis.incident is not None:
         lines.append(f"  shown by: {'; '.join(diagnosis.incident.shown_by)}")
         lines.append(f"  workaround: {diagnosis.incident.workaround}")
-    lines += [f"  hint: {h.text}" for h in diagnosis.hints]
+    for c in diagnosis.candidates:  # an incident the text shows, its preconditions unknown (issue 44)
+        lines.append(f"  candidate (not the diagnosis): {c.text}")
+        lines += [f"    check {check}" for check in c.checks]
     e = diagnosis.last_exception
     if e is not None:
         frame = f" at {e.frame.file}:{e.frame.line} in {e.frame.function}" if e.frame else ""

@@ -366,8 +366,10 @@ def test_inspect_log_names_the_class_not_an_unshown_incident(tmp_path: Path, cap
     diagnosis = document["diagnosis"]
     assert diagnosis["class"]["id"] == "illegal-memory-access" and diagnosis["class"]["line"] == 97
     assert diagnosis["class"]["process"] == "EngineCore" and document["verdict"] == "failed"
-    # Nothing of SM12x or FP8 is shown: not even the conditional hint (issue 26).
-    assert diagnosis["incident"] is None and diagnosis["hints"] == []
+    # Nothing of SM12x or FP8 is shown and nothing contradicts it: a candidate (issue 44), never the incident.
+    assert diagnosis["incident"] is None and [c["id"] for c in diagnosis["candidates"]] == [
+        "cuda-illegal-memory-access"
+    ]
     assert not [m for m in document["matches"] if m["kind"] in ("signature", "incident")]
 
 

@@ -284,3 +284,24 @@ def test_the_gpu_access_is_recorded_optional_and_checked(tmp_path: Path) -> None
     assert Receipt.parse(written) == gpu
     written["image"]["gpu_access"]["how"] = "nvidia"
     assert [e.message for e in _validator().iter_errors(written)] == ["'nvidia' is not one of ['gpus', 'cdi']"]
+
+
+def test_an_archive_base_is_recorded_optional_and_checked(tmp_path: Path, real_matrix) -> None:
+    """The archive a docker image grew from (issue 40: the GPU host's own tree) is in `image.base`:
+    written from the real matrix's gpu-host-tree base, read back, validated; absent for any other base;
+    a sha256 that is not 64 hex digits is refused by the schema."""
+    import dataclasses
+
+    from stackproof.runjob import _archive_base
+
+    assert _archive_base(real_matrix, real_matrix.cell("cpu-tiny")) is None
+    base = _archive_base(real_matrix, real_matrix.cell("gpu-docker-vllm-0.26.0-tiny"))
+    assert base is not None and base["format"] == "rootfs" and base["archive"] == "hostbase.tar"
+    plain = _receipt(Status.PASS, Status.PASS)
+    assert "base" not in plain.to_json()["image"]
+    with_base = dataclasses.replace(plain, image=dataclasses.replace(plain.image, base=base))
+    written = json.loads(write_all(with_base, tmp_path)["receipt"].read_text())
+    assert written["image"]["base"] == base and list(_validator().iter_errors(written)) == []
+    assert Receipt.parse(written) == with_base
+    written["image"]["base"]["sha256"] = "sha256:" + "0" * 64
+    assert list(_validator().iter_errors(written))

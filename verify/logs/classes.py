@@ -28,6 +28,8 @@ CLASS_KEYS = (
     "min_count",
     "phased",
     "fallback",
+    "loud_only",
+    "cleared_by_worker_lines",
 )
 FIRST_ONLY_FACTS = frozenset({"arch", "vllm", "flashinfer", "sglang", "torch", "driver", "model_architecture"})
 
@@ -45,6 +47,11 @@ class FailureClass:
     phased: bool = False  # say which startup phase it happened in
     next_by_phase: tuple[tuple[str, str], ...] = ()  # advice that fits the phase, when one is known
     fallback: bool = False  # named only when no other failing class is (the error-line extractor)
+    # a line its own logger calls INFO or WARNING does not count: the text is quoted as advice there
+    # ("... can cause fd limit errors like `OSError: [Errno 24] Too many open files`")
+    loud_only: bool = False
+    # not a failure when a worker process logs after the last sighting: what it waited for was busy
+    cleared_by_worker_lines: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -127,6 +134,8 @@ def _class(src: YamlSource, path: Path_, entry: Any, problems: list[str]) -> Fai
         phased=bool(entry.get("phased", False)),
         next_by_phase=tuple((str(k), str(v).strip()) for k, v in (entry.get("next_by_phase") or {}).items()),
         fallback=bool(entry.get("fallback", False)),
+        loud_only=bool(entry.get("loud_only", False)),
+        cleared_by_worker_lines=bool(entry.get("cleared_by_worker_lines", False)),
     )
 
 

@@ -20,14 +20,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
-
-from packaging.version import InvalidVersion, Version
 
 from pipeline.matrix.model import Arm, Cell
 from verify.logs.catalog import Signature, load_catalog
 from verify.logs.classes import ClassCatalog, FailureClass, catalog_rules, load_classes
+from verify.logs.incidents import Candidate, Fact, Incident
+from verify.logs.incidents import incidents as match_incidents
 from verify.logs.logscan import Log, LogMatch, scan
 from verify.logs.logtext import clean_line
 from verify.logs.tracebacks import (
@@ -42,10 +42,10 @@ from verify.logs.tracebacks import (
 )
 
 __all__ = [
+    "Candidate",
     "ClassHit",
     "Diagnosis",
     "Fact",
-    "Hint",
     "Incident",
     "Startup",
     "cell_facts",
@@ -75,13 +75,6 @@ STARTUP_NOT_SHOWN = "startup completion not shown in this excerpt"
 
 
 @dataclass(frozen=True, kw_only=True)
-class Fact:
-    name: str
-    value: str
-    source: str  # "line 12" or "cell <id>"
-
-
-@dataclass(frozen=True, kw_only=True)
 class ClassHit:
     id: str
     title: str
@@ -93,26 +86,6 @@ class ClassHit:
     what: str
     next: str
     phase: str | None = None  # for a phased class: where in startup it happened
-
-
-@dataclass(frozen=True, kw_only=True)
-class Incident:
-    id: str
-    title: str
-    refs: tuple[str, ...]
-    workaround: str
-    fixed_in: tuple[tuple[str, str], ...]
-    line_no: int
-    shown_by: tuple[str, ...]  # the facts that satisfied its preconditions, with their source
-
-
-@dataclass(frozen=True, kw_only=True)
-class Hint:
-    id: str
-    title: str
-    refs: tuple[str, ...]
-    missing: tuple[str, ...]  # the preconditions neither the log nor the cell shows
-    text: str
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -134,7 +107,7 @@ class Diagnosis:
     classes: tuple[ClassHit, ...]  # every failing class seen, best first
     warnings: tuple[ClassHit, ...]
     incident: Incident | None
-    hints: tuple[Hint, ...]
+    candidates: tuple[Candidate, ...]  # incidents the log's text shows, preconditions unknown (issue 44)
     last_exception: LastException | None
     startup: Startup
     facts: tuple[Fact, ...]
@@ -149,6 +122,13 @@ class Diagnosis:
             text = f"{self.primary.id}: {self.primary.title}{where}, line {self.primary.line_no}"
             if self.primary.id == "python-exception" and self.last_exception is not None:
                 text += f": {_exception_text(self.last_exception)}"
+            elif self.primary.id == "python-exception":  # the paste ends before the raise line
+                text += f", cut off before its exception; {self.primary.text}"
+            elif self.primary.id == "unclassified-error":  # the line is all there is to go on
+                text += f": {self.primary.text[:200]}"
+            # a candidate incident follows the class, never replaces it (issue 44)
+            for c in self.candidates[:1]:
+                text += f"; candidate: {c.id} ({', '.join(c.refs)}), if {' and '.join(c.missing)}"
             return text
         if self.startup.completed is False:
             return (
@@ -175,9 +155,23 @@ class Diagnosis:
                 "line": self.incident.line_no,
                 "shown_by": list(self.incident.shown_by),
             },
+            "candidates": [
+                {
+                    "id": c.id,
+                    "title": c.title,
+                    "refs": list(c.refs),
+                    "line": c.line_no,
+                    "shown": list(c.shown),
+                    "missing": list(c.missing),
+                    "checks": list(c.checks),
+                    "text": c.text,
+                }
+                for c in self.candidates
+            ],
+            # the name before issue 44, when only a partly shown incident was offered: the same list
             "hints": [
-                {"id": h.id, "title": h.title, "refs": list(h.refs), "missing": list(h.missing), "text": h.text}
-                for h in self.hints
+                {"id": c.id, "title": c.title, "refs": list(c.refs), "missing": list(c.missing), "text": c.text}
+                for c in self.candidates
             ],
             "last_exception": None if self.last_exception is None else _exception_json(self.last_exception),
             "startup": {
@@ -217,8 +211,15 @@ def diagnose(
     by_id = {c.id: c for c in classes.classes}
     fallback = [h for h in hits if by_id[h.id].fallback]
     hits = [h for h in hits if not by_id[h.id].fallback]
+    # A bare `Error: message` with no frame is Rust's, Go's or Node's way to end (Python has no class
+    # named Error): the error line it is, not "A Python exception" (issue 44).
+    if last is not None and last.frame is None and last.type == "Error" and not hits and fallback:
+        last = None
     if not hits and last is None:
         hits = fallback[:1]
+    if hits and hits[0].id == "python-exception" and last is None:
+        # A traceback the paste cut short: the cause is the error line logged just above it (issue 44).
+        hits[0] = replace(hits[0], text=_cause_above(classes, matches, hits[0].line_no))
     if not hits and last is not None:
         python = next(c for c in classes.classes if c.id == "python-exception")
         hits = [
@@ -246,7 +247,7 @@ def diagnose(
     survived = [h for h in hits if h.id in unclassified and serving is not None and h.line_no < serving]
     hits = [h for h in hits if h not in survived]
     warnings = sorted([*warnings, *survived], key=lambda h: h.line_no)
-    incident, hints = _incidents(incidents, [m for m in matches if m.kind == "signature"], all_facts)
+    incident, candidates = match_incidents(incidents, [m for m in matches if m.kind == "signature"], all_facts)
     # Exit 1 means a named failure: a log that stops mid-startup without one is an excerpt (clean,
     # with Startup.note); the verify stage judges startup completion itself, with a live server.
     verdict = "failed" if hits or incident else "clean"
@@ -256,7 +257,7 @@ def diagnose(
         classes=tuple(hits),
         warnings=tuple(warnings),
         incident=incident,
-        hints=tuple(hints),
+        candidates=tuple(candidates),
         last_exception=last,
         startup=startup,
         facts=_dedupe(all_facts),
@@ -376,7 +377,7 @@ def _classes(
     warnings: list[ClassHit] = []
     for class_id, found in seen.items():
         c = by_id[class_id]
-        if c.fallback:  # a line its own logger calls INFO or WARNING is not an error line
+        if c.fallback or c.loud_only:  # a line its own logger calls INFO or WARNING is not an error line
             found = [m for m in found if not _QUIET_LEVEL.match(clean_line(m.line).text)]
             if not found:
                 continue
@@ -397,10 +398,43 @@ def _classes(
             next=dict(c.next_by_phase).get(phase or "", c.next),
             phase=phase,
         )
-        (hits if c.severity == "fail" and _fails(c, lines, phases) else warnings).append(hit)
+        fails = c.severity == "fail" and _fails(c, lines, phases)
+        if fails and c.cleared_by_worker_lines and _workers_log_after(data, found[-1].line):
+            fails = False  # the workers it waited for went on logging: busy (compiling), not hung
+        (hits if fails else warnings).append(hit)
     hits.sort(key=lambda h: (by_id[h.id].priority, h.line_no))
     warnings.sort(key=lambda h: h.line_no)
     return hits, warnings
+
+
+_WORKER = re.compile(r"^(?:Vllm)?Worker")
+
+
+def _workers_log_after(data: Log, line: str, window: int = 1 << 16) -> bool:
+    """Whether a worker process (vLLM's `(Worker_TP0 pid=N)` prefix) logs after the last sighting."""
+    needle = line.encode(errors="replace")
+    pos = data.rfind(needle)
+    if pos < 0:
+        return False
+    after = bytes(data[pos + len(needle) : pos + len(needle) + window]).decode(errors="replace")
+    return any(_WORKER.match(clean_line(text).process or "") for text in after.splitlines()[1:])
+
+
+def _cause_above(classes: ClassCatalog, matches: Sequence[LogMatch], line_no: int) -> str:
+    """The last error line above a traceback header, in words for the summary (never the header)."""
+    extractor = {c.id for c in classes.classes if c.fallback}
+    above = [
+        m
+        for m in matches
+        if m.line_no < line_no
+        and (m.id == "exception" or (m.id.startswith("class:") and m.id.split(":")[1] in extractor))
+        and not _QUIET_LEVEL.match(clean_line(m.line).text)
+        and "Traceback (most recent call last)" not in m.line
+    ]
+    if not above:
+        return "no error line above it says why"
+    last = max(above, key=lambda m: m.line_no)
+    return f"the error logged above it (line {last.line_no}): {clean_line(last.line).text.strip()[:300]}"
 
 
 def _fails(c: FailureClass, lines: Sequence[int], phases: dict[str, int]) -> bool:
@@ -409,122 +443,6 @@ def _fails(c: FailureClass, lines: Sequence[int], phases: dict[str, int]) -> boo
         return True
     serving = phases.get("serving")
     return serving is None or serving < lines[-1]
-
-
-# -- incidents -------------------------------------------------------------------------------------
-
-
-def _incidents(
-    incidents: Sequence[Signature], matches: Sequence[LogMatch], facts: Sequence[Fact]
-) -> tuple[Incident | None, list[Hint]]:
-    """The first incident whose preconditions are all shown; hints for those only partly unknown."""
-    by_id = {s.id: s for s in incidents}
-    named: Incident | None = None
-    hints: list[Hint] = []
-    for sig_id in dict.fromkeys(m.id for m in sorted(matches, key=lambda m: m.line_no)):
-        sig = by_id[sig_id]
-        if sig.severity != "fail":
-            continue
-        line_no = next(m.line_no for m in matches if m.id == sig_id)
-        shown, missing, ruled_out = _preconditions(sig, facts)
-        if ruled_out:
-            continue
-        if not missing and named is None:
-            named = Incident(
-                id=sig.id,
-                title=sig.title,
-                refs=sig.refs,
-                workaround=sig.workaround,
-                fixed_in=sig.fixed_in,
-                line_no=line_no,
-                shown_by=tuple(shown) or ("its text names the failing component",),
-            )
-        elif missing and shown:  # a hint needs the log or the cell to show part of what it requires
-            hints.append(
-                Hint(
-                    id=sig.id,
-                    title=sig.title,
-                    refs=sig.refs,
-                    missing=tuple(missing),
-                    text=f"if {' and '.join(missing)}: {sig.title} ({', '.join(sig.refs)}); {sig.workaround}",
-                )
-            )
-    return named, hints
-
-
-def _preconditions(sig: Signature, facts: Sequence[Fact]) -> tuple[list[str], list[str], bool]:
-    """(shown, missing, ruled out): each `requires` fact shown, unknown or contradicted; fixed_in."""
-    shown, missing = [], []
-    for name, pattern in sig.requires:
-        values = [f for f in facts if f.name == name]
-        good = [f for f in values if re.search(pattern, f.value)]
-        if good:
-            shown.append(f"{name}={good[0].value} ({good[0].source})")
-        elif values:
-            return [], [], True  # shown, and not what the incident needs
-        else:
-            missing.append(_describe(name, pattern))
-    for package, fixed in sig.fixed_in:
-        for f in facts:
-            if f.name == package and _at_least(f.value, fixed):
-                unknown = _fix_unknown(sig, facts)
-                if unknown is None:
-                    return [], [], True  # this stack already has the fix, and its conditions hold
-                missing += unknown  # the fix is installed; whether it is in force is not shown
-    versions = {f.name: f.value for f in facts if f.name in ("vllm", "flashinfer")}
-    for package, spec in sig.applies_to:
-        if package in versions and not _spec_holds(versions[package], spec):
-            return [], [], True
-    return shown, missing, False
-
-
-_KNOWN_ARCHS = ("sm70", "sm75", "sm80", "sm86", "sm89", "sm90", "sm100", "sm103", "sm110", "sm120", "sm121")
-_FACT_WORDS = {
-    "fp8_linear": "an FP8 linear kernel serves the model",
-    "kv_cache_dtype": "the KV cache is {pattern}",
-    "mla": "the model uses MLA attention",
-}
-
-
-def _describe(name: str, pattern: str) -> str:
-    """A precondition in words, for the conditional hint ("if this is sm120/sm121 and ...")."""
-    if name == "arch":
-        archs = [a for a in _KNOWN_ARCHS if re.search(pattern, a)]
-        if archs:
-            return f"this is {'/'.join(archs)}"
-    if name in _FACT_WORDS:
-        return _FACT_WORDS[name].format(pattern=pattern.strip("^$").replace("\\", ""))
-    return f"{name} matches /{pattern}/"
-
-
-def _fix_unknown(sig: Signature, facts: Sequence[Fact]) -> list[str] | None:
-    """None when every `fixed_if` condition is shown to hold (the fix is in force); else the
-    conditions in words under which the incident is still possible: [] where one is shown not to
-    hold (the fix is off: cuDNN 9.24 for #55571's gate), the unknown ones otherwise."""
-    unknown = []
-    for package, spec in sig.fixed_if:
-        values = [f.value for f in facts if f.name == package]
-        if values and not _spec_holds(values[0], spec):
-            return []
-        if not values:
-            unknown.append(f"{package} is not {spec} (the fix of {', '.join(sig.refs)} is off there)")
-    return unknown or None
-
-
-def _at_least(version: str, fixed: str) -> bool:
-    try:
-        return Version(version) >= Version(fixed)
-    except InvalidVersion:
-        return False
-
-
-def _spec_holds(version: str, spec: str) -> bool:
-    from packaging.specifiers import SpecifierSet
-
-    try:
-        return SpecifierSet(spec).contains(Version(version), prereleases=True)
-    except InvalidVersion:
-        return True
 
 
 # -- small helpers ---------------------------------------------------------------------------------

@@ -45,7 +45,15 @@ _PHASE_FRAMES = (
 )
 # A logger header below error level (vLLM, SGLang's caller, Rust tracing, uvicorn): what such a line
 # says about errors ("... can cause fd limit errors like `OSError: ...`") is not an error.
-_QUIET_LEVEL = re.compile(r"^(?:\S+\s+)?(?:INFO|WARNING|WARN|DEBUG|TRACE|NOTICE)\b")
+_QUIET_LEVEL = re.compile(
+    # Python logging and Rust's tracing, whose timestamp is followed by two spaces before WARN/INFO
+    # (what is left once the timestamp is taken off starts with a space: issue 44)
+    r"^\s*(?:\S+\s+)?(?:INFO|WARNING|WARN|DEBUG|TRACE|NOTICE)\b"
+    # glog (nvidia-container-cli -d: "I1128 17:35:08.651661 1737 nvc.c:376]", "W1128 ...")
+    r"|^[IWD]\d{4} \d\d:\d\d:\d\d"
+    # logfmt: Go's slog, logrus, dockerd ("time=... level=INFO source=server.go:168 msg=...")
+    r"|\blevel=(?:info|warn|warning|debug|INFO|WARN|WARNING|DEBUG)\b"
+)
 
 
 @dataclass(frozen=True, kw_only=True)

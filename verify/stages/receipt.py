@@ -54,6 +54,7 @@ def build_receipt(
     build: dict[str, Any] | None = None,
     environment: dict[str, Any] | None = None,
     gpu_access: dict[str, Any] | None = None,
+    base: dict[str, Any] | None = None,
 ) -> Receipt:
     """`environment`: the host runtime's environment (`HostEnv.to_json`); the image fields then
     name it, its inventory digest in place of an image digest."""
@@ -73,6 +74,7 @@ def build_receipt(
             runtime="host" if environment else "docker",
             environment=environment,
             gpu_access=gpu_access,
+            base=base,
         ),
         matrix_digest=matrix_digest,
         host=host,
