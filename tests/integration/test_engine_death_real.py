@@ -6,6 +6,7 @@ printed and kept in the stage's summary (events[0].death)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 import threading
@@ -41,6 +42,10 @@ def test_killing_the_engine_under_load_is_reported_as_its_death_with_the_cause(
 ) -> None:
     image = built_by_the_pipeline(cell_id, tmp_path_factory)
     cell = load_matrix(MATRIX, images_dir=IMAGES).cell(cell_id)
+    assert cell.serve is not None
+    # A CPU server's warm-up compile on a shared 2-core machine took over the cell's 420 s (seen): the
+    # death is what is judged here, not the start-up time.
+    cell = dataclasses.replace(cell, serve=dataclasses.replace(cell.serve, readiness_timeout_s=1200))
     engine, title = CELLS[cell_id]
     injected: dict[str, Any] = {}
 
@@ -58,8 +63,9 @@ def test_killing_the_engine_under_load_is_reported_as_its_death_with_the_cause(
         threading.Thread(target=inject, daemon=True).start()
 
     result = run_load_stage(docker, cell, image, arm=None, out_dir=tmp_path, spec=SPEC, on_ready=on_ready)
-    assert injected.get("pids"), f"no {title} process was killed"
     checks = {c.name: c for c in result.checks}
+    assert checks["readiness"].status is Status.PASS, checks["readiness"].message
+    assert injected.get("pids"), f"no {title} process was killed"
     progress = checks["engine-progress"]
     assert progress.status is Status.FAIL and "ENGINE_DEAD" in progress.message, progress
     death = progress.evidence["death"]
