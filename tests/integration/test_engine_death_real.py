@@ -71,7 +71,9 @@ def test_killing_the_engine_under_load_is_reported_as_its_death_with_the_cause(
     death = progress.evidence["death"]
     assert death is not None and death["requests"] > 0, progress.evidence
     assert ", then " in death["shown_by"]  # a failed request, then what /health or the container said
-    assert death["cause"], "the log's cause of the death"
+    # The cause is the engine's own line: vLLM's EngineDeadError, SGLang's `Subprocess scheduler_0 (pid=N)
+    # crashed with exit code -9` (above hundreds of lines of SIGQUIT tracebacks).
+    assert any(marker in death["cause"] for marker in DRIVERS[engine].dead_markers), death["cause"]
     assert "the engine died (" in progress.message and "the log's cause: " in progress.message
     summary = json.loads(Path(result.artifacts["summary"]).read_text())
     assert summary["events"][0]["death"] == death

@@ -97,8 +97,10 @@ def _body(record: RequestRecord) -> str:
 
 
 def log_cause(lines: Sequence[str], markers: Sequence[str]) -> str | None:
-    """The last line naming a dead-engine marker of the driver, else the last exception line."""
-    for line in reversed(lines):
+    """The first line naming a dead-engine marker of the driver (the root: SGLang's `Subprocess
+    scheduler_0 (pid=12) crashed with exit code -9` comes before hundreds of lines of SIGQUIT
+    tracebacks), else the last exception line."""
+    for line in lines:
         if any(marker in line for marker in markers):
             return line.strip()[:400]
     for line in reversed(lines):
