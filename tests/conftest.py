@@ -29,6 +29,7 @@ INTEGRATION_GROUPS: dict[str, tuple[str, ...]] = {
     "serve": (
         "test_run",
         "test_run_vllm_032",
+        "test_engine_death_real",
         "test_load",
         "test_correctness",
         "test_serving_contract",
@@ -46,7 +47,7 @@ INTEGRATION_GROUPS: dict[str, tuple[str, ...]] = {
         "test_publish_hostile",
         "test_pull_keyless",
     ),
-    "audit": ("test_audit_wheels", "test_audit_assumptions_wheels"),
+    "audit": ("test_audit_wheels", "test_audit_assumptions_wheels", "test_release_watch"),
     "host": ("test_host_runtime", "test_ab", "test_sweep", "test_bisect", "test_gc_containers", "test_lock_race"),
 }
 

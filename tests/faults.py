@@ -39,16 +39,24 @@ print(" ".join(map(str, pids)))
 """
 
 
-def _run(docker: Docker, container: str, python: str, signo: int) -> list[int]:
-    result = docker.exec(container, [python, "-c", _FIND_AND_SIGNAL, ENGINE_CORE_TITLE, str(signo)])
+def _run(docker: Docker, container: str, python: str, signo: int, title: str) -> list[int]:
+    result = docker.exec(container, [python, "-c", _FIND_AND_SIGNAL, title, str(signo)])
     if result.returncode != 0:
-        raise CheckFailed(f"cannot look for {ENGINE_CORE_TITLE} in {container}: {result.stderr.strip()[-300:]}")
+        raise CheckFailed(f"cannot look for {title} in {container}: {result.stderr.strip()[-300:]}")
     return [int(p) for p in result.stdout.split()]
 
 
-def signal_engine_core(docker: Docker, container: str, sig: signal.Signals, *, python: str = "python3") -> list[int]:
-    """Send `sig` to every EngineCore process in the container; the pids signalled (never empty)."""
-    pids = _run(docker, container, python, int(sig))
+def signal_engine_core(
+    docker: Docker,
+    container: str,
+    sig: signal.Signals,
+    *,
+    python: str = "python3",
+    title: str = ENGINE_CORE_TITLE,
+) -> list[int]:
+    """Send `sig` to every engine process (`title`, vLLM's EngineCore by default; a driver's
+    `engine_process`) in the container; the pids signalled (never empty)."""
+    pids = _run(docker, container, python, int(sig), title)
     if not pids:
-        raise CheckFailed(f"no {ENGINE_CORE_TITLE} process in {container}")
+        raise CheckFailed(f"no {title} process in {container}")
     return pids

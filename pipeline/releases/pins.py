@@ -111,6 +111,7 @@ class Pins:
     assumed: tuple[tuple[str, str], ...] = ()  # (name, why its pin is an assumption)
     absent: tuple[str, ...] = ()  # names removed on purpose (`uninstall`)
     notes: tuple[str, ...] = field(default=())
+    indexes: tuple[tuple[str, str], ...] = ()  # (name, matrix index) where the release's index is not pypi
 
     def get(self, name: str) -> str | None:
         return dict(self.pins).get(str(canonicalize_name(name)))
@@ -247,7 +248,11 @@ def _pins_of(release: Release, platform: str, source: str) -> tuple[Pins, str]:
         )
     )
     assumed = tuple((name, LOCKSTEP) for name in sorted(extra))
-    return Pins(pins=_pins(pins), complete=False, source=source, assumed=assumed, notes=notes), source
+    indexes = tuple((name, index) for name, index, _ in release.indexes)
+    if release.indexes:
+        source += "; " + ", ".join(f"{name} from {index} ({how})" for name, index, how in release.indexes)
+    found = Pins(pins=_pins(pins), complete=False, source=source, assumed=assumed, notes=notes, indexes=indexes)
+    return found, source
 
 
 def fetch_release(
@@ -317,7 +322,8 @@ def fetch_metadata(
         where = ["--no-index", "--find-links", str(find_links)] if find_links else ["--index-url", index_url]
         argv += ["--quiet", "--report", "-", *where, "--only-binary=:all:", "--python-version"]
         argv += ["3.12", "--platform", f"manylinux_2_28_{machine}", "--target", target, "--use-feature=fast-deps"]
-        argv += ["--retries", "1", "--timeout", "30", "--disable-pip-version-check"]
+        # --progress-bar off: pip 23.2 draws its download bar on stdout when --log is given, before the report.
+        argv += ["--retries", "1", "--timeout", "30", "--disable-pip-version-check", "--progress-bar", "off"]
         # --quiet keeps stdout for the report and hides pip's retry warnings; its --log keeps them,
         # and they are what tells "the index cannot be reached" from "it has no such file".
         argv += ["--log", str(Path(target) / "pip.log")]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -40,7 +41,8 @@ __all__ = [
     "write_release",
 ]
 
-TABLE = Path(__file__).with_name("release_pins.json")
+# STACKPROOF_RELEASE_PINS: another table file (a copy), for a run that must not write the project's own.
+TABLE = Path(os.environ.get("STACKPROOF_RELEASE_PINS") or Path(__file__).with_name("release_pins.json"))
 PLATFORMS = ("linux/amd64", "linux/arm64")  # the official image's platforms (matrix.yaml's base)
 # pip's words for "the index could not be reached", as opposed to "it has no such file".
 NETWORK_WORDS = re.compile(
@@ -77,6 +79,9 @@ class Release:
     torch_version: str | None
     torch: tuple[tuple[str, WheelMetadata], ...] = ()
     dockerfile: DockerfileFacts | None = None  # None: the release's Dockerfile was not read
+    # (package, matrix index, how it was found): the index that carries the pinned version when it is
+    # not the `pypi` one (FlashInfer 0.7.3, vLLM 0.34.0's pin, is on FlashInfer's index only).
+    indexes: tuple[tuple[str, str, str], ...] = ()
 
     @property
     def read_on(self) -> str:
@@ -158,6 +163,8 @@ def release_to_json(release: Release) -> dict[str, Any]:
         "vllm": wheels(release.version, release.vllm),
         "torch": wheels(release.torch_version, release.torch),
     }
+    if release.indexes:
+        document["indexes"] = {name: {"index": index, "how": how} for name, index, how in release.indexes}
     if release.dockerfile is not None:
         d = release.dockerfile
         document["dockerfile"] = {
@@ -197,6 +204,10 @@ def release_from_json(entry: Mapping[str, Any]) -> Release:
         torch_version=torch.get("version"),
         torch=wheels(torch),
         dockerfile=facts,
+        indexes=tuple(
+            (str(name), str(where["index"]), str(where.get("how", "")))
+            for name, where in sorted((entry.get("indexes") or {}).items())
+        ),
     )
 
 

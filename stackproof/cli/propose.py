@@ -1,5 +1,9 @@
 """`stackproof matrix propose` and `stackproof matrix pins refresh`: keeping up with vLLM releases.
 
+`propose --new` asks the declared indexes which watched releases are newer than the matrix's
+(stackproof/releasewatch.py), proposes and audits each new vLLM's cells as below, and writes a patch
+and a pull-request body (--out); .github/workflows/releases.yml runs it on a schedule.
+
 `pins refresh vllm==X.Y.Z` reads the release's wheel metadata (vllm's and its torch's Requires-Dist,
 both platforms of the official image) from the `pypi` index (its site mirror when one is set) and,
 with `--dockerfile FILE`, the release Dockerfile's overrides and CUDA version, and writes the entry
@@ -72,9 +76,41 @@ def _refresh_one(
     print(f"reading vllm {version} and its torch's wheel metadata ({', '.join(PLATFORMS)})", file=sys.stderr)
     release = fetch_release(version, PLATFORMS, lookup.fetch)
     facts = given if given is not None else (known.dockerfile if known else None)
-    release = dataclasses.replace(release, dockerfile=facts)
+    release = dataclasses.replace(release, dockerfile=facts, indexes=_carriers(matrix, release))
     write_release(release)
     return release
+
+
+def _carriers(matrix: Matrix, release: Release) -> tuple[tuple[str, str, str], ...]:
+    """Which declared index carries the FlashInfer the release pins, when `pypi` does not: asked
+    in the matrix's order; an index that cannot be read is said so, never taken as carrying it."""
+    from pipeline.errors import InfraError
+    from pipeline.matrix.site import load_site
+    from pipeline.releases.pins import FI_PYTHON, derive
+    from pipeline.releases.simpleindex import list_versions
+
+    version = derive(release, "linux/amd64").get(FI_PYTHON)
+    if version is None:
+        return ()
+    site = load_site(matrix)
+    candidates = [i.name for i in matrix.indexes if i.name == "pypi" or i.name == "flashinfer"]
+    unreachable: list[str] = []
+    for index in candidates:
+        try:
+            listed = list_versions(site.index_location(matrix, index), FI_PYTHON, python="3.12", machine="x86_64")
+        except InfraError as exc:
+            unreachable.append(index)
+            print(f"{FI_PYTHON} {version}: index {index} not read ({str(exc).splitlines()[0]})", file=sys.stderr)
+            continue
+        if any(str(v) == version for v in listed):
+            print(f"{FI_PYTHON} {version}: from index {index}", file=sys.stderr)
+            return () if index == "pypi" else ((FI_PYTHON, index, f"listed by {index}"),)
+    fallback = next((i for i in unreachable if i != "pypi"), None)
+    if fallback is None:
+        return ()
+    how = f"not listed by pypi; {fallback} could not be read to confirm it"
+    print(f"{FI_PYTHON} {version}: from index {fallback} ({how})", file=sys.stderr)
+    return ((FI_PYTHON, fallback, how),)
 
 
 def _summary(release: Release) -> dict[str, Any]:
@@ -85,20 +121,38 @@ def _summary(release: Release) -> dict[str, Any]:
     shown = ", ".join(f"{k} {pins[k]}" for k in keys if k in pins)
     docker = release.dockerfile
     extra = "; Dockerfile not read" if docker is None else f"; Dockerfile overrides {dict(docker.overrides) or 'none'}"
-    return {"version": release.version, "pins": pins, "summary": shown + extra}
+    came = "".join(f"; {name} from index {index} ({how})" for name, index, how in release.indexes)
+    return {"version": release.version, "pins": pins, "summary": shown + extra + came}
 
 
 def _propose(args: argparse.Namespace) -> int:
-    from pipeline.releases.propose import insert, parse_specs, plan_proposal
-    from pipeline.releases.table import load_table
+    from pipeline.releases.propose import parse_specs
 
-    wanted = parse_specs(args.specs)
+    if args.new:
+        if args.specs:
+            raise InputError("--new finds the releases itself: give no vllm==X.Y.Z with it")
+        return _propose_new(args)
+    if not args.specs:
+        raise InputError("give vllm==X.Y.Z [flashinfer-python==V], or --new")
     matrix, images = load(args)
     if args.dockerfile is not None and not args.dockerfile.is_file():
         raise InputError(f"--dockerfile {args.dockerfile}: no such file")
-    if not args.dry_run and (wanted.vllm not in load_table() or args.dockerfile is not None):
-        _refresh_one(matrix, wanted.vllm, args.dockerfile, [], None)
-        print(f"release-pin table: vllm {wanted.vllm} written (pipeline/releases/release_pins.json)", file=sys.stderr)
+    code, document, shown = _propose_one(matrix, images, parse_specs(args.specs), args)
+    emit(args, document, shown)
+    return code
+
+
+def _propose_one(
+    matrix: Matrix, images: Path, wanted: Any, args: argparse.Namespace
+) -> tuple[int, dict[str, Any], str]:
+    """One release's cells: refresh its pins when missing, insert, validate, write, audit."""
+    from pipeline.releases.propose import insert, plan_proposal
+    from pipeline.releases.table import TABLE, load_table
+
+    dockerfile = getattr(args, "dockerfile", None)
+    if not args.dry_run and (wanted.vllm not in load_table() or dockerfile is not None):
+        _refresh_one(matrix, wanted.vllm, dockerfile, [], None)
+        print(f"release-pin table: vllm {wanted.vllm} written ({TABLE})", file=sys.stderr)
     lookup = release_lookup(matrix)
     pins, source = lookup(wanted.vllm, "linux/amd64")
     if pins is None:
@@ -123,12 +177,93 @@ def _propose(args: argparse.Namespace) -> int:
         "cells": list(proposal.cell_ids),
         "written": not args.dry_run,
         "pins_source": source,
+        "indexes": dict(pins.indexes),
         "audit": audit,
     }
     shown = proposal.base_yaml + proposal.cells_yaml
     verb = "would add" if args.dry_run else "added"
-    emit(args, document, f"{shown}\n{matrix.file}: {verb} base {proposal.base_name} and {len(proposal.cell_ids)} cells")
+    return (
+        code,
+        document,
+        f"{shown}\n{matrix.file}: {verb} base {proposal.base_name} and {len(proposal.cell_ids)} cells",
+    )
+
+
+def _propose_new(args: argparse.Namespace) -> int:
+    """Every watched release newer than the matrix's: proposed and audited cells (vLLM), a patch and
+    a pull-request body under --out (stackproof/releasewatch.py)."""
+    import difflib
+    import time
+
+    from packaging.version import Version
+
+    from pipeline.matrix.site import load_site
+    from pipeline.releases.propose import Wanted
+    from pipeline.releases.simpleindex import list_versions
+    from pipeline.releases.table import TABLE
+    from stackproof.releasewatch import pr_body, scan
+
+    started = time.monotonic()
+    matrix, images = load(args)
+    site = load_site(matrix)
+
+    def lister(index: str, package: str) -> tuple[Version, ...]:
+        return list_versions(site.index_location(matrix, index), package, python="3.12", machine="x86_64")
+
+    found = scan(matrix, lister)
+    before = {matrix.file: matrix.file.read_text(), TABLE: TABLE.read_text() if TABLE.exists() else ""}
+    proposals, code = [], 0
+    for release in [r for r in found.new if r.package == "vllm"]:
+        matrix, images = load(args)  # the file as the previous proposal left it
+        one, document, _ = _propose_one(matrix, images, Wanted(vllm=release.version), args)
+        code = max(code, one)
+        proposals.append(_with_audit_summary(document))
+    seconds = time.monotonic() - started
+    body = pr_body(found, proposals, seconds=seconds)
+    patch = "".join(
+        "".join(
+            difflib.unified_diff(
+                old.splitlines(True), path.read_text().splitlines(True), f"a/{_rel(path)}", f"b/{_rel(path)}"
+            )
+        )
+        for path, old in before.items()
+        if path.exists()
+    )
+    out = args.out
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "pr-body.md").write_text(body)
+        (out / "proposal.patch").write_text(patch)
+    document = {
+        "new": [dataclasses.asdict(r) for r in found.new],
+        "newest_in_matrix": found.newest,
+        "unreadable": list(found.unreadable),
+        "proposals": proposals,
+        "seconds": round(seconds, 1),
+        "out": str(out) if out else None,
+    }
+    emit(args, document, body)
     return code
+
+
+def _with_audit_summary(document: dict[str, Any]) -> dict[str, Any]:
+    audit = document.get("audit")
+    if isinstance(audit, dict):
+        errors = [
+            f"{cell.get('cell')}: {f.get('subject')}: {f.get('message', '')[:200]}"
+            for cell in audit.get("cells", [])
+            for f in cell.get("findings", [])
+            if f.get("status") == "ERROR"
+        ]
+        document = {**document, "audit": {"errors": len(errors), "error_findings": errors[:20]}}
+    return document
+
+
+def _rel(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return path.name
 
 
 def _validated(file: Path, text: str, images: Path) -> Matrix:
@@ -166,7 +301,9 @@ COMMANDS = (
         help="candidate cells for a new vLLM release, validated and audited",
         handler=_propose,
         args=(
-            arg("specs", nargs="+", metavar="SPEC", help="vllm==X.Y.Z [flashinfer-python==V]"),
+            arg("specs", nargs="*", metavar="SPEC", help="vllm==X.Y.Z [flashinfer-python==V]"),
+            arg("--new", action="store_true", help="propose every watched release newer than the matrix's"),
+            arg("--out", type=Path, default=None, help="with --new: write proposal.patch and pr-body.md here"),
             arg("--dockerfile", type=Path, default=None, help=DOCKERFILE_HELP),
             arg("--dry-run", action="store_true", help="print the cells; change neither the matrix nor the table"),
             arg("--no-audit", action="store_true", help="validate only; do not audit the new cells"),

@@ -41,6 +41,12 @@ class FakeServer:
     hang: bool = False  # chat streams go silent after their first content chunk
     chunk_delay_s: float = 0.002  # between streamed chunks
     dead: bool = False  # the engine died: chat and completions answer 503 and /health 503, /metrics still 200
+    # How a dead engine answers a request (vLLM 0.33+: 500 and a body naming no engine) and /health
+    # (200 here: a plain server error, not a death); the engine dies after this many chat requests.
+    dead_status: int = 503
+    dead_message: str | None = None  # None: the driver's first two dead markers
+    dead_health: int = 503
+    dies_after: int | None = None
     counters: Counters = field(default_factory=Counters)
     chat_requests: list[dict[str, Any]] = field(default_factory=list)
     completion_requests: list[dict[str, Any]] = field(default_factory=list)
@@ -166,7 +172,7 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path == paths.models:
             self._json(200, {"object": "list", "data": [{"id": MODEL, "object": "model"}]})
         elif self.path == paths.health:
-            self._text(503 if fake.dead else 200, "")
+            self._text(fake.dead_health if fake.dead else 200, "")
         elif self.path == paths.metrics:
             self._text(200, fake.metrics())
         else:
@@ -177,8 +183,12 @@ class _Handler(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(length) or b"{}")
         fake = self.server_fake
         paths = fake.driver.endpoints
+        if fake.dies_after is not None and self.path == paths.chat:
+            with fake.lock:
+                fake.dead = fake.dead or len(fake.chat_requests) >= fake.dies_after
         if fake.dead:
-            self._json(503, {"object": "error", "message": f"{': '.join(fake.driver.dead_markers[:2])}"})
+            message = fake.dead_message or ": ".join(fake.driver.dead_markers[:2])
+            self._json(fake.dead_status, {"object": "error", "message": message})
         elif self.path == paths.chat:
             self._chat(body)
         elif self.path == paths.completions:

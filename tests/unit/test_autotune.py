@@ -166,12 +166,44 @@ def test_sm120_gated_cache_passes(tmp_path: Path) -> None:
     assert policy.status is Status.PASS
 
 
-def test_policy_does_not_apply_with_a_new_enough_cudnn_or_another_arch(tmp_path: Path) -> None:
-    path = sm120_release(tmp_path)
+def _versions(path: Path, flashinfer: str, cudnn: str) -> Path:
     doc = json.loads(path.read_text())
-    doc["_metadata"]["cudnn_version"] = "92301"
+    doc["_metadata"].update(flashinfer_version=flashinfer, cudnn_version=cudnn)
     path.write_text(json.dumps(doc))
-    assert [c.status for c in judge_cache(read_cache(path), arch="sm120", policies=load_policies())] == [Status.SKIP]
+    return path
+
+
+@pytest.mark.parametrize(
+    ("flashinfer", "cudnn", "status", "policy"),
+    [
+        # the seed's own stack with a new cuDNN: no gate at all, the fault path
+        ("0.6.16.post3", "92301", Status.FAIL, "sm12x-no-cudnn-fp8-before-the-gate"),
+        # the gate installed but cuDNN below 9.23.1: a win means the gate did not hold
+        ("0.6.18.post1", "92000", Status.FAIL, "sm12x-no-cudnn-fp8-below-9.23.1"),
+        # torch 2.14's cuDNN 9.24 with the workspace fix: the gate is off, nobody knows yet
+        ("0.7.2.post1", "92400", Status.WARN, "sm12x-cudnn-fp8-unproven"),
+        ("0.6.18.post1", "92400", Status.WARN, "sm12x-cudnn-fp8-unproven-without-workspace-fix"),
+    ],
+)
+def test_cudnn_winning_on_sm12x_by_cudnn_and_flashinfer(
+    tmp_path: Path, flashinfer: str, cudnn: str, status: Status, policy: str
+) -> None:
+    cache = read_cache(_versions(sm120_release(tmp_path), flashinfer, cudnn))
+    (check,) = [c for c in judge_cache(cache, arch="sm120", policies=load_policies()) if c.name == "policy"]
+    assert check.status is status
+    assert check.evidence["offending"][0]["policy"] == policy
+    if status is Status.WARN:
+        assert check.message.startswith("cuDNN selected, unproven on this cuDNN (92400")
+        assert "--arms cudnn-candidate,cutlass-kernel" in check.evidence["soak"]
+
+
+def test_policy_does_not_apply_to_another_arch_and_a_gated_cache_passes_on_any_cudnn(tmp_path: Path) -> None:
+    gated = read_cache(_versions(sm120_gated(tmp_path), "0.7.2.post1", "92400"))
+    (check,) = [c for c in judge_cache(gated, arch="sm120", policies=load_policies()) if c.name == "policy"]
+    assert check.status is Status.PASS
+    assert [c.status for c in judge_cache(read_cache(TWO_SHAPES), arch="sm90", policies=load_policies())] == [
+        Status.SKIP
+    ]
     assert [c.status for c in judge_cache(read_cache(TWO_SHAPES), arch="sm90", policies=load_policies())] == [
         Status.SKIP
     ]

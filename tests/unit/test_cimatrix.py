@@ -32,11 +32,18 @@ FIXED = "sm120-vllm-0.28.0-fi-0.6.18.post1-cu130"
 SPARK = "sm121-vllm-0.28.0-fi-0.6.18.post1-cu130"
 ON_CPU_TINY = {CPU, MATCHED, MISMATCH, FI_07}  # the fi-* cells are built on cpu-tiny's image
 ON_VLLM_IMAGE = {RELEASE, FIXED, SPARK}
-# The v0.33.0 cells extend the 0.28.0 ones (sm120 the release cell, sm121 SPARK), on their own base.
+# The v0.33.0 cells extend the 0.28.0 ones (sm120 the release cell, sm121 SPARK), on their own base;
+# the v0.34.0 cells extend the 0.33.0 ones.
 ON_VLLM_033 = {"sm120-vllm-0.33.0-release", "sm121-vllm-0.33.0-release"}
+ON_VLLM_033 |= {"sm120-vllm-0.34.0-release", "sm121-vllm-0.34.0-release"}
 SPARK_033 = "sm121-vllm-0.33.0-release"
+SPARK_034 = "sm121-vllm-0.34.0-release"
 SGLANG_CPU = "sglang-cpu-tiny"  # bootstrapped like cpu-tiny, with the tiny-model recipe
-ON_SGLANG_IMAGES = {"sm120-sglang-0.5.18-qwen3.8-nvfp4", "sm120-sglang-0.5.19-qwen3.8-nvfp4"}
+ON_SGLANG_IMAGES = {
+    "sm120-sglang-0.5.18-qwen3.8-nvfp4",
+    "sm120-sglang-0.5.19-qwen3.8-nvfp4",
+    "sm120-sglang-0.5.23-qwen3.8-nvfp4",
+}
 CPU_HOST = "cpu-tiny-host"  # cpu-tiny's lock and recipes on the host runtime: no Dockerfile
 H200 = "h200-vllm-0.26.0-tiny"  # the host's own environment: no lock, no recipe, no Dockerfile
 CPU_032 = "cpu-tiny-vllm-0.32"  # extends cpu-tiny (its packages, recipes), with a lock of its own
@@ -273,7 +280,7 @@ CHANGES: dict[str, tuple[Callable[[GitRepo], None], set[str]]] = {
     "nothing": (_nothing, set()),
     "matrix reformatted": (_reformatted, set()),
     "unrelated file": (_unrelated, set()),
-    "env of a leaf cell": (_leaf_env, {SPARK, SPARK_033}),
+    "env of a leaf cell": (_leaf_env, {SPARK, SPARK_033, SPARK_034}),
     "env of a cell others extend": (_parent_env, ON_VLLM_IMAGE | ON_VLLM_033),
     "cell others are built on": (_base_cell, ON_CPU_TINY | {CPU_032}),
     "registry base digest": (_registry_base, ON_VLLM_IMAGE),
@@ -303,8 +310,12 @@ def test_committed_changes_count_the_same(repo: GitRepo, capsys: pytest.CaptureF
     _recipe_file(repo)
     repo.commit()
     assert selected(capsys, repo, "HEAD~1") == ON_TINY_MODEL
-    assert selected(capsys, repo, first) == ON_TINY_MODEL | {SPARK, SPARK_033}
-    assert selected(capsys, repo, first[:12]) == ON_TINY_MODEL | {SPARK, SPARK_033}  # any name git resolves to a commit
+    assert selected(capsys, repo, first) == ON_TINY_MODEL | {SPARK, SPARK_033, SPARK_034}
+    assert selected(capsys, repo, first[:12]) == ON_TINY_MODEL | {
+        SPARK,
+        SPARK_033,
+        SPARK_034,
+    }  # any name git resolves to a commit
     assert selected(capsys, repo, "HEAD") == set()
 
 
@@ -320,7 +331,7 @@ def test_reasons_go_to_stderr_and_the_table(repo: GitRepo, capsys: pytest.Captur
     out = capsys.readouterr().out.splitlines()
     assert out[0].split()[-1] == "why"
     assert out[1].startswith(CPU) and out[1].endswith("locks/cpu-tiny.lock.json changed")
-    assert out[-1] == "5 of 16 cells selected, changed since HEAD"
+    assert out[-1] == "5 of 19 cells selected, changed since HEAD"
 
 
 def test_changed_since_and_named_cells_intersect(repo: GitRepo, capsys: pytest.CaptureFixture[str]) -> None:
@@ -334,7 +345,7 @@ def test_no_change_is_an_empty_include_list(repo: GitRepo, capsys: pytest.Captur
     code, doc, _ = ci_matrix(capsys, "--matrix", str(repo.matrix), "--changed-since", "HEAD")
     assert (code, doc) == (0, {"include": []})
     assert main(["ci-matrix", "--matrix", str(repo.matrix), "--changed-since", "HEAD"]) == 0
-    assert capsys.readouterr().out == "0 of 16 cells selected, changed since HEAD\n"
+    assert capsys.readouterr().out == "0 of 19 cells selected, changed since HEAD\n"
 
 
 def test_no_matrix_at_the_ref_selects_every_cell(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

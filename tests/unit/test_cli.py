@@ -69,9 +69,9 @@ def test_validate_real_matrix_reports_notes(real: list[str], repo: Path, capsys)
     out, err = capsys.readouterr()
     document = json.loads(out)
     assert document["valid"] is True
-    assert document["cells"] == 16
+    assert document["cells"] == 19
     assert document["file"] == str(repo / "matrix.yaml")
-    assert len(document["notes"]) == 7  # the cells on the tag-only vllm-openai and SGLang release bases
+    assert len(document["notes"]) == 10  # the cells on the tag-only vllm-openai and SGLang release bases
     assert all("pinned by tag only" in note for note in document["notes"])
     assert err.splitlines() == document["notes"]
 
@@ -93,9 +93,12 @@ def test_list_json_is_one_document(real: list[str], capsys) -> None:
         SPARK,
         "sm120-vllm-0.33.0-release",
         "sm121-vllm-0.33.0-release",
+        "sm120-vllm-0.34.0-release",
+        "sm121-vllm-0.34.0-release",
         "sglang-cpu-tiny",
         "sm120-sglang-0.5.18-qwen3.8-nvfp4",
         "sm120-sglang-0.5.19-qwen3.8-nvfp4",
+        "sm120-sglang-0.5.23-qwen3.8-nvfp4",
         "gpu-docker-vllm-0.26.0-tiny",
     ]
     assert rows["cpu-tiny"] == {
@@ -114,6 +117,7 @@ def test_list_json_is_one_document(real: list[str], capsys) -> None:
         "sglang-cpu-tiny",
         "sm120-sglang-0.5.18-qwen3.8-nvfp4",
         "sm120-sglang-0.5.19-qwen3.8-nvfp4",
+        "sm120-sglang-0.5.23-qwen3.8-nvfp4",
     ]
     assert engines["fi-mismatch"] is None, "a cell that serves nothing names no engine"
     assert rows[SPARK]["arms"] == ["default", "cutlass-kernel", "eager"]
@@ -135,15 +139,18 @@ def test_list_text_has_one_line_per_cell(real: list[str], capsys) -> None:
         SPARK,
         "sm120-vllm-0.33.0-release",
         "sm121-vllm-0.33.0-release",
+        "sm120-vllm-0.34.0-release",
+        "sm121-vllm-0.34.0-release",
         "sglang-cpu-tiny",
         "sm120-sglang-0.5.18-qwen3.8-nvfp4",
         "sm120-sglang-0.5.19-qwen3.8-nvfp4",
+        "sm120-sglang-0.5.23-qwen3.8-nvfp4",
         "gpu-docker-vllm-0.26.0-tiny",
     ]
     assert lines[5].endswith("expect fail at imports")
     assert lines[6].endswith("expect fail at imports")
     assert lines[7].endswith("expect fail at autotune")
-    assert lines[13].endswith("expect fail at startup")
+    assert lines[15].endswith("expect fail at startup")
 
 
 def test_show_cell_json(real: list[str], repo: Path, capsys) -> None:

@@ -115,13 +115,26 @@ def test_seed_incident_is_named_when_the_log_shows_sm12x_and_the_fp8_kernel() ->
     "context",
     [
         "GPU 0: NVIDIA H100 80GB HBM3\n" + FP8_SELECTED,  # Hopper: another cause
-        SM120_GPU + FP8_SELECTED + "flashinfer-python       : 0.6.18.post1\n",  # the fix is installed
+        # the fix is installed and in force: cuDNN below 9.23.1 (fixed_if)
+        SM120_GPU + FP8_SELECTED + "flashinfer-python       : 0.6.18.post1\nnvidia-cudnn-cu13==9.20.0.48\n",
     ],
 )
 def test_seed_incident_is_ruled_out_when_the_log_contradicts_it(context: str) -> None:
     d = diagnose((context + SAMPLES["cuda-illegal-memory-access"]).encode())
     assert d.primary is not None and d.primary.id == "illegal-memory-access"
     assert d.incident is None and not d.candidates
+
+
+def test_the_fix_installed_rules_nothing_out_where_its_condition_fails_or_is_unknown() -> None:
+    fixed = SM120_GPU + FP8_SELECTED + "flashinfer-python       : 0.7.4\n"
+    # torch 2.14's cuDNN 9.24: FlashInfer's gate is off (cuDNN >= 9.23.1), the incident is named again
+    off = diagnose((fixed + "nvidia-cudnn-cu13==9.24.0.43\n" + SAMPLES["cuda-illegal-memory-access"]).encode())
+    assert off.incident is not None and off.incident.id == "cuda-illegal-memory-access"
+    # cuDNN not shown: a conditional hint that names the condition
+    unknown = diagnose((fixed + SAMPLES["cuda-illegal-memory-access"]).encode())
+    assert unknown.incident is None
+    assert [c.id for c in unknown.candidates] == ["cuda-illegal-memory-access"]
+    assert "cudnn is not <9.23.1" in unknown.candidates[0].text
 
 
 def test_seed_incident_is_named_from_the_cell_for_a_real_log(capsys: pytest.CaptureFixture[str]) -> None:

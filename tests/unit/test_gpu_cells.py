@@ -99,7 +99,8 @@ def test_cudnn_gate_rule_applies_from_flashinfer_0_6_18(flashinfer: str, applies
 
 
 @pytest.mark.parametrize(
-    ("vllm", "applies"), [("0.28.0", False), ("0.27.1", False), ("0.33.0", False), ("0.34.0", True), (None, True)]
+    ("vllm", "applies"),
+    [("0.28.0", False), ("0.27.1", False), ("0.33.0", False), ("0.34.0", False), ("0.35.0", True), (None, True)],
 )
 def test_ple_signature_is_inert_where_the_variable_does_not_exist(vllm: str | None, applies: bool) -> None:
     ids = {s.id for s in catalog_for(Facts(serve=True, arch="sm120", engine_version=vllm))}

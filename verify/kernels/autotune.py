@@ -23,14 +23,13 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass, replace
-from functools import cache
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import InputError, MatrixError
+from pipeline.errors import InputError
 from pipeline.guard.jsonfile import read_json
-from pipeline.matrix.yamlsrc import load_yaml
 from pipeline.result import CheckResult, Status
+from verify.kernels.policies import POLICIES_FILE, Policy, judge_policy, load_policies
 
 __all__ = [
     "FORMATS",
@@ -49,7 +48,6 @@ __all__ = [
     "winners",
 ]
 
-POLICIES_FILE = Path(__file__).with_name("autotune_policies.yaml")
 RESERVED = ("_metadata", "_generation", "_records")
 MANIFEST = "manifest.json"
 STORE_SCHEMA = "v2"
@@ -408,53 +406,7 @@ def winners(cache_: AutotuneCache) -> dict[tuple[str, int, int], list[Entry]]:
     return {key: sorted(rows, key=lambda e: (e.m_bucket, e.profile or "")) for key, rows in sorted(table.items())}
 
 
-# -- policies ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, kw_only=True)
-class Policy:
-    id: str
-    arch: tuple[str, ...]
-    cudnn_below: int | None
-    forbid: tuple[tuple[str, str], ...]  # (op, runner)
-    why: str
-    refs: tuple[str, ...]
-
-
-@cache
-def load_policies(file: Path = POLICIES_FILE) -> tuple[Policy, ...]:
-    src = load_yaml(file)
-    problems: list[str] = []
-    result = []
-    for i, entry in enumerate((src.data or {}).get("policies") or []):
-        for key in entry:
-            if key not in ("id", "when", "forbid", "why", "refs"):
-                problems.append(f"{src.where(('policies', i, key))}: unknown key")
-        when = entry.get("when") or {}
-        forbid = tuple((str(f["op"]), str(f["runner"])) for f in entry.get("forbid") or [])
-        result.append(
-            Policy(
-                id=str(entry.get("id")),
-                arch=tuple(when.get("arch") or ()),
-                cudnn_below=when.get("cudnn_below"),
-                forbid=forbid,
-                why=str(entry.get("why", "")),
-                refs=tuple(entry.get("refs") or ()),
-            )
-        )
-    if problems:
-        raise MatrixError(problems)
-    return tuple(result)
-
-
-def applicable(policies: tuple[Policy, ...], arch: str, cudnn: int | None) -> list[Policy]:
-    """Policies for `arch` whose cuDNN condition holds (an unknown cuDNN satisfies it)."""
-    return [
-        p
-        for p in policies
-        if (not p.arch or arch in p.arch)
-        and not (p.cudnn_below is not None and cudnn is not None and cudnn >= p.cudnn_below)
-    ]
+# -- policies (verify/kernels/policies.py) -------------------------------------------------------
 
 
 def judge_cache(
@@ -468,62 +420,16 @@ def judge_cache(
 ) -> list[CheckResult]:
     """The policy verdict, and whether the cache was written by the environment under test."""
     checks = [_cache_environment(cache_, expected)] if expected else []
-    cudnn = _int(cache_.metadata.get("cudnn_version"))
-    chosen = applicable(policies, arch, cudnn)
-    forbidden = {pair: p.id for p in chosen for pair in p.forbid}
-    forbidden.update({pair: "cell" for pair in extra_forbid})
-    for pair in allow:
-        forbidden.pop(pair, None)
-    if not forbidden:
-        checks.append(
-            CheckResult(
-                name="policy",
-                status=Status.SKIP,
-                message=f"no autotune policy applies to {arch or 'this arch'} "
-                f"with cuDNN {cache_.metadata.get('cudnn_version', '?')}",
-            )
+    checks.append(
+        judge_policy(
+            list(cache_.entries),
+            dict(cache_.metadata),
+            arch=arch,
+            policies=policies,
+            extra_forbid=extra_forbid,
+            allow=allow,
         )
-        return checks
-    offending = [e for e in cache_.entries if (e.op, e.runner) in forbidden]
-    # The M=512 bucket first: it serves M=257..512, the prefill shapes of vllm-project/vllm#55571.
-    offending.sort(key=lambda e: (e.m_bucket != 512, e.op, e.n, e.k, e.m_bucket))
-    evidence: dict[str, Any] = {
-        "policies": [p.id for p in chosen],
-        "forbidden": [f"{op}:{runner}" for op, runner in forbidden],
-        "offending": [
-            {
-                "op": e.op,
-                "runner": e.runner,
-                "m_bucket": e.m_bucket,
-                "n": e.n,
-                "k": e.k,
-                "tactic": e.tactic,
-                "policy": forbidden[(e.op, e.runner)],
-            }
-            for e in offending
-        ],
-    }
-    if offending:
-        first = offending[0]
-        more = f" (and {len(offending) - 1} more)" if len(offending) > 1 else ""
-        checks.append(
-            CheckResult(
-                name="policy",
-                status=Status.FAIL,
-                evidence=evidence,
-                message=f"{first.runner} wins {first.op} at M bucket {first.m_bucket} ({first.shape}), forbidden by "
-                f"{forbidden[(first.op, first.runner)]}{more}",
-            )
-        )
-    else:
-        checks.append(
-            CheckResult(
-                name="policy",
-                status=Status.PASS,
-                evidence=evidence,
-                message=f"no forbidden runner wins any bucket ({', '.join(evidence['forbidden'])})",
-            )
-        )
+    )
     return checks
 
 

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import json
+import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
@@ -25,9 +27,10 @@ from pipeline.console import console
 from pipeline.errors import CheckFailed, InfraError
 from pipeline.matrix.model import LoadSpec
 from verify.load.compare import GREEDY_FILE, write_greedy
+from verify.load.death import engine_death
 from verify.load.determinism import Sample, request_sample
 from verify.load.outcome import Live, LoadOutcome, LoadTarget
-from verify.load.progress import Progress, Tracker
+from verify.load.progress import Probe, Progress, StallVerdict, Tracker
 from verify.load.stats import clean_run_luck
 from verify.load.summary import judge_load, summarise
 from verify.load.watchdog import Watchdog, scrape
@@ -103,11 +106,14 @@ class _LoadRun:
                 self.watchdog = self._watchdog(scrapes_log)
                 results = await self._load()
                 crashed = await self._conclude(results)
+                dead = await self._death()
                 fatal = self.watchdog.fatal
                 after = None
                 if fatal is None:
                     after = await _settled_scrape(self.probe_api, self.names, before, self.records, self.b_tokens[1])
                 seconds = self.clock() - self.load_started
+        if dead:  # the failed requests' class changed after they were written: the file says so too
+            _rewrite(self.requests_path, self.records)
         console().say(f"{target.label}: load ended after {seconds:.1f}s: {self.live.stop_reason}")
         # The greedy answers alone, per prompt, for `stackproof compare` across cells and arms.
         greedy_path = write_greedy(
@@ -222,6 +228,32 @@ class _LoadRun:
         elif live.stop_reason is None:
             live.stop_reason = "duration reached" if self.clock() >= self.deadline else "all questions answered"
         return crashed
+
+    async def _death(self) -> bool:
+        """Whether the watchdog's ENGINE_DEAD verdict is the engine's death as the server showed it
+        (a server error, then /health 503 or refused, or the server gone: verify/load/death.py); its
+        event then carries how, the bodies and the log's cause, and the failed requests are its."""
+        fatal = self.watchdog.fatal
+        if fatal is None or fatal.type is not StallVerdict.ENGINE_DEAD:
+            return False
+        target = self.target
+        gone = await asyncio.to_thread(target.server_alive) if target.server_alive is not None else None
+        death = engine_death(
+            self.records,
+            Probe(**fatal.api),
+            gone=gone,
+            log_lines=[*fatal.last_log_lines, *target.last_log_lines()],
+            driver=target.driver,
+            version=target.engine_version,
+        )
+        if death is None:
+            return False
+        cause = f"; the log's cause: {death.cause}" if death.cause else "; the log names no cause"
+        reason = f"{fatal.reason}; the engine died ({death.shown_by}){cause}"
+        index = self.watchdog.events.index(fatal)
+        self.watchdog.events[index] = dataclasses.replace(fatal, reason=reason, death=death.to_json())
+        self.live.stop_reason = f"{fatal.type}: {reason}"
+        return True
 
     async def greedy(self, prompt: int, phase: str) -> tuple[Sample, int, int]:
         return await request_sample(
@@ -393,6 +425,14 @@ async def _report_progress(
     finally:  # the run cancels this task when it ends: the verdict is the stage's, not the line's
         done, clean, luck = counts()
         phase.done(f"questions {done} done, {clean} clean, {live.output_tokens} output tokens, luck {luck}")
+
+
+def _rewrite(path: Path, records: list[RequestRecord]) -> None:
+    """requests.jsonl again from `records`, atomically (a reader never sees half a file)."""
+    partial = path.with_name(path.name + ".partial")
+    with partial.open("w") as out:
+        out.writelines(json.dumps(r.to_json()) + "\n" for r in records)
+    os.replace(partial, path)
 
 
 def _config(spec: LoadSpec, soak: bool) -> dict[str, Any]:

@@ -66,6 +66,7 @@ class Event:
     last_log_lines: list[str] = field(default_factory=list)
     kernel_xid: list[str] | str = field(default_factory=list)
     forensics: dict[str, Any] | None = None  # ENGINE_STALL_API_ALIVE: stacks, GPU spin rule, core dump
+    death: dict[str, Any] | None = None  # ENGINE_DEAD told by behaviour: verify/load/death.py's Death
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -52,9 +52,14 @@ SIGNATURE_KEYS = (
     # named as the cause, and the releases that fixed it. The stages ignore both.
     "requires",
     "fixed_in",
+    # The conditions under which the fix is in force ({cudnn: '<9.23.1'}): outside them, or where they
+    # are not known, fixed_in rules nothing out (verify/audit/meanings.py reads them from the fix's gate).
+    "fixed_if",
 )
 # The Facts a signature's `applies_to` may test: a serving engine's version (under its name), FlashInfer's.
 APPLIES_TO_PACKAGES = (*SERVING_ENGINES, "flashinfer")
+# What a fix's run-time condition may name (`fixed_if`): a fact of the stack beside the versions above.
+FIXED_IF_PACKAGES = (*APPLIES_TO_PACKAGES, "cudnn")
 # The facts `requires` may test (verify/logs/diagnosis.py extracts them from the log or the cell).
 REQUIRES_FACTS = ("arch", "gpu", "fp8_linear", "kv_cache_dtype", "mla", "quantization", "kernel", "attention_backend")
 
@@ -88,6 +93,8 @@ class Signature:
     requires: tuple[tuple[str, str], ...] = ()
     # package -> first release with the fix: a known version at or above it rules the entry out
     fixed_in: tuple[tuple[str, str], ...] = ()
+    # package -> version specifier under which the fix is in force (cudnn: '<9.23.1')
+    fixed_if: tuple[tuple[str, str], ...] = ()
 
     def applies(self, facts: Facts | None) -> bool:
         """False only when a known installed version lies outside `applies_to`."""
@@ -203,7 +210,26 @@ def _signature(src: YamlSource, path: Path_, entry: Any, problems: list[str]) ->
         package=entry.get("package"),
         requires=tuple((str(k), str(v)) for k, v in requires.items()),
         fixed_in=tuple((str(k), str(v)) for k, v in sorted(fixed_in.items())),
+        fixed_if=_fixed_if(entry, bad),
     )
+
+
+def _fixed_if(entry: dict[str, Any], bad: Callable[[Path_, str], None]) -> tuple[tuple[str, str], ...]:
+    """An entry's fixed_if: package -> version specifier, each checked."""
+    fixed_if = entry.get("fixed_if") or {}
+    if not isinstance(fixed_if, dict):
+        bad(("fixed_if",), "must be a mapping of package to version specifier, e.g. {cudnn: '<9.23.1'}")
+        return ()
+    if fixed_if and not entry.get("fixed_in"):
+        bad(("fixed_if",), "conditions a fix: needs fixed_in")
+    for package, spec in fixed_if.items():
+        if package not in FIXED_IF_PACKAGES:
+            bad(("fixed_if", package), f"unknown package (known: {', '.join(FIXED_IF_PACKAGES)})")
+        try:
+            SpecifierSet(str(spec))
+        except InvalidSpecifier:
+            bad(("fixed_if", package), f"{spec!r} is not a version specifier")
+    return tuple((str(k), str(v)) for k, v in sorted(fixed_if.items()))
 
 
 def _signature_mappings(

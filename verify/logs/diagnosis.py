@@ -278,12 +278,32 @@ def cell_facts(cell: Cell, arm: Arm | None = None) -> tuple[Fact, ...]:
     tag = re.search(r"vllm[\w-]*:v?(\d+\.\d+\.\d+[\w.+]*)", image)
     if tag and not any(f.name == "vllm" for f in found):
         found.append(Fact(name="vllm", value=tag.group(1), source=source))
+    cudnn = _cudnn(cell, pins)
+    if cudnn:
+        found.append(Fact(name="cudnn", value=cudnn, source=source))
     args = [*(cell.serve.args if cell.serve else ()), *(arm.args if arm else ())]
     for flag, fact in (("--quantization", "quantization"), ("--kv-cache-dtype", "kv_cache_dtype")):
         value = _flag(args, flag)
         if value:
             found.append(Fact(name=fact, value=value, source=source))
     return tuple(found)
+
+
+def _cudnn(cell: Cell, pins: dict[str, str]) -> str | None:
+    """The cuDNN the cell pins, else the one its release base's torch pins (the release-pin table,
+    offline; a vLLM release image), else the engine driver's release pins (SGLang's images)."""
+    from pipeline.releases.pins import builtin_releases, release_of_image
+    from verify.serving import DRIVERS
+
+    image = getattr(cell.base, "image", "")
+    release = release_of_image(image) if image else None
+    if release is not None:
+        pins = {**builtin_releases(cell.platform).get(release, {}), **pins}
+    for driver in DRIVERS.values():
+        version = driver.release_of_image(image) if image else None
+        if version is not None:
+            pins = {**driver.release_pins.get(version, {}), **pins}
+    return next((v for n, v in sorted(pins.items()) if re.fullmatch(r"nvidia-cudnn-cu\d+", n)), None)
 
 
 # -- facts, phases, classes ------------------------------------------------------------------------

@@ -65,6 +65,8 @@ _CHECKS = {
         "the GPU: `--cell CELL`, `stackproof doctor` on the host, or the startup log's GPU name or compute capability"
     ),
     "gpu": "the GPU: `--cell CELL`, `stackproof doctor` on the host, or nvidia-smi in the log",
+    # fixed_if {cudnn: ...}: the cuDNN torch brings (its nvidia-cudnn-cu1x pin), as pip lists it
+    "cudnn": "the cuDNN: `--cell CELL` (its release pins), or `pip list | grep nvidia-cudnn` in the image",
     "fp8_linear": (
         "the FP8 linear kernel: the startup log's `Selected <Kernel> for <Method>` line,"
         " or --quantization fp8 in the cell"
@@ -158,12 +160,29 @@ def _preconditions(sig: Signature, facts: Sequence[Fact]) -> tuple[list[str], li
     for package, fixed in sig.fixed_in:
         for f in facts:
             if f.name == package and _at_least(f.value, fixed):
-                return [], [], True  # this stack already has the fix
+                unknown = _fix_unknown(sig, facts)
+                if unknown is None:
+                    return [], [], True  # this stack already has the fix, and its conditions hold
+                missing += unknown  # the fix is installed; whether it is in force is not shown
     versions = {f.name: f.value for f in facts if f.name in ("vllm", "flashinfer")}
     for package, spec in sig.applies_to:
         if package in versions and not _spec_holds(versions[package], spec):
             return [], [], True
     return shown, missing, False
+
+
+def _fix_unknown(sig: Signature, facts: Sequence[Fact]) -> list[tuple[str, str]] | None:
+    """None when every `fixed_if` condition is shown to hold (the fix is in force); else the
+    conditions under which the incident is still possible, as (words, fact): [] where one is shown not
+    to hold (the fix is off: cuDNN 9.24 for #55571's gate), the unknown ones otherwise."""
+    unknown = []
+    for package, spec in sig.fixed_if:
+        values = [f.value for f in facts if f.name == package]
+        if values and not _spec_holds(values[0], spec):
+            return []
+        if not values:
+            unknown.append((f"{package} is not {spec} (the fix of {', '.join(sig.refs)} is off there)", package))
+    return unknown or None
 
 
 def _describe(name: str, pattern: str) -> str:

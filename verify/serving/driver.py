@@ -130,6 +130,9 @@ class ServingDriver:
     health_runs_engine: bool = False
     metrics: tuple[Since[MetricNames], ...] = ()
     dead_markers: tuple[str, ...] = ()  # text of a dead engine, in an error body or the log
+    # The body a request to a dead engine gets, per release: evidence only (verify/load/death.py tells
+    # the death by behaviour); `matrix audit` checks it reaches the client (verify/audit/meanings.py).
+    dead_bodies: tuple[Since[tuple[str, ...]], ...] = ()
     process_titles: tuple[str, ...] = ()  # /proc cmdline prefixes of the engine's processes
     engine_process: str = ""  # the one that runs the model loop (py-spy's first stop)
     env_prefixes: tuple[str, ...] = ()  # the engine's own variables (the imports probe records them)

@@ -59,6 +59,16 @@ def _metrics(version: str, lines: str) -> MetricNames:
 # generation, prompt, running, waiting, cuda_graph_passes (the `name=` lines)
 _METRICS_0_5_17 = _metrics("0.5.17", "1487,1482,270,276,600")
 _METRICS_0_5_18 = _metrics("0.5.18", "1519,1514,269,275,599")
+# The same names through 0.5.23; only the lines moved (upstream-drift-4.md §1.2, read from the wheels).
+_METRICS_LATER = {
+    "0.5.20": _metrics("0.5.20", "1564,1559,280,286,610"),
+    "0.5.21": _metrics("0.5.21", "1559,1554,282,288,623"),
+    "0.5.22": _metrics("0.5.22", "1796,1791,357,363,718"),
+    "0.5.23": _metrics("0.5.23", "1861,1856,365,371,738"),
+}
+# The two announcements and the cache variable: (flashinfer_autotune.py lines, environ.py line) per release.
+_AUTOTUNE_LINES = {"0.5.20": ("261,269", 1060), "0.5.21": ("263,271", 1104), "0.5.22": ("277,287", 1144)}
+_AUTOTUNE_LINES["0.5.23"] = ("304,314", 1278)
 
 
 # FlashInfer autotuning runs only on CUDA (`mr.device != "cuda"` returns False) for the MoE,
@@ -95,7 +105,9 @@ SGLANG = ServingDriver(
     imports=("torch?", "flashinfer?", "sglang?", "sgl_kernel?"),
     launch=_launch,
     # After the warm-up request answered (_wait_and_warmup): srt/entrypoints/http_server.py:2402
-    # @0.5.18 (:2813 on the SGLANG_RUST_SERVER path), :2355 / :2762 @0.5.17.
+    # @0.5.18 (:2813 on the SGLANG_RUST_SERVER path), :2355 / :2762 @0.5.17; :2428, :2476, :2506, :2600
+    # @0.5.20-0.5.23. From 0.5.22 the SGLANG_RUST_SERVER copy is compiled into
+    # srt/rust_extensions/_server.*.so (no Python line to cite); the Python path's text is unchanged.
     ready_line=r"The server is fired up and ready to roll!",
     # /health runs a 1-token generation (SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION defaults to true,
     # srt/environ.py:319 @0.5.18; http_server.py:668-675), waiting up to SGLANG_HEALTH_CHECK_TIMEOUT
@@ -104,6 +116,7 @@ SGLANG = ServingDriver(
     metrics=(
         Since(version="0.5.17", value=_METRICS_0_5_17, source=_METRICS_0_5_17.source),
         Since(version="0.5.18", value=_METRICS_0_5_18, source=_METRICS_0_5_18.source),
+        *(Since(version=v, value=m, source=m.source) for v, m in _METRICS_LATER.items()),
     ),
     # A failed child takes the whole process tree down (the port closes); these are the lines it
     # leaves. Scheduler exception: managers/scheduler.py:5068 @0.5.18 (:4951 @0.5.17); a child that
@@ -147,6 +160,15 @@ SGLANG = ServingDriver(
             value=_AUTOTUNE,
             source="srt/model_executor/runner/flashinfer_autotune.py:180,188 and environ.py:991 @0.5.18",
         ),
+        # Same texts and layout through 0.5.23 (globs still match the 0.5.22 `_gpu<uuid>` rank file).
+        *(
+            Since(
+                version=v,
+                value=_AUTOTUNE,
+                source=f"srt/model_executor/runner/flashinfer_autotune.py:{lines} and environ.py:{env} @{v}",
+            )
+            for v, (lines, env) in _AUTOTUNE_LINES.items()
+        ),
     ),
     # CompletionRequest.ignore_eos and ChatCompletionRequest.ignore_eos
     # (entrypoints/openai/protocol.py:368, :836 @0.5.18). Greedy logprobs come back with `tokens` as text, which is
@@ -161,9 +183,53 @@ SGLANG = ServingDriver(
     release_image="lmsysorg/sglang",
     # sglang's x86_64 and aarch64 wheels are manylinux_2_34 only (cp312 for the images' Python).
     release_wheel_glibc="manylinux_2_34",
+    # From 0.5.20 (read from each wheel's METADATA, cp312 manylinux_2_34: shared/reference/upstream-drift-4.md
+    # §1.2): flashinfer_python[cu13] :230 @0.5.20, :232 @0.5.21-0.5.23; torch :277, :280, :279, :281;
+    # transformers :283, :286, :285, :287; sglang-kernel :268, :271, :271, :273. cuDNN is torch's pin:
+    # torch 2.13.0 -> nvidia-cudnn-cu13 9.20.0.48, torch 2.14.1 -> 9.24.0.43 (their METADATA), the cuDNN that
+    # decides FlashInfer's #4165 gate (verify/logs/signatures.yaml fixed_if). 0.5.22 is the one current
+    # stack on FlashInfer 0.7.1, which still raises on a mismatched kernel package (0.7.2+ only warns).
     release_pins={
         "0.5.17": {"flashinfer-python": "0.6.15.post1", "torch": "2.11.0", "transformers": "5.12.1"},
-        "0.5.18": {"flashinfer-python": "0.6.17", "torch": "2.13.0", "transformers": "5.12.1"},
-        "0.5.19": {"flashinfer-python": "0.6.18", "torch": "2.13.0", "transformers": "5.12.1"},
+        "0.5.18": {
+            "flashinfer-python": "0.6.17",
+            "torch": "2.13.0",
+            "transformers": "5.12.1",
+            "nvidia-cudnn-cu13": "9.20.0.48",
+        },
+        "0.5.19": {
+            "flashinfer-python": "0.6.18",
+            "torch": "2.13.0",
+            "transformers": "5.12.1",
+            "nvidia-cudnn-cu13": "9.20.0.48",
+        },
+        "0.5.20": {
+            "flashinfer-python": "0.6.18",
+            "torch": "2.13.0",
+            "transformers": "5.12.1",
+            "sglang-kernel": "0.4.7",
+            "nvidia-cudnn-cu13": "9.20.0.48",
+        },
+        "0.5.21": {
+            "flashinfer-python": "0.6.18",
+            "torch": "2.13.0",
+            "transformers": "5.12.1",
+            "sglang-kernel": "0.4.7",
+            "nvidia-cudnn-cu13": "9.20.0.48",
+        },
+        "0.5.22": {
+            "flashinfer-python": "0.7.1",
+            "torch": "2.14.1",
+            "transformers": "5.19.0",
+            "sglang-kernel": "0.4.9",
+            "nvidia-cudnn-cu13": "9.24.0.43",
+        },
+        "0.5.23": {
+            "flashinfer-python": "0.7.2",
+            "torch": "2.14.1",
+            "transformers": "5.19.0",
+            "sglang-kernel": "0.4.10",
+            "nvidia-cudnn-cu13": "9.24.0.43",
+        },
     },
 )

