@@ -71,6 +71,7 @@ class FleetSite:
     setup: tuple[str, ...] = ()
     python: str | None = None
     arch: Mapping[str, ArchPlacement] = field(default_factory=dict)
+    arch_line: int = 1  # where `arch:` is written (a refusal names it)
 
     def offers(self) -> str:
         """What the cluster offers, in one line (for a refusal)."""
@@ -118,6 +119,7 @@ def load_fleet_site(path: Path) -> FleetSite:
         setup=tuple(setup),
         python=python,
         arch=_arches(source, data.get("arch")),
+        arch_line=source.line_of(("arch",)),
     )
 
 
