@@ -69,8 +69,8 @@ def plan_cells(cells: list[Cell], site: FleetSite) -> list[Placement]:
     if refused:
         names = ", ".join(f"{c.id} (arch {c.arch})" for c in refused)
         raise InputError(
-            f"{site.file}:{site.arch_line}: arch: no node of this site serves {names}; the site offers {site.offers()}. "
-            "Nothing was submitted."
+            f"{site.file}:{site.arch_line}: arch: no node of this site serves {names}; "
+            f"the site offers {site.offers()}. Nothing was submitted."
         )
     return [_place(cell, site.arch[cell.arch], site) for cell in cells]
 

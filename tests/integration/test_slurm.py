@@ -181,7 +181,7 @@ def test_a_cancelled_pending_job_then_an_interrupted_run(cluster: Cluster, tmp_p
     rows = summary(tmp_path)
     assert {row["status"] for row in rows.values()} == {"CANCELLED"}
     assert {row["scheduler"]["state"] for row in rows.values()} == {"CANCELLED"}
-    assert [r for r in rows.values() if r["scheduler"]["job_id"] == pending][0]["scheduler"]["node"] is None
+    assert next(r for r in rows.values() if r["scheduler"]["job_id"] == pending)["scheduler"]["node"] is None
     assert cluster.queue() == []
     assert cluster.settled() == []
 
