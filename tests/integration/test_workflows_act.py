@@ -40,6 +40,7 @@ pytestmark = pytest.mark.integration
 WORKFLOW = REPO / ".github" / "workflows" / "verify.yml"
 STANDINS = REPO / "tests" / "act_standins"
 CELL = "cpu-tiny"
+BAD_CELL = "cpu-tiny-act-bad"
 GPU_LABEL = "stackproof-gpu-runner-standin"  # the "GPU runner" verify runs on: this host
 CPU_LABEL = "stackproof-cpu-runner-standin"  # the CPU runner build runs on: this host
 PINNED = re.compile(r"uses: (actions/[\w-]+)@([0-9a-f]{40})")
@@ -53,6 +54,39 @@ class ActRun:
     log: str
     artifacts: Path
     registry: Registry
+
+
+def bad_cell() -> str:
+    """cpu-tiny's image (the same build inputs) with a server flag vLLM refuses: a real server that
+    fails at startup, so its verify job fails (FAIL receipt) and publish must not move its tag."""
+    text = (REPO / "matrix.yaml").read_text()
+    start = text.index(f"  - id: {CELL}\n")
+    block = text[start : text.index("\n\n", start)]
+    block = block.replace(f"- id: {CELL}\n", f"- id: {BAD_CELL}\n", 1)
+    block = block.replace('args: [--max-model-len, "512"', 'args: [--no-such-flag-for-act, --max-model-len, "512"', 1)
+    assert "--no-such-flag-for-act" in block
+    return "\n  # The act test's failing cell (tests/integration/test_workflows_act.py)\n" + block + "\n"
+
+
+def workspace(folder: Path) -> Path:
+    """A git repository of this work tree (tracked and untracked, not ignored files) with the failing
+    cell added to its matrix: what act checks out for every job."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO, capture_output=True, check=True,
+    )  # fmt: skip
+    for name in filter(None, listed.stdout.decode().split("\0")):
+        source = REPO / name
+        if source.is_file():
+            (folder / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, folder / name)
+    with (folder / "matrix.yaml").open("a") as matrix:
+        matrix.write(bad_cell())
+    git = ["git", "-c", "user.name=act", "-c", "user.email=act@localhost", "-c", "commit.gpgsign=false"]
+    subprocess.run(["git", "init", "-q", "-b", "main"], cwd=folder, check=True)
+    subprocess.run([*git, "add", "-A"], cwd=folder, check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "the tree under test"], cwd=folder, check=True)
+    return folder
 
 
 def local_actions() -> list[str]:
