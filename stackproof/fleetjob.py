@@ -145,11 +145,20 @@ def _checked(records: list[CellRecord], requests: dict[str, JobRequest], schedul
 
 
 def _run_folder(site: FleetSite) -> Path:
-    from stackproof.runjob import exclusive_dir
-
+    """`SHARED/fleet-<time>` (or `-2`, `-3`...), made by this run alone (an exclusive mkdir)."""
     if not site.shared_dir.is_dir():
         raise InfraError(f"{site.file}: shared_dir {site.shared_dir} is not a directory here: mount or create it")
-    return exclusive_dir(site.shared_dir, time.strftime("fleet-%Y%m%dT%H%M%S"))
+    stem = time.strftime("fleet-%Y%m%dT%H%M%S")
+    for n in range(1, 1000):
+        path = site.shared_dir / (stem if n == 1 else f"{stem}-{n}")
+        try:
+            path.mkdir()
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise InfraError(f"{path}: cannot create the fleet run's folder: {exc.strerror}") from exc
+        return path
+    raise InfraError(f"{site.shared_dir}: 1,000 fleet runs named {stem}")
 
 
 def _request(record: CellRecord, site: FleetSite, matrix_file: Path, images: Path, stages: str | None) -> JobRequest:
