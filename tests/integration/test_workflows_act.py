@@ -131,10 +131,13 @@ def act_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ActRun]:
     artifacts = tmp / "artifacts"
     password = secrets.token_hex(12)
     labels = tmp / "runner-labels.yaml"
-    labels.write_text(f"schema_version: 1\ncells:\n  {CELL}: [{GPU_LABEL}]\nbuild: [{CPU_LABEL}]\n")
+    labels.write_text(
+        f"schema_version: 1\ncells:\n  {CELL}: [{GPU_LABEL}]\n  {BAD_CELL}: [{GPU_LABEL}]\nbuild: [{CPU_LABEL}]\n"
+    )
+    repo = workspace(tmp_path_factory.mktemp("workspace"))
     event = tmp / "event.json"
     event.write_text(json.dumps({
-        "inputs": {"cells": CELL},
+        "inputs": {"cells": f"{CELL} {BAD_CELL}"},
         "ref": "refs/heads/main",
         "repository": {"default_branch": "main", "full_name": "stackproof/stackproof"},
     }))  # fmt: skip
@@ -143,7 +146,7 @@ def act_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ActRun]:
         secret_file.write_text(f"STACKPROOF_REGISTRY_USER={USER}\nSTACKPROOF_REGISTRY_PASSWORD={password}\n")
         platforms = [f"{label}=-self-hosted" for label in ("ubuntu-latest", "self-hosted", GPU_LABEL, CPU_LABEL)]
         argv = [
-            act, "workflow_dispatch", "-W", str(WORKFLOW), "-j", "report", "--eventpath", str(event), "--json",
+            act, "workflow_dispatch", "-W", ".github/workflows/verify.yml", "-j", "report", "--eventpath", str(event), "--json",
             *[x for p in platforms for x in ("-P", p)],
             "--var", f"STACKPROOF_REGISTRY={registry.address}/act",
             "--var", f"STACKPROOF_RUNNER_LABELS={labels}",
@@ -153,7 +156,7 @@ def act_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ActRun]:
         env = {**os.environ, "HOME": str(tmp / "home"), "ACT_DISABLE_VERSION_CHECK": "1"}
         env["STACKPROOF_ACT_ARTIFACTS"] = str(artifacts)
         try:
-            done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=2400)
+            done = subprocess.run(argv, cwd=repo, env=env, capture_output=True, text=True, timeout=2400)
             (tmp / "act.log").write_text(done.stdout + done.stderr)
             jobs, seconds = job_times(done.stdout)
             sys.stderr.write(f"\nact: jobs {jobs}, wall seconds {seconds}, log {tmp / 'act.log'}\n")
@@ -163,12 +166,13 @@ def act_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ActRun]:
 
 
 def _remove_images(address: str) -> None:
-    """This run's references to the test registry (the images pulled or tagged under its address)."""
+    """This run's references to the test registry (the images pulled or tagged under its address) and
+    the failing cell's image; cpu-tiny's own tag is the tier's (nox prebuilds and removes it)."""
     listed = subprocess.run(
         ["docker", "images", "--format", "{{.Repository}}:{{.Tag}}"], capture_output=True, text=True
     )
     for ref in listed.stdout.split():
-        if ref.startswith(address):
+        if ref.startswith((address, f"stackproof/{BAD_CELL}:")):  # the failing cell's image is this test's own
             subprocess.run(["docker", "image", "rm", ref], capture_output=True, check=False)
 
 
