@@ -146,7 +146,8 @@ def act_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ActRun]:
         secret_file.write_text(f"STACKPROOF_REGISTRY_USER={USER}\nSTACKPROOF_REGISTRY_PASSWORD={password}\n")
         platforms = [f"{label}=-self-hosted" for label in ("ubuntu-latest", "self-hosted", GPU_LABEL, CPU_LABEL)]
         argv = [
-            act, "workflow_dispatch", "-W", ".github/workflows/verify.yml", "-j", "report", "--eventpath", str(event), "--json",
+            act, "workflow_dispatch", "-W", ".github/workflows/verify.yml", "-j", "report", "--json",
+            "--eventpath", str(event),
             *[x for p in platforms for x in ("-P", p)],
             "--var", f"STACKPROOF_REGISTRY={registry.address}/act",
             "--var", f"STACKPROOF_RUNNER_LABELS={labels}",
