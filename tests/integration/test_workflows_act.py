@@ -22,9 +22,11 @@ import os
 import re
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import suppress
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -109,7 +111,7 @@ def job_times(log: str) -> tuple[dict[str, str], dict[str, float]]:
             entry = json.loads(line)
         except ValueError:
             continue
-        job, stamp = entry.get("jobID") or entry.get("job"), entry.get("time")
+        job, stamp = entry.get("job") or entry.get("jobID"), entry.get("time")  # job: the name, per matrix entry
         if not job or not stamp:
             continue
         when = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
@@ -156,13 +158,20 @@ def act_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ActRun]:
         ]  # fmt: skip
         env = {**os.environ, "HOME": str(tmp / "home"), "ACT_DISABLE_VERSION_CHECK": "1"}
         env["STACKPROOF_ACT_ARTIFACTS"] = str(artifacts)
+        # Its own process group: whatever happens to the test, no step of the workflow outlives it.
+        proc = subprocess.Popen(
+            argv, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        )
         try:
-            done = subprocess.run(argv, cwd=repo, env=env, capture_output=True, text=True, timeout=2400)
-            (tmp / "act.log").write_text(done.stdout + done.stderr)
-            jobs, seconds = job_times(done.stdout)
-            sys.stderr.write(f"\nact: jobs {jobs}, wall seconds {seconds}, log {tmp / 'act.log'}\n")
-            yield ActRun(done.returncode, jobs, seconds, done.stdout + done.stderr, artifacts, registry)
+            stdout, stderr = proc.communicate(timeout=2400)
+            (tmp / "act.log").write_text(stdout + stderr)
+            jobs, seconds = job_times(stdout)
+            sys.stderr.write(f"\nact: jobs {jobs}\nact: wall seconds per job {seconds}\nact: log {tmp / 'act.log'}\n")
+            yield ActRun(proc.returncode, jobs, seconds, stdout + stderr, artifacts, registry)
         finally:
+            with suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
             _remove_images(registry.address)
 
 
@@ -177,18 +186,89 @@ def _remove_images(address: str) -> None:
             subprocess.run(["docker", "image", "rm", ref], capture_output=True, check=False)
 
 
-def test_the_workflow_runs_end_to_end_under_act(act_run: ActRun) -> None:
-    assert act_run.code == 0, act_run.log[-6000:]
-    for job in ("plan", "build", "verify", "report"):
-        assert any(name.startswith(job) and result == "success" for name, result in act_run.jobs.items()), act_run.jobs
+def job_lines(run: ActRun, prefix: str, cell: str | None = None) -> list[dict[str, object]]:
+    """act's JSON log lines of the job(s) whose name starts with `prefix` (and names `cell`)."""
+    out = []
+    for line in run.log.splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        name = str(entry.get("job") or "")
+        if name.startswith(prefix) and (cell is None or f" {cell} " in f" {name} "):
+            out.append(entry)
+    return out
+
+
+def result(run: ActRun, prefix: str, cell: str | None = None) -> str | None:
+    found = [str(e["jobResult"]) for e in job_lines(run, prefix, cell) if e.get("jobResult")]
+    return found[-1] if found else None
+
+
+def manifest_digest(run: ActRun, tag: str) -> str | None:
+    accept = ", ".join([
+        "application/vnd.oci.image.index.v1+json", "application/vnd.oci.image.manifest.v1+json",
+        "application/vnd.docker.distribution.manifest.list.v2+json",
+        "application/vnd.docker.distribution.manifest.v2+json",
+    ])  # fmt: skip
+    answer = httpx.head(
+        f"http://{run.registry.address}/v2/act/stackproof/manifests/{tag}",
+        headers={"Accept": accept},
+        auth=(USER, run.registry.password or ""),
+        timeout=10,
+    )
+    return answer.headers.get("docker-content-digest") if answer.status_code == 200 else None
+
+
+def tags(run: ActRun) -> list[str]:
+    listed = httpx.get(
+        f"http://{run.registry.address}/v2/act/stackproof/tags/list",
+        auth=(USER, run.registry.password or ""),
+        timeout=10,
+    )
+    return list(listed.json().get("tags") or [])
+
+
+def receipt_of(run: ActRun, cell: str) -> dict[str, object]:
+    found = sorted((run.artifacts / f"stackproof-{cell}-attempt-1").glob(f"stackproof-out/{cell}/run-*/receipt.json"))
+    assert found, f"no receipt uploaded for {cell}: {sorted(p.name for p in run.artifacts.glob('*'))}"
+    return json.loads(found[-1].read_text())  # type: ignore[no-any-return]
+
+
+def test_every_job_ran_and_only_the_failing_cell_failed(act_run: ActRun) -> None:
+    assert act_run.code != 0, "a failing cell must fail the run"
+    assert result(act_run, "plan") == "success", act_run.jobs
+    assert result(act_run, "build", CELL) == "success" and result(act_run, "build", BAD_CELL) == "success", act_run.jobs
+    assert result(act_run, "verify", CELL) == "success", act_run.log[-6000:]
+    assert result(act_run, "verify", BAD_CELL) == "failure", act_run.jobs
+    assert result(act_run, "report") == "success", act_run.jobs
 
 
 def test_verify_pulled_the_pushed_digest_and_did_not_build(act_run: ActRun) -> None:
-    out = act_run.artifacts / f"stackproof-{CELL}-attempt-1"
-    receipt = json.loads(next(out.glob(f"stackproof-out/{CELL}/run-*/receipt.json")).read_text())
+    receipt = receipt_of(act_run, CELL)
     assert receipt["status"] == "PASS"
-    auth = (USER, act_run.registry.password or "")
-    registry = f"http://{act_run.registry.address}"
-    tags = httpx.get(f"{registry}/v2/act/stackproof/tags/list", auth=auth, timeout=10).json()["tags"]
-    assert any(t.startswith(CELL) for t in tags), tags
-    print(json.dumps(receipt["image"], indent=1))
+    content = [t for t in tags(act_run) if t.startswith(f"{CELL}-") and t != f"{CELL}-verified"]
+    assert len(content) == 1, tags(act_run)  # the build job pushed it under its content tag
+    pushed = manifest_digest(act_run, content[0])
+    image = receipt["image"]
+    assert isinstance(image, dict)
+    assert any(str(d).endswith(f"@{pushed}") for d in image["repo_digests"]), (pushed, image)
+    verify = " ".join(str(e.get("msg", "")) for e in job_lines(act_run, "verify", CELL))
+    assert "--pull-only" in verify
+    # No build of any kind in the verify job: no docker build, no BuildKit step, no `build` phase.
+    assert "docker build" not in verify and not re.search(r"#\d+ \[", verify), verify[-3000:]
+
+
+def test_the_verified_tag_moved_only_after_a_pass(act_run: ActRun) -> None:
+    content = next(t for t in tags(act_run) if t.startswith(f"{CELL}-") and t != f"{CELL}-verified")
+    assert manifest_digest(act_run, f"{CELL}-verified") == manifest_digest(act_run, content)
+    assert manifest_digest(act_run, CELL) == manifest_digest(act_run, content)
+    assert receipt_of(act_run, BAD_CELL)["status"] == "FAIL"
+    assert BAD_CELL not in tags(act_run) and f"{BAD_CELL}-verified" not in tags(act_run), tags(act_run)
+
+
+def test_the_report_job_renders_the_page_with_the_result(act_run: ActRun) -> None:
+    page = act_run.artifacts / "stackproof-matrix-site" / "stackproof-site" / "index.html"
+    assert page.is_file(), sorted(str(p) for p in act_run.artifacts.rglob("*"))[:40]
+    html = page.read_text()
+    assert CELL in html and "PASS" in html
