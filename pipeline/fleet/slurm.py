@@ -10,9 +10,10 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
 import time
 
+from pipeline import cmd
+from pipeline.cmd import CommandResult
 from pipeline.errors import InfraError
 from pipeline.fleet.scheduler import JobRequest, JobState
 
@@ -65,22 +66,12 @@ class Slurm:
         if job_ids:
             self._run(["scancel", *job_ids], check=False)
 
-    def _run(self, argv: list[str], *, check: bool) -> subprocess.CompletedProcess[str]:
+    def _run(self, argv: list[str], *, check: bool) -> CommandResult:
+        """Through pipeline.cmd (the one subprocess caller), quietly: polls would flood the console."""
         try:
-            return subprocess.run(
-                argv,
-                capture_output=True,
-                text=True,
-                timeout=_TIMEOUT_S,
-                check=check,
-                env=self.env,
-                stdin=subprocess.DEVNULL,
-            )
-        except subprocess.TimeoutExpired:
-            raise InfraError(
-                f"`{' '.join(argv[:3])}` did not answer in {_TIMEOUT_S}s: "
-                "is slurmctld running (SLURM_CONF, `scontrol ping`)?"
-            ) from None
+            return cmd.run(argv, env=self.env, timeout=_TIMEOUT_S, check=check, quiet=True)
+        except InfraError as exc:
+            raise InfraError(f"{exc}: is slurmctld running (SLURM_CONF, `scontrol ping`)?") from None
 
 
 def sbatch_argv(request: JobRequest) -> list[str]:
