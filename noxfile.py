@@ -46,7 +46,7 @@ def lint(session: nox.Session) -> None:
 # in the foreground after the TIMED ones, alone: the safe place until it is sorted.
 AUDIT = "audit"
 QUIET = ("build", "registry")
-TIMED = ("serve", "host")
+TIMED = ("serve", "host", "fleet")
 # Images the integration tier's session fixtures build, built while the unit tier runs. The first
 # is waited for before any integration group starts (its bootstrapped base is shared and has no
 # lock); the fixtures of the others wait on the build's own per-cell lock (pipeline/cache.py).
@@ -218,7 +218,7 @@ def integration(session: nox.Session) -> None:
     """One integration group alone (`nox -s integration -- serve`): build, serve, registry, audit,
     host (INTEGRATION_GROUPS in tests/conftest.py; a name that is none selects no test and fails)."""
     if not session.posargs:
-        session.error("name a group: nox -s integration -- build|serve|registry|audit|host [pytest options]")
+        session.error("name a group: nox -s integration -- build|serve|registry|audit|host|fleet [pytest options]")
     group, *rest = session.posargs
     _install(session)
     session.run("pytest", "-ra", "--durations=15", "tests/integration", "--run-docker", "-m", group, *rest)

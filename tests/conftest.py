@@ -49,6 +49,7 @@ INTEGRATION_GROUPS: dict[str, tuple[str, ...]] = {
     ),
     "audit": ("test_audit_wheels", "test_audit_assumptions_wheels", "test_release_watch"),
     "host": ("test_host_runtime", "test_ab", "test_sweep", "test_bisect", "test_gc_containers", "test_lock_race"),
+    "fleet": ("test_slurm", "test_workflows_act"),
 }
 
 

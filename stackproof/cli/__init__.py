@@ -21,6 +21,7 @@ from stackproof.cli import (
     build,
     ci,
     compare,
+    fleet,
     gc,
     inspect,
     load,
@@ -59,6 +60,7 @@ COMMAND_MODULES = (
     model,
     report,
     compare,
+    fleet,
 )
 
 

@@ -91,6 +91,7 @@ GROUPS = {
     ("inspect",): "inspect a file",
     ("probe",): "run an in-image probe",
     ("model",): "the host model store",
+    ("fleet",): "verify cells on a cluster through its scheduler (docs/fleet.md)",
 }
 # The name a group's chosen subcommand is stored under (argparse names it in "required" errors).
 GROUP_DEST: dict[tuple[str, ...], str] = {("matrix", "pins"): "pins_command"}
