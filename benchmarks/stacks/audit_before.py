@@ -10,6 +10,7 @@ Prints each meaning finding and the time; exit 1 when the two findings are not b
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import sys
 import time
@@ -22,7 +23,18 @@ from verify.audit.checks import Status
 
 
 def main(argv: list[str]) -> int:
-    matrix_file, signatures_file, policies_file, *cells = argv
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("matrix_file", help="main's matrix.yaml as it was before issue 42")
+    parser.add_argument("signatures_file", help="its signatures.yaml")
+    parser.add_argument("policies_file", help="its autotune_policies.yaml")
+    parser.add_argument("cells", nargs="+", help="the cells to audit")
+    args = parser.parse_args(argv)
+    matrix_file, signatures_file, policies_file, cells = (
+        args.matrix_file,
+        args.signatures_file,
+        args.policies_file,
+        args.cells,
+    )
     import verify.audit
     import verify.logs.logscan as logscan
     from verify.kernels.policies import load_policies

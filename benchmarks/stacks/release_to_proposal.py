@@ -13,6 +13,7 @@ it cannot find, which is what a real run's pull-request body would list.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -27,8 +28,11 @@ from tests.release_index import local_index, release_wheel  # noqa: E402
 
 
 def main(argv: list[str]) -> int:
-    work = Path(argv[0])
-    audit = "--no-audit" not in argv
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("workdir", type=Path, help="where the matrix copy, the table copy and the index go")
+    parser.add_argument("--no-audit", action="store_true", help="propose without auditing the cells")
+    args = parser.parse_args(argv)
+    work, audit = args.workdir, not args.no_audit
     work.mkdir(parents=True, exist_ok=True)
     shutil.copy(REPO / "matrix.yaml", work / "matrix.yaml")
     shutil.copytree(REPO / "locks", work / "locks", dirs_exist_ok=True)

@@ -335,8 +335,13 @@ class _Checker(CellPartsChecker):
         install = self.install((*p, "install"), data.get("install"), index_names) if "install" in data else None
         overrides = self.packages((*p, "overrides"), data.get("overrides"), index_names)
         given = self.packages((*p, "given"), data.get("given"), index_names)
-        if given and not on_host:
-            self.problem((*p, "given"), "only a `runtime: host` cell is verified in an environment it is given")
+        # An archive base is a tree that already holds the stack (the GPU host's own, issue 40): `given`
+        # names what is in it, so `matrix audit` reads the cell's rules against those wheels.
+        if given and not on_host and not isinstance(base, ArchiveBase):
+            self.problem(
+                (*p, "given"),
+                "only a `runtime: host` cell, or one over an archive base, is verified in an environment it is given",
+            )
         elif given and "install" in data:
             self.problem((*p, "given"), "a cell with `install:` builds its environment: `given` is for one that exists")
         serve = self.serve((*p, "serve"), data["serve"]) if data.get("serve") is not None else None

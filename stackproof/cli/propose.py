@@ -211,7 +211,10 @@ def _propose_new(args: argparse.Namespace) -> int:
         return list_versions(site.index_location(matrix, index), package, python="3.12", machine="x86_64")
 
     found = scan(matrix, lister)
-    before = {matrix.file: matrix.file.read_text(), TABLE: TABLE.read_text() if TABLE.exists() else ""}
+    before = {
+        matrix.file: boundedio.read_text(matrix.file, "matrix", limit=MAX_BYTES),
+        TABLE: boundedio.read_text(TABLE, "release-pin table") if TABLE.exists() else "",
+    }
     proposals, code = [], 0
     for release in [r for r in found.new if r.package == "vllm"]:
         matrix, images = load(args)  # the file as the previous proposal left it
@@ -223,7 +226,10 @@ def _propose_new(args: argparse.Namespace) -> int:
     patch = "".join(
         "".join(
             difflib.unified_diff(
-                old.splitlines(True), path.read_text().splitlines(True), f"a/{_rel(path)}", f"b/{_rel(path)}"
+                old.splitlines(True),
+                boundedio.read_text(path, "proposed file", limit=MAX_BYTES).splitlines(True),
+                f"a/{_rel(path)}",
+                f"b/{_rel(path)}",
             )
         )
         for path, old in before.items()

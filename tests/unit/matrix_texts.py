@@ -364,7 +364,13 @@ INVALID = [
               vllm: {version: "0.26.0", index: pypi}
     """,
         ),
-        [("given:", "cells[0].given: only a `runtime: host` cell is verified in an environment it is given")],
+        [
+            (
+                "given:",
+                "cells[0].given: only a `runtime: host` cell, or one over an archive base, is verified in an "
+                "environment it is given",
+            )
+        ],
         id="given_packages_on_a_docker_cell",
     ),
     pytest.param(

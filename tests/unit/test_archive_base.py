@@ -147,3 +147,15 @@ def test_preflight_facts_of_an_archive_base(real_matrix: Matrix) -> None:
     require, require_source, platforms, platforms_source = _image_facts(real_matrix, cell, None)
     assert (require, platforms) == ("", None)
     assert "local archive" in require_source and platforms_source.startswith("unknown: base gpu-host-tree")
+
+
+def test_a_cell_over_an_archive_base_names_the_stack_it_is_given(real_matrix) -> None:
+    """The GPU host's tree holds vLLM already: `given` names it (accepted over an archive base, refused
+    over any other docker base: tests/unit/matrix_texts.py), so `matrix audit` reads its wheels."""
+    cell = real_matrix.cell("gpu-docker-vllm-0.26.0-tiny")
+    assert {g.name: g.version for g in cell.given} == {
+        "vllm": "0.26.0",
+        "flashinfer-python": "0.6.14",
+        "uvicorn": "0.54.0",
+        "torch": "2.11.0",
+    }

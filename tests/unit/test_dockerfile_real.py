@@ -132,11 +132,15 @@ def test_pins_refresh_on_a_mangled_copy_exits_2_and_writes_nothing(offline: list
 
 @pytest.fixture
 def before_033(tmp_path: Path) -> Path:
-    """The real matrix without its v0.33.0 base and cells (as tests/unit/test_propose.py makes it)."""
+    """The real matrix without its v0.33.0 base and cells, nor the later ones that extend them (as
+    tests/unit/test_propose.py makes it)."""
     text = (REPO / "matrix.yaml").read_text()
-    text = re.sub(r"(?ms)^  vllm-openai-0\.33\.0:\n.*?(?=^  \S|^\S)", "", text)
+    text = re.sub(r"(?ms)^  vllm-openai-0\.3[34]\.0:\n.*?(?=^  \S|^\S)", "", text)
     blocks = re.split(r"(?m)^(?=  - id: )", text)
-    text = "".join(b for b in blocks if not b.startswith("  - id: sm12") or "-vllm-0.33.0-" not in b.split("\n")[0])
+    later = ("-vllm-0.33.0-", "-vllm-0.34.0-")
+    text = "".join(
+        b for b in blocks if not b.startswith("  - id: sm12") or not any(v in b.split("\n")[0] for v in later)
+    )
     (tmp_path / "matrix.yaml").write_text(text)
     shutil.copytree(REPO / "locks", tmp_path / "locks")
     return tmp_path / "matrix.yaml"

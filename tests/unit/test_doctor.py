@@ -260,7 +260,7 @@ def test_host_expectations_written_by_repro_are_checked(tmp_path: Path, images_d
     match = next(m for m in matches if m.cell == "h200-box")
     assert (match.cell, match.geometry, match.host) == ("h200-box", (), ())
     assert match.stack and all(line.endswith("here absent") for line in match.stack)
-    assert "vllm: the cell has 0.33.0, here absent" in match.stack  # repro's newest vLLM release base
+    assert "vllm: the cell has 0.34.0, here absent" in match.stack  # repro's newest vLLM release base
     assert not [line for line in match.stack if line.startswith(("torch", "flashinfer", "nvidia-cudnn", "triton"))]
 
 
