@@ -31,6 +31,7 @@ from pipeline.matrix.model import (
     Index,
     Matrix,
     RegistryBase,
+    Requirement,
     ServeSpec,
     lineage,
 )
@@ -334,16 +335,7 @@ class _Checker(CellPartsChecker):
         base = self.cell_base(p, cell_id, data, bases, on_host=on_host, notes=notes)
         install = self.install((*p, "install"), data.get("install"), index_names) if "install" in data else None
         overrides = self.packages((*p, "overrides"), data.get("overrides"), index_names)
-        given = self.packages((*p, "given"), data.get("given"), index_names)
-        # An archive base is a tree that already holds the stack (the GPU host's own, issue 40): `given`
-        # names what is in it, so `matrix audit` reads the cell's rules against those wheels.
-        if given and not on_host and not isinstance(base, ArchiveBase):
-            self.problem(
-                (*p, "given"),
-                "only a `runtime: host` cell, or one over an archive base, is verified in an environment it is given",
-            )
-        elif given and "install" in data:
-            self.problem((*p, "given"), "a cell with `install:` builds its environment: `given` is for one that exists")
+        given = self.given((*p, "given"), data, index_names, on_host=on_host, base=base)
         serve = self.serve((*p, "serve"), data["serve"]) if data.get("serve") is not None else None
         expect = self.expectation((*p, "expect"), data["expect"]) if data.get("expect") is not None else None
         recipes = self.recipes((*p, "recipes"), data.get("recipes"))
@@ -398,6 +390,22 @@ class _Checker(CellPartsChecker):
             given=given,
             host=host,
         )
+
+    def given(
+        self, path: Path_, data: dict[str, Any], index_names: tuple[str, ...], *, on_host: bool, base: object
+    ) -> tuple[Requirement, ...]:
+        """`given`: the packages an existing environment holds. An archive base is a tree that already
+        holds the stack (the GPU host's own, issue 40): `given` names what is in it, so `matrix audit`
+        reads the cell's rules against those wheels."""
+        given = self.packages(path, data.get("given"), index_names)
+        if given and not on_host and not isinstance(base, ArchiveBase):
+            self.problem(
+                path,
+                "only a `runtime: host` cell, or one over an archive base, is verified in an environment it is given",
+            )
+        elif given and "install" in data:
+            self.problem(path, "a cell with `install:` builds its environment: `given` is for one that exists")
+        return given
 
     def cell_base(
         self,
