@@ -6,6 +6,7 @@ seconds from the wheel's appearance to the written proposal."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -30,7 +31,9 @@ def test_a_new_release_on_the_index_becomes_audited_proposed_cells(tmp_path: Pat
     assert summary["exit"] == 1 and summary["audit_errors"][0] > 0
     assert summary["files"] == ["pr-body.md", "proposal.patch"]
     patch = (tmp_path / "proposal" / "proposal.patch").read_text()
-    assert '+    image: "vllm/vllm-openai:v0.35.0"' in patch and "+  - id: sm121-vllm-0.35.0-release" in patch
+    # The value as the YAML emitter quotes it (pipeline/guard/yamltext.py), single or double.
+    assert re.search(r"""\+    image: ['"]vllm/vllm-openai:v0\.35\.0['"]""", patch), patch[:2000]
+    assert "+  - id: sm121-vllm-0.35.0-release" in patch
     assert '"0.35.0"' in patch  # the release-pin table's new entry
     body = (tmp_path / "proposal" / "pr-body.md").read_text()
     assert "- vllm 0.35.0 (index `pypi`; the matrix's newest: 0.34.0)" in body

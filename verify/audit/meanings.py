@@ -26,6 +26,7 @@ import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from http import HTTPStatus
+from pathlib import Path
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
@@ -410,9 +411,25 @@ def policy_findings(
     at = f"cuDNN {cudnn if cudnn is not None else 'unknown'}, FlashInfer {fi or 'unknown'}"
     if chosen:
         message = f"{', '.join(p.id for p in chosen)} ({chosen[0].verdict}) at {at}"
-        return [Finding(kind="meaning", subject=subject, where=where, status=Status.OK, message=message)]
+        evidence = tuple(_policy_line(where, p.id) for p in chosen)
+        return [
+            Finding(kind="meaning", subject=subject, where=where, status=Status.OK, message=message, evidence=evidence)
+        ]
     message = (
         f"no policy applies at {at}: the keys of {', '.join(p.id for p in mine)} do not cover the pins in force, "
         "so a cache where the runner wins gets no opinion (add a policy for these versions)"
     )
     return [Finding(kind="meaning", subject=subject, where=where, status=Status.ERROR, message=message)]
+
+
+def _policy_line(where: str, policy_id: str) -> Evidence:
+    """Where a policy stands in the project's own policy file (an ok finding names its line, as every
+    other audit finding does)."""
+    import pipeline
+    from pipeline.guard import boundedio
+
+    path = Path(__file__).resolve().parents[2] / where
+    lines = boundedio.read_text(path, "autotune policies").splitlines()
+    line = next((n for n, text in enumerate(lines, 1) if text.strip() == f"- id: {policy_id}"), 0)
+    text = f"- id: {policy_id}"
+    return Evidence(package="stackproof", version=pipeline.__version__, file=where, line=line, text=text)
