@@ -24,6 +24,10 @@ mkdir -p /etc/cdi
   echo '  mounts:'; echo '    - hostPath: /usr/local/nvidia'; echo '      containerPath: /usr/local/nvidia'; echo '      options: ["ro", "nosuid", "nodev", "rbind"]'; } > /etc/cdi/nvidia.yaml
 echo "$(el) CDI spec: $(grep -c 'path: /dev' /etc/cdi/nvidia.yaml) device nodes"
 # stackproof's own venv: its runtime dependencies only (carry-tool.txt), nothing of the host's.
+[ -d /tmp/stage/extra ] && cp /tmp/stage/extra/*.whl /tmp/carry/deps/
+for w in $(awk '{print $NF}' "$here/carry-tool.txt"); do
+    [ -f "/tmp/carry/deps/$w" ] || { echo "carry-tool.txt names $w, which was not carried (pack.sh again, or .carry/extra)"; exit 3; }
+done
 python3 -m venv /tmp/tools && /tmp/tools/bin/python -m pip install -q --no-index --no-deps --no-cache-dir /tmp/carry/deps/*.whl \
     > /tmp/pip-tools.log 2>&1 || { tail -20 /tmp/pip-tools.log; exit 3; }
 PYTHONPATH=$PWD /tmp/tools/bin/python -m stackproof --help > /dev/null || exit 3
