@@ -1,0 +1,116 @@
+# ruff: noqa: E501 (realistic log lines are long; wrapping them would change what is matched)
+"""Issue 44: the fresh batches of real pastes collected after the 'beyond' held-out half had been seen.
+
+tests/fixtures/logs/beyond/fresh/ missed the bar on its first run (FRESH.md) and is tune data since: held
+log by log. tests/fixtures/logs/beyond/fresh2/ is held out, held to its recorded figures. Each rule tuned
+on fresh/ is proven both ways here, with a line that must name its class and one that must not.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from tests.unit.test_diagnosis_beyond import BEYOND, HALVES, LOGS, SCHEMA, benchmark, inspect
+from verify.logs import logscan
+from verify.logs.diagnosis import diagnose
+
+FRESH = {name: yaml.safe_load((BEYOND / name / "index.yaml").read_text())["logs"] for name in ("fresh", "fresh2")}
+
+
+def earlier_sources() -> set[str]:
+    indexes = [
+        LOGS / "real" / "index.yaml",
+        LOGS / "unseen" / "tune" / "index.yaml",
+        LOGS / "unseen" / "test" / "index.yaml",
+    ]
+    found = {e["source"] for index in indexes for e in yaml.safe_load(index.read_text())["logs"]}
+    return found | {e["source"] for half in HALVES.values() for e in half}
+
+
+@pytest.mark.parametrize("name", sorted(FRESH))
+def test_a_fresh_batch_reuses_no_thread_and_is_labelled_whole(name: str) -> None:
+    index, earlier = FRESH[name], earlier_sources()
+    if name == "fresh2":
+        earlier |= {e["source"] for e in FRESH["fresh"]}
+    assert {e["file"] for e in index} == {p.name for p in (BEYOND / name).glob("*.log")}
+    assert len({e["source"] for e in index}) == len(index) >= 24
+    for e in index:
+        assert e["source"] not in earlier and e["why"].strip(), e["file"]
+        assert (e["class"] == "none") == (e["status"] == "clean") and e["incident"] == "none", e["file"]
+        assert e["url"].startswith("https://github.com/") and "/issues/" in e["url"], e["file"]
+    clean = sum(e["status"] == "clean" for e in index) / len(index)
+    assert 0.2 <= clean <= 0.35, clean  # about a quarter clean, as the brief asks
+    assert [e["file"] for e in benchmark().load_index(f"beyond-{name}")] == [e["file"] for e in index]
+
+
+@pytest.mark.parametrize("entry", FRESH["fresh"], ids=[e["file"] for e in FRESH["fresh"]])
+def test_fresh_tune_data_log_gets_its_class(entry: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    code, document = inspect(BEYOND / "fresh" / entry["file"], capsys)
+    jsonschema.validate(document, SCHEMA)
+    d = document["diagnosis"]
+    if entry["status"] == "clean":
+        assert code == 0 and d["class"] is None and d["incident"] is None, d["summary"]
+        return
+    assert code == 1 and d["class"] is not None and d["class"]["id"] == entry["class"], d["summary"]
+    assert d["incident"] is None
+
+
+@pytest.mark.parametrize(
+    ("text", "cls"),
+    [
+        # the older driver's one line and the RM probe's three (Bumblebee-Project/Bumblebee#554, NVIDIA/NVSentinel#155)
+        ("[   49.261458] NVRM: GPU at 0000:01:00.0 has fallen off the bus.\n", "gpu-lost"),
+        (
+            "[ 1843.308145] NVRM: The NVIDIA GPU 0000:b3:00.0\n               NVRM: (PCI ID: 10de:26b5) installed in this system has\n               NVRM: fallen off the bus and is not responding to commands.\n",
+            "gpu-lost",
+        ),
+        # TensorRT-LLM's C++ runtime and its PyTorch executor (tensorrtllm_backend#281, TensorRT-LLM#5950)
+        (
+            "[TensorRT-LLM][ERROR] CUDA runtime error in ::cudaMallocAsync(ptr, n, mCudaStream->get()): out of memory (/app/tensorrt_llm/cpp/tensorrt_llm/runtime/tllmBuffers.h:112)\n",
+            "out-of-memory",
+        ),
+        ("RuntimeError: Executor creation failed due to insufficient GPU memory.\n", "out-of-memory"),
+        # a template's raise through JavaScript's Jinja (withcatai/node-llama-cpp#263)
+        ("Error: Conversation roles must alternate user/assistant/user/assistant/...\n", "chat-template-error"),
+        # the NVIDIA container hook's CUDA requirement: the driver is what to change (vllm-project/vllm#5635)
+        (
+            "docker: Error response from daemon: failed to create task for container: failed to create shim task: OCI runtime create failed: runc create failed: unable to start container process: error during container init: error running hook #0: error running hook: exit status 1, stdout: , stderr: Auto-detected mode as 'legacy'\nnvidia-container-cli: requirement error: unsatisfied condition: cuda>=12.4, please update your driver to a newer version, or use an earlier cuda container: unknown.\n",
+            "driver-too-old",
+        ),
+    ],
+)
+def test_a_rule_tuned_on_the_fresh_batch_names_its_class(text: str, cls: str) -> None:
+    d = diagnose(text.encode())
+    assert d.verdict == "failed" and d.primary is not None and d.primary.id == cls, d.summary()
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # a healthy probe and a bus that is fine, an executor that was created, a template that rendered
+        "[    2.112233] NVRM: loading NVIDIA UNIX x86_64 Kernel Module  570.158.01  Release Build\n",
+        "[TensorRT-LLM][INFO] Executor creation succeeded; free GPU memory after creation: 12.31 GiB\n",
+        "INFO 11-30 10:00:00 [chat_utils.py:1] Detected the chat template content format to be 'string'.\n",
+        "I1128 17:35:08.651661 1737 nvc.c:376] initializing library context (version=1.14.3)\n",
+    ],
+)
+def test_the_lines_around_those_rules_stay_clean(text: str) -> None:
+    assert diagnose(text.encode()).verdict == "clean"
+
+
+def test_a_case_insensitive_group_gives_no_case_sensitive_prefilter() -> None:
+    # the prefilter looks for its literals with bytes.find: a (?i:...) group's letters cannot be one
+    assert logscan._anchors("(?i:conversation roles must alternate)") is None
+    assert logscan._anchors("Error: (?i:roles) must alternate") == [" must alternate"]
+    assert logscan._anchors("conversation roles must alternate") == ["conversation roles must alternate"]
+
+
+def test_the_benchmark_reads_both_fresh_batches() -> None:
+    bench = benchmark()
+    assert bench.SETS["beyond-fresh"] == BEYOND / "fresh" and bench.SETS["beyond-fresh2"] == BEYOND / "fresh2"
+    assert Path(bench.SETS["beyond-fresh2"] / "FRESH2.md").is_file()
