@@ -19,7 +19,9 @@ from tests.unit.test_diagnosis_beyond import BEYOND, HALVES, LOGS, SCHEMA, bench
 from verify.logs import logscan
 from verify.logs.diagnosis import diagnose
 
-FRESH = {name: yaml.safe_load((BEYOND / name / "index.yaml").read_text())["logs"] for name in ("fresh", "fresh2")}
+BATCHES = ("fresh", "fresh2", "fresh3")  # in the order they were collected; each is held out until it misses
+FRESH = {name: yaml.safe_load((BEYOND / name / "index.yaml").read_text())["logs"] for name in BATCHES}
+TUNE_DATA = [(name, e) for name in ("fresh", "fresh2") for e in FRESH[name]]
 
 
 def earlier_sources() -> set[str]:
@@ -35,8 +37,8 @@ def earlier_sources() -> set[str]:
 @pytest.mark.parametrize("name", sorted(FRESH))
 def test_a_fresh_batch_reuses_no_thread_and_is_labelled_whole(name: str) -> None:
     index, earlier = FRESH[name], earlier_sources()
-    if name == "fresh2":
-        earlier |= {e["source"] for e in FRESH["fresh"]}
+    for before in BATCHES[: BATCHES.index(name)]:
+        earlier |= {e["source"] for e in FRESH[before]}
     assert {e["file"] for e in index} == {p.name for p in (BEYOND / name).glob("*.log")}
     assert len({e["source"] for e in index}) == len(index) >= 24
     for e in index:
@@ -48,9 +50,11 @@ def test_a_fresh_batch_reuses_no_thread_and_is_labelled_whole(name: str) -> None
     assert [e["file"] for e in benchmark().load_index(f"beyond-{name}")] == [e["file"] for e in index]
 
 
-@pytest.mark.parametrize("entry", FRESH["fresh"], ids=[e["file"] for e in FRESH["fresh"]])
-def test_fresh_tune_data_log_gets_its_class(entry: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
-    code, document = inspect(BEYOND / "fresh" / entry["file"], capsys)
+@pytest.mark.parametrize(("name", "entry"), TUNE_DATA, ids=[f"{n}/{e['file']}" for n, e in TUNE_DATA])
+def test_fresh_tune_data_log_gets_its_class(
+    name: str, entry: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, document = inspect(BEYOND / name / entry["file"], capsys)
     jsonschema.validate(document, SCHEMA)
     d = document["diagnosis"]
     if entry["status"] == "clean":
@@ -82,6 +86,24 @@ def test_fresh_tune_data_log_gets_its_class(entry: dict[str, Any], capsys: pytes
             "docker: Error response from daemon: failed to create task for container: failed to create shim task: OCI runtime create failed: runc create failed: unable to start container process: error during container init: error running hook #0: error running hook: exit status 1, stdout: , stderr: Auto-detected mode as 'legacy'\nnvidia-container-cli: requirement error: unsatisfied condition: cuda>=12.4, please update your driver to a newer version, or use an earlier cuda container: unknown.\n",
             "driver-too-old",
         ),
+        # tuned on the second fresh batch: CUDA's device-side assertion lines alone (haotian-liu/LLaVA#882)
+        (
+            '../aten/src/ATen/native/cuda/IndexKernel.cu:92: operator(): block: [0,0,0], thread: [92,0,0] Assertion `index >= -sizes[i] && index < sizes[i] && "index out of bounds"` failed.\n',
+            "device-side-assert",
+        ),
+        # dockerd's port publishing and Go's bind (ipostolaki/Comeo#2, woodjme/unifi-hotspot#11)
+        (
+            "ERROR: for django  Cannot start service django: driver failed programming external connectivity on endpoint comeo_django_1 (0e09c4fc61): Bind for 0.0.0.0:80 failed: port is already allocated\n",
+            "port-in-use",
+        ),
+        (
+            "docker: Error response from daemon: driver failed programming external connectivity on endpoint elastic_burnell (bbb96e93): Error starting userland proxy: listen tcp 0.0.0.0:80: bind: address already in use.\n",
+            "port-in-use",
+        ),
+        # older ggml-cuda's check (ggml-org/llama.cpp#3199)
+        ("CUDA error 2 at /data/llama.cpp/ggml-cuda.cu:5509: out of memory\ncurrent device: 0\n", "out-of-memory"),
+        # P2P refused where the engine does not go on without it
+        ("RuntimeError: CUDART error: peer access is not supported between these two devices\n", "p2p-unsupported"),
     ],
 )
 def test_a_rule_tuned_on_the_fresh_batch_names_its_class(text: str, cls: str) -> None:
@@ -97,10 +119,23 @@ def test_a_rule_tuned_on_the_fresh_batch_names_its_class(text: str, cls: str) ->
         "[TensorRT-LLM][INFO] Executor creation succeeded; free GPU memory after creation: 12.31 GiB\n",
         "INFO 11-30 10:00:00 [chat_utils.py:1] Detected the chat template content format to be 'string'.\n",
         "I1128 17:35:08.651661 1737 nvc.c:376] initializing library context (version=1.14.3)\n",
+        "INFO 11-30 10:00:00 [utils.py:1] device-side assertions are compiled in (TORCH_USE_CUDA_DSA)\n",
+        "WARNING 11-30 10:00:00 [utils.py:1] port 8000 is already allocated to another service; using 8001\n",
     ],
 )
 def test_the_lines_around_those_rules_stay_clean(text: str) -> None:
     assert diagnose(text.encode()).verdict == "clean"
+
+
+def test_a_warning_the_engine_goes_on_after_is_not_taken_for_an_error_line() -> None:
+    # sgl-project/sglang#12496: SGLang skips custom all-reduce without P2P and says so; the catalog knows the
+    # line as p2p-unavailable (warn), so neither p2p-unsupported nor the error-line extractor takes it
+    line = "[2025-11-01 16:50:36 TP1] Setup Custom allreduce failed with CUDART error: peer access is not supported between these two devices. To silence this warning, specify --disable-custom-all-reduce explicitly.\n"
+    d = diagnose(line.encode())
+    assert d.verdict == "clean" and [w.id for w in d.warnings] == ["p2p-unavailable"], d.summary()
+    # the same extractor still takes an error line the catalog does not know
+    other = diagnose(b"[2025-11-01 16:50:36 TP1] Setup NCCL failed with CUDART error: unspecified launch failure\n")
+    assert other.verdict == "failed" and other.primary is not None and other.primary.id == "unclassified-error"
 
 
 def test_a_case_insensitive_group_gives_no_case_sensitive_prefilter() -> None:
@@ -110,7 +145,7 @@ def test_a_case_insensitive_group_gives_no_case_sensitive_prefilter() -> None:
     assert logscan._anchors("conversation roles must alternate") == ["conversation roles must alternate"]
 
 
-def test_the_benchmark_reads_both_fresh_batches() -> None:
+def test_the_benchmark_reads_every_fresh_batch() -> None:
     bench = benchmark()
-    assert bench.SETS["beyond-fresh"] == BEYOND / "fresh" and bench.SETS["beyond-fresh2"] == BEYOND / "fresh2"
-    assert Path(bench.SETS["beyond-fresh2"] / "FRESH2.md").is_file()
+    assert all(bench.SETS[f"beyond-{name}"] == BEYOND / name for name in BATCHES)
+    assert all(Path(BEYOND / name / f"{name.upper()}.md").is_file() for name in BATCHES)
