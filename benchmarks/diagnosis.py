@@ -14,7 +14,9 @@
 - `beyond-fresh2`: tests/fixtures/logs/beyond/fresh2/, collected and labelled before any rule changed for
   `beyond-fresh` (FRESH2.md); it missed the goal on its first run too and is tune data since;
 - `beyond-fresh3`: tests/fixtures/logs/beyond/fresh3/, collected and labelled before any rule changed for
-  `beyond-fresh2` (FRESH3.md): the score that now says whether the diagnosis generalises.
+  `beyond-fresh2` (FRESH3.md); it missed the goal on its first run and is tune data since;
+- `beyond-fresh4`: tests/fixtures/logs/beyond/fresh4/, collected and labelled before any rule changed for
+  `beyond-fresh3` (FRESH4.md): the score that now says whether the diagnosis generalises.
 
 The unseen pastes were split by a hash of their thread's URL before any was judged
 (tests/fixtures/logs/unseen/SPLIT.md); this script recomputes the split and refuses a file filed in
@@ -59,11 +61,12 @@ SETS = {
     "beyond-fresh": LOGS / "beyond" / "fresh",
     "beyond-fresh2": LOGS / "beyond" / "fresh2",
     "beyond-fresh3": LOGS / "beyond" / "fresh3",
+    "beyond-fresh4": LOGS / "beyond" / "fresh4",
 }
 GOALS = (
-    "goal (issues 26 and 44, on test and beyond-fresh3; beyond-test, -fresh, -fresh2 were seen): right class"
+    "goal (issues 26 and 44, on test and beyond-fresh4; beyond-test, -fresh, -fresh2, -fresh3 were seen): right class"
     " >= 80% of failing, 0 wrong incidents, 0 clean called failures, 0 failing called clean, 0 clean exiting 1;"
-    " corpus, tune halves, beyond-test, beyond-fresh and beyond-fresh2: no regression"
+    " corpus, tune halves, beyond-test and the earlier fresh batches: no regression"
 )
 
 # Families, for the per-family table: what kind of thing failed, whatever the class's wording.
@@ -167,7 +170,12 @@ def load_index(name: str) -> list[dict[str, Any]]:
     if name == "corpus":
         return index
     earlier = ["corpus"] if name in ("tune", "test") else ["corpus", "tune", "test"]
-    fresh = ["beyond-fresh", "beyond-fresh2", "beyond-fresh3"]  # each collected after the sets before it
+    fresh = [
+        "beyond-fresh",
+        "beyond-fresh2",
+        "beyond-fresh3",
+        "beyond-fresh4",
+    ]  # each collected after the sets before it
     if name in fresh:
         earlier += ["beyond-tune", "beyond-test", *fresh[: fresh.index(name)]]
     corpus = {e["source"] for s in earlier for e in yaml.safe_load((SETS[s] / "index.yaml").read_text())["logs"]}
