@@ -21,8 +21,9 @@ from verify.logs.diagnosis import diagnose
 
 BATCHES = ("fresh", "fresh2", "fresh3", "fresh4")  # in the order they were collected; each is held out until it misses
 FRESH = {name: yaml.safe_load((BEYOND / name / "index.yaml").read_text())["logs"] for name in BATCHES}
-TUNE_DATA = [(name, e) for name in ("fresh", "fresh2", "fresh3") for e in FRESH[name]]
-# fresh4/, held out, as first scored (fresh4/FIRST-RUN.txt): it misses the goal; a floor, not a target
+TUNE_DATA = [(name, e) for name in BATCHES for e in FRESH[name]]  # each tuned on after its first run
+# fresh4/ as first scored, before it was tuned on (fresh4/FIRST-RUN.txt): the last held-out figure, which
+# misses the goal; a floor here (no fifth batch was collected to hold out after it)
 HELD_OUT = {"failing": 18, "right_class": 10, "wrong_incident": 0, "failing_called_clean": 1, "clean_called_failure": 0}
 
 
@@ -133,6 +134,22 @@ def test_the_held_out_fresh_batch_does_not_regress() -> None:
         # nvidia-smi without the GPU's handle (rwth-i6/returnn#1486), flash-attn's arch check (vllm-project/vllm#8189)
         ("Unable to determine the device handle for GPU0000:03:00.0: Unknown Error\n", "gpu-lost"),
         ("RuntimeError: FlashAttention only supports Ampere GPUs or newer.\n", "unsupported-on-gpu"),
+        # tuned on the fourth fresh batch: a model directory without its config (vllm-project/vllm#13150)
+        (
+            "ValueError: No supported config format found in Benasd/Qwen2.5-VL-72B-Instruct-Pointer-AWQ\n",
+            "model-files-missing",
+        ),
+        ("RuntimeError: CUDA error: invalid device ordinal\n", "config-error"),
+        ("model-download-1  | /models/download-ggml-model.sh: Permission denied\n", "permission-denied"),
+        (
+            "torch.distributed.DistBackendError: NCCL error in: /pytorch/torch/csrc/distributed/c10d/NCCLUtils.hpp:268, remote process exited or there was a network error, NCCL version 2.21.5\n",
+            "nccl-error",
+        ),
+        ("Error: ShardCannotStart\n", "engine-init-failed"),
+        (
+            "Error: listen tcp 127.0.0.1:11434: bind: Only one usage of each socket address (protocol/network address/port) is normally permitted.\n",
+            "port-in-use",
+        ),
     ],
 )
 def test_a_rule_tuned_on_the_fresh_batch_names_its_class(text: str, cls: str) -> None:
@@ -153,6 +170,9 @@ def test_a_rule_tuned_on_the_fresh_batch_names_its_class(text: str, cls: str) ->
         "INFO 11-30 10:00:00 [worker.py:1] Killed 3 idle workers after 600 s\n",
         "INFO 11-30 10:00:00 [selector.py:1] Cannot use FlashAttention-2 backend for Volta and Turing GPUs.\n",
         "Filesystem      Size  Used Avail Use% Mounted on\n/dev/nvme0n1p7  217G   63G  143G  31% /\n",
+        "INFO 12-25 11:51:25 [config.py:1] Found config.json in /models/qwen (config format: hf)\n",
+        "INFO 11-30 10:00:00 [x.py:1] /tmp/cache: Permission denied at first, retried in /var/tmp and went on\n",
+        "2024-05-01T01:17:02.618817Z  INFO shard-manager: text_generation_launcher: Shard ready in 12.5s rank=0\n",
     ],
 )
 def test_the_lines_around_those_rules_stay_clean(text: str) -> None:
