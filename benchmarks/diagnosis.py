@@ -16,7 +16,10 @@
 - `beyond-fresh3`: tests/fixtures/logs/beyond/fresh3/, collected and labelled before any rule changed for
   `beyond-fresh2` (FRESH3.md); it missed the goal on its first run and is tune data since;
 - `beyond-fresh4`: tests/fixtures/logs/beyond/fresh4/, collected and labelled before any rule changed for
-  `beyond-fresh3` (FRESH4.md): the score that now says whether the diagnosis generalises.
+  `beyond-fresh3` (FRESH4.md); it missed the goal on its first run and is tune data since;
+- `beyond-fresh5`: tests/fixtures/logs/beyond/fresh5/, collected and labelled after the tuning on
+  `beyond-fresh4` and before stackproof ran on it (FRESH5.md): the score that now says whether the
+  diagnosis generalises.
 
 The unseen pastes were split by a hash of their thread's URL before any was judged
 (tests/fixtures/logs/unseen/SPLIT.md); this script recomputes the split and refuses a file filed in
@@ -62,9 +65,10 @@ SETS = {
     "beyond-fresh2": LOGS / "beyond" / "fresh2",
     "beyond-fresh3": LOGS / "beyond" / "fresh3",
     "beyond-fresh4": LOGS / "beyond" / "fresh4",
+    "beyond-fresh5": LOGS / "beyond" / "fresh5",
 }
 GOALS = (
-    "goal (issues 26 and 44, on test and beyond-fresh4; beyond-test, -fresh, -fresh2, -fresh3 were seen): right class"
+    "goal (issues 26 and 44, on test and beyond-fresh5; beyond-test, -fresh to -fresh4 were seen): right class"
     " >= 80% of failing, 0 wrong incidents, 0 clean called failures, 0 failing called clean, 0 clean exiting 1;"
     " corpus, tune halves, beyond-test and the earlier fresh batches: no regression"
 )
@@ -175,6 +179,7 @@ def load_index(name: str) -> list[dict[str, Any]]:
         "beyond-fresh2",
         "beyond-fresh3",
         "beyond-fresh4",
+        "beyond-fresh5",
     ]  # each collected after the sets before it
     if name in fresh:
         earlier += ["beyond-tune", "beyond-test", *fresh[: fresh.index(name)]]
