@@ -286,9 +286,15 @@ def test_enospc_under_dev_shm_is_the_shared_memory_not_the_disk(line: str, cls: 
     ("line", "cls"),
     [
         ("FileNotFoundError: [Errno 2] No such file or directory: '/u/minum/.cache/vllm'\n", "cache-dir-missing"),
-        # a file deep in the hub cache: the model's files, not the cache directory
+        # a file deep in the hub cache: the model's files, not the cache directory (a python-exception until the
+        # fifth fresh batch taught the catalog a missing config.json, InternLM/lmdeploy#1299)
         (
             "FileNotFoundError: [Errno 2] No such file or directory: '/root/.cache/huggingface/hub/models--Qwen--Qwen3-8B/snapshots/9a1b/config.json'\n",
+            "model-files-missing",
+        ),
+        # a file deep in it that is not the model's config stays a plain Python exception
+        (
+            "FileNotFoundError: [Errno 2] No such file or directory: '/root/.cache/huggingface/hub/models--Qwen--Qwen3-8B/snapshots/9a1b/merges.txt'\n",
             "python-exception",
         ),
     ],

@@ -1,8 +1,8 @@
 # ruff: noqa: E501 (realistic log lines are long; wrapping them would change what is matched)
 """Issue 44: the fresh batches of real pastes collected after the 'beyond' held-out half had been seen.
 
-tests/fixtures/logs/beyond/fresh/ missed the bar on its first run (FRESH.md) and is tune data since: held
-log by log. tests/fixtures/logs/beyond/fresh2/ is held out, held to its recorded figures. Each rule tuned
+Each of fresh/ to fresh5/ missed the bar on its first run (its FIRST-RUN.txt) and is tune data since: held
+log by log; fresh5/'s first run, the last held-out figure, is also held as a floor. Each rule tuned
 on fresh/ is proven both ways here, with a line that must name its class and one that must not.
 """
 
@@ -19,12 +19,18 @@ from tests.unit.test_diagnosis_beyond import BEYOND, HALVES, LOGS, SCHEMA, bench
 from verify.logs import logscan
 from verify.logs.diagnosis import diagnose
 
-BATCHES = ("fresh", "fresh2", "fresh3", "fresh4")  # in the order they were collected; each is held out until it misses
+BATCHES = (
+    "fresh",
+    "fresh2",
+    "fresh3",
+    "fresh4",
+    "fresh5",
+)  # in the order they were collected; each is held out until it misses
 FRESH = {name: yaml.safe_load((BEYOND / name / "index.yaml").read_text())["logs"] for name in BATCHES}
 TUNE_DATA = [(name, e) for name in BATCHES for e in FRESH[name]]  # each tuned on after its first run
-# fresh4/ as first scored, before it was tuned on (fresh4/FIRST-RUN.txt): the last held-out figure, which
-# misses the goal; a floor here (no fifth batch was collected to hold out after it)
-HELD_OUT = {"failing": 18, "right_class": 10, "wrong_incident": 0, "failing_called_clean": 1, "clean_called_failure": 0}
+# fresh5/ as first scored, before it was tuned on (fresh5/FIRST-RUN.txt): the last held-out figure, which
+# misses the goal; a floor here (no sixth batch was collected to hold out after it)
+HELD_OUT = {"failing": 19, "right_class": 14, "wrong_incident": 0, "failing_called_clean": 2, "clean_called_failure": 0}
 
 
 def earlier_sources() -> set[str]:
@@ -69,8 +75,8 @@ def test_fresh_tune_data_log_gets_its_class(
 
 def test_the_held_out_fresh_batch_does_not_regress() -> None:
     got = dict.fromkeys(HELD_OUT, 0)
-    for entry in FRESH["fresh4"]:
-        d = diagnose((BEYOND / "fresh4" / entry["file"]).read_bytes())
+    for entry in FRESH["fresh5"]:
+        d = diagnose((BEYOND / "fresh5" / entry["file"]).read_bytes())
         if entry["status"] == "clean":
             got["clean_called_failure"] += d.verdict != "clean"
             continue
@@ -150,6 +156,20 @@ def test_the_held_out_fresh_batch_does_not_regress() -> None:
             "Error: listen tcp 127.0.0.1:11434: bind: Only one usage of each socket address (protocol/network address/port) is normally permitted.\n",
             "port-in-use",
         ),
+        # tuned on the fifth fresh batch: NVML refused in a container, a config.json or GGUF file absent, an
+        # architecture newer than llama.cpp, llama-server's argument parser (NVIDIA/nvidia-container-toolkit#210,
+        # InternLM/lmdeploy#1299, ggml-org/llama.cpp#15919, ollama/ollama#3904, oobabooga/textgen#7237)
+        ("Failed to initialize NVML: Insufficient Permissions\n", "container-gpu-runtime"),
+        ("FileNotFoundError: [Errno 2] No such file or directory: '/models/qwen/config.json'\n", "model-files-missing"),
+        ("gguf_init_from_file: failed to open GGUF file '/models/gemma-3-12b-it-q4_0.gguf'\n", "model-files-missing"),
+        (
+            "llama_model_load: error loading model: error loading model architecture: unknown model architecture: 'phi3'\n",
+            "config-error",
+        ),
+        (
+            "error while handling argument \"--flash-attn\": error: unkown value for --flash-attn: '--numa'\n",
+            "config-error",
+        ),
     ],
 )
 def test_a_rule_tuned_on_the_fresh_batch_names_its_class(text: str, cls: str) -> None:
@@ -173,6 +193,10 @@ def test_a_rule_tuned_on_the_fresh_batch_names_its_class(text: str, cls: str) ->
         "INFO 12-25 11:51:25 [config.py:1] Found config.json in /models/qwen (config format: hf)\n",
         "INFO 11-30 10:00:00 [x.py:1] /tmp/cache: Permission denied at first, retried in /var/tmp and went on\n",
         "2024-05-01T01:17:02.618817Z  INFO shard-manager: text_generation_launcher: Shard ready in 12.5s rank=0\n",
+        "INFO 11-30 10:00:00 [nvml.py:1] NVML initialized: 8 GPUs, driver 570.158.01\n",
+        "INFO 11-30 10:00:00 [config.py:1] no generation_config.json in /models/qwen; using the model's defaults\n",
+        "llama_model_loader: loaded meta data with 34 key-value pairs and 389 tensors from /models/m.gguf (version GGUF V3 (latest))\n",
+        "llm_load_print_meta: arch             = phi3\n",
     ],
 )
 def test_the_lines_around_those_rules_stay_clean(text: str) -> None:
