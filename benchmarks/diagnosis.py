@@ -8,7 +8,18 @@
 - `beyond-tune` / `beyond-test`: tests/fixtures/logs/beyond/, pastes from families issue 26 did not
   know (the host and the container around the engine, non-Python engines, chat templates: issue 44),
   split the same way with their own salted rule (tests/fixtures/logs/beyond/SPLIT.md); tuned on
-  `beyond-tune` only.
+  `beyond-tune` (and, once it had been scored, on `beyond-test`'s two misses: SPLIT.md says so);
+- `beyond-fresh`: tests/fixtures/logs/beyond/fresh/, a batch collected and labelled after that, all
+  held out (no split; FRESH.md); it missed the goal on its first run and is tune data since;
+- `beyond-fresh2`: tests/fixtures/logs/beyond/fresh2/, collected and labelled before any rule changed for
+  `beyond-fresh` (FRESH2.md); it missed the goal on its first run too and is tune data since;
+- `beyond-fresh3`: tests/fixtures/logs/beyond/fresh3/, collected and labelled before any rule changed for
+  `beyond-fresh2` (FRESH3.md); it missed the goal on its first run and is tune data since;
+- `beyond-fresh4`: tests/fixtures/logs/beyond/fresh4/, collected and labelled before any rule changed for
+  `beyond-fresh3` (FRESH4.md); it missed the goal on its first run and is tune data since;
+- `beyond-fresh5`: tests/fixtures/logs/beyond/fresh5/, collected and labelled after the tuning on
+  `beyond-fresh4` and before stackproof ran on it (FRESH5.md); it missed the goal on its first run and
+  is tune data since. No batch is held out after it: its FIRST-RUN.txt is the last held-out figure.
 
 The unseen pastes were split by a hash of their thread's URL before any was judged
 (tests/fixtures/logs/unseen/SPLIT.md); this script recomputes the split and refuses a file filed in
@@ -23,7 +34,8 @@ although its expected class is a failure (a log that only stops mid-startup, cla
 phase it stopped in: issue 26 made that an exit-0 verdict). Right class is also given per family.
 `--before DIR` runs an older checkout too (e.g. `git archive <commit> | tar -x -C DIR`).
 Prints tables; asserts nothing.
-Usage: python benchmarks/diagnosis.py [--sets corpus,tune,test,beyond-tune,beyond-test] [--before DIR] [--list]
+Usage: python benchmarks/diagnosis.py [--sets corpus,tune,test,beyond-tune,beyond-test,beyond-fresh,...]
+    [--before DIR] [--list]
 (main's baseline beside this tree: git archive main | tar -x -C /tmp/main, then --before /tmp/main)
 """
 
@@ -49,10 +61,17 @@ SETS = {
     "test": LOGS / "unseen" / "test",
     "beyond-tune": LOGS / "beyond" / "tune",
     "beyond-test": LOGS / "beyond" / "test",
+    "beyond-fresh": LOGS / "beyond" / "fresh",
+    "beyond-fresh2": LOGS / "beyond" / "fresh2",
+    "beyond-fresh3": LOGS / "beyond" / "fresh3",
+    "beyond-fresh4": LOGS / "beyond" / "fresh4",
+    "beyond-fresh5": LOGS / "beyond" / "fresh5",
 }
 GOALS = (
-    "goal (issues 26 and 44, on test and beyond-test): right class >= 80% of failing, 0 wrong incidents,"
-    " 0 clean called failures, 0 failing called clean, 0 clean exiting 1; corpus and tune halves: no regression"
+    "goal (issues 26 and 44; held out: test, and each fresh batch on its first run, the last"
+    " beyond-fresh5/FIRST-RUN.txt): right class >= 80% of failing, 0 wrong incidents, 0 clean called failures,"
+    " 0 failing called clean, 0 clean exiting 1;"
+    " corpus, tune halves, beyond-test and the earlier fresh batches: no regression"
 )
 
 # Families, for the per-family table: what kind of thing failed, whatever the class's wording.
@@ -156,8 +175,21 @@ def load_index(name: str) -> list[dict[str, Any]]:
     if name == "corpus":
         return index
     earlier = ["corpus"] if name in ("tune", "test") else ["corpus", "tune", "test"]
+    fresh = [
+        "beyond-fresh",
+        "beyond-fresh2",
+        "beyond-fresh3",
+        "beyond-fresh4",
+        "beyond-fresh5",
+    ]  # each collected after the sets before it
+    if name in fresh:
+        earlier += ["beyond-tune", "beyond-test", *fresh[: fresh.index(name)]]
     corpus = {e["source"] for s in earlier for e in yaml.safe_load((SETS[s] / "index.yaml").read_text())["logs"]}
     for entry in index:
+        if name in fresh:  # held out whole: no split to check
+            if entry["source"] in corpus:
+                sys.exit(f"{SETS[name] / entry['file']}: {entry['source']} is already in the corpus")
+            continue
         half = split_half(entry["url"]) if name in ("tune", "test") else "beyond-" + split_beyond(entry["url"])
         if half != name:
             sys.exit(f"{SETS[name] / entry['file']}: its URL hashes to the {half} half, not {name} (SPLIT.md)")

@@ -375,10 +375,14 @@ def _classes(
             seen.setdefault(m.id.split(":")[1], []).append(m)
     hits: list[ClassHit] = []
     warnings: list[ClassHit] = []
+    # a line the catalog knows as a warning (SGLang's "... To silence this warning") is not an error line
+    known_warnings = {m.line_no for cid, ms in seen.items() if by_id[cid].severity == "warn" for m in ms}
     for class_id, found in seen.items():
         c = by_id[class_id]
         if c.fallback or c.loud_only:  # a line its own logger calls INFO or WARNING is not an error line
             found = [m for m in found if not _QUIET_LEVEL.match(clean_line(m.line).text)]
+            if c.fallback:
+                found = [m for m in found if m.line_no not in known_warnings]
             if not found:
                 continue
         found.sort(key=lambda m: m.line_no)

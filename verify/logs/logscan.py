@@ -115,7 +115,8 @@ def _sequence_anchors(items: list[tuple[Any, Any]]) -> list[str] | None:
             continue
         best, run = max(best, run, key=len), ""
         if op is sre_c.SUBPATTERN:
-            groups.append(list(av[-1]))
+            if not av[1] & re.IGNORECASE:  # a scoped (?i:...) group's letters match in either case
+                groups.append(list(av[-1]))
         elif op is sre_c.BRANCH:  # a non-capturing (?:a|b) is parsed inline, as a bare branch
             groups.append([(op, av)])
     best = max(best, run, key=len)
