@@ -48,8 +48,9 @@ AUDIT = "audit"
 QUIET = ("build", "registry")
 TIMED = ("serve", "host", "fleet")
 # WORKFLOWS (verify.yml under act, ~17 min: docs/fleet.md) judges no timing and needs the first
-# prebuilt image: a niced pytest of its own from then on, beside QUIET and every TIMED group, waited
-# for after the last of them, so it costs CI's wall time only what it outlasts them by.
+# prebuilt image: a niced pytest of its own beside the first TIMED group, like QUIET but not in QUIET's
+# pytest (one after the other they would outlast it), so it costs CI's wall time only what it outlasts
+# that group by; the TIMED groups after it still run alone.
 WORKFLOWS = "workflows"
 # Images the integration tier's session fixtures build, built while the unit tier runs. The first
 # is waited for before any integration group starts (its bootstrapped base is shared and has no
@@ -84,11 +85,13 @@ def tests(session: nox.Session) -> None:
             timing.run(session, "unit", ["pytest", "-ra", "--durations=15", *unit, *rest])
             first_built()
             quiet = " or ".join(QUIET)
-            with _beside(session, [*integration, "-m", WORKFLOWS, *timing.xml(WORKFLOWS)], WORKFLOWS, timing):
-                with _beside(session, [*integration, "-m", quiet, *timing.xml("quiet")], "quiet", timing):
-                    timing.run(session, TIMED[0], ["pytest", "-ra", "--durations=30", *integration, "-m", TIMED[0]])
-                for group in TIMED[1:]:
-                    timing.run(session, group, ["pytest", "-ra", "--durations=30", *integration, "-m", group])
+            with (
+                _beside(session, [*integration, "-m", WORKFLOWS, *timing.xml(WORKFLOWS)], WORKFLOWS, timing),
+                _beside(session, [*integration, "-m", quiet, *timing.xml("quiet")], "quiet", timing),
+            ):
+                timing.run(session, TIMED[0], ["pytest", "-ra", "--durations=30", *integration, "-m", TIMED[0]])
+            for group in TIMED[1:]:
+                timing.run(session, group, ["pytest", "-ra", "--durations=30", *integration, "-m", group])
             others = " and ".join(f"not {g}" for g in (AUDIT, *QUIET, *TIMED, WORKFLOWS))
             timing.run(session, "others", ["pytest", "-ra", *integration, "-m", others], none_ok=True)
     finally:
