@@ -251,13 +251,33 @@ def receipt_of(run: ActRun, cell: str) -> dict[str, object]:
     return json.loads(found[-1].read_text())  # type: ignore[no-any-return]
 
 
+def steps(run: ActRun, prefix: str, cell: str) -> dict[str, str]:
+    """Each main step of one matrix combination of a job, and its result (success, failure)."""
+    return {
+        str(e["step"]): str(e["stepResult"])
+        for e in job_lines(run, prefix, cell)
+        if e.get("stage") == "Main" and e.get("stepResult")
+    }
+
+
 def test_every_job_ran_and_only_the_failing_cell_failed(act_run: ActRun) -> None:
     assert act_run.code != 0, "a failing cell must fail the run"
     assert result(act_run, "plan") == "success", act_run.jobs
-    assert result(act_run, "build", CELL) == "success" and result(act_run, "build", BAD_CELL) == "success", act_run.jobs
-    assert result(act_run, "verify", CELL) == "success", act_run.log[-6000:]
-    assert result(act_run, "verify", BAD_CELL) == "failure", act_run.jobs
     assert result(act_run, "report") == "success", act_run.jobs
+    # A matrix job's combinations are judged by their steps: act keeps one result for the whole matrix
+    # (nektos/act pkg/runner/job_executor.go:161 at v0.2.87: "we have only one result for a whole matrix
+    # build"), so once the failing cell's verify fails, cpu-tiny's ends "Job failed" too, every step of
+    # it a success (seen here with act 0.2.89). GitHub gives each combination its own result.
+    for cell in (CELL, BAD_CELL):
+        build = steps(act_run, "build", cell)
+        assert build.get("build and push by content tag") == "success", build
+        assert set(build.values()) == {"success"}, build
+    verify = steps(act_run, "verify", CELL)
+    assert set(verify.values()) == {"success"}, verify
+    assert {"pull the cell's image by digest", "verify (nox -s verify)", "publish"} <= set(verify), verify
+    bad = steps(act_run, "verify", BAD_CELL)
+    assert bad.get("verify (nox -s verify)") == "failure", bad
+    assert "publish" not in bad, bad  # the steps after a failure are skipped: no publish, no tag moved
 
 
 def test_verify_pulled_the_pushed_digest_and_did_not_build(act_run: ActRun) -> None:
