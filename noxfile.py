@@ -47,7 +47,7 @@ def lint(session: nox.Session) -> None:
 AUDIT = "audit"
 QUIET = ("build", "registry")
 TIMED = ("serve", "host", "fleet")
-# WORKFLOWS (verify.yml under act, ~17 min: docs/fleet.md) judges no timing and needs the first
+# WORKFLOWS (verify.yml under act, 8-17 min: docs/fleet.md) judges no timing and needs the first
 # prebuilt image: a niced pytest of its own beside the first TIMED group, like QUIET but not in QUIET's
 # pytest (one after the other they would outlast it), so it costs CI's wall time only what it outlasts
 # that group by; the TIMED groups after it still run alone.

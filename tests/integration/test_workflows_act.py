@@ -37,7 +37,7 @@ import pytest
 from tests.integration.conftest import REPO
 from tests.integration.registries import USER, Registry, start_registry
 
-# About 17 minutes here (mostly `docker push` of the 3 GB cpu-tiny image to a fresh registry), over 40
+# 8 to 17 minutes here (mostly `docker push` of the 3 GB cpu-tiny image to a fresh registry), over 40
 # when cpu-tiny is not built yet: its own integration group (`workflows`), which `nox -s tests` runs
 # niced beside the others once cpu-tiny is prebuilt (noxfile.py; docs/fleet.md has the measured run).
 pytestmark = pytest.mark.integration
