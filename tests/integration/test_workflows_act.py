@@ -39,7 +39,7 @@ from tests.integration.registries import USER, Registry, start_registry
 
 # 8 to 17 minutes here (mostly `docker push` of the 3 GB cpu-tiny image to a fresh registry), over 40
 # when cpu-tiny is not built yet: its own integration group (`workflows`), which `nox -s tests` runs
-# niced beside the others once cpu-tiny is prebuilt (noxfile.py; docs/fleet.md has the measured run).
+# niced beside the serve group once cpu-tiny is prebuilt (noxfile.py; docs/fleet.md has the measured runs).
 pytestmark = pytest.mark.integration
 
 WORKFLOW = REPO / ".github" / "workflows" / "verify.yml"
