@@ -47,6 +47,11 @@ def lint(session: nox.Session) -> None:
 AUDIT = "audit"
 QUIET = ("build", "registry")
 TIMED = ("serve", "host", "fleet")
+# WORKFLOWS (verify.yml under act, 8-17 min: docs/fleet.md) judges no timing and needs the first
+# prebuilt image: a niced pytest of its own beside the first TIMED group, like QUIET but not in QUIET's
+# pytest (one after the other they would outlast it), so it costs CI's wall time only what it outlasts
+# that group by; the TIMED groups after it still run alone.
+WORKFLOWS = "workflows"
 # Images the integration tier's session fixtures build, built while the unit tier runs. The first
 # is waited for before any integration group starts (its bootstrapped base is shared and has no
 # lock); the fixtures of the others wait on the build's own per-cell lock (pipeline/cache.py).
@@ -80,11 +85,14 @@ def tests(session: nox.Session) -> None:
             timing.run(session, "unit", ["pytest", "-ra", "--durations=15", *unit, *rest])
             first_built()
             quiet = " or ".join(QUIET)
-            with _beside(session, [*integration, "-m", quiet, *timing.xml("quiet")], "quiet", timing):
+            with (
+                _beside(session, [*integration, "-m", WORKFLOWS, *timing.xml(WORKFLOWS)], WORKFLOWS, timing),
+                _beside(session, [*integration, "-m", quiet, *timing.xml("quiet")], "quiet", timing),
+            ):
                 timing.run(session, TIMED[0], ["pytest", "-ra", "--durations=30", *integration, "-m", TIMED[0]])
             for group in TIMED[1:]:
                 timing.run(session, group, ["pytest", "-ra", "--durations=30", *integration, "-m", group])
-            others = " and ".join(f"not {g}" for g in (AUDIT, *QUIET, *TIMED))
+            others = " and ".join(f"not {g}" for g in (AUDIT, *QUIET, *TIMED, WORKFLOWS))
             timing.run(session, "others", ["pytest", "-ra", *integration, "-m", others], none_ok=True)
     finally:
         timing.report()  # the log's last lines, also when a group failed
@@ -216,9 +224,11 @@ def unit(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def integration(session: nox.Session) -> None:
     """One integration group alone (`nox -s integration -- serve`): build, serve, registry, audit,
-    host (INTEGRATION_GROUPS in tests/conftest.py; a name that is none selects no test and fails)."""
+    host, fleet, workflows (INTEGRATION_GROUPS in tests/conftest.py; a name that is none selects no test and fails)."""
     if not session.posargs:
-        session.error("name a group: nox -s integration -- build|serve|registry|audit|host|fleet [pytest options]")
+        session.error(
+            "name a group: nox -s integration -- build|serve|registry|audit|host|fleet|workflows [pytest options]"
+        )
     group, *rest = session.posargs
     _install(session)
     session.run("pytest", "-ra", "--durations=15", "tests/integration", "--run-docker", "-m", group, *rest)

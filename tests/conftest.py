@@ -49,7 +49,8 @@ INTEGRATION_GROUPS: dict[str, tuple[str, ...]] = {
     ),
     "audit": ("test_audit_wheels", "test_audit_assumptions_wheels", "test_release_watch"),
     "host": ("test_host_runtime", "test_ab", "test_sweep", "test_bisect", "test_gc_containers", "test_lock_race"),
-    "fleet": ("test_slurm", "test_workflows_act"),
+    "fleet": ("test_slurm",),
+    "workflows": ("test_workflows_act",),
 }
 
 

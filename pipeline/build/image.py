@@ -31,7 +31,7 @@ from pipeline.errors import InfraError, InputError
 from pipeline.guard.redact import redact
 from pipeline.matrix.model import ArchiveBase, BootstrapBase, Cell, CellBase, Matrix, RegistryBase
 from pipeline.matrix.site import Mirror, SiteSettings
-from pipeline.registry.fleet import cache_ref, fetch_built, push_built, registry_credentials
+from pipeline.registry.fleet import bind_local, cache_ref, fetch_built, push_built, registry_credentials
 from pipeline.registry.oci import Credentials
 
 __all__ = [
@@ -109,7 +109,7 @@ def build_cell(
     plan = plan_cell(matrix, cell, site, images_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     credentials = registry_credentials(site.registry) if site.registry and (push or not force) else None
-    result = None if force or no_cache else _reuse(docker, plan, site, credentials)
+    result = None if force or no_cache else _reuse(docker, plan, site, credentials, pull_only=pull_only)
     if result is not None and link_build_log(out_dir, plan.tag) is not None:
         result = dataclasses.replace(result, made_in_s=build_seconds(out_dir, plan.tag))
     if result is None:
@@ -152,14 +152,26 @@ def _ensure_bases(
         ensure_archive_base(docker, base, directory=site.base_archives, matrix_file=matrix.file)
 
 
-def _reuse(docker: Docker, plan: BuildPlan, site: SiteSettings, credentials: Credentials | None) -> BuildResult | None:
+def _reuse(
+    docker: Docker, plan: BuildPlan, site: SiteSettings, credentials: Credentials | None, *, pull_only: bool = False
+) -> BuildResult | None:
     """The cell's image without a build: its content tag on this daemon, else pulled from the site's
-    registry by digest; None when neither has it."""
+    registry by digest; None when neither has it. `pull_only` (a fleet's verify runner) with a registry:
+    the image is also bound to the registry's digest for its content tag (`registry_ref`), which a
+    receipt's signature names, even when the tag was already here (pipeline.registry.fleet.bind_local)."""
     cell = plan.cell
     existing = docker.image(plan.tag)
     source, reference = "local", None
+    ca_bundle = str(site.ca_bundle) if site.ca_bundle else None
     if existing is not None:
         print(f"{cell.id}: {plan.tag} exists, build skipped", file=sys.stderr)
+        if pull_only and site.registry:
+            bound = bind_local(
+                docker, registry=site.registry, cell_id=cell.id, content_tag=plan.tag, platform=cell.platform,
+                local=existing, credentials=credentials, ca_bundle=ca_bundle,
+            )  # fmt: skip
+            existing, reference = bound.image, bound.reference
+            source = "registry" if bound.pulled else "local"
     elif site.registry:
         fetched = fetch_built(
             docker,
@@ -168,7 +180,7 @@ def _reuse(docker: Docker, plan: BuildPlan, site: SiteSettings, credentials: Cre
             content_tag=plan.tag,
             platform=cell.platform,
             credentials=credentials,
-            ca_bundle=str(site.ca_bundle) if site.ca_bundle else None,
+            ca_bundle=ca_bundle,
         )
         if fetched is None:
             return None

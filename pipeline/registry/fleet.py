@@ -21,7 +21,16 @@ from pipeline.errors import CheckFailed
 from pipeline.registry.layout import cache_ref, content_ref, docker_login, repository, resolve_platform
 from pipeline.registry.oci import Credentials, RegistryClient, find_credentials
 
-__all__ = ["Fetched", "cache_ref", "fetch_built", "push_built", "registry_credentials"]
+__all__ = [
+    "Fetched",
+    "Found",
+    "bind_local",
+    "cache_ref",
+    "fetch_built",
+    "find_built",
+    "push_built",
+    "registry_credentials",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -31,12 +40,46 @@ class Fetched:
     reference: str  # HOST/REPO@sha256:... pulled (the platform manifest)
     content_ref: str  # HOST/REPO:CELL-<content digest>, what was looked up
     image: ImageInfo
+    pulled: bool = True  # False: the image on this daemon already was that manifest (bind_local)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Found:
+    """The registry's image under a cell's content tag."""
+
+    reference: str  # HOST/REPO@sha256:... of the cell's platform manifest
+    content_ref: str  # HOST/REPO:CELL-<content digest>, what was looked up
+    image_id: str  # its id on this daemon: the manifest digest (containerd store) or its config digest
 
 
 def registry_credentials(registry: str) -> Credentials | None:
     """The registry's credentials from the environment or docker's own config (never argv)."""
     host, _ = repository(registry)
     return find_credentials(host, env=dict(os.environ))
+
+
+def find_built(
+    docker: Docker,
+    *,
+    registry: str,
+    cell_id: str,
+    content_tag: str,
+    platform: str,
+    credentials: Credentials | None,
+    ca_bundle: str | None = None,
+) -> Found | None:
+    """The platform manifest the registry holds under the cell's content tag, and the id docker gives
+    its image on this daemon's store; None when the registry does not have the tag."""
+    ref = content_ref(registry, cell_id, content_tag)
+    host, repo = repository(registry)
+    tag = ref.rpartition(":")[2]
+    with RegistryClient(host, credentials=credentials, ca_bundle=ca_bundle) as client:
+        client.check()
+        if client.manifest(repo, tag) is None:
+            return None
+        _, manifest = resolve_platform(client, repo, tag, platform, where=ref)
+    image_id = manifest.digest if docker.image_store() == CONTAINERD_STORE else str(manifest.config_digest)
+    return Found(reference=f"{host}/{repo}@{manifest.digest}", content_ref=ref, image_id=image_id)
 
 
 def fetch_built(
@@ -51,27 +94,71 @@ def fetch_built(
 ) -> Fetched | None:
     """Pull the cell's image by digest when its content tag is in `registry`, tagged `content_tag`
     locally; None when the registry does not have it (the caller builds)."""
-    ref = content_ref(registry, cell_id, content_tag)
-    host, repo = repository(registry)
-    tag = ref.rpartition(":")[2]
-    with RegistryClient(host, credentials=credentials, ca_bundle=ca_bundle) as client:
-        client.check()
-        if client.manifest(repo, tag) is None:
-            return None
-        _, manifest = resolve_platform(client, repo, tag, platform, where=ref)
-    reference = f"{host}/{repo}@{manifest.digest}"
-    print(f"{cell_id}: {ref} is in the registry: pulling {reference} instead of building", file=sys.stderr)
-    docker.pull(reference, login=docker_login(credentials))
-    docker.tag(reference, content_tag)
+    found = find_built(
+        docker, registry=registry, cell_id=cell_id, content_tag=content_tag, platform=platform,
+        credentials=credentials, ca_bundle=ca_bundle,
+    )  # fmt: skip
+    if found is None:
+        return None
+    print(
+        f"{cell_id}: {found.content_ref} is in the registry: pulling {found.reference} instead of building",
+        file=sys.stderr,
+    )
+    return _pull(docker, found, cell_id=cell_id, content_tag=content_tag, credentials=credentials)
+
+
+def bind_local(
+    docker: Docker,
+    *,
+    registry: str,
+    cell_id: str,
+    content_tag: str,
+    platform: str,
+    local: ImageInfo,
+    credentials: Credentials | None,
+    ca_bundle: str | None = None,
+) -> Fetched:
+    """The content tag is already on this daemon (`build --pull-only` on a runner that built or
+    verified the cell before): the registry's digest of that very image, so a receipt and its
+    signature can name it. The registry's image under the tag wins: when the local one differs it
+    is pulled by digest over it; when the registry lacks the tag the local image is pushed first."""
+
+    def find() -> Found | None:
+        return find_built(
+            docker, registry=registry, cell_id=cell_id, content_tag=content_tag, platform=platform,
+            credentials=credentials, ca_bundle=ca_bundle,
+        )  # fmt: skip
+
+    found = find()
+    if found is None:
+        print(f"{cell_id}: {content_tag} is on this daemon but not in {registry}: pushing it", file=sys.stderr)
+        push_built(docker, registry=registry, cell_id=cell_id, content_tag=content_tag, credentials=credentials)
+        found = find()
+        if found is None:
+            raise CheckFailed(f"{cell_id}: pushed {content_tag} to {registry}, but the registry lacks it")
+    if found.image_id == local.id:
+        print(f"{cell_id}: {content_tag} on this daemon is {found.reference} in the registry", file=sys.stderr)
+        return Fetched(reference=found.reference, content_ref=found.content_ref, image=local, pulled=False)
+    print(
+        f"{cell_id}: {content_tag} on this daemon ({local.id}) is not the registry's image under its tag "
+        f"({found.image_id}): pulling {found.reference} over it",
+        file=sys.stderr,
+    )
+    return _pull(docker, found, cell_id=cell_id, content_tag=content_tag, credentials=credentials)
+
+
+def _pull(docker: Docker, found: Found, *, cell_id: str, content_tag: str, credentials: Credentials | None) -> Fetched:
+    """Pull `found` by digest, tag it `content_tag` and check the image docker now has is that manifest."""
+    docker.pull(found.reference, login=docker_login(credentials))
+    docker.tag(found.reference, content_tag)
     info = docker.image(content_tag)
-    expected = manifest.digest if docker.image_store() == CONTAINERD_STORE else str(manifest.config_digest)
-    if info is None or info.id != expected:
+    if info is None or info.id != found.image_id:
         docker.remove_image(content_tag)
         raise CheckFailed(
-            f"{cell_id}: pulled {reference} but its image id is {info.id if info else None}, not {expected}: "
-            "the registry did not serve the manifest it named"
+            f"{cell_id}: pulled {found.reference} but its image id is {info.id if info else None}, not "
+            f"{found.image_id}: the registry did not serve the manifest it named"
         )
-    return Fetched(reference=reference, content_ref=ref, image=info)
+    return Fetched(reference=found.reference, content_ref=found.content_ref, image=info)
 
 
 def push_built(

@@ -68,7 +68,10 @@ VERIFY_OPTIONS = (
     ),
 )
 
-PULL_ONLY_HELP = "never build: take the image from STACKPROOF_REGISTRY or fail (exit 3)"
+PULL_ONLY_HELP = (
+    "never build: take the image from STACKPROOF_REGISTRY or fail (exit 3); registry_ref is always the "
+    "registry's digest of the image, also when its content tag was already here"
+)
 
 
 def _render(args: argparse.Namespace) -> int:
@@ -133,6 +136,8 @@ def _build(args: argparse.Namespace) -> int:
         pull_only=args.pull_only,
     )
     how = {"local": " (existing)", "registry": f" (pulled {result.registry_ref})"}.get(result.source, "")
+    if result.source == "local" and result.registry_ref:
+        how = f" (existing, {result.registry_ref})"
     _emit(args, result.to_json(), f"{result.tag} {result.image_id}{how}")
     return 0
 

@@ -174,3 +174,66 @@ def test_pull_only_refuses_to_build_a_tag_the_registry_lacks(bench: Fleet) -> No
     assert f"[build {CELL}]" not in result.stderr and bench.daemon.image_id(tag) is None
     assert "Traceback" not in result.stderr
     json.dumps(result.stdout)  # nothing else printed on stdout but what --json would
+
+
+def platform_digest(bench: Fleet, tag: str) -> tuple[str, str]:
+    """The linux/amd64 manifest the registry holds under `tag`, and that manifest's config digest."""
+    with bench.client() as client:
+        top = client.manifest("stackproof", tag)
+        assert top is not None, f"{tag} is not in the registry"
+        if top.is_index:
+            entry = platform_manifest(top.json, "linux/amd64")
+            assert entry is not None
+            top = client.manifest("stackproof", entry["digest"])
+        assert top is not None and not top.is_index
+        return top.digest, str(top.config_digest)
+
+
+def test_pull_only_names_the_registry_digest_of_a_content_tag_already_here(bench: Fleet, base_tag: str) -> None:
+    """A GPU runner whose daemon already has the content tag (it verified the cell before; on one host,
+    the build runner's own image): `--pull-only` still gives the registry's digest of that image, which
+    the workflow's receipt, signature and publish name. Before the fix: `source: local`,
+    `registry_ref: null` (the act run of verify.yml found it: tests/integration/test_workflows_act.py)."""
+    matrix, tag = bench.matrix("bound")
+    pushed = bench.build(matrix, "--push")
+    assert pushed.returncode == 0, pushed.stderr[-3000:]
+    content = f"{CELL}-{tag.rsplit(':', 1)[1]}"
+    manifest, config = platform_digest(bench, content)
+    expected = manifest if bench.daemon.store == "containerd" else config
+    repo = f"{bench.registry.address}/stackproof"
+
+    again = bench.build(matrix, "--pull-only")  # the tag is here: nothing to pull, a digest to name
+    assert again.returncode == 0, again.stderr[-3000:]
+    bound = again.json()
+    assert f"{tag} exists, build skipped" in again.stderr and f"[build {CELL}]" not in again.stderr
+    assert bound["registry_ref"] == f"{repo}@{manifest}", bound
+    assert bound["image_id"] == expected == bench.daemon.image_id(tag)
+    if bench.daemon.store == "classic":  # the local image is that manifest's image: nothing pulled
+        assert bound["source"] == "local" and "[pull]" not in again.stderr
+
+    # Another image under the content tag here (a runner's stale or tampered image): the registry's wins.
+    bench.daemon.docker("tag", base_tag, tag)
+    assert bench.daemon.image_id(tag) != expected
+    over = bench.build(matrix, "--pull-only")
+    assert over.returncode == 0, over.stderr[-3000:]
+    assert f"is not the registry's image under its tag ({expected}): pulling {repo}@{manifest} over it" in over.stderr
+    assert over.json()["source"] == "registry" and over.json()["registry_ref"] == f"{repo}@{manifest}"
+    assert bench.daemon.image_id(tag) == expected and f"[build {CELL}]" not in over.stderr
+
+
+def test_pull_only_pushes_a_content_tag_only_this_daemon_has(bench: Fleet) -> None:
+    """The content tag is here but the registry lacks it (a registry emptied since): `--pull-only` pushes
+    it, so the receipt still names the registry's digest; it does not build."""
+    matrix, tag = bench.matrix("unpushed")
+    built = bench.build(matrix)  # built here, never pushed
+    assert built.returncode == 0 and built.json()["source"] == "built", built.stderr[-3000:]
+    content = f"{CELL}-{tag.rsplit(':', 1)[1]}"
+    with bench.client() as client:
+        assert client.manifest("stackproof", content) is None
+    bound = bench.build(matrix, "--pull-only")
+    assert bound.returncode == 0, bound.stderr[-3000:]
+    assert f"{tag} is on this daemon but not in {bench.registry.address}: pushing it" in bound.stderr
+    assert f"[build {CELL}]" not in bound.stderr
+    manifest, config = platform_digest(bench, content)
+    assert bound.json()["registry_ref"] == f"{bench.registry.address}/stackproof@{manifest}"
+    assert bench.daemon.image_id(tag) == (manifest if bench.daemon.store == "containerd" else config)

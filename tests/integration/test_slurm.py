@@ -11,6 +11,7 @@ a node's slurmd killed mid-job (NODE_FAIL). After each: no job in the queue, no 
 
 from __future__ import annotations
 
+import calendar
 import json
 import os
 import signal
@@ -69,6 +70,29 @@ def by_cell(rows: list[dict]) -> dict[str, dict]:
     return {row["cell"]: row for row in rows}
 
 
+def record(case: str, rows: dict[str, dict]) -> None:
+    """Each cell's fleet receipt in the log (docs/fleet.md's measured table is read from these lines)."""
+    for cell, row in rows.items():
+        s = row["scheduler"]
+        sys.stderr.write(
+            f"\nfleet: {case}: {cell}: status {row['status']}, state {s['state']}, reason {s['reason']}, "
+            f"node {s['node']}, job exit {s['job_exit_code']}, dispatch {row['times']['dispatch_s']}s\n"
+        )
+
+
+def server_start_s(row: dict) -> float | None:
+    """Submit to server start: the job's verification began (its receipt's started_at, whole seconds)
+    plus the stages before `startup`, the stage that launches the server; minus the submit time."""
+    receipt = json.loads(Path(row["receipt"]).read_text())
+    before = 0.0
+    for stage in receipt["stages"]:
+        if stage["stage"] == "startup":
+            started = calendar.timegm(time.strptime(receipt["started_at"], "%Y-%m-%dT%H:%M:%SZ"))
+            return round(started + before - row["times"]["submitted_at"], 1)
+        before += stage["seconds"] or 0.0
+    return None
+
+
 def test_cpu_tiny_host_verified_inside_a_slurm_job(cluster: Cluster, runner_user: str | None) -> None:
     shared = runner_dir(runner_user, "fleet-shared")
     try:
@@ -84,7 +108,11 @@ def test_cpu_tiny_host_verified_inside_a_slurm_job(cluster: Cluster, runner_user
         receipt = json.loads(Path(row["receipt"]).read_text())
         assert receipt["status"] == "PASS" and receipt["cell"] == HOST_CELL
         assert row["times"]["dispatch_s"] is not None and row["times"]["dispatch_s"] < 30
-        sys.stderr.write(f"\nfleet: {HOST_CELL} dispatch {row['times']['dispatch_s']}s (submit to running)\n")
+        sys.stderr.write(
+            f"\nfleet: {HOST_CELL} dispatch {row['times']['dispatch_s']}s (submit to running), "
+            f"{server_start_s(row)}s submit to server start\n"
+        )
+        record("verified", {HOST_CELL: row})
         folder = Path(row["receipt"]).parents[4]
         assert (folder / "site" / "index.html").is_file()
         assert json.loads((folder / HOST_CELL / "fleet-receipt.json").read_text())["status"] == "PASS"
@@ -105,6 +133,7 @@ def test_gpu_cells_land_on_their_gpu_type_and_preflight_says_error(cluster: Clus
         assert row["scheduler"]["state"] == "FAILED" and row["scheduler"]["job_exit_code"] == 3
         assert "preflight" in Path(row["output"]).read_text() or "NVIDIA" in Path(row["output"]).read_text()
     assert cells[SM90_CELL]["scheduler"]["request"] == "gres=gpu:h100:1, constraint=sm90"
+    record("gpu cell, no driver", cells)
     assert cluster.queue() == [] and cluster.settled() == []
 
 
@@ -179,6 +208,7 @@ def test_a_cancelled_pending_job_then_an_interrupted_run(cluster: Cluster, tmp_p
     os.kill(tool.proc.pid, signal.SIGINT)
     assert tool.finish() == 130
     rows = summary(tmp_path)
+    record("cancelled / interrupted", rows)
     assert {row["status"] for row in rows.values()} == {"CANCELLED"}
     assert {row["scheduler"]["state"] for row in rows.values()} == {"CANCELLED"}
     assert next(r for r in rows.values() if r["scheduler"]["job_id"] == pending)["scheduler"]["node"] is None
@@ -193,6 +223,7 @@ def test_a_node_lost_mid_job_gives_node_fail(cluster: Cluster, tmp_path: Path) -
     cluster.kill_slurmd("vm2")
     assert tool.finish(timeout=120) == 3
     row = summary(tmp_path)[SM120_CELL]
+    record("node lost", {SM120_CELL: row})
     assert row["status"] == "NODE_FAIL" and row["scheduler"]["node"] == "vm2", row
     sys.stderr.write(f"\nfleet: node lost: {json.dumps(row['scheduler'])}\n")
     assert cluster.queue() == []

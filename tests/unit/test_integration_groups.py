@@ -38,10 +38,11 @@ def _noxfile() -> ModuleType:
 
 
 def test_the_nox_schedule_names_only_real_groups_and_runs_each_once() -> None:
-    """AUDIT beside everything, QUIET beside the first TIMED group, TIMED one after another; a group
-    in none of them (a new one) runs in the foreground after them (its `-m` is the complement)."""
+    """AUDIT beside everything, QUIET beside the first TIMED group, TIMED one after another, WORKFLOWS
+    beside QUIET and TIMED; a group in none of them (a new one) runs in the foreground after them (its
+    `-m` is the complement)."""
     nox_file = _noxfile()
-    placed = [nox_file.AUDIT, *nox_file.QUIET, *nox_file.TIMED]
+    placed = [nox_file.AUDIT, *nox_file.QUIET, *nox_file.TIMED, nox_file.WORKFLOWS]
     assert len(placed) == len(set(placed)) and set(placed) <= set(INTEGRATION_GROUPS), placed
     assert "serve" in nox_file.TIMED and "host" in nox_file.TIMED, (
         "the groups that judge timings never run beside each other"
