@@ -19,15 +19,14 @@ and field (exit 2).
 
 from __future__ import annotations
 
-import difflib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import InputError, MatrixError
-from pipeline.matrix.yamlsrc import YamlSource, load_yaml
+from pipeline.errors import InputError
+from pipeline.matrix.yamlsrc import YamlSource, known_keys, load_site_file
 
 __all__ = ["SCHEDULERS", "ArchPlacement", "FleetSite", "load_fleet_site"]
 
@@ -80,18 +79,8 @@ class FleetSite:
 
 def load_fleet_site(path: Path) -> FleetSite:
     """Read and check a fleet site file (see the module docstring)."""
-    if not path.is_file():
-        raise InputError(f"--site {path}: no such file")
-    try:
-        source = load_yaml(path)
-    except MatrixError as exc:
-        raise InputError(str(exc)) from exc
+    source = load_site_file(path, named=f"--site {path}", what="a fleet site file", keys=_KEYS)
     data = source.data
-    if not isinstance(data, dict):
-        raise InputError(f"{path}:1: a fleet site file is a mapping ({', '.join(_KEYS)})")
-    _known_keys(source, (), data, _KEYS)
-    if data.get("schema_version") != 1:
-        raise InputError(f"{source.where(('schema_version',))}: schema_version must be 1")
     scheduler = data.get("scheduler")
     if scheduler not in SCHEDULERS:
         raise InputError(
@@ -137,7 +126,7 @@ def _arches(source: YamlSource, value: Any) -> dict[str, ArchPlacement]:
         entry = entry or {}
         if not isinstance(entry, dict):
             raise InputError(f"{source.where(('arch', arch))}: a mapping with gres, constraint and/or partition")
-        _known_keys(source, ("arch", arch), entry, _ARCH_KEYS)
+        known_keys(source, ("arch", arch), entry, _ARCH_KEYS)
         checks = (
             ("gres", _GRES, "a GRES name:type such as gpu:h100"),
             ("constraint", _CONSTRAINT, "feature names joined by & or |"),
@@ -151,11 +140,3 @@ def _arches(source: YamlSource, value: Any) -> dict[str, ArchPlacement]:
             arch=arch, line=source.line_of(("arch", arch)), **{k: entry.get(k) for k in _ARCH_KEYS}
         )
     return out
-
-
-def _known_keys(source: YamlSource, at: tuple[Any, ...], data: dict[Any, Any], known: tuple[str, ...]) -> None:
-    for key in data:
-        if key not in known:
-            close = difflib.get_close_matches(str(key), known, n=1)
-            hint = f", did you mean {close[0]!r}?" if close else f" (known: {', '.join(known)})"
-            raise InputError(f"{source.where((*at, key))}: unknown key{hint}")

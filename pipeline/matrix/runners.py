@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import InputError, MatrixError
+from pipeline.errors import InputError
 from pipeline.matrix.model import Cell, Matrix
-from pipeline.matrix.yamlsrc import YamlSource, load_yaml
+from pipeline.matrix.yamlsrc import YamlSource, load_site_file
 
 __all__ = ["DEFAULT_BUILD_LABELS", "RunnerLabels", "load_runner_labels"]
 
@@ -80,22 +80,8 @@ class RunnerLabels:
 
 def load_runner_labels(path: Path, matrix: Matrix) -> RunnerLabels:
     """Read and check a runner label file (see the module docstring)."""
-    if not path.is_file():
-        raise InputError(f"STACKPROOF_RUNNER_LABELS: {path}: no such file")
-    try:
-        source = load_yaml(path)
-    except MatrixError as exc:
-        raise InputError(str(exc)) from exc
+    source = load_site_file(path, named=f"STACKPROOF_RUNNER_LABELS: {path}", what="a runner label file", keys=_KEYS)
     data = source.data
-    if not isinstance(data, dict):
-        raise InputError(f"{path}:1: a runner label file is a mapping (schema_version, labels, cells, build)")
-    for key in data:
-        if key not in _KEYS:
-            close = difflib.get_close_matches(str(key), _KEYS, n=1)
-            hint = f", did you mean {close[0]!r}?" if close else f" (known: {', '.join(_KEYS)})"
-            raise InputError(f"{source.where((key,))}: unknown key{hint}")
-    if data.get("schema_version") != 1:
-        raise InputError(f"{source.where(('schema_version',))}: schema_version must be 1")
     labels = {str(k): _label_list(source, ("labels", k), v) for k, v in _mapping(source, "labels").items()}
     cells = {}
     for cell_id, value in _mapping(source, "cells").items():

@@ -8,6 +8,7 @@ are reported here.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +19,7 @@ import yaml
 from pipeline.errors import InputError, MatrixError
 from pipeline.guard import boundedio
 
-__all__ = ["Path_", "YamlSource", "format_path", "load_yaml"]
+__all__ = ["Path_", "YamlSource", "format_path", "known_keys", "load_site_file", "load_yaml"]
 
 Path_ = tuple[str | int, ...]
 
@@ -235,3 +236,30 @@ class _Walk:
             value = str(node.value)
         self.scalars[key] = value
         return value
+
+
+def load_site_file(path: Path, *, named: str, what: str, keys: tuple[str, ...]) -> YamlSource:
+    """A site's own YAML file (runner labels, a fleet site): present, a mapping of `keys` only, at
+    schema_version 1. Every refusal is an InputError naming `named` (how the user gave the path) or
+    the file's line."""
+    if not path.is_file():
+        raise InputError(f"{named}: no such file")
+    try:
+        source = load_yaml(path)
+    except MatrixError as exc:
+        raise InputError(str(exc)) from exc
+    if not isinstance(source.data, dict):
+        raise InputError(f"{path}:1: {what} is a mapping ({', '.join(keys)})")
+    known_keys(source, (), source.data, keys)
+    if source.data.get("schema_version") != 1:
+        raise InputError(f"{source.where(('schema_version',))}: schema_version must be 1")
+    return source
+
+
+def known_keys(source: YamlSource, at: Path_, data: dict[Any, Any], known: tuple[str, ...]) -> None:
+    """Refuse a key outside `known`, naming its line and the closest known one."""
+    for key in data:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), known, n=1)
+            hint = f", did you mean {close[0]!r}?" if close else f" (known: {', '.join(known)})"
+            raise InputError(f"{source.where((*at, key))}: unknown key{hint}")
