@@ -26,7 +26,6 @@ import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from http import HTTPStatus
-from pathlib import Path
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
@@ -411,7 +410,7 @@ def policy_findings(
     at = f"cuDNN {cudnn if cudnn is not None else 'unknown'}, FlashInfer {fi or 'unknown'}"
     if chosen:
         message = f"{', '.join(p.id for p in chosen)} ({chosen[0].verdict}) at {at}"
-        evidence = tuple(_policy_line(where, p.id) for p in chosen)
+        evidence = tuple(_policy_line(where, p) for p in chosen)
         return [
             Finding(kind="meaning", subject=subject, where=where, status=Status.OK, message=message, evidence=evidence)
         ]
@@ -422,14 +421,11 @@ def policy_findings(
     return [Finding(kind="meaning", subject=subject, where=where, status=Status.ERROR, message=message)]
 
 
-def _policy_line(where: str, policy_id: str) -> Evidence:
+def _policy_line(where: str, policy: Policy) -> Evidence:
     """Where a policy stands in the project's own policy file (an ok finding names its line, as every
     other audit finding does)."""
     import pipeline
-    from pipeline.guard import boundedio
 
-    path = Path(__file__).resolve().parents[2] / where
-    lines = boundedio.read_text(path, "autotune policies").splitlines()
-    line = next((n for n, text in enumerate(lines, 1) if text.strip() == f"- id: {policy_id}"), 0)
-    text = f"- id: {policy_id}"
-    return Evidence(package="stackproof", version=pipeline.__version__, file=where, line=line, text=text)
+    return Evidence(
+        package="stackproof", version=pipeline.__version__, file=where, line=policy.line, text=f"- id: {policy.id}"
+    )

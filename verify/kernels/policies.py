@@ -43,6 +43,7 @@ class Policy:
     flashinfer: str | None = None  # a version specifier on the cache's FlashInfer
     verdict: str = "fail"  # fail: known to fault here; warn: selected, unproven (run `soak`)
     soak: str = ""
+    line: int = 0  # where the policy's entry starts in its file (an audit finding cites it)
 
 
 def _spec(value: Any, where: str, problems: list[str]) -> str | None:
@@ -80,6 +81,7 @@ def load_policies(file: Path = POLICIES_FILE) -> tuple[Policy, ...]:
                 why=str(entry.get("why", "")),
                 refs=tuple(entry.get("refs") or ()),
                 soak=str(entry.get("soak", "")),
+                line=src.lines.get(("policies", i), 0),
             )
         )
     if problems:
