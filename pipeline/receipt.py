@@ -272,9 +272,11 @@ def _compile_cache(f: _Fields) -> CompileCacheRecord | None:
         return None
     starts = range(len(f.get("compile_cache.starts", list, required=False) or []))
     used, warm = f.get("compile_cache.used", bool), f.get("compile_cache.warm", bool)
+    not_reused = f.get("compile_cache.warm_not_reused", bool, required=False)  # absent before the field: False
     return CompileCacheRecord(
-        used=used, warm=warm, starts=tuple(f.get(f"compile_cache.starts[{i}]", dict) for i in starts)
-    )
+        used=used, warm=warm, warm_not_reused=bool(not_reused),
+        starts=tuple(f.get(f"compile_cache.starts[{i}]", dict) for i in starts),
+    )  # fmt: skip
 
 
 def _load(f: _Fields) -> LoadSection | None:

@@ -53,6 +53,8 @@ def side_by_side(cold: Receipt, warm: Receipt) -> tuple[dict[str, Any], str]:
             "status": receipt.status,
             "readiness_seconds": readiness_seconds(receipt),
             "cache_warm": cache.warm if cache else None,
+            # warm but not used: the engine said it failed to load the slot and compiled again
+            "cache_warm_not_reused": cache.warm_not_reused if cache else None,
             "seconds": receipt.seconds,
         }
 
@@ -60,7 +62,8 @@ def side_by_side(cold: Receipt, warm: Receipt) -> tuple[dict[str, Any], str]:
     document = {"cell": cold.cell, "cold": a, "warm": b}
     line = (
         f"{cold.cell}: startup cold {_s(a['readiness_seconds'])} (cache warm: {a['cache_warm']}), "
-        f"warm {_s(b['readiness_seconds'])} (cache warm: {b['cache_warm']}); "
+        f"warm {_s(b['readiness_seconds'])} (cache warm: {b['cache_warm']}"
+        f"{', not reused: the engine compiled again' if b['cache_warm_not_reused'] else ''}); "
         f"runs {cold.status} {cold.seconds:.0f}s, {warm.status} {warm.seconds:.0f}s"
     )
     return document, line

@@ -104,7 +104,11 @@ class CompileCacheRecord:
 
     used: bool  # at least one server start used it
     warm: bool  # at least one start found its image's slot not empty
-    starts: tuple[dict[str, Any], ...] = ()  # per server start: server, used, warm, key, dir
+    # Warm is "the slot was filled", not "the engine used it": at least one warm start's engine said
+    # it failed to load the slot's artifact and compiled again (that start's `reused` is false, its
+    # `reload_failure` the log line; verify/stages/startup.py: warm_cache_not_reused).
+    warm_not_reused: bool = False
+    starts: tuple[dict[str, Any], ...] = ()  # per server start: server, used, warm, key, dir[, reused, reload_failure]
 
     @classmethod
     def of_starts(cls, starts: list[dict[str, Any]]) -> CompileCacheRecord | None:
@@ -112,10 +116,17 @@ class CompileCacheRecord:
         if not starts:
             return None
         used = any(bool(start.get("used")) for start in starts)
-        return cls(used=used, warm=any(bool(start.get("warm")) for start in starts), starts=tuple(starts))
+        not_reused = any(start.get("reused") is False for start in starts)
+        warm = any(bool(start.get("warm")) for start in starts)
+        return cls(used=used, warm=warm, warm_not_reused=not_reused, starts=tuple(starts))
 
     def to_json(self) -> dict[str, Any]:
-        return {"used": self.used, "warm": self.warm, "starts": list(self.starts)}
+        return {
+            "used": self.used,
+            "warm": self.warm,
+            "warm_not_reused": self.warm_not_reused,
+            "starts": list(self.starts),
+        }
 
 
 def _make_shared(folder: Path) -> None:

@@ -53,6 +53,10 @@ BOUND_S = READY_S + 240
 # Student's t at 2 degrees of freedom widens the interval 5.7-fold: a -94.7% tok/s change came out
 # UNDECIDED [-99.6%, +291.5%] in CI (A's slices at 172-555 tok/s on the shared box). Over 6 pairs
 # the widening is 1.9-fold (verify/perf/ab.py: _expansion).
+# No sequential looks here (`--max-pairs`): the judge stops a run at its first REGRESSION
+# (verify/perf/ab.py: decided), and this test asserts two metrics. Measured 2026-12-06 (load average
+# ~15): at 6 pairs TPOT p50 +1006% [+409%, +2125%] and tok/s -77.9% [-85.9%, -64.2%]; a first look at
+# 4 pairs (each metric at 8 metrics x 2 looks of the budget) would decide TPOT and leave tok/s open.
 SLOW = ["--slice", "4", "--pairs", "6", "--concurrency", "8", "--max-tokens", "8", "--json"]
 
 

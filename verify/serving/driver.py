@@ -22,6 +22,7 @@ from pipeline.matrix.model import Arm, ServeSpec
 
 __all__ = [
     "AutotuneFacts",
+    "CompileCacheFacts",
     "Endpoints",
     "LaunchSpec",
     "MetricNames",
@@ -107,6 +108,15 @@ class AutotuneFacts:
 
 
 @dataclass(frozen=True, kw_only=True)
+class CompileCacheFacts:
+    """How the engine treats a warm compile cache (pipeline/matrix/compilecache.py) at a release."""
+
+    # A regex on the server log: the engine found the cache's artifact, failed to load it and
+    # compiled again (the warm slot was filled but not used).
+    reload_failed: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class LaunchSpec:
     """What a launch needs: the cell's serve spec and arm, and where to listen."""
 
@@ -139,6 +149,7 @@ class ServingDriver:
     batch_invariant_env: str | None = None  # set to 1: greedy answers must not depend on the batch
     disabled_kernels_env: str | None = None  # a comma-separated list of kernel classes not to use
     autotune: tuple[Since[AutotuneFacts], ...] = ()
+    compile_cache: tuple[Since[CompileCacheFacts], ...] = ()
     ignore_eos_field: str | None = "ignore_eos"  # the request extension for fixed output lengths
     # Extra fields of the greedy determinism completion (vLLM: tokens as ids, so any tokenizer compares).
     greedy_extras: tuple[tuple[str, object], ...] = ()
@@ -163,6 +174,11 @@ class ServingDriver:
     def autotune_at(self, version: str | None) -> AutotuneFacts | None:
         """The autotune facts at this version; None when the engine has no FlashInfer autotune cache."""
         found = at_version(self.autotune, version)
+        return found.value if found else None
+
+    def compile_cache_at(self, version: str | None) -> CompileCacheFacts | None:
+        """How the engine treats a warm compile cache at this version; None when nothing is known."""
+        found = at_version(self.compile_cache, version)
         return found.value if found else None
 
     def release_of_image(self, image: str) -> str | None:

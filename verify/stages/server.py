@@ -36,9 +36,10 @@ from verify.logs.logscan import LogWatcher
 from verify.runtime import Runtime, as_runtime
 from verify.runtime.docker import DockerRuntime
 from verify.serving import driver_for
+from verify.serving.driver import ServingDriver
 from verify.serving.openai import ServerCalls
 
-__all__ = ["Readiness", "Server", "ServerFactory", "SharedServer", "free_port", "serve_argv"]
+__all__ = ["Readiness", "Server", "ServerFactory", "SharedServer", "engine_version", "free_port", "serve_argv"]
 
 HOST = "127.0.0.1"  # servers bind loopback only; traffic never leaves this machine
 RUN_LABEL = "io.stackproof.run"
@@ -59,6 +60,15 @@ def free_port() -> int:
 def serve_argv(serve: ServeSpec, arm: Arm | None, port: int) -> list[str]:
     """The server command, from the cell's engine driver, bound to 127.0.0.1 on `port`."""
     return list(driver_for(serve).argv(serve, arm, host=HOST, port=port))
+
+
+def engine_version(cell: Cell, driver: ServingDriver) -> str | None:
+    """The engine's release as the cell pins it (its install or its overrides); None when the cell
+    pins none (a release image's own): the driver's facts then take their newest entry."""
+    pins = {o.name: o.version for o in cell.overrides}
+    if cell.install is not None:
+        pins.update({r.name: r.version for r in cell.install.requirements})
+    return driver.version(pins)
 
 
 class ServerFailed(CheckFailed):
@@ -126,6 +136,8 @@ class Server:
         # (which `--compile-cache` sets); None starts cold whatever the site says.
         self.compile_cache = compile_cache_from_env(os.environ) if compile_cache == "site" else compile_cache
         self.cache_use: CacheUse | None = None  # set at start: the slot, and whether it was warm
+        # How this engine release treats a warm slot (verify/serving/vllm.py: compile_cache).
+        self.cache_facts = self.driver.compile_cache_at(engine_version(cell, self.driver))
         self._follower: threading.Thread | None = None
         self._ready_line = re.compile(self.driver.ready_line)
         self._ready_line_logged = threading.Event()  # the follower wrote the driver's ready line
@@ -344,6 +356,13 @@ class SharedServer:
         self.started.append(server.name)
         use = server.cache_use.to_json() if server.cache_use else {"used": False, "warm": False}
         self.cache_uses.append({"server": server.name, **use})
+
+    def note_not_reused(self, server: Server, line: str) -> None:
+        """The engine of a warm start said it failed to load the slot's artifact and compiled
+        again (`line`, from its log): the receipt says the warm cache was not reused."""
+        for use in self.cache_uses:
+            if use.get("server") == server.name:
+                use.update(reused=False, reload_failure=line[:500])
 
     def keep(self, server: Server) -> None:
         self.server = server

@@ -8,6 +8,7 @@ signatures. The container is removed on every path.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,7 +22,7 @@ from verify.runtime import Runtime
 from verify.stages.autotune import fresh_cache_server_options
 from verify.stages.server import Server, ServerFactory, ServerFailed, SharedServer
 
-__all__ = ["run_startup"]
+__all__ = ["run_startup", "warm_cache_not_reused"]
 
 STAGE = "startup"
 
@@ -81,10 +82,27 @@ def run_startup(
         if not kept:
             server.remove()
     log = server.log_path.read_bytes() if server.log_path.exists() else b""
+    reload_failure = warm_cache_not_reused(server, log)
+    if reload_failure is not None and share is not None:
+        share.note_not_reused(server, reload_failure)
     rules = rules_for(cell, arm, facts)
     checks += judge(scan(log, rules, [s for s in signatures if s.source == "server"]), rules)
     checks.append(_kernel_check(since, signatures))
     return StageResult.of(STAGE, checks, time.monotonic() - started, server_log=str(server.log_path))
+
+
+def warm_cache_not_reused(server: Server, log: bytes) -> str | None:
+    """The server log's line saying the engine failed to load its warm compile-cache slot and
+    compiled again (the driver's `reload_failed` at its release: verify/serving/vllm.py); None when
+    the start was not warm, the release has no such line, or its log does not say it."""
+    if server.cache_use is None or not server.cache_use.warm or server.cache_facts is None:
+        return None
+    text = log.decode("utf-8", errors="replace")
+    found = re.search(server.cache_facts.reload_failed, text)
+    if found is None:
+        return None
+    start = text.rfind("\n", 0, found.start()) + 1  # the whole line, its logger prefix too
+    return text[start:].split("\n", 1)[0].strip()
 
 
 def _kernel_check(since: float, signatures: Sequence[Signature]) -> CheckResult:
