@@ -454,3 +454,31 @@ def test_cli_password_stdin_and_signature_flags_are_bad_input(
     assert main([*pull, "--require-signature"]) == 2
     err = capsys.readouterr().err
     assert "--key" in err and CANARY not in err
+
+
+def _manifest_puts(answers: list[int]) -> tuple[RegistryClient, list[int]]:
+    """A registry whose manifest PUTs answer MANIFEST_BLOB_UNKNOWN (400) or 201 in `answers`' order."""
+    seen: list[int] = []
+    unknown = {"errors": [{"code": "MANIFEST_BLOB_UNKNOWN", "message": "blob unknown to registry"}]}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        assert request.method == "PUT"
+        seen.append(answers[len(seen)])
+        return httpx.Response(seen[-1], json=unknown if seen[-1] == 400 else {})
+
+    return RegistryClient(HOST, transport=httpx.MockTransport(handler)), seen
+
+
+def test_a_manifest_put_racing_a_concurrent_upload_of_its_blob_is_asked_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("pipeline.registry.oci.time.sleep", lambda _s: None)
+    client, seen = _manifest_puts([400, 201])
+    with client:
+        assert client.put_manifest("stackproof", "a", b"{}", "application/json").status_code == 201
+    assert seen == [400, 201]
+    # A blob that stays unknown is the registry's answer: four tries, then the error names it.
+    client, seen = _manifest_puts([400] * 4)
+    with client, pytest.raises(InfraError, match="MANIFEST_BLOB_UNKNOWN"):
+        client.put_manifest("stackproof", "a", b"{}", "application/json")
+    assert len(seen) == 4
