@@ -100,11 +100,12 @@ def test_tune_half_log_gets_its_class(entry: dict[str, Any], capsys: pytest.Capt
     assert not d["summary"].startswith("python-exception")  # each is named at its mechanism
 
 
-def test_held_out_half_does_not_regress() -> None:
-    # diagnose() is what `inspect log` exits on without --cell (1 exactly when the verdict is failed)
+def held_out_figures(directory: Path, entries: list[dict[str, Any]]) -> dict[str, int]:
+    """The goal's figures over a labelled batch. diagnose() is what `inspect log` exits on without
+    --cell (1 exactly when the verdict is failed)."""
     got = dict.fromkeys(HELD_OUT, 0)
-    for entry in HALVES["test"]:
-        d = diagnose((BEYOND / "test" / entry["file"]).read_bytes())
+    for entry in entries:
+        d = diagnose((directory / entry["file"]).read_bytes())
         if entry["status"] == "clean":
             got["clean_called_failure"] += d.verdict != "clean"
             continue
@@ -112,6 +113,11 @@ def test_held_out_half_does_not_regress() -> None:
         got["failing_called_clean"] += d.verdict == "clean"
         got["wrong_incident"] += d.incident is not None
         got["right_class"] += d.primary is not None and d.primary.id == entry["class"]
+    return got
+
+
+def test_held_out_half_does_not_regress() -> None:
+    got = held_out_figures(BEYOND / "test", HALVES["test"])
     assert got["failing"] == HELD_OUT["failing"] and got["right_class"] >= HELD_OUT["right_class"], got
     assert got["right_class"] >= 0.8 * got["failing"], got
     for key in ("wrong_incident", "failing_called_clean", "clean_called_failure"):

@@ -15,7 +15,7 @@ import jsonschema
 import pytest
 import yaml
 
-from tests.unit.test_diagnosis_beyond import BEYOND, HALVES, LOGS, SCHEMA, benchmark, inspect
+from tests.unit.test_diagnosis_beyond import BEYOND, HALVES, LOGS, SCHEMA, benchmark, held_out_figures, inspect
 from verify.logs import logscan
 from verify.logs.diagnosis import diagnose
 
@@ -74,16 +74,7 @@ def test_fresh_tune_data_log_gets_its_class(
 
 
 def test_the_held_out_fresh_batch_does_not_regress() -> None:
-    got = dict.fromkeys(HELD_OUT, 0)
-    for entry in FRESH["fresh5"]:
-        d = diagnose((BEYOND / "fresh5" / entry["file"]).read_bytes())
-        if entry["status"] == "clean":
-            got["clean_called_failure"] += d.verdict != "clean"
-            continue
-        got["failing"] += 1
-        got["failing_called_clean"] += d.verdict == "clean"
-        got["wrong_incident"] += d.incident is not None
-        got["right_class"] += d.primary is not None and d.primary.id == entry["class"]
+    got = held_out_figures(BEYOND / "fresh5", FRESH["fresh5"])
     assert got["failing"] == HELD_OUT["failing"] and got["right_class"] >= HELD_OUT["right_class"], got
     for key in ("wrong_incident", "failing_called_clean", "clean_called_failure"):
         assert got[key] <= HELD_OUT[key], (key, got)
