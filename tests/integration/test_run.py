@@ -47,6 +47,7 @@ def test_cpu_tiny_end_to_end(docker: Docker, cpu_tiny: str, runner_user: str | N
     assert result.json()["compile_cache"] == {
         "used": False,
         "warm": False,
+        "warm_not_reused": False,
         "starts": [{"server": ANY, "used": False, "warm": False}],
     }
     # A terminal a person reads: phase lines and verdicts, never the server's own output.
