@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ import yaml
 
 from stackproof.cli import main
 from tests.unit.test_diagnosis import FP8_SELECTED, SM120_GPU
+from tests.unit.test_diagnosis_unseen import SCHEMA, inspect, labelled_diagnosis
 from tests.unit.test_logscan import SAMPLES
 from verify.logs.catalog import load_catalog
 from verify.logs.diagnosis import diagnose
@@ -31,17 +31,11 @@ ROOT = Path(__file__).resolve().parents[2]
 LOGS = ROOT / "tests" / "fixtures" / "logs"
 BEYOND = LOGS / "beyond"
 HALVES = {half: yaml.safe_load((BEYOND / half / "index.yaml").read_text())["logs"] for half in ("tune", "test")}
-SCHEMA = json.loads((ROOT / "docs" / "inspect-log.schema.json").read_text())
 # The first held-out half as scored after issue 44's work (tests/fixtures/logs/beyond/RESULTS.txt): main
 # before it named the right class for 3 of 38 failing pastes, that work for 36. Its two misses were then
 # fixed (flashinfer-ai/flashinfer#4546, deepseek-ai/DeepGEMM#236), so this half is seen now (SPLIT.md):
 # the held-out figures are the fresh batch's (tests/fixtures/logs/beyond/fresh/).
 HELD_OUT = {"failing": 38, "right_class": 38, "wrong_incident": 0, "failing_called_clean": 0, "clean_called_failure": 0}
-
-
-def inspect(path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[str, Any]]:
-    code = main(["inspect", "log", str(path), "--json"])
-    return code, json.loads(capsys.readouterr().out)
 
 
 def benchmark() -> Any:
@@ -89,13 +83,9 @@ def test_the_benchmark_is_importable_and_recomputes_the_same_split() -> None:
 
 @pytest.mark.parametrize("entry", HALVES["tune"], ids=[e["file"] for e in HALVES["tune"]])
 def test_tune_half_log_gets_its_class(entry: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
-    code, document = inspect(BEYOND / "tune" / entry["file"], capsys)
-    jsonschema.validate(document, SCHEMA)
-    d = document["diagnosis"]
-    if entry["status"] == "clean":
-        assert code == 0 and d["class"] is None and d["incident"] is None, d["summary"]
+    d = labelled_diagnosis(BEYOND / "tune" / entry["file"], entry, capsys)
+    if d is None:
         return
-    assert code == 1 and d["class"] is not None and d["class"]["id"] == entry["class"], d["summary"]
     assert d["incident"] is None and "Traceback (most recent call last)" not in d["summary"]
     assert not d["summary"].startswith("python-exception")  # each is named at its mechanism
 

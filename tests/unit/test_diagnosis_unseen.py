@@ -36,6 +36,19 @@ def inspect(path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[s
     return code, json.loads(capsys.readouterr().out)
 
 
+def labelled_diagnosis(path: Path, entry: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> dict[str, Any] | None:
+    """`inspect log --json` on a labelled log, schema-valid: a clean one exits 0 naming no class and no
+    incident (None is returned); a failing one exits 1 naming its label's class (its diagnosis returned)."""
+    code, document = inspect(path, capsys)
+    jsonschema.validate(document, SCHEMA)
+    d: dict[str, Any] = document["diagnosis"]
+    if entry["status"] == "clean":
+        assert code == 0 and d["class"] is None and d["incident"] is None, d["summary"]
+        return None
+    assert code == 1 and d["class"] is not None and d["class"]["id"] == entry["class"], d["summary"]
+    return d
+
+
 # -- the split: decided by the URL, recorded, no thread reused ----------------------------------
 
 
@@ -59,13 +72,9 @@ def test_each_paste_lies_in_the_half_its_url_hashes_to_and_no_corpus_thread_is_r
 
 @pytest.mark.parametrize("entry", HALVES["tune"], ids=[e["file"] for e in HALVES["tune"]])
 def test_tune_half_log_gets_its_class(entry: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
-    code, document = inspect(UNSEEN / "tune" / entry["file"], capsys)
-    jsonschema.validate(document, SCHEMA)
-    d = document["diagnosis"]
-    if entry["status"] == "clean":
-        assert code == 0 and d["class"] is None and d["incident"] is None, d["summary"]
+    d = labelled_diagnosis(UNSEEN / "tune" / entry["file"], entry, capsys)
+    if d is None:
         return
-    assert code == 1 and d["class"] is not None and d["class"]["id"] == entry["class"], d["summary"]
     assert d["incident"] is None  # none of these pastes is a known incident
     if "phase" in entry:
         assert d["class"]["phase"] == entry["phase"]
