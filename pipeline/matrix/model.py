@@ -396,6 +396,12 @@ class Cell:
     def is_gpu(self) -> bool:
         return self.arch != "none"
 
+    def pinned_versions(self) -> dict[str, str]:
+        """The versions the cell itself names: its install requirements, its overrides on top (an
+        override is the pin the user chose over everything else)."""
+        pins = {r.name: r.version for r in (self.install.requirements if self.install else ())}
+        return pins | {o.name: o.version for o in self.overrides}
+
     def serve_env(self, arm: Arm | None = None) -> dict[str, str]:
         """The environment the server gets: the serve spec's, then the arm's on top."""
         env = dict(self.serve.env if self.serve else ())

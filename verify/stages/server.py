@@ -63,12 +63,9 @@ def serve_argv(serve: ServeSpec, arm: Arm | None, port: int) -> list[str]:
 
 
 def engine_version(cell: Cell, driver: ServingDriver) -> str | None:
-    """The engine's release as the cell pins it (its install or its overrides); None when the cell
+    """The engine's release as the cell pins it (Cell.pinned_versions); None when the cell
     pins none (a release image's own): the driver's facts then take their newest entry."""
-    pins = {o.name: o.version for o in cell.overrides}
-    if cell.install is not None:
-        pins.update({r.name: r.version for r in cell.install.requirements})
-    return driver.version(pins)
+    return driver.version(cell.pinned_versions())
 
 
 class ServerFailed(CheckFailed):
