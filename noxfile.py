@@ -45,8 +45,10 @@ def lint(session: nox.Session) -> None:
 # sweep, bisect) and run one after another; the last runs alone. A group in no tuple (a new one) runs
 # in the foreground after the TIMED ones, alone: the safe place until it is sorted.
 AUDIT = "audit"
-QUIET = ("build", "registry")
-TIMED = ("serve", "host", "fleet")
+# `host` (the host runtime's own tests) and `fleet` (Slurm; real servers inside its jobs, no timing
+# judged) were TIMED until 2026-12-07: in QUIET's pytest they leave the foreground's path (~275 s).
+QUIET = ("build", "registry", "host", "fleet")
+TIMED = ("serve", "proofs")
 # WORKFLOWS (verify.yml under act, 8-17 min: docs/fleet.md) judges no timing and needs the first
 # prebuilt image: a niced pytest of its own beside the first TIMED group, like QUIET but not in QUIET's
 # pytest (one after the other they would outlast it), so it costs CI's wall time only what it outlasts
@@ -224,10 +226,12 @@ def unit(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def integration(session: nox.Session) -> None:
     """One integration group alone (`nox -s integration -- serve`): build, serve, registry, audit,
-    host, fleet, workflows (INTEGRATION_GROUPS in tests/conftest.py; a name that is none selects no test and fails)."""
+    host, proofs, fleet, workflows (INTEGRATION_GROUPS in tests/conftest.py; a name that is none
+    selects no test and fails)."""
     if not session.posargs:
         session.error(
-            "name a group: nox -s integration -- build|serve|registry|audit|host|fleet|workflows [pytest options]"
+            "name a group: nox -s integration -- build|serve|registry|audit|host|proofs|fleet|workflows "
+            "[pytest options]"
         )
     group, *rest = session.posargs
     _install(session)

@@ -6,6 +6,7 @@ the code under test, and every test asserts that none of its containers is left.
 
 from __future__ import annotations
 
+import dataclasses
 import grp
 import json
 import os
@@ -28,6 +29,8 @@ import yaml
 from pipeline.docker.client import Docker
 from pipeline.errors import InfraError
 from pipeline.matrix.compilecache import ENV_NAME as COMPILE_CACHE_ENV
+from pipeline.matrix.model import Cell
+from pipeline.matrix.read import load_matrix
 from tests.conftest import in_ci
 
 REPO = Path(__file__).resolve().parents[2]
@@ -211,19 +214,47 @@ def cpu_tiny_host_env() -> str:
     return str(done.json()["root"])
 
 
+# -- servers without torch.compile -------------------------------------------------------------------
+
+# Most of the tier's vLLM servers carry a test that judges nothing of torch.compile (correctness, engine
+# faults, the serving contract, stalls, the model store, secrets): they start with `--enforce-eager`, with
+# which vLLM skips torch.compile (0.28.0 vllm/config/vllm.py:1284, "Enforce eager set, disabling
+# torch.compile and CUDAGraphs"). cpu-tiny on an idle two-core box (2026-12-07): ready in 27 s eager
+# against 44 s with a warm compile cache and 72 s cold; on vLLM 0.28.0 CPU the warm cache is never reused
+# ("'function' object has no attribute 'finalize_loading'", compilation/decorators.py:309-321), so a warm
+# start still compiles. Only these cells' args change: the content tag (the image) stays the same.
+# The tests that judge the compiled path use the real matrix: test_run's cpu-tiny end to end and the 0.32
+# cell's run (both cold), test_compile_cache, the soak's default-against-eager arms, test_host_runtime.
+EAGER_CELLS = ("cpu-tiny", "cpu-tiny-vllm-0.32", "cpu-tiny-host")
+EAGER = "--enforce-eager"
+
+
+def serving_cell(cell_id: str) -> Cell:
+    """`cell_id` of the real matrix as the tier's in-process servers start it (EAGER_CELLS eager)."""
+    cell = load_matrix(MATRIX, images_dir=IMAGES).cell(cell_id)
+    if cell_id not in EAGER_CELLS or cell.serve is None:
+        return cell
+    return dataclasses.replace(cell, serve=dataclasses.replace(cell.serve, args=(*cell.serve.args, EAGER)))
+
+
 def write_matrix(
     path: Path,
     edit: dict[str, dict[str, object]] | None = None,
     extra_cells: list[dict[str, object]] | None = None,
     extra_bases: dict[str, dict[str, object]] | None = None,
+    *,
+    eager: bool = False,
 ) -> Path:
-    """A copy of the real matrix at `path`: lock paths made absolute, cells edited or added."""
+    """A copy of the real matrix at `path`: lock paths made absolute, cells edited or added; with
+    `eager`, EAGER_CELLS serve with `--enforce-eager` (the edits apply after, the added cells as given)."""
     data = yaml.safe_load(MATRIX.read_text())
     data["bases"].update(extra_bases or {})
     for cell in data["cells"]:
         install = cell.get("install")
         if install:
             install["lock"] = str(REPO / install["lock"])
+        if eager and cell["id"] in EAGER_CELLS and "serve" in cell:
+            cell["serve"]["args"] = [*cell["serve"]["args"], EAGER]
         cell.update((edit or {}).get(cell["id"], {}))
     data["cells"].extend(extra_cells or [])
     path.write_text(yaml.safe_dump(data, sort_keys=False))

@@ -35,7 +35,7 @@ import pytest
 import yaml
 
 from pipeline.host.proc import marked_processes
-from tests.integration.conftest import IMAGES, MATRIX, REPO, runner_dir, stackproof, write_matrix
+from tests.integration.conftest import EAGER, IMAGES, MATRIX, REPO, runner_dir, stackproof, write_matrix
 
 pytestmark = pytest.mark.integration
 
@@ -74,14 +74,15 @@ def out() -> Iterator[Path]:
 
 @pytest.fixture
 def matrix(out: Path) -> Path:
-    """The real matrix, the cell's servers given READY_S to get ready, and one more arm of the cell:
-    the planted per-step delay."""
+    """The real matrix, the cell's servers given READY_S to get ready and no torch.compile (EAGER in
+    tests/integration/conftest.py: what is compared is the step, not the compile), and one more arm of
+    the cell: the planted per-step delay."""
     arm = {
         "description": f"every engine step sleeps {STEP_DELAY_MS} ms first (tests/recipes/step-delay)",
         "env": {"PYTHONPATH": str(HOOK), "STACKPROOF_TEST_STEP_DELAY_MS": str(STEP_DELAY_MS)},
     }
     cell = next(c for c in yaml.safe_load(MATRIX.read_text())["cells"] if c["id"] == CELL)
-    serve = {**cell["serve"], "readiness_timeout": READY_S}
+    serve = {**cell["serve"], "args": [*cell["serve"]["args"], EAGER], "readiness_timeout": READY_S}
     return write_matrix(out / "matrix.yaml", edit={CELL: {"arms": {"slow-step": arm}, "serve": serve}})
 
 

@@ -36,12 +36,14 @@ def setup(cpu_tiny: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
     """The shared cache, a matrix with a float32 arm, and the looping build's matrix and images."""
     root = tmp_path_factory.mktemp("correctness")
     fp32 = {"description": "the same weights served in float32", "args": ["--dtype", "float32"]}
-    matrix = write_matrix(root / "matrix.yaml", edit={"cpu-tiny": {"arms": {"fp32": fp32}}})
+    matrix = write_matrix(root / "matrix.yaml", edit={"cpu-tiny": {"arms": {"fp32": fp32}}}, eager=True)
     images = root / "images"
     shutil.copytree(IMAGES, images)
     shutil.copytree(LOOPING_RECIPE, images / "recipes" / "looping-model")
     looping = write_matrix(
-        root / "looping.yaml", edit={"cpu-tiny": {"recipes": ["vllm-dist-alias", "tiny-model", "looping-model"]}}
+        root / "looping.yaml",
+        edit={"cpu-tiny": {"recipes": ["vllm-dist-alias", "tiny-model", "looping-model"]}},
+        eager=True,
     )
     return {"root": root, "cache": root / "cache", "matrix": matrix, "looping": looping, "images": images}
 

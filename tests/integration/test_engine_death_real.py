@@ -18,10 +18,9 @@ import pytest
 
 from pipeline.docker.client import Docker
 from pipeline.matrix.model import LoadSpec
-from pipeline.matrix.read import load_matrix
 from pipeline.result import Status
 from tests.faults import signal_engine_core
-from tests.integration.conftest import IMAGES, MATRIX, built_by_the_pipeline, containers
+from tests.integration.conftest import built_by_the_pipeline, containers, serving_cell
 from verify.serving import DRIVERS
 from verify.stages.load import run_load_stage
 from verify.stages.server import Server
@@ -41,7 +40,7 @@ def test_killing_the_engine_under_load_is_reported_as_its_death_with_the_cause(
     docker: Docker, cell_id: str, tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
 ) -> None:
     image = built_by_the_pipeline(cell_id, tmp_path_factory)
-    cell = load_matrix(MATRIX, images_dir=IMAGES).cell(cell_id)
+    cell = serving_cell(cell_id)
     assert cell.serve is not None
     # A CPU server's warm-up compile on a shared 2-core machine took over the cell's 420 s (seen): the
     # death is what is judged here, not the start-up time.

@@ -20,10 +20,9 @@ import pytest
 
 from pipeline.docker.client import Docker
 from pipeline.matrix.model import LoadSpec
-from pipeline.matrix.read import load_matrix
 from pipeline.result import StageResult, Status
 from tests.faults import signal_engine_core
-from tests.integration.conftest import IMAGES, MATRIX, containers, stackproof, write_matrix
+from tests.integration.conftest import IMAGES, containers, serving_cell, stackproof, write_matrix
 from verify.stages.load import run_load_stage
 from verify.stages.server import Server
 
@@ -36,7 +35,7 @@ SPEC = LoadSpec(questions=400, concurrency=6, max_tokens=32, stall_seconds=STALL
 
 
 def _load_with_fault(docker: Docker, image: str, out: Path, sig: signal.Signals) -> tuple[StageResult, dict[str, Any]]:
-    cell = load_matrix(MATRIX, images_dir=IMAGES).cell("cpu-tiny")
+    cell = serving_cell("cpu-tiny")
     injected: dict[str, Any] = {}
 
     def on_ready(server: Server) -> None:

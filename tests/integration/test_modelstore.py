@@ -67,7 +67,7 @@ def variant_matrix(cpu_tiny: str, hub: StandInHub, tmp_path: Path) -> Iterator[P
         }
         for cell_id, revision in ((VARIANT, hub.revision), (WRONG, WRONG_REVISION))
     ]
-    matrix_file = write_matrix(tmp_path / "matrix.yaml", extra_cells=cells)
+    matrix_file = write_matrix(tmp_path / "matrix.yaml", extra_cells=cells, eager=True)
     matrix = load_matrix(matrix_file, images_dir=REPO / "images")
     tags = [plan_cell(matrix, matrix.cell(c), load_site(matrix), REPO / "images").tag for c in (VARIANT, WRONG)]
     for tag in tags:

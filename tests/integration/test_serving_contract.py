@@ -20,8 +20,7 @@ import pytest
 
 from pipeline.docker.client import Docker
 from pipeline.matrix.model import Cell
-from pipeline.matrix.read import load_matrix
-from tests.integration.conftest import IMAGES, MATRIX, containers
+from tests.integration.conftest import containers, serving_cell
 from verify.load.progress import parse_metrics
 from verify.serving import ServingDriver, driver_for
 from verify.serving.openai import RequestRecord, ServerAPI, Timeouts
@@ -52,7 +51,7 @@ def served(
 ) -> Iterator[tuple[Server, Cell]]:
     cell_id, image_fixture = SERVERS[request.param]
     image = request.getfixturevalue(image_fixture)
-    cell = load_matrix(MATRIX, images_dir=IMAGES).cell(cell_id)
+    cell = serving_cell(cell_id)
     server = Server(docker, cell, image, out_dir=tmp_path_factory.mktemp(f"contract-{request.param}"))
     with server:
         server.wait_ready()

@@ -23,9 +23,8 @@ import pytest
 
 from pipeline.docker.client import Docker
 from pipeline.matrix.model import LoadSpec
-from pipeline.matrix.read import load_matrix
 from pipeline.result import Status
-from tests.integration.conftest import IMAGES, JOB, MATRIX, containers
+from tests.integration.conftest import JOB, containers, serving_cell
 from verify.stages.load import run_load_stage
 from verify.stages.server import Server
 
@@ -62,7 +61,7 @@ def test_a_blocked_engine_step_is_a_stall_with_its_stack(
     docker: Docker, stall_image: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("STACKPROOF_JOB", JOB)  # the server and the sidecar carry this session's job label
-    cell = load_matrix(MATRIX, images_dir=IMAGES).cell("cpu-tiny")
+    cell = serving_cell("cpu-tiny")
     injected: dict[str, float | int] = {}
 
     def on_ready(server: Server) -> None:

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from pipeline.host.proc import marked_processes
-from tests.integration.conftest import IMAGES, MATRIX, REPO, runner_dir, stackproof, write_matrix
+from tests.integration.conftest import EAGER, IMAGES, MATRIX, REPO, runner_dir, stackproof, write_matrix
 from verify.perf.sweep import SweepPoint, SweepReport, judge_sweep
 
 pytestmark = pytest.mark.integration
@@ -47,9 +47,11 @@ def out() -> Iterator[Path]:
 
 
 def patient(path: Path) -> Path:
-    """The real matrix, the cell's server given READY_S to get ready on a crowded host."""
+    """The real matrix, the cell's server given READY_S to get ready on a crowded host, without
+    torch.compile (EAGER in tests/integration/conftest.py)."""
     cell = next(c for c in yaml.safe_load(MATRIX.read_text())["cells"] if c["id"] == CELL)
-    return write_matrix(path, edit={CELL: {"serve": {**cell["serve"], "readiness_timeout": READY_S}}})
+    serve = {**cell["serve"], "args": [*cell["serve"]["args"], EAGER], "readiness_timeout": READY_S}
+    return write_matrix(path, edit={CELL: {"serve": serve}})
 
 
 def test_a_concurrency_sweep_draws_the_curve_and_reads_the_limit(built: None, out: Path) -> None:
