@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import nox
+import nox.command
 
 nox.options.sessions = ["lint", "tests"]
 nox.options.reuse_existing_virtualenvs = True
@@ -77,6 +78,7 @@ def tests(session: nox.Session) -> None:
     if not docker:
         timing.run(session, "unit", ["pytest", "-ra", "--durations=15", *unit, *rest])
         timing.report()
+        timing.fail_if_any(session)
         return
     integration = ["tests/integration", "--run-docker", *rest]
     try:
@@ -98,14 +100,22 @@ def tests(session: nox.Session) -> None:
             timing.run(session, "others", ["pytest", "-ra", *integration, "-m", others], none_ok=True)
     finally:
         timing.report()  # the log's last lines, also when a group failed
+    timing.fail_if_any(session)
 
 
 class Timing:
-    """Each group's wall time, and every test's from the JUnit XML each pytest writes."""
+    """Each group's wall time, every test's from the JUnit XML each pytest writes, and the groups
+    that failed: a failing group no longer stops the session, so it hides none of the groups after it
+    (a CI run that failed in `serve` used to say nothing of `proofs`); the session fails at its end."""
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         self.walls: dict[str, float] = {}
+        self.failed: list[str] = []
+
+    def fail_if_any(self, session: nox.Session) -> None:
+        if self.failed:
+            session.error(f"failed: {', '.join(self.failed)} (each group's log is above)")
 
     def xml(self, name: str) -> list[str]:
         return [f"--junitxml={self.folder / name}.xml"]
@@ -115,6 +125,8 @@ class Timing:
         try:
             # pytest exits 5 when no test was selected: a group with no tests yet is not a failure.
             session.run(*argv, *self.xml(name), success_codes=[0, 5] if none_ok else [0])
+        except nox.command.CommandFailed:
+            self.failed.append(name)
         finally:
             self.walls[name] = time.monotonic() - started
 
@@ -190,7 +202,7 @@ def _stackproof_images() -> set[str]:
 @contextmanager
 def _beside(session: nox.Session, args: list[str], name: str, timing: Timing) -> Iterator[None]:
     """Run `pytest ARGS` niced in the background while the block runs; its log is printed after it,
-    and its failure fails the session. A failure in the block stops it at once."""
+    and its failure fails the session at its end (Timing.failed). An exception in the block stops it at once."""
     # Not session.create_tmp(): it would set TMPDIR for every later command of the session, to a
     # folder the runner user the integration tier runs the tool as cannot write.
     tmp = Path(tempfile.mkdtemp(prefix=f"stackproof-{name}-group-"))
@@ -213,7 +225,7 @@ def _beside(session: nox.Session, args: list[str], name: str, timing: Timing) ->
         print(f"\n===== {name} group (ran beside the rest) =====\n" + log_path.read_text(errors="replace"), flush=True)
         shutil.rmtree(tmp, ignore_errors=True)  # the audit group's wheels: 2.5 GB a run, left behind before
     if code != 0:
-        session.error(f"the {name} integration group failed (exit {code}): its log is above")
+        timing.failed.append(f"{name} (exit {code})")
 
 
 @nox.session(python=PYTHON)

@@ -7,6 +7,7 @@ import importlib.util
 from pathlib import Path
 from types import ModuleType
 
+import nox.command
 import pytest
 
 from tests.conftest import INTEGRATION_GROUPS, integration_group
@@ -65,3 +66,33 @@ def test_the_session_ends_with_the_20_slowest_tests_and_each_groups_time(
     assert len(slowest) == 20 and slowest[0].split() == ["24.5s", "unit", "tests.unit::t24"]
     assert "serve" in out.split("each group's time")[1] and "30s  3 tests" in out
     assert "unit                 250s" in out
+
+
+class _Session:
+    """What Timing asks of a nox session: run (failing for the argv named in `failing`) and error."""
+
+    def __init__(self, failing: set[str]) -> None:
+        self.failing, self.ran, self.errors = failing, [], []  # type: ignore[var-annotated]
+
+    def run(self, *argv: str, success_codes: list[int]) -> None:
+        self.ran.append(argv[0])
+        if argv[0] in self.failing:
+            raise nox.command.CommandFailed(f"{argv[0]} failed")
+
+    def error(self, message: str) -> None:
+        self.errors.append(message)
+
+
+def test_a_failing_group_hides_none_after_it_and_fails_the_session_at_its_end(tmp_path: Path) -> None:
+    timing = _noxfile().Timing(tmp_path)
+    session = _Session(failing={"serve"})
+    for group in ("unit", "serve", "proofs"):
+        timing.run(session, group, [group])
+    assert session.ran == ["unit", "serve", "proofs"] and timing.failed == ["serve"]
+    assert set(timing.walls) == {"unit", "serve", "proofs"}
+    timing.fail_if_any(session)
+    assert session.errors == ["failed: serve (each group's log is above)"]
+    passing, clean = _Session(failing=set()), _noxfile().Timing(tmp_path)
+    clean.run(passing, "unit", ["unit"])
+    clean.fail_if_any(passing)
+    assert passing.errors == [] and clean.failed == []
