@@ -75,6 +75,19 @@ def primary(text: str) -> str | None:
             "llama_model_load: error loading model: error loading model architecture: unknown model architecture: 'phi3'\n",
             "config-error",
         ),
+        # Python's exception types for EACCES and a failed host allocation; cuBLAS's and CUDA's code tables
+        ("PermissionError: [Errno 1] Operation not permitted: '/dev/nvidia0'\n", "permission-denied"),
+        ("MemoryError\n", "host-out-of-memory"),
+        (
+            "RuntimeError: CUBLAS_STATUS_ARCH_MISMATCH when calling `cublasGemmEx( handle, opa, opb, m, n, k)`\n",
+            "unsupported-on-gpu",
+        ),
+        ("CUDA error 209 at /llama.cpp/ggml-cuda.cu:1234: no kernel image is available\n", "no-kernel-image"),
+        (
+            "RuntimeError: cuda runtime error (710) : device-side assert triggered at /pytorch/aten/src/THC/generic/THCTensorMath.cu:26\n",
+            "device-side-assert",
+        ),
+        ("CUDA_ERROR_UNSUPPORTED_PTX_VERSION\n", "driver-too-old"),
         # an engine's part that failed to start (huggingface/text-generation-inference#1627)
         ("2024-03-06T17:53:31.149443Z ERROR text_generation_launcher: Shard 0 failed to start\n", "engine-init-failed"),
     ],
@@ -96,6 +109,7 @@ def test_an_error_table_names_the_class_in_any_components_words(text: str, cls: 
         "[2025-11-01 16:50:36 TP1] Setup Custom allreduce failed with CUDART error: peer access is not supported between these two devices. To silence this warning, specify --disable-custom-all-reduce explicitly.\n",
         # a clean exit
         "model-download-1 exited with code 0\n",
+        "WARNING 01-11 13:09:40 client.py:12] connection refused, retrying in 1 s\n",
     ],
 )
 def test_the_same_words_quiet_or_benign_stay_clean(text: str) -> None:
@@ -107,6 +121,8 @@ def test_the_same_words_quiet_or_benign_stay_clean(text: str) -> None:
     [
         "FileNotFoundError: [Errno 2] No such file or directory: '/data/train.jsonl'\n",  # not a model artefact
         "RuntimeError: CUDA error: unspecified launch failure\n",  # a CUDA error with no class of its own
+        "CUDA error 2090 at /llama.cpp/ggml-cuda.cu:1234: x\n",  # a number is read whole
+        "ValueError: MemoryError is raised when the host runs out\n",  # the type named in a message
     ],
 )
 def test_a_table_does_not_reach_past_its_entries(text: str) -> None:
@@ -122,6 +138,8 @@ def test_a_table_does_not_reach_past_its_entries(text: str) -> None:
         "model-download-1 exited with code 1\n",  # compose v2 (tannisroot/wyoming-whisper-cpp-intel-gpu-docker#6)
         "ERROR 01-11 13:09:40 multiproc_worker_utils.py:123] Worker VllmWorkerProcess pid 26961 died, exit code: -15\n",  # vllm-project/vllm#8189
         "srv    load_model: failed to load model, '/home/user/models/gemma-3-12b-it-qat-q4_0.gguf'\n",  # llama-server's format
+        "/run.sh: line 16: ./download-ggml-model.sh: No such file or directory\n",  # ENOENT through a shell
+        "/entrypoint.sh: line 3: vllm: command not found\n",  # bash's exit 127
     ],
 )
 def test_a_process_dying_or_failing_a_step_is_never_clean(text: str) -> None:
@@ -174,7 +192,7 @@ def test_an_unclassified_error_gets_its_components_class(text: str, cls: str) ->
         # the component is in the message, not the writer: not mapped
         "[2025-11-01 16:50:36 TP1] Setup NCCL failed with CUDART error: unspecified launch failure\n",
         # a .cu path inside a message (not the assert format)
-        "CUDA error 700 at /data/llama.cpp/ggml-cuda.cu:100: unspecified launch failure\n",
+        "CUDA error 719 at /data/llama.cpp/ggml-cuda.cu:100: unspecified launch failure\n",
         "ERROR 01-11 13:09:40 engine.py:366] RuntimeError: Error in model execution\n",
     ],
 )
