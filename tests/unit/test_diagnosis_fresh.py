@@ -2,7 +2,8 @@
 """Issue 44: the fresh batches of real pastes collected after the 'beyond' held-out half had been seen.
 
 Each of fresh/ to fresh5/ missed the bar on its first run (its FIRST-RUN.txt) and is tune data since: held
-log by log; fresh5/'s first run, the last held-out figure, is also held as a floor. Each rule tuned
+log by log. fresh6/ (diag4) was collected after the mechanisms were committed and is held out: its first run,
+the held-out figure, is held as a floor, its logs are not held one by one. Each rule tuned
 on fresh/ is proven both ways here, with a line that must name its class and one that must not.
 """
 
@@ -25,12 +26,17 @@ BATCHES = (
     "fresh3",
     "fresh4",
     "fresh5",
+    "fresh6",
 )  # in the order they were collected; each is held out until it misses
 FRESH = {name: yaml.safe_load((BEYOND / name / "index.yaml").read_text())["logs"] for name in BATCHES}
-TUNE_DATA = [(name, e) for name in BATCHES for e in FRESH[name]]  # each tuned on after its first run
-# fresh5/ as first scored, before it was tuned on (fresh5/FIRST-RUN.txt): the last held-out figure, which
-# misses the goal; a floor here (no sixth batch was collected to hold out after it)
-HELD_OUT = {"failing": 19, "right_class": 14, "wrong_incident": 0, "failing_called_clean": 2, "clean_called_failure": 0}
+# fresh/ to fresh5/ were tuned on after their first runs; fresh6/ (diag4) is held out: not tuned on, so its
+# logs are not held log by log here
+TUNED = BATCHES[:-1]
+TUNE_DATA = [(name, e) for name in TUNED for e in FRESH[name]]
+# fresh6/ as first scored (fresh6/FIRST-RUN.txt), the rules written before it was collected: the held-out
+# figure, which misses the goal (10/18, 2 failures called clean); a floor here
+HELD_OUT_BATCH = "fresh6"
+HELD_OUT = {"failing": 18, "right_class": 10, "wrong_incident": 0, "failing_called_clean": 2, "clean_called_failure": 0}
 
 
 def earlier_sources() -> set[str]:
@@ -70,7 +76,7 @@ def test_fresh_tune_data_log_gets_its_class(
 
 
 def test_the_held_out_fresh_batch_does_not_regress() -> None:
-    got = held_out_figures(BEYOND / "fresh5", FRESH["fresh5"])
+    got = held_out_figures(BEYOND / HELD_OUT_BATCH, FRESH[HELD_OUT_BATCH])
     assert got["failing"] == HELD_OUT["failing"] and got["right_class"] >= HELD_OUT["right_class"], got
     for key in ("wrong_incident", "failing_called_clean", "clean_called_failure"):
         assert got[key] <= HELD_OUT[key], (key, got)

@@ -30,6 +30,7 @@ CLASS_KEYS = (
     "fallback",
     "loud_only",
     "cleared_by_worker_lines",
+    "components",
 )
 FIRST_ONLY_FACTS = frozenset({"arch", "vllm", "flashinfer", "sglang", "torch", "driver", "model_architecture"})
 
@@ -52,6 +53,9 @@ class FailureClass:
     loud_only: bool = False
     # not a failure when a worker process logs after the last sighting: what it waited for was busy
     cleared_by_worker_lines: bool = False
+    # what wrote an error no pattern classified (a binary, logger, exception type or frame path): an error of
+    # one of these components is this class's (verify/logs/components.py; issue 44)
+    components: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -117,6 +121,15 @@ def _class(src: YamlSource, path: Path_, entry: Any, problems: list[str]) -> Fai
             re.compile(str(pattern))
         except re.error as exc:
             bad(("match", j), f"not a valid regular expression: {exc}")
+    components = entry.get("components") or []
+    if not isinstance(components, list):
+        bad(("components",), "must be a list of regular expressions")
+        components = []
+    for j, pattern in enumerate(components):
+        try:
+            re.compile(str(pattern))
+        except re.error as exc:
+            bad(("components", j), f"not a valid regular expression: {exc}")
     by_phase = entry.get("next_by_phase") or {}
     if not isinstance(by_phase, dict) or not all(isinstance(v, str) for v in by_phase.values()):
         bad(("next_by_phase",), "must map a startup phase to its advice")
@@ -136,6 +149,7 @@ def _class(src: YamlSource, path: Path_, entry: Any, problems: list[str]) -> Fai
         fallback=bool(entry.get("fallback", False)),
         loud_only=bool(entry.get("loud_only", False)),
         cleared_by_worker_lines=bool(entry.get("cleared_by_worker_lines", False)),
+        components=tuple(str(p) for p in components),
     )
 
 

@@ -26,6 +26,7 @@ from typing import Any
 from pipeline.matrix.model import Arm, Cell
 from verify.logs.catalog import Signature, load_catalog
 from verify.logs.classes import ClassCatalog, FailureClass, catalog_rules, load_classes
+from verify.logs.components import by_component, with_exit
 from verify.logs.incidents import Candidate, Fact, Incident
 from verify.logs.incidents import incidents as match_incidents
 from verify.logs.logscan import Log, LogMatch, scan
@@ -247,6 +248,8 @@ def diagnose(
     survived = [h for h in hits if h.id in unclassified and serving is not None and h.line_no < serving]
     hits = [h for h in hits if h not in survived]
     warnings = sorted([*warnings, *survived], key=lambda h: h.line_no)
+    if hits and hits[0].id in unclassified:  # what wrote it, and how the process ended (issue 44, diag4)
+        hits[0] = _by_mechanism(classes, hits[0], data, last, matches)
     incident, candidates = match_incidents(incidents, [m for m in matches if m.kind == "signature"], all_facts)
     # Exit 1 means a named failure: a log that stops mid-startup without one is an excerpt (clean,
     # with Startup.note); the verify stage judges startup completion itself, with a live server.
@@ -438,6 +441,21 @@ def _cause_above(classes: ClassCatalog, matches: Sequence[LogMatch], line_no: in
         return "no error line above it says why"
     last = max(above, key=lambda m: m.line_no)
     return f"the error logged above it (line {last.line_no}): {clean_line(last.line).text.strip()[:300]}"
+
+
+def _by_mechanism(
+    classes: ClassCatalog, hit: ClassHit, data: Log, last: LastException | None, matches: Sequence[LogMatch]
+) -> ClassHit:
+    """An unclassified error given its component's class, else quoted with the process's exit."""
+    extractor = {f"class:{c.id}" for c in classes.classes if c.fallback}
+    fallback = [m for m in matches if m.id.rsplit(":", 1)[0] in extractor]
+    raw = next((m.line for m in matches if m.line_no == hit.line_no and m.id.rsplit(":", 1)[0] in extractor), None)
+    if raw is None and last is not None:
+        raw = next((m.line for m in matches if m.line_no == last.line_no and m.id == "exception"), None)
+    mapped = by_component(classes, hit, data, last, raw)
+    if mapped.id != hit.id or hit.id != "unclassified-error":
+        return mapped
+    return with_exit(hit, data, fallback)
 
 
 def _fails(c: FailureClass, lines: Sequence[int], phases: dict[str, int]) -> bool:

@@ -53,6 +53,9 @@ _QUIET_LEVEL = re.compile(
     r"|^[IWD]\d{4} \d\d:\d\d:\d\d"
     # logfmt: Go's slog, logrus, dockerd ("time=... level=INFO source=server.go:168 msg=...")
     r"|\blevel=(?:info|warn|warning|debug|INFO|WARN|WARNING|DEBUG)\b"
+    # a line that calls itself a warning, whatever its logger (SGLang's "... To silence this warning, specify
+    # --disable-custom-all-reduce explicitly", sglang 0.5 srt/distributed/device_communicators; issue 44, diag4)
+    r"|.*\b(?:[Tt]o silence this warning|[Tt]his warning can be (?:safely )?ignored)\b"
 )
 
 
