@@ -31,7 +31,7 @@ from pipeline.errors import InfraError, InputError
 from pipeline.guard.redact import redact
 from pipeline.matrix.model import ArchiveBase, BootstrapBase, Cell, CellBase, Matrix, RegistryBase
 from pipeline.matrix.site import Mirror, SiteSettings
-from pipeline.registry.fleet import bind_local, cache_ref, fetch_built, push_built, registry_credentials
+from pipeline.registry.fleet import Wanted, bind_local, cache_ref, fetch_built, push_built, registry_credentials
 from pipeline.registry.oci import Credentials
 
 __all__ = [
@@ -163,25 +163,18 @@ def _reuse(
     existing = docker.image(plan.tag)
     source, reference = "local", None
     ca_bundle = str(site.ca_bundle) if site.ca_bundle else None
+    wanted = site.registry and Wanted(
+        registry=site.registry, cell_id=cell.id, content_tag=plan.tag, platform=cell.platform,
+        credentials=credentials, ca_bundle=ca_bundle,
+    )  # fmt: skip
     if existing is not None:
         print(f"{cell.id}: {plan.tag} exists, build skipped", file=sys.stderr)
-        if pull_only and site.registry:
-            bound = bind_local(
-                docker, registry=site.registry, cell_id=cell.id, content_tag=plan.tag, platform=cell.platform,
-                local=existing, credentials=credentials, ca_bundle=ca_bundle,
-            )  # fmt: skip
+        if pull_only and wanted:
+            bound = bind_local(docker, wanted, local=existing)
             existing, reference = bound.image, bound.reference
             source = "registry" if bound.pulled else "local"
-    elif site.registry:
-        fetched = fetch_built(
-            docker,
-            registry=site.registry,
-            cell_id=cell.id,
-            content_tag=plan.tag,
-            platform=cell.platform,
-            credentials=credentials,
-            ca_bundle=ca_bundle,
-        )
+    elif wanted:
+        fetched = fetch_built(docker, wanted)
         if fetched is None:
             return None
         existing, source, reference = fetched.image, "registry", fetched.reference

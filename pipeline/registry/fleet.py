@@ -24,6 +24,7 @@ from pipeline.registry.oci import Credentials, RegistryClient, find_credentials
 __all__ = [
     "Fetched",
     "Found",
+    "Wanted",
     "bind_local",
     "cache_ref",
     "fetch_built",
@@ -58,82 +59,59 @@ def registry_credentials(registry: str) -> Credentials | None:
     return find_credentials(host, env=dict(os.environ))
 
 
-def find_built(
-    docker: Docker,
-    *,
-    registry: str,
-    cell_id: str,
-    content_tag: str,
-    platform: str,
-    credentials: Credentials | None,
-    ca_bundle: str | None = None,
-) -> Found | None:
+@dataclass(frozen=True, kw_only=True)
+class Wanted:
+    """A cell's image as the site's registry would hold it: under `content_tag` (HOST/REPO:CELL-<content
+    digest>, pipeline.registry.layout.content_ref) for the cell's platform, reached with `credentials`
+    (from the environment or docker's own config, never argv) and the site's CA bundle."""
+
+    registry: str
+    cell_id: str
+    content_tag: str  # the local tag, stackproof/CELL:<content digest[:16]>
+    platform: str
+    credentials: Credentials | None
+    ca_bundle: str | None = None
+
+
+def find_built(docker: Docker, wanted: Wanted) -> Found | None:
     """The platform manifest the registry holds under the cell's content tag, and the id docker gives
     its image on this daemon's store; None when the registry does not have the tag."""
-    ref = content_ref(registry, cell_id, content_tag)
-    host, repo = repository(registry)
+    ref = content_ref(wanted.registry, wanted.cell_id, wanted.content_tag)
+    host, repo = repository(wanted.registry)
     tag = ref.rpartition(":")[2]
-    with RegistryClient(host, credentials=credentials, ca_bundle=ca_bundle) as client:
+    with RegistryClient(host, credentials=wanted.credentials, ca_bundle=wanted.ca_bundle) as client:
         client.check()
         if client.manifest(repo, tag) is None:
             return None
-        _, manifest = resolve_platform(client, repo, tag, platform, where=ref)
+        _, manifest = resolve_platform(client, repo, tag, wanted.platform, where=ref)
     image_id = manifest.digest if docker.image_store() == CONTAINERD_STORE else str(manifest.config_digest)
     return Found(reference=f"{host}/{repo}@{manifest.digest}", content_ref=ref, image_id=image_id)
 
 
-def fetch_built(
-    docker: Docker,
-    *,
-    registry: str,
-    cell_id: str,
-    content_tag: str,
-    platform: str,
-    credentials: Credentials | None,
-    ca_bundle: str | None = None,
-) -> Fetched | None:
-    """Pull the cell's image by digest when its content tag is in `registry`, tagged `content_tag`
+def fetch_built(docker: Docker, wanted: Wanted) -> Fetched | None:
+    """Pull the cell's image by digest when its content tag is in the registry, tagged `content_tag`
     locally; None when the registry does not have it (the caller builds)."""
-    found = find_built(
-        docker, registry=registry, cell_id=cell_id, content_tag=content_tag, platform=platform,
-        credentials=credentials, ca_bundle=ca_bundle,
-    )  # fmt: skip
+    found = find_built(docker, wanted)
     if found is None:
         return None
     print(
-        f"{cell_id}: {found.content_ref} is in the registry: pulling {found.reference} instead of building",
+        f"{wanted.cell_id}: {found.content_ref} is in the registry: pulling {found.reference} instead of building",
         file=sys.stderr,
     )
-    return _pull(docker, found, cell_id=cell_id, content_tag=content_tag, credentials=credentials)
+    return _pull(docker, found, wanted)
 
 
-def bind_local(
-    docker: Docker,
-    *,
-    registry: str,
-    cell_id: str,
-    content_tag: str,
-    platform: str,
-    local: ImageInfo,
-    credentials: Credentials | None,
-    ca_bundle: str | None = None,
-) -> Fetched:
+def bind_local(docker: Docker, wanted: Wanted, *, local: ImageInfo) -> Fetched:
     """The content tag is already on this daemon (`build --pull-only` on a runner that built or
     verified the cell before): the registry's digest of that very image, so a receipt and its
     signature can name it. The registry's image under the tag wins: when the local one differs it
     is pulled by digest over it; when the registry lacks the tag the local image is pushed first."""
-
-    def find() -> Found | None:
-        return find_built(
-            docker, registry=registry, cell_id=cell_id, content_tag=content_tag, platform=platform,
-            credentials=credentials, ca_bundle=ca_bundle,
-        )  # fmt: skip
-
-    found = find()
+    cell_id, content_tag, registry = wanted.cell_id, wanted.content_tag, wanted.registry
+    found = find_built(docker, wanted)
     if found is None:
         print(f"{cell_id}: {content_tag} is on this daemon but not in {registry}: pushing it", file=sys.stderr)
-        push_built(docker, registry=registry, cell_id=cell_id, content_tag=content_tag, credentials=credentials)
-        found = find()
+        push_built(docker, registry=registry, cell_id=cell_id, content_tag=content_tag, credentials=wanted.credentials)
+        found = find_built(docker, wanted)
         if found is None:
             raise CheckFailed(f"{cell_id}: pushed {content_tag} to {registry}, but the registry lacks it")
     if found.image_id == local.id:
@@ -144,18 +122,18 @@ def bind_local(
         f"({found.image_id}): pulling {found.reference} over it",
         file=sys.stderr,
     )
-    return _pull(docker, found, cell_id=cell_id, content_tag=content_tag, credentials=credentials)
+    return _pull(docker, found, wanted)
 
 
-def _pull(docker: Docker, found: Found, *, cell_id: str, content_tag: str, credentials: Credentials | None) -> Fetched:
+def _pull(docker: Docker, found: Found, wanted: Wanted) -> Fetched:
     """Pull `found` by digest, tag it `content_tag` and check the image docker now has is that manifest."""
-    docker.pull(found.reference, login=docker_login(credentials))
-    docker.tag(found.reference, content_tag)
-    info = docker.image(content_tag)
+    docker.pull(found.reference, login=docker_login(wanted.credentials))
+    docker.tag(found.reference, wanted.content_tag)
+    info = docker.image(wanted.content_tag)
     if info is None or info.id != found.image_id:
-        docker.remove_image(content_tag)
+        docker.remove_image(wanted.content_tag)
         raise CheckFailed(
-            f"{cell_id}: pulled {found.reference} but its image id is {info.id if info else None}, not "
+            f"{wanted.cell_id}: pulled {found.reference} but its image id is {info.id if info else None}, not "
             f"{found.image_id}: the registry did not serve the manifest it named"
         )
     return Fetched(reference=found.reference, content_ref=found.content_ref, image=info)

@@ -75,10 +75,8 @@ def oci(monkeypatch: pytest.MonkeyPatch) -> FakeOci:
 def bind(docker: FakeDocker) -> fleet.Fetched:
     local = docker.image(TAG)
     assert local is not None
-    return fleet.bind_local(
-        docker, registry=REGISTRY, cell_id=CELL, content_tag=TAG, platform="linux/amd64", local=local,  # type: ignore[arg-type]
-        credentials=None,
-    )  # fmt: skip
+    wanted = fleet.Wanted(registry=REGISTRY, cell_id=CELL, content_tag=TAG, platform="linux/amd64", credentials=None)
+    return fleet.bind_local(docker, wanted, local=local)  # type: ignore[arg-type]
 
 
 def test_a_local_content_tag_is_named_by_the_registry_digest_of_the_same_image(oci: FakeOci) -> None:
