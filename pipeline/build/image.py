@@ -163,10 +163,12 @@ def _reuse(
     existing = docker.image(plan.tag)
     source, reference = "local", None
     ca_bundle = str(site.ca_bundle) if site.ca_bundle else None
-    wanted = site.registry and Wanted(
-        registry=site.registry, cell_id=cell.id, content_tag=plan.tag, platform=cell.platform,
-        credentials=credentials, ca_bundle=ca_bundle,
-    )  # fmt: skip
+    wanted = None
+    if site.registry:  # where the fleet's registry would hold the image under its content tag
+        wanted = Wanted(
+            registry=site.registry, cell_id=cell.id, content_tag=plan.tag, platform=cell.platform,
+            credentials=credentials, ca_bundle=ca_bundle,
+        )  # fmt: skip
     if existing is not None:
         print(f"{cell.id}: {plan.tag} exists, build skipped", file=sys.stderr)
         if pull_only and wanted:

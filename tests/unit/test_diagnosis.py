@@ -446,15 +446,24 @@ def test_class_catalog_problems_are_located(tmp_path: Path) -> None:
     bad = tmp_path / "classes.yaml"
     bad.write_text(
         "schema_version: 1\nclasses:\n  - id: x\n    title: t\n    severity: fatal\n    priority: 1\n"
-        "    match: ['(']\n    what: w\n    next: n\n    colour: red\nphases: []\nfacts: []\n"
+        "    match: ['(']\n    components: ['[']\n    what: w\n    next: n\n    colour: red\nphases: []\nfacts: []\n"
     )
     with pytest.raises(MatrixError) as info:
         load_classes(bad)
     text = "\n".join(info.value.problems)
     assert f"{bad}:5: classes[0].severity: must be fail or warn, got 'fatal'" in text
     assert f"{bad}:7: classes[0].match[0]: not a valid regular expression" in text
-    assert f"{bad}:10: classes[0].colour: unknown key" in text
+    assert f"{bad}:8: classes[0].components[0]: not a valid regular expression" in text
+    assert f"{bad}:11: classes[0].colour: unknown key" in text
     assert "needs the python-exception class" in text and "needs a `serving` phase" in text
+    bad.write_text(
+        bad.read_text().replace("components: ['[']", "components: nvidia-ctk").replace("match: ['(']", "match: []")
+    )
+    with pytest.raises(MatrixError) as info:
+        load_classes(bad)
+    text = "\n".join(info.value.problems)
+    assert f"{bad}:7: classes[0].match: must be a non-empty list of regular expressions" in text
+    assert f"{bad}:8: classes[0].components: must be a list of regular expressions" in text
 
 
 def test_every_class_pattern_cites_where_its_text_comes_from() -> None:

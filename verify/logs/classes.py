@@ -5,6 +5,7 @@ log rules a cell's diagnosis scans with (the catalog's signatures plus the cell'
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -112,24 +113,8 @@ def _class(src: YamlSource, path: Path_, entry: Any, problems: list[str]) -> Fai
         bad(("severity",), f"must be fail or warn, got {entry.get('severity')!r}")
     if not isinstance(entry.get("priority", 0), int):
         bad(("priority",), "must be an integer")
-    patterns = entry.get("match") or []
-    if not isinstance(patterns, list) or not patterns:
-        bad(("match",), "must be a non-empty list of regular expressions")
-        patterns = []
-    for j, pattern in enumerate(patterns):
-        try:
-            re.compile(str(pattern))
-        except re.error as exc:
-            bad(("match", j), f"not a valid regular expression: {exc}")
-    components = entry.get("components") or []
-    if not isinstance(components, list):
-        bad(("components",), "must be a list of regular expressions")
-        components = []
-    for j, pattern in enumerate(components):
-        try:
-            re.compile(str(pattern))
-        except re.error as exc:
-            bad(("components", j), f"not a valid regular expression: {exc}")
+    patterns = _regexes(entry, "match", bad, required=True)
+    components = _regexes(entry, "components", bad, required=False)
     by_phase = entry.get("next_by_phase") or {}
     if not isinstance(by_phase, dict) or not all(isinstance(v, str) for v in by_phase.values()):
         bad(("next_by_phase",), "must map a startup phase to its advice")
@@ -140,7 +125,7 @@ def _class(src: YamlSource, path: Path_, entry: Any, problems: list[str]) -> Fai
         title=str(entry["title"]),
         severity=entry["severity"],
         priority=int(entry["priority"]),
-        patterns=tuple(str(p) for p in patterns),
+        patterns=patterns,
         what=str(entry["what"]).strip(),
         next=str(entry["next"]).strip(),
         min_count=int(entry.get("min_count", 1)),
@@ -149,8 +134,22 @@ def _class(src: YamlSource, path: Path_, entry: Any, problems: list[str]) -> Fai
         fallback=bool(entry.get("fallback", False)),
         loud_only=bool(entry.get("loud_only", False)),
         cleared_by_worker_lines=bool(entry.get("cleared_by_worker_lines", False)),
-        components=tuple(str(p) for p in components),
+        components=components,
     )
+
+
+def _regexes(entry: Any, key: str, bad: Callable[[Path_, str], None], *, required: bool) -> tuple[str, ...]:
+    """The entry's list of regular expressions under `key`, each compiled once to name the bad ones."""
+    patterns = entry.get(key) or []
+    if not isinstance(patterns, list) or (required and not patterns):
+        bad((key,), f"must be a {'non-empty ' if required else ''}list of regular expressions")
+        return ()
+    for j, pattern in enumerate(patterns):
+        try:
+            re.compile(str(pattern))
+        except re.error as exc:
+            bad((key, j), f"not a valid regular expression: {exc}")
+    return tuple(str(p) for p in patterns)
 
 
 def _named_patterns(src: YamlSource, key: str, problems: list[str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
