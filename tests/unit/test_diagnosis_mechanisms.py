@@ -15,6 +15,7 @@ import pytest
 from verify.logs.classes import load_classes
 from verify.logs.components import component_class, component_text
 from verify.logs.diagnosis import diagnose
+from verify.logs.logscan import LogMatch
 
 
 def primary(text: str) -> str | None:
@@ -202,7 +203,8 @@ def test_a_component_named_only_in_the_message_is_not_mapped(text: str) -> None:
 
 def test_components_are_read_from_the_head_frames_and_exception() -> None:
     classes = load_classes()
-    text = component_text(b"x\n", "zmq.error.ZMQError: Address already in use", None)
+    found = LogMatch(id="exception", kind="evidence", line_no=1, line="zmq.error.ZMQError: Address already in use")
+    text = component_text(b"zmq.error.ZMQError: Address already in use\n", found, None)
     assert text.splitlines() == ["zmq.error.ZMQError"]
     assert component_class(classes, "ERROR\nnvidia-container-cli") is not None
     assert component_class(classes, "ERROR\nvllm") is None
@@ -218,3 +220,29 @@ def test_every_class_pattern_has_a_literal_for_the_scans_prefilter() -> None:
     assert [r.id for r in rules if logscan._anchors(r.pattern) is None] == []
     assert logscan._anchors("(?i)\\baddress already in use\\b") is None
     assert logscan._anchors("\\b[Aa]ddress already in use\\b") == ["ddress already in use"]
+
+
+# The same error line twice, each copy with its own frames (format of Node's stack: "    at f (file:line:col)"):
+# the first from the app, the second from @huggingface/jinja rendering a chat template.
+_REPEATED = b"""Error: Cannot read properties of undefined (reading 'x')
+    at handle (/app/server.js:10:5)
+    at run (/app/server.js:20:3)
+Error: Cannot read properties of undefined (reading 'x')
+    at Environment.evaluate (/app/node_modules/@huggingface/jinja/dist/index.js:1:100)
+    at Template.render (/app/node_modules/@huggingface/jinja/dist/index.js:2:200)
+"""
+
+
+def test_a_repeated_error_line_reads_the_frames_below_its_own_copy() -> None:
+    line = _REPEATED.decode().splitlines()[0]
+    first = component_text(_REPEATED, LogMatch(id="e", kind="evidence", line_no=1, line=line), None)
+    second = component_text(_REPEATED, LogMatch(id="e", kind="evidence", line_no=4, line=line), None)
+    assert "server.js" in first and "jinja" not in first
+    assert "jinja" in second and "server.js" not in second
+
+
+def test_the_frames_of_a_later_copy_do_not_name_the_first_copys_component() -> None:
+    # the diagnosis quotes the first copy; its frames are the app's, so no chat-template class from the second's
+    assert primary(_REPEATED.decode()) == "unclassified-error"
+    swapped = b"\n".join([*_REPEATED.splitlines()[3:], *_REPEATED.splitlines()[:3]]) + b"\n"
+    assert primary(swapped.decode()) == "chat-template-error"

@@ -42,10 +42,10 @@ _EXIT = re.compile(
 )
 
 
-def component_text(data: Log, line: str, last: LastException | None) -> str:
+def component_text(data: Log, found: LogMatch, last: LastException | None) -> str:
     """What wrote an error line: its head (before the message), the frames below it, the exception's frames."""
-    parts = _head(clean_line(line).text.strip())
-    parts += [f for f in _lines_after(data, line) if _FRAME_LINE.match(f)][:_FRAMES_AFTER]
+    parts = _head(clean_line(found.line).text.strip())
+    parts += [f for f in _lines_after(data, found.line_no) if _FRAME_LINE.match(f)]
     if last is not None:
         parts.append(last.type)
         parts += [f.file for f in (last.frame, last.package_frame) if f is not None]
@@ -59,12 +59,12 @@ def component_class(classes: ClassCatalog, text: str) -> FailureClass | None:
 
 
 def by_component(
-    classes: ClassCatalog, hit: ClassHit, data: Log, last: LastException | None, line: str | None
+    classes: ClassCatalog, hit: ClassHit, data: Log, last: LastException | None, found: LogMatch | None
 ) -> ClassHit:
     """An unclassified error (or Python exception) given the class of its component, when one has it."""
-    if line is None:
+    if found is None:
         return hit
-    mapped = component_class(classes, component_text(data, line, last))
+    mapped = component_class(classes, component_text(data, found, last))
     if mapped is None:
         return hit
     return replace(hit, id=mapped.id, title=mapped.title, what=mapped.what, next=mapped.next)
@@ -103,10 +103,15 @@ def _head(text: str) -> list[str]:
     return [p[:200] for p in parts if p]
 
 
-def _lines_after(data: Log, line: str) -> list[str]:
-    needle = line.encode(errors="replace")
-    pos = data.find(needle)
-    if pos < 0:
-        return []
-    chunk = bytes(data[pos + len(needle) : pos + len(needle) + (1 << 14)]).decode(errors="replace")
-    return chunk.splitlines()[1 : _FRAMES_AFTER + 1]
+def _lines_after(data: Log, line_no: int) -> list[str]:
+    """The lines below line `line_no` (1-based, as the scan counts newlines) up to the next record (a line
+    at column 0 that is not a frame). Found by its number, not its text: a line logged twice (each rank's,
+    each retry's) has different frames under each copy, and the next copy's frames are not this one's."""
+    pos = 0
+    for _ in range(line_no):
+        pos = data.find(b"\n", pos) + 1
+        if pos == 0:
+            return []
+    below = bytes(data[pos : pos + (1 << 14)]).decode(errors="replace").splitlines()[:_FRAMES_AFTER]
+    end = next((i for i, t in enumerate(below) if t[:1].strip() and not _FRAME_LINE.match(t)), len(below))
+    return below[:end]

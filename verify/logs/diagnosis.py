@@ -449,9 +449,9 @@ def _by_mechanism(
     """An unclassified error given its component's class, else quoted with the process's exit."""
     extractor = {f"class:{c.id}" for c in classes.classes if c.fallback}
     fallback = [m for m in matches if m.id.rsplit(":", 1)[0] in extractor]
-    raw = next((m.line for m in fallback if m.line_no == hit.line_no), None)
+    raw = next((m for m in fallback if m.line_no == hit.line_no), None)
     if raw is None and last is not None:
-        raw = next((m.line for m in matches if m.line_no == last.line_no and m.id == "exception"), None)
+        raw = next((m for m in matches if m.line_no == last.line_no and m.id == "exception"), None)
     mapped = by_component(classes, hit, data, last, raw)
     if mapped.id != hit.id or hit.id != "unclassified-error":
         return mapped
