@@ -21,7 +21,11 @@
   `beyond-fresh4` and before stackproof ran on it (FRESH5.md); it missed the goal on its first run and
   is tune data since;
 - `beyond-fresh6`: tests/fixtures/logs/beyond/fresh6/, collected and labelled after diag4's mechanisms were
-  committed (1e22922) and before stackproof ran on it (FRESH6.md): held out; its FIRST-RUN.txt is the held-out figure.
+  committed (1e22922) and before stackproof ran on it (FRESH6.md); it missed the goal on its first run and is
+  tune data since (diag5);
+- `beyond-fresh7`: tests/fixtures/logs/beyond/fresh7/, drawn from the users' own domain after the tuning on
+  `beyond-fresh6` and labelled before stackproof ran on it (FRESH7.md): held out; its FIRST-RUN.txt is the
+  held-out figure.
 
 The unseen pastes were split by a hash of their thread's URL before any was judged
 (tests/fixtures/logs/unseen/SPLIT.md); this script recomputes the split and refuses a file filed in
@@ -69,10 +73,11 @@ SETS = {
     "beyond-fresh4": LOGS / "beyond" / "fresh4",
     "beyond-fresh5": LOGS / "beyond" / "fresh5",
     "beyond-fresh6": LOGS / "beyond" / "fresh6",
+    "beyond-fresh7": LOGS / "beyond" / "fresh7",
 }
 GOALS = (
     "goal (issues 26 and 44; held out: test, and each fresh batch on its first run, the last"
-    " beyond-fresh6/FIRST-RUN.txt): right class >= 80% of failing, 0 wrong incidents, 0 clean called failures,"
+    " beyond-fresh7/FIRST-RUN.txt): right class >= 80% of failing, 0 wrong incidents, 0 clean called failures,"
     " 0 failing called clean, 0 clean exiting 1;"
     " corpus, tune halves, beyond-test and the earlier fresh batches: no regression"
 )
@@ -185,6 +190,7 @@ def load_index(name: str) -> list[dict[str, Any]]:
         "beyond-fresh4",
         "beyond-fresh5",
         "beyond-fresh6",
+        "beyond-fresh7",
     ]  # each collected after the sets before it
     if name in fresh:
         earlier += ["beyond-tune", "beyond-test", *fresh[: fresh.index(name)]]

@@ -2,7 +2,7 @@
 """Issue 44: the fresh batches of real pastes collected after the 'beyond' held-out half had been seen.
 
 Each of fresh/ to fresh6/ missed the bar on its first run (its FIRST-RUN.txt) and is tune data since: held
-log by log (fresh6/ since diag5). Its first run, the held-out figure of diag4's mechanisms, stays a floor. Each rule tuned
+log by log (fresh6/ since diag5). fresh7/ (diag5, the users' own domain) is held out: its first run is a floor. Each rule tuned
 on fresh/ is proven both ways here, with a line that must name its class and one that must not.
 """
 
@@ -26,19 +26,29 @@ BATCHES = (
     "fresh4",
     "fresh5",
     "fresh6",
+    "fresh7",
 )  # in the order they were collected; each is held out until it misses
 FRESH = {name: yaml.safe_load((BEYOND / name / "index.yaml").read_text())["logs"] for name in BATCHES}
 # fresh/ to fresh6/ were tuned on after their first runs (fresh6/ by diag5), so each is held log by log, less
 # the misses left standing: ollama/ollama#53's "unexpectedly reached end of file" is what llama.cpp's loader
 # says for a truncated file as well as for an architecture it does not know, so no mechanism can tell the
 # judgement label (config-error) from the text; it is held as a detected failure instead
-TUNED = BATCHES
+TUNED = BATCHES[:-1]
 LEFT_MISSED = {("fresh6", "ollama-53-ggml-unexpected-eof.log")}
 TUNE_DATA = [(name, e) for name in TUNED for e in FRESH[name] if (name, e["file"]) not in LEFT_MISSED]
-# fresh6/ as first scored (fresh6/FIRST-RUN.txt), the rules written before it was collected: the held-out
-# figure, which misses the goal (10/18, 2 failures called clean); a floor here
-HELD_OUT_BATCH = "fresh6"
-HELD_OUT = {"failing": 18, "right_class": 10, "wrong_incident": 0, "failing_called_clean": 2, "clean_called_failure": 0}
+# fresh7/ (diag5) is held out: collected from the users' own domain after the tuning on fresh6/, labelled and
+# committed before its first run (fresh7/FIRST-RUN.txt: 10/17, 3 failures called clean, 2 clean called failures,
+# the same as main's code); a floor here, its logs not held one by one until it is tuned on
+HELD_OUT_BATCH = "fresh7"
+HELD_OUT = {"failing": 17, "right_class": 10, "wrong_incident": 0, "failing_called_clean": 3, "clean_called_failure": 2}
+# fresh6/'s first run (fresh6/FIRST-RUN.txt), the held-out figure of diag4's mechanisms, stays a floor too
+FRESH6_FIRST_RUN = {
+    "failing": 18,
+    "right_class": 10,
+    "wrong_incident": 0,
+    "failing_called_clean": 2,
+    "clean_called_failure": 0,
+}
 
 
 def earlier_sources() -> set[str]:
@@ -83,11 +93,12 @@ def test_a_miss_left_standing_is_still_a_detected_failure() -> None:
         assert d.verdict == "failed" and d.primary is not None and d.primary.id == "unclassified-error", file
 
 
-def test_the_held_out_fresh_batch_does_not_regress() -> None:
-    got = held_out_figures(BEYOND / HELD_OUT_BATCH, FRESH[HELD_OUT_BATCH])
-    assert got["failing"] == HELD_OUT["failing"] and got["right_class"] >= HELD_OUT["right_class"], got
+@pytest.mark.parametrize(("batch", "floor"), [(HELD_OUT_BATCH, HELD_OUT), ("fresh6", FRESH6_FIRST_RUN)])
+def test_a_first_run_figure_does_not_regress(batch: str, floor: dict[str, int]) -> None:
+    got = held_out_figures(BEYOND / batch, FRESH[batch])
+    assert got["failing"] == floor["failing"] and got["right_class"] >= floor["right_class"], got
     for key in ("wrong_incident", "failing_called_clean", "clean_called_failure"):
-        assert got[key] <= HELD_OUT[key], (key, got)
+        assert got[key] <= floor[key], (key, got)
 
 
 @pytest.mark.parametrize(
