@@ -53,6 +53,10 @@ _QUIET_LEVEL = re.compile(
     r"|^[IWD]\d{4} \d\d:\d\d:\d\d"
     # logfmt: Go's slog, logrus, dockerd ("time=... level=INFO source=server.go:168 msg=...")
     r"|\blevel=(?:info|warn|warning|debug|INFO|WARN|WARNING|DEBUG)\b"
+    # a logger that brackets its level after a timestamp or its own tags (issue 44, diag5, tuned on fresh7):
+    # TensorRT-LLM's "[TensorRT-LLM][WARNING]" and "[TRT-LLM] [W]" (cpp/include/tensorrt_llm/common/logger.h,
+    # tensorrt_llm/logger.py), onnxruntime's "[W:onnxruntime:..." (core/common/logging/sinks: severity letter first)
+    r"|^\s*(?:(?!ERROR|CRITICAL|FATAL)\S+\s+){0,2}(?:\[[^\]]*\]\s*)*?\[(?:W|I|D|V|WARNING|WARN|INFO|DEBUG)[:\]]"
     # a line that calls itself a warning, whatever its logger (SGLang's "... To silence this warning, specify
     # --disable-custom-all-reduce explicitly", sglang 0.5 srt/distributed/device_communicators; issue 44, diag4)
     r"|.*\b(?:[Tt]o silence this warning|[Tt]his warning can be (?:safely )?ignored)\b"
