@@ -24,8 +24,8 @@
   committed (1e22922) and before stackproof ran on it (FRESH6.md); it missed the goal on its first run and is
   tune data since (diag5);
 - `beyond-fresh7`: tests/fixtures/logs/beyond/fresh7/, drawn from the users' own domain after the tuning on
-  `beyond-fresh6` and labelled before stackproof ran on it (FRESH7.md): held out; its FIRST-RUN.txt is the
-  held-out figure.
+  `beyond-fresh6` and labelled before stackproof ran on it (FRESH7.md); its FIRST-RUN.txt is the last held-out
+  figure, and it is tune data since (diag5).
 
 The unseen pastes were split by a hash of their thread's URL before any was judged
 (tests/fixtures/logs/unseen/SPLIT.md); this script recomputes the split and refuses a file filed in
