@@ -18,6 +18,11 @@ python3 -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file
     || { tail -20 /tmp/pip.log; exit 3; }
 python3 -m venv /tmp/tools && /tmp/tools/bin/python -m pip install -q --no-index --no-deps --no-cache-dir /tmp/carry/deps/*.whl \
     > /tmp/pip-tools.log 2>&1 || { tail -20 /tmp/pip-tools.log; exit 3; }
+# A wheel that travelled beside the parts (carry.sh stages .carry/extra: uv, when the parts are
+# benchmarks/gpu_docker's packing, which leaves uv out) goes into the tool's venv too.
+if ls /tmp/stage/extra/*.whl > /dev/null 2>&1; then
+    /tmp/tools/bin/python -m pip install -q --no-index --no-deps --no-cache-dir /tmp/stage/extra/*.whl || exit 3
+fi
 PYTHONPATH=$PWD /tmp/tools/bin/python -c 'import stackproof.cli, uv; print("stackproof and uv", uv.find_uv_bin())' || exit 3
 /tmp/venv/bin/python -c 'import vllm, torch; print("vllm", vllm.__version__, "torch", torch.__version__, torch.cuda.get_device_name(0))'
 mkdir -p /models

@@ -54,7 +54,8 @@ def _ready_seconds(receipt: dict[str, Any]) -> float | None:
 
 
 def cost_of(receipt: dict[str, Any], label: str) -> Cost:
-    gpus = (receipt.get("runtime") or {}).get("gpus_seen_by_torch") or [{}]
+    # torch's view when the imports stage ran; the host's NVML view otherwise (a run of startup and load only)
+    gpus = (receipt.get("runtime") or {}).get("gpus_seen_by_torch") or (receipt.get("host") or {}).get("gpus") or [{}]
     cache = receipt.get("compile_cache") or {}
     cache_state = ("warm" if cache.get("warm") else "cold") if cache.get("used") else "none"
     return Cost(
@@ -76,7 +77,9 @@ def receipts_under(paths: list[Path]) -> list[tuple[str, dict[str, Any]]]:
     for path in paths:
         files = [path] if path.is_file() else sorted(path.rglob("receipt.json"))
         for file in files:
-            label = str(file.parent.relative_to(path) if path.is_dir() else file.parent.name)
+            # a run directory given itself is named by its own folder, not "."
+            inner = file.parent.relative_to(path) if path.is_dir() else Path(file.parent.name)
+            label = str(inner) if str(inner) != "." else path.name
             found.append((label, read_json(file, "receipt")))
     return found
 
