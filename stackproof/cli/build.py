@@ -80,7 +80,7 @@ def _render(args: argparse.Namespace) -> int:
 
     matrix, images = _load(args)
     site = load_site(matrix)
-    cells: list[Cell] = [matrix.cell(c) for c in args.cells] if args.cells else list(matrix.cells)
+    cells: list[Cell] = [matrix.cell(c) for c in args.cells] if args.cells else _image_cells(matrix)
     written = []
     for cell in cells:
         plan = plan_cell(matrix, cell, site, images)
@@ -96,6 +96,17 @@ def _render(args: argparse.Namespace) -> int:
         )
     _emit(args, {"rendered": written}, "\n".join(f"{w['cell']}: {w['dir']}/Dockerfile  {w['tag']}" for w in written))
     return 0
+
+
+def _image_cells(matrix: Matrix) -> list[Cell]:
+    """Every cell that has an image: `render` with no cell named. A host-runtime cell has none (a
+    Python environment on the host instead); named, it stays an error, unnamed it is left out, said."""
+    from pipeline.matrix.model import HostBase
+
+    hosted = [c.id for c in matrix.cells if isinstance(c.base, HostBase)]
+    if hosted:
+        print(f"render: left out (host runtime, no image): {', '.join(hosted)}", file=sys.stderr)
+    return [c for c in matrix.cells if not isinstance(c.base, HostBase)]
 
 
 def _lock(args: argparse.Namespace) -> int:

@@ -210,6 +210,24 @@ def test_render_matches_the_golden(real: list[str], tmp_path: Path, capsys) -> N
     assert (tmp_path / FIXED / "Dockerfile").read_text() == golden.read_text()
 
 
+def test_render_with_no_cell_renders_every_image_cell_and_names_the_host_ones(
+    real: list[str], tmp_path: Path, capsys
+) -> None:
+    # Until 2026-12-07 `stackproof render` alone stopped at the first host-runtime cell with exit 2.
+    assert main(["render", *real, "--out", str(tmp_path), "--json"]) == 0
+    captured = capsys.readouterr()
+    rendered = [entry["cell"] for entry in json.loads(captured.out)["rendered"]]
+    assert "cpu-tiny" in rendered and "cpu-tiny-host" not in rendered
+    assert "left out (host runtime, no image): " in captured.err and "cpu-tiny-host" in captured.err
+    assert not (tmp_path / "cpu-tiny-host").exists()
+
+
+def test_render_of_a_named_host_cell_is_exit_2(real: list[str], tmp_path: Path, capsys) -> None:
+    assert main(["render", "cpu-tiny-host", *real, "--out", str(tmp_path / "render")]) == 2
+    assert "runs on the host runtime" in capsys.readouterr().err
+    assert not (tmp_path / "render").exists()
+
+
 def test_render_unknown_cell_writes_nothing(real: list[str], tmp_path: Path, capsys) -> None:
     assert main(["render", "nope", *real, "--out", str(tmp_path / "render")]) == 2
     assert "no cell 'nope'" in capsys.readouterr().err
