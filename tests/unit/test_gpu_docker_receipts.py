@@ -50,7 +50,12 @@ def test_every_receipt_validates_and_names_docker_cdi_the_h100_and_the_archive_b
     image = doc["image"]
     assert image["runtime"] == "docker" and image["id"].startswith("sha256:")
     assert image["gpu_access"]["how"] == "cdi" and image["gpu_access"]["cdi_kind"] == "nvidia.com/gpu"
-    assert image["base"] == {"name": "gpu-host-tree", "archive": "hostbase.tar", "format": "rootfs", "sha256": BASE_SHA256}
+    assert image["base"] == {
+        "name": "gpu-host-tree",
+        "archive": "hostbase.tar",
+        "format": "rootfs",
+        "sha256": BASE_SHA256,
+    }
     gpu = doc["host"]["gpus"][0]
     assert gpu["name"] == "NVIDIA H100 80GB HBM3" and gpu["compute_capability"] == "9.0"
     assert doc["servers"]["runtime"] == "docker" and doc["servers"]["started"] == 1
@@ -150,4 +155,3 @@ def test_no_container_was_left_and_the_gpu_was_free_after_every_job(job: str) ->
     """run.sh's own line after each job (benchmarks/gpu_docker/run.sh), kept from the call's output."""
     line = next(line for line in RECAP if line.startswith(f"=== {job}:"))
     assert "containers left: 0" in line and line.endswith("GPU memory: 0 MiB")
-
