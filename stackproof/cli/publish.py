@@ -92,6 +92,10 @@ def _pull(args: argparse.Namespace) -> int:
         )
     if args.key is not None and identity is not None:
         raise InputError("--key and --identity: give one (a key-signed or a keyless receipt)")
+    if args.key is not None:
+        from pipeline.registry.attest import load_public_key
+
+        load_public_key(args.key)  # a bad key file is exit 2 before docker is asked (exit 3 without a daemon)
     found = _cell_of(args)
     if found is not None and found[1].is_gpu and not args.no_preflight:
         from pipeline.host.preflight import preflight_job
