@@ -264,18 +264,17 @@ def pull(
     require_same_gpu: bool = False,
     credentials: Credentials | None = None,
     require_signature: bool = False,
-    key: Path | None = None,
+    public_key: Any = None,
     ca_bundle: str | None = None,
     here: HostFingerprint | None = None,
     identity: attest.Identity | None = None,
     trusted_root: Path | None = None,
 ) -> PullResult:
-    if require_signature and key is None and identity is None:
+    if require_signature and public_key is None and identity is None:
         raise InputError(
             "--require-signature needs --key PUBLIC.pem (the publisher's ECDSA P-256 public key) "
             "or --identity ISSUER/SUBJECT (keyless)"
         )
-    public_key = attest.load_public_key(key) if key is not None else None
     here = here or host_fingerprint(docker.server_version())
     platform = platform or docker.platform()
     host, repo = _repo(registry)

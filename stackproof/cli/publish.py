@@ -79,7 +79,7 @@ def _refuse_host(matrix: Matrix, cell: Cell, receipt: Path | None) -> None:
 
 def _pull(args: argparse.Namespace) -> int:
     from pipeline.docker.client import Docker
-    from pipeline.registry.attest import parse_identity
+    from pipeline.registry.attest import load_public_key, parse_identity
     from pipeline.registry.pull import pull
     from stackproof.cli.common import emit as _emit
 
@@ -92,10 +92,8 @@ def _pull(args: argparse.Namespace) -> int:
         )
     if args.key is not None and identity is not None:
         raise InputError("--key and --identity: give one (a key-signed or a keyless receipt)")
-    if args.key is not None:
-        from pipeline.registry.attest import load_public_key
-
-        load_public_key(args.key)  # a bad key file is exit 2 before docker is asked (exit 3 without a daemon)
+    # Read here, before docker is asked: a bad key file is exit 2, not exit 3 on a host without a daemon.
+    public_key = load_public_key(args.key) if args.key is not None else None
     found = _cell_of(args)
     if found is not None and found[1].is_gpu and not args.no_preflight:
         from pipeline.host.preflight import preflight_job
@@ -111,7 +109,7 @@ def _pull(args: argparse.Namespace) -> int:
         require_same_gpu=args.require_same_gpu,
         credentials=credentials,
         require_signature=args.require_signature,
-        key=args.key,
+        public_key=public_key,
         identity=identity,
         trusted_root=args.trusted_root,
     )
