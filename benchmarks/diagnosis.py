@@ -26,6 +26,10 @@
 - `beyond-fresh7`: tests/fixtures/logs/beyond/fresh7/, drawn from the users' own domain after the tuning on
   `beyond-fresh6` and labelled before stackproof ran on it (FRESH7.md); its FIRST-RUN.txt is the last held-out
   figure, and it is tune data since (diag5).
+- `beyond-fresh8-tune` / `beyond-fresh8-test`: tests/fixtures/logs/beyond/fresh8/, 44 pastes collected and
+  labelled by a second person (a helper who never ran stackproof on them) and split by a hash of the URL
+  salted `fresh8:` before any was run (FRESH8.md): tuned on the tune half only; the test half is the
+  held-out figure.
 
 The unseen pastes were split by a hash of their thread's URL before any was judged
 (tests/fixtures/logs/unseen/SPLIT.md); this script recomputes the split and refuses a file filed in
@@ -74,6 +78,8 @@ SETS = {
     "beyond-fresh5": LOGS / "beyond" / "fresh5",
     "beyond-fresh6": LOGS / "beyond" / "fresh6",
     "beyond-fresh7": LOGS / "beyond" / "fresh7",
+    "beyond-fresh8-tune": LOGS / "beyond" / "fresh8" / "tune",
+    "beyond-fresh8-test": LOGS / "beyond" / "fresh8" / "test",
 }
 GOALS = (
     "goal (issues 26 and 44; held out: test, and each fresh batch on its first run, the last"
@@ -194,13 +200,20 @@ def load_index(name: str) -> list[dict[str, Any]]:
     ]  # each collected after the sets before it
     if name in fresh:
         earlier += ["beyond-tune", "beyond-test", *fresh[: fresh.index(name)]]
+    if name.startswith("beyond-fresh8-"):
+        earlier += ["beyond-tune", "beyond-test", *fresh]
     corpus = {e["source"] for s in earlier for e in yaml.safe_load((SETS[s] / "index.yaml").read_text())["logs"]}
     for entry in index:
         if name in fresh:  # held out whole: no split to check
             if entry["source"] in corpus:
                 sys.exit(f"{SETS[name] / entry['file']}: {entry['source']} is already in the corpus")
             continue
-        half = split_half(entry["url"]) if name in ("tune", "test") else "beyond-" + split_beyond(entry["url"])
+        if name.startswith("beyond-fresh8-"):
+            half = "beyond-fresh8-" + split_fresh8(entry["url"])
+        elif name in ("tune", "test"):
+            half = split_half(entry["url"])
+        else:
+            half = "beyond-" + split_beyond(entry["url"])
         if half != name:
             sys.exit(f"{SETS[name] / entry['file']}: its URL hashes to the {half} half, not {name} (SPLIT.md)")
         if entry["source"] in corpus:
@@ -216,6 +229,11 @@ def split_half(url: str) -> str:
 def split_beyond(url: str) -> str:
     """tests/fixtures/logs/beyond/SPLIT.md: the same rule with a salt, so the two splits are independent."""
     return "tune" if hashlib.sha256(("beyond:" + url).encode()).hexdigest()[0] in "01234567" else "test"
+
+
+def split_fresh8(url: str) -> str:
+    """tests/fixtures/logs/beyond/fresh8/FRESH8.md: the eighth batch's own salt."""
+    return "tune" if hashlib.sha256(("fresh8:" + url).encode()).hexdigest()[0] in "01234567" else "test"
 
 
 def family_of(cls: str) -> str:
