@@ -8,10 +8,12 @@ both startup times side by side: what a site gains from the cache, measured on i
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,19 +21,61 @@ from pipeline.errors import InputError
 from pipeline.matrix.compilecache import ENV_NAME, compile_cache_from_env
 from pipeline.receipt import Receipt
 
-__all__ = ["compared", "readiness_seconds", "side_by_side", "use_compile_cache"]
+__all__ = [
+    "check_compile_cache",
+    "command_compile_cache",
+    "compared",
+    "readiness_seconds",
+    "side_by_side",
+    "use_compile_cache",
+]
+
+
+def check_compile_cache(directory: Path | None) -> None:
+    """`--compile-cache DIR` (or `none`) checked: a bad one is exit 2, before anything is built or run."""
+    if directory is None:
+        return
+    try:
+        compile_cache_from_env({ENV_NAME: str(directory)})
+    except InputError as exc:
+        raise InputError(f"--compile-cache: {exc}") from None
 
 
 def use_compile_cache(directory: Path | None) -> None:
     """`--compile-cache DIR` (or `none`): this command's servers use it; a bad one is exit 2 now."""
-    if directory is None:
-        return
-    text = str(directory)
+    check_compile_cache(directory)
+    if directory is not None:
+        os.environ[ENV_NAME] = str(directory)
+
+
+@contextlib.contextmanager
+def command_compile_cache(directory: Path | None, *, out: Path, restarts: bool, command: str) -> Iterator[Path | None]:
+    """`--compile-cache` of ab, bisect and sweep, for the command's life: DIR (or `none`) as for run and
+    verify; with neither it nor the site's setting, and a plan that restarts a side "on the caches the
+    other warmed" (`restarts`), one cache for this command under `out`, removed at its end. Without a
+    shared cache that restart warms nothing: each server has its own home (verify/runtime/host.py) or
+    container, and every start pays the compile and JIT again (on the H100, vLLM 0.26.0's engine init
+    took 113-117 s in each of an A/B's three host starts, 7 s of it torch.compile; 3.6 s warm in docker:
+    shared/reference/gpu-docker.md, tests/fixtures/gpu_ab/). Yields the command's own cache, if any."""
+    before = os.environ.get(ENV_NAME)
+    own: Path | None = None
     try:
-        compile_cache_from_env({ENV_NAME: text})
-    except InputError as exc:
-        raise InputError(f"--compile-cache: {exc}") from None
-    os.environ[ENV_NAME] = text
+        if directory is not None:
+            use_compile_cache(directory)
+        elif restarts and compile_cache_from_env(os.environ) is None:
+            out.mkdir(parents=True, exist_ok=True)
+            own = Path(tempfile.mkdtemp(prefix="compile-cache-", dir=out))
+            os.environ[ENV_NAME] = str(own)
+            print(f"{command}: compile/JIT cache for this run: {own} (removed after; --compile-cache DIR keeps one)",
+                  file=sys.stderr)  # fmt: skip
+        yield own
+    finally:
+        if before is None:
+            os.environ.pop(ENV_NAME, None)
+        else:
+            os.environ[ENV_NAME] = before
+        if own is not None:
+            shutil.rmtree(own, ignore_errors=True)
 
 
 def readiness_seconds(receipt: Receipt) -> float | None:

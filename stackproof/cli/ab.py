@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from stackproof.cli.abplan import AB_OPTIONS, PYTHON_OPTION, plan_of
+from stackproof.cli.abplan import AB_OPTIONS, COMPILE_CACHE_OPTION, PYTHON_OPTION, plan_of
 from stackproof.cli.common import Command, arg, emit, load, load_spec
 
 if TYPE_CHECKING:  # the run itself (load test, numpy, the HTTP client) is imported when the command runs:
@@ -28,6 +28,7 @@ __all__ = ["COMMANDS", "ab_command"]
 
 def ab_command(args: argparse.Namespace) -> int:
     from stackproof.ab import run_ab
+    from stackproof.compilecompare import check_compile_cache, command_compile_cache
     from stackproof.runjob import exclusive_dir
     from stackproof.sides import built_side, parse_side
 
@@ -36,11 +37,13 @@ def ab_command(args: argparse.Namespace) -> int:
     assert cell_a.serve is not None
     spec = load_spec(args, cell_a.serve.load)
     plan = plan_of(args, cell_a)  # exit 2 on contradicting options, before anything is built
+    check_compile_cache(args.compile_cache)
     side_a = built_side(matrix, images, cell_a, arm_a, args.a, python=args.python)
     side_b = built_side(matrix, images, cell_b, arm_b, args.b, python=args.python)
     stem = time.strftime("ab-%Y%m%dT%H%M%S")
     out = exclusive_dir(args.out / "ab", stem)
-    report = run_ab(side_a, side_b, spec=spec, plan=plan, out_dir=out)
+    with command_compile_cache(args.compile_cache, out=out, restarts=plan.restart_first, command="ab"):
+        report = run_ab(side_a, side_b, spec=spec, plan=plan, out_dir=out)
     emit(args, report.to_json(), _text(report))
     if report.verdict == "REFUSED":
         return 3
@@ -102,6 +105,7 @@ COMMANDS = (
             arg("b", metavar="B", help="CELL or CELL:ARM: the bump"),
             *AB_OPTIONS,
             PYTHON_OPTION,
+            COMPILE_CACHE_OPTION,
             arg("--out", type=Path, default=Path("stackproof-out")),
         ),
     ),

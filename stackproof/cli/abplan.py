@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.errors import InputError
@@ -17,13 +18,22 @@ if TYPE_CHECKING:
     from pipeline.matrix.model import Cell
     from stackproof.ab import Plan
 
-__all__ = ["AB_OPTIONS", "PYTHON_OPTION", "plan_of"]
+__all__ = ["AB_OPTIONS", "COMPILE_CACHE_OPTION", "PYTHON_OPTION", "plan_of"]
 
 PYTHON_OPTION = arg(
     "--python",
     default=None,
     metavar="PY",
     help="serve a host cell from this existing environment's interpreter (as `verify --runtime host --python`)",
+)
+
+COMPILE_CACHE_OPTION = arg(
+    "--compile-cache",
+    type=Path,
+    default=None,
+    metavar="DIR",
+    help="the servers' compile/JIT cache, one slot per image (as run's and verify's); `none`: every start cold. "
+    "Default: the site's (STACKPROOF_COMPILE_CACHE), else, when a side is restarted, one for this run, removed after",
 )
 
 AB_OPTIONS: tuple[Arg, ...] = (

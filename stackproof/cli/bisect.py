@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from stackproof.cli.abplan import AB_OPTIONS, PYTHON_OPTION, plan_of
+from stackproof.cli.abplan import AB_OPTIONS, COMPILE_CACHE_OPTION, PYTHON_OPTION, plan_of
 from stackproof.cli.common import Command, arg, emit, load, load_spec, package_name
 
 if TYPE_CHECKING:  # imported when the command runs (stackproof/cli/ab.py says why)
@@ -27,10 +27,12 @@ def bisect_command(args: argparse.Namespace) -> int:
     from pipeline.errors import InputError
     from pipeline.matrix.site import load_site
     from stackproof.bisection import Bisect, canonical, check_ends, moved_packages, parse_version, run_bisect
+    from stackproof.compilecompare import check_compile_cache, command_compile_cache
     from stackproof.runjob import exclusive_dir
     from verify.runtime.host import remove_dead_host_runs
 
     matrix, images = load(args)
+    check_compile_cache(args.compile_cache)  # exit 2 before anything is made
     cell = matrix.cell(args.cell)
     if cell.serve is None:
         raise InputError(f"{matrix.file}:{cell.line}: cells[{cell.id}] has no serve spec: nothing to load")
@@ -54,7 +56,8 @@ def bisect_command(args: argparse.Namespace) -> int:
     for run in remove_dead_host_runs():
         print(f"stackproof: ended {run}: its run is gone", file=sys.stderr)
     out = exclusive_dir(args.out / "bisect", time.strftime("bisect-%Y%m%dT%H%M%S"))
-    report = run_bisect(matrix, images, site, ask, moved=moved, spec=spec, out=out)
+    with command_compile_cache(args.compile_cache, out=out, restarts=ask.plan.restart_first, command="bisect"):
+        report = run_bisect(matrix, images, site, ask, moved=moved, spec=spec, out=out)
     emit(args, report.to_json(), _text(report))
     return 1 if report.failed else 0
 
@@ -104,6 +107,7 @@ COMMANDS = (
             arg("--index", default=None, help="the package's index, when the cell names none for it"),
             *AB_OPTIONS,
             PYTHON_OPTION,
+            COMPILE_CACHE_OPTION,
             arg("--build-only", action="store_true", help="make every version's environment; run no A/B"),
             arg("--out", type=Path, default=Path("stackproof-out")),
         ),

@@ -14,7 +14,7 @@ import math
 import time
 from pathlib import Path
 
-from stackproof.cli.abplan import PYTHON_OPTION
+from stackproof.cli.abplan import COMPILE_CACHE_OPTION, PYTHON_OPTION
 from stackproof.cli.common import Command, arg, emit, load, load_spec, slice_seconds
 from stackproof.sides import resolve_side
 from verify.perf.sweep import SweepAxis, SweepReport, parse_sweep
@@ -45,17 +45,20 @@ def parse_limit_ms(text: str) -> float:
 
 
 def sweep_command(args: argparse.Namespace) -> int:
+    from stackproof.compilecompare import check_compile_cache, command_compile_cache
     from stackproof.runjob import exclusive_dir
     from stackproof.sweep import run_sweep
 
     matrix, images = load(args)
+    check_compile_cache(args.compile_cache)  # exit 2 before anything is built
     side = resolve_side(matrix, images, args.target, "CELL", python=args.python)
     assert side.cell.serve is not None
     spec = load_spec(args, side.cell.serve.load)
     out = exclusive_dir(args.out / "sweep", time.strftime("sweep-%Y%m%dT%H%M%S"))
-    report = run_sweep(
-        side, axis=args.sweep, spec=spec, slice_s=args.slice, ttft_p99_limit_ms=args.ttft_p99_limit, out_dir=out
-    )
+    with command_compile_cache(args.compile_cache, out=out, restarts=False, command="sweep"):
+        report = run_sweep(
+            side, axis=args.sweep, spec=spec, slice_s=args.slice, ttft_p99_limit_ms=args.ttft_p99_limit, out_dir=out
+        )
     emit(args, report.to_json(), _text(report))
     return 0
 
@@ -99,6 +102,7 @@ COMMANDS = (
                 help="TTFT p99 limit: 2000ms or 2s (default 2s)",
             ),
             PYTHON_OPTION,
+            COMPILE_CACHE_OPTION,
             arg("--out", type=Path, default=Path("stackproof-out")),
         ),
     ),
