@@ -339,7 +339,10 @@ class _Environments:
         from verify.runtime.host import HostRuntime
 
         runtime = HostRuntime(
-            python=env.python, files_root=env.files_root, image_env=lineage_env(self.matrix, self.cell)
+            python=env.python,
+            files_root=env.files_root,
+            image_env=lineage_env(self.matrix, self.cell),
+            cache_key=env.compile_cache_key,  # the layers over one base share their compiled artifacts
         )
         cell = replace(
             self.cell, overrides=(*(o for o in self.cell.overrides if o.name not in {p.name for p in pins}), *pins)

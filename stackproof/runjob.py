@@ -162,7 +162,12 @@ def run_on_host(
     env = _host_env(matrix, cell, site, images_dir, build=build, python=python, out_dir=out_root / cell.id)
     _ensure_model(matrix, cell, stages, fetch_model)
     print(f"{cell.id}: verifying the host environment {env.ref} ({env.digest[:19]})", file=sys.stderr)
-    runtime = HostRuntime(python=env.python, files_root=env.files_root, image_env=lineage_env(matrix, cell))
+    runtime = HostRuntime(
+        python=env.python,
+        files_root=env.files_root,
+        image_env=lineage_env(matrix, cell),
+        cache_key=env.compile_cache_key,
+    )
     out_dir = _run_dir(out_root, cell)
     checks = (_given_check(cell, env), _lock_check(cell, env), _host_expectations(matrix, cell))
     first_checks = [c for c in checks if c]

@@ -67,7 +67,12 @@ def built_side(
             env = built_host_env(plan_host_env(matrix, cell, images))
         if env is None:
             raise InfraError(f"{cell.id}: its host environment is not built: run `stackproof build {cell.id}`")
-        runtime = HostRuntime(python=env.python, files_root=env.files_root, image_env=lineage_env(matrix, cell))
+        runtime = HostRuntime(
+            python=env.python,
+            files_root=env.files_root,
+            image_env=lineage_env(matrix, cell),
+            cache_key=env.compile_cache_key,
+        )
         return Side(label=label, cell=cell, arm=arm, runtime=runtime, image=env.ref)
     from pipeline.build.image import built_image
     from pipeline.docker.client import Docker

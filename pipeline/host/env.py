@@ -36,6 +36,7 @@ from pipeline.build.render import image_file, render_template
 from pipeline.cache import cache_dir, locked
 from pipeline.errors import InfraError, InputError
 from pipeline.guard.redact import redact
+from pipeline.matrix.compilecache import host_slot_key
 from pipeline.matrix.model import Cell, Matrix
 from pipeline.matrix.site import Mirror, SiteSettings
 
@@ -111,6 +112,12 @@ class HostEnv:
     def ref(self) -> str:
         """What a receipt names in place of an image tag."""
         return f"host:{self.root or self.python}"
+
+    @property
+    def compile_cache_key(self) -> str:
+        """Its slot in a site's compile cache (pipeline/matrix/compilecache.py `host_slot_key`): by the
+        interpreter and the compiled packages' versions, else by the environment itself."""
+        return host_slot_key(self.python_version, self.versions) or self.ref
 
     def to_json(self) -> dict[str, object]:
         return {

@@ -7,7 +7,10 @@ so every start pays them again. A site may give verifications a cache directory
 the image's own slot of it at `CONTAINER_DIR`, with the engines' cache variables pointed into it.
 
 Slots are per image id: two images never share compiled artifacts (a graph compiled by one torch
-loaded into another). A warm slot (one that was not empty before the start) can hide a compile
+loaded into another). A host environment's slot is keyed by its interpreter and the versions of the
+packages whose artifacts fill the slot (`COMPILED_PACKAGES`, `host_slot_key`): environments that
+differ only elsewhere (the layers of one bisect over a base) share it, and a bump of one of those
+packages gets a slot of its own. A warm slot (one that was not empty before the start) can hide a compile
 failure of the image under test, so every use is recorded in the receipt with whether it was warm,
 and tests that judge a cold start run without the cache.
 
@@ -28,8 +31,10 @@ The variables, each where the engine reads it (the pinned wheels):
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,11 +49,19 @@ __all__ = [
     "CompileCache",
     "CompileCacheRecord",
     "compile_cache_from_env",
+    "host_slot_key",
 ]
 
 ENV_NAME = "STACKPROOF_COMPILE_CACHE"
 OFF = ("", "none", "off", "0")
 CONTAINER_DIR = "/stackproof/compile-cache"  # where the server sees its image's slot
+
+# What writes the slot's contents, so what a host environment's slot is keyed by: torch and Triton
+# (inductor's and Triton's caches), the engines (vLLM's torch.compile cache; SGLang's and its kernels'),
+# FlashInfer (its JIT workspace, and the cubins and AOT kernels it loads in place of a JIT build).
+COMPILED_PACKAGES = frozenset(
+    {"torch", "triton", "vllm", "sglang", "sgl-kernel", "flashinfer-python", "flashinfer-cubin", "flashinfer-jit-cache"}
+)
 
 # Variable -> its folder in the slot (the citations are in the module's docstring).
 CACHE_VARIABLES: tuple[tuple[str, str], ...] = (
@@ -137,6 +150,19 @@ def _make_shared(folder: Path) -> None:
     except FileExistsError:
         return
     folder.chmod(0o777)
+
+
+def host_slot_key(python_version: str, versions: Iterable[tuple[str, str]]) -> str | None:
+    """The slot key of a host environment: its interpreter's version and its `COMPILED_PACKAGES`
+    versions (readable, then a digest). None when the inventory names none of them (nothing to key by:
+    the caller keys by the environment itself)."""
+    pins = sorted((re.sub(r"[-_.]+", "-", name).lower(), version) for name, version in versions)
+    compiled = [(name, version) for name, version in pins if name in COMPILED_PACKAGES]
+    if not compiled:
+        return None
+    digest = hashlib.sha256(json.dumps([python_version, compiled]).encode()).hexdigest()[:12]
+    named = "-".join(f"{name}-{version}" for name, version in compiled if name in ("vllm", "sglang", "torch"))
+    return f"host-py{python_version}-{named}-{digest}" if named else f"host-py{python_version}-{digest}"
 
 
 def compile_cache_from_env(env: Mapping[str, str]) -> CompileCache | None:

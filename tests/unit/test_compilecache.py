@@ -14,8 +14,16 @@ import pytest
 
 from pipeline.docker.client import ImageInfo, Mount
 from pipeline.errors import InputError
+from pipeline.host.env import HostEnv
 from pipeline.host.geometry import HostFingerprint
-from pipeline.matrix.compilecache import CACHE_VARIABLES, CONTAINER_DIR, ENV_NAME, CompileCache, compile_cache_from_env
+from pipeline.matrix.compilecache import (
+    CACHE_VARIABLES,
+    CONTAINER_DIR,
+    ENV_NAME,
+    CompileCache,
+    compile_cache_from_env,
+    host_slot_key,
+)
 from pipeline.matrix.read import load_matrix
 from pipeline.receipt import SCHEMA_FILE, CompileCacheRecord, Receipt
 from pipeline.result import CheckResult, Outcome, StageResult, Status, VerifyReport
@@ -169,6 +177,38 @@ def test_on_the_host_runtime_the_variables_name_the_slot_itself(tmp_path: Path) 
     paths = runtime._paths(container, home)
     env = runtime._environment(container, home, tmp_path, paths)
     assert env["VLLM_CACHE_ROOT"] == f"{use.slot}/vllm" and env["TRITON_CACHE_DIR"] == f"{use.slot}/triton"
+
+
+BASE = (("torch", "2.11.0+cu130"), ("vllm", "0.26.0"), ("flashinfer_python", "0.6.14"), ("numpy", "2.3.1"))
+
+
+def _env(root: str, versions: tuple[tuple[str, str], ...], python_version: str = "3.12") -> HostEnv:
+    return HostEnv(
+        python=Path(root) / "bin" / "python", root=Path(root), digest="sha256:" + "0" * 64,
+        python_version=python_version, packages=len(versions), source="built", versions=versions,
+    )  # fmt: skip
+
+
+def test_host_environments_differing_only_outside_the_compiled_packages_share_a_slot() -> None:
+    """The layers of one bisect over a base (a planted package at two versions) share compiled artifacts;
+    a bump of torch, vLLM or FlashInfer, or another interpreter, gets a slot of its own."""
+    good = _env("/envs/layer-a", (*BASE, ("stackproof-planted", "1.0")))
+    bad = _env("/envs/layer-b", (*BASE, ("stackproof_planted", "8.0")))
+    assert good.compile_cache_key == bad.compile_cache_key != good.ref
+    assert good.compile_cache_key.startswith("host-py3.12-torch-2.11.0+cu130-vllm-0.26.0-")
+    for bumped in (("vllm", "0.26.1"), ("flashinfer-python", "0.6.15"), ("torch", "2.11.1+cu130"), ("triton", "3.6.0")):
+        versions = (*(v for v in BASE if v[0].replace("_", "-") != bumped[0]), bumped)
+        assert _env("/envs/c", versions).compile_cache_key != good.compile_cache_key, bumped
+    assert _env("/envs/d", BASE, python_version="3.11").compile_cache_key != good.compile_cache_key
+
+
+def test_a_host_environment_without_compiled_packages_keys_its_slot_by_itself(tmp_path: Path) -> None:
+    plain = _env("/envs/plain", (("numpy", "2.3.1"),))
+    assert host_slot_key("3.12", plain.versions) is None and plain.compile_cache_key == "host:/envs/plain"
+    runtime = HostRuntime(python=Path("/usr/bin/python3"), runs_dir=tmp_path / "runs", environ={})
+    keyed = dataclasses.replace(runtime, cache_key=_env("/envs/a", BASE).compile_cache_key)
+    assert Server(keyed, _cell(), "host:/envs/a", out_dir=tmp_path / "a")._image_key().startswith("host-py3.12-")
+    assert Server(runtime, _cell(), "host:/envs/a", out_dir=tmp_path / "b")._image_key() == "host:/envs/a"
 
 
 # -- the receipt ------------------------------------------------------------------------------------------

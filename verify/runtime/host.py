@@ -100,6 +100,7 @@ class HostRuntime:
     python: Path
     files_root: Path | None = None
     image_env: tuple[tuple[str, str], ...] = ()  # what an image of the cell would have as ENV
+    cache_key: str | None = None  # its slot in a site's compile cache (HostEnv.compile_cache_key); None: `python`
     runs_dir: Path = field(default_factory=lambda: cache_dir() / RUNS_DIR)
     environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     kind: str = "host"

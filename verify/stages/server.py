@@ -35,6 +35,7 @@ from verify.forensics.stall import COREDUMP_DIR, coredump_env
 from verify.logs.logscan import LogWatcher
 from verify.runtime import Runtime, as_runtime
 from verify.runtime.docker import DockerRuntime
+from verify.runtime.host import HostRuntime
 from verify.serving import driver_for
 from verify.serving.driver import ServingDriver
 from verify.serving.openai import ServerCalls
@@ -172,11 +173,14 @@ class Server:
 
     def _image_key(self) -> str:
         """What the compile cache's slot is keyed by: the image id on docker (a tag can move to
-        another image), the environment's reference on the host."""
+        another image); on the host, the environment's compiled packages (HostRuntime.cache_key), else
+        its reference."""
         if isinstance(self.runtime, DockerRuntime):
             info = self.runtime.docker.image(self.image)
             if info is not None:
                 return info.id
+        if isinstance(self.runtime, HostRuntime) and self.runtime.cache_key:
+            return self.runtime.cache_key
         return self.image
 
     def container(self) -> Container:
