@@ -232,6 +232,7 @@ def start_servers(
         servers.facts[key] = {"started_order": len(waiting) + 1, "start_s": None, "restarted": False}
         waiting[key] = time.monotonic()
         servers[key].start()
+        servers.facts[key]["compile_cache"] = _cache_state(servers[key])
         if apart:
             _ready(servers, sides, key, waiting[key])
     for key, at in waiting.items():
@@ -249,11 +250,18 @@ def start_servers(
         servers[first] = _new(new_server, sides[first], out_dir / f"server-{first}-restart")
         at = time.monotonic()
         servers[first].start()
+        servers.facts[first]["compile_cache"] = _cache_state(servers[first])
         _ready(servers, sides, first, at)
         servers.facts[first]["restarted"] = True
         if kept is not None and sides[first].label in kept.labels:
             kept.servers[sides[first].label] = servers[first]
     return servers
+
+
+def _cache_state(server: Server) -> str | None:
+    """ "warm" or "cold": what the server's start found in its compile/JIT cache slot; None without one."""
+    use = server.cache_use
+    return None if use is None else "warm" if use.warm else "cold"
 
 
 def _remover(servers: Started, key: str) -> Callable[[], None]:

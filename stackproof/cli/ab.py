@@ -62,6 +62,7 @@ def _text(report: AbReport) -> str:
             f"  engine {key}: KV cache {'?' if kv is None else f'{kv:g} GiB'}"
             f"{'' if tokens is None else f' ({tokens:,} tokens)'}, started #{facts.get('started_order')}"
             f"{', restarted' if facts.get('restarted') else ''}"
+            f"{'' if facts.get('compile_cache') is None else ', compile cache ' + str(facts['compile_cache'])}"
         )
     if report.refusal:
         lines.append(f"  REFUSED: {report.refusal}")

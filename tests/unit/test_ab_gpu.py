@@ -83,9 +83,14 @@ class StandIn:
         log.parent.mkdir(parents=True, exist_ok=True)
         log.write_text(text)
         self.base_url = f"http://stand-in/{key}"
+        self.cache_use: Any = None
+        self.shared_cache: set[str] | None = None  # slots filled by earlier starts (a compile cache), or none
 
     def start(self) -> None:
         self.events.append(f"start {self.key}")
+        if self.shared_cache is not None:
+            self.cache_use = SimpleNamespace(warm="tiny" in self.shared_cache)
+            self.shared_cache.add("tiny")
 
     def wait_ready(self) -> None:
         self.events.append(f"ready {self.key}")
@@ -120,7 +125,7 @@ def drawn_slices(noise: float, effect: float = 0.0) -> Any:
 
 
 def run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, logs: tuple[str, str] = ("", ""), noise: float = 0.01,
-        effect: float = 0.0, **plan: Any) -> tuple[AbReport, list[str]]:  # fmt: skip
+        effect: float = 0.0, cache: set[str] | None = None, **plan: Any) -> tuple[AbReport, list[str]]:  # fmt: skip
     import stackproof.ab as ab
     from pipeline.matrix.model import LoadSpec
 
@@ -130,7 +135,9 @@ def run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, logs: tuple[str, str
     def new_server(runtime: Any, cell: Any, image: str, *, out_dir: Path, **_: Any) -> StandIn:
         made[image] = made.get(image, 0) + 1
         key = image if made[image] == 1 else f"{image}{made[image]}"
-        return StandIn(key, out_dir / "server.log", events, logs[0] if image == "A" else logs[1])
+        server = StandIn(key, out_dir / "server.log", events, logs[0] if image == "A" else logs[1])
+        server.shared_cache = cache
+        return server
 
     monkeypatch.setattr(ab, "measure_slices", drawn_slices(noise, effect))
     cell = MATRIX.cell(GPU_CELL)
@@ -187,6 +194,21 @@ def test_apart_each_side_is_ready_before_the_next_starts_and_the_first_is_restar
     assert sorted(events[7:]) == ["remove A2", "remove B"]  # each server removed once, the restarted one too
     assert report.engines["A"]["restarted"] and not report.engines["B"]["restarted"]
     assert report.engines["A"]["kv_cache_gib"] == report.engines["B"]["kv_cache_gib"] == 41.59
+    assert report.engines["A"]["compile_cache"] is report.engines["B"]["compile_cache"] is None  # no cache given
+
+
+def test_with_a_shared_cache_the_restart_makes_both_sides_warm_and_the_report_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from stackproof.cli.ab import _text
+
+    text = H200_LOG.read_text()
+    both, _ = run(tmp_path / "r", monkeypatch, logs=(text, text), apart=True, restart_first=True, cache=set())
+    assert both.engines["A"]["compile_cache"] == both.engines["B"]["compile_cache"] == "warm"
+    assert "started #1, restarted, compile cache warm" in _text(both)
+    jsonschema.validate(both.to_json(), SCHEMA)
+    once, _ = run(tmp_path / "n", monkeypatch, logs=(text, text), apart=True, restart_first=False, cache=set())
+    assert (once.engines["A"]["compile_cache"], once.engines["B"]["compile_cache"]) == ("cold", "warm")
 
 
 def test_together_both_start_before_either_is_waited_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -48,6 +48,8 @@ class EngineFacts:
     started_order: int = 0  # 1: this side's server was started first
     start_s: float | None = None  # seconds from start to ready
     restarted: bool = False  # started again once the other side was ready (--restart-first)
+    # Its last start's compile/JIT cache: "warm" (its slot held a start's artifacts), "cold", None (no cache).
+    compile_cache: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -56,6 +58,7 @@ class EngineFacts:
             "started_order": self.started_order,
             "start_s": self.start_s,
             "restarted": self.restarted,
+            "compile_cache": self.compile_cache,
         }
 
 
