@@ -227,6 +227,7 @@ class StandIn:
         self.base_url = fake.url
         self.name = f"fake-{fake.url}"
         self.log_path = Path(f"{self.name}.log")
+        self.cache_use = None  # no compile cache: the report's engines say null
 
     def start(self) -> None:
         pass
