@@ -81,6 +81,7 @@ SETS = {
     "beyond-fresh8-tune": LOGS / "beyond" / "fresh8" / "tune",
     "beyond-fresh8-test": LOGS / "beyond" / "fresh8" / "test",
     "beyond-fresh9": LOGS / "beyond" / "fresh9",
+    "beyond-fresh10": LOGS / "beyond" / "fresh10",
 }
 GOALS = (
     "goal (issues 26 and 44; held out: test, and each fresh batch on its first run, the last"
@@ -203,11 +204,12 @@ def load_index(name: str) -> list[dict[str, Any]]:
         earlier += ["beyond-tune", "beyond-test", *fresh[: fresh.index(name)]]
     if name.startswith("beyond-fresh8-"):
         earlier += ["beyond-tune", "beyond-test", *fresh]
-    if name == "beyond-fresh9":
+    if name in ("beyond-fresh9", "beyond-fresh10"):
         earlier += ["beyond-tune", "beyond-test", *fresh, "beyond-fresh8-tune", "beyond-fresh8-test"]
+        earlier += ["beyond-fresh9"] if name == "beyond-fresh10" else []
     corpus = {e["source"] for s in earlier for e in yaml.safe_load((SETS[s] / "index.yaml").read_text())["logs"]}
     for entry in index:
-        if name in (*fresh, "beyond-fresh9"):  # held out whole: no split to check
+        if name in (*fresh, "beyond-fresh9", "beyond-fresh10"):  # held out whole: no split to check
             if entry["source"] in corpus:
                 sys.exit(f"{SETS[name] / entry['file']}: {entry['source']} is already in the corpus")
             continue
