@@ -335,15 +335,9 @@ class _Environments:
         return self._made[key]
 
     def side(self, env: HostEnv, version: str, pins: tuple[Requirement, ...]) -> Side:
-        from stackproof.runjob import lineage_env
-        from verify.runtime.host import HostRuntime
+        from stackproof.runjob import host_runtime
 
-        runtime = HostRuntime(
-            python=env.python,
-            files_root=env.files_root,
-            image_env=lineage_env(self.matrix, self.cell),
-            cache_key=env.compile_cache_key,  # the layers over one base share their compiled artifacts
-        )
+        runtime = host_runtime(self.matrix, self.cell, env)  # the layers over one base share a compile-cache slot
         cell = replace(
             self.cell, overrides=(*(o for o in self.cell.overrides if o.name not in {p.name for p in pins}), *pins)
         )

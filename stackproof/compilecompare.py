@@ -56,7 +56,7 @@ def command_compile_cache(directory: Path | None, *, out: Path, restarts: bool, 
     shared cache that restart warms nothing: each server has its own home (verify/runtime/host.py) or
     container, and every start pays the compile and JIT again (on the H100, vLLM 0.26.0's engine init
     took 113-117 s in each of an A/B's three host starts, 7 s of it torch.compile; 3.6 s warm in docker:
-    shared/reference/gpu-docker.md, tests/fixtures/gpu_ab/). Yields the command's own cache, if any."""
+    tests/fixtures/gpu-ab-interrupted/README.md). Yields the command's own cache, if any."""
     before = os.environ.get(ENV_NAME)
     own: Path | None = None
     try:

@@ -39,7 +39,15 @@ from verify.runtime.host import HostRuntime
 from verify.stages.receipt import build_receipt, build_section
 from verify.stages.runner import verify_image
 
-__all__ = ["exclusive_dir", "host_build_section", "lineage_env", "remove_dead_runs", "run_cell", "run_on_host"]
+__all__ = [
+    "exclusive_dir",
+    "host_build_section",
+    "host_runtime",
+    "lineage_env",
+    "remove_dead_runs",
+    "run_cell",
+    "run_on_host",
+]
 
 SERVER_STAGES = {"startup", "autotune", "load"}  # the stages that start a server container
 
@@ -162,12 +170,7 @@ def run_on_host(
     env = _host_env(matrix, cell, site, images_dir, build=build, python=python, out_dir=out_root / cell.id)
     _ensure_model(matrix, cell, stages, fetch_model)
     print(f"{cell.id}: verifying the host environment {env.ref} ({env.digest[:19]})", file=sys.stderr)
-    runtime = HostRuntime(
-        python=env.python,
-        files_root=env.files_root,
-        image_env=lineage_env(matrix, cell),
-        cache_key=env.compile_cache_key,
-    )
+    runtime = host_runtime(matrix, cell, env)
     out_dir = _run_dir(out_root, cell)
     checks = (_given_check(cell, env), _lock_check(cell, env), _host_expectations(matrix, cell))
     first_checks = [c for c in checks if c]
@@ -268,6 +271,17 @@ def lineage_env(matrix: Matrix, cell: Cell) -> tuple[tuple[str, str], ...]:
     for member in reversed(matrix.lineage(cell)):
         merged.update(dict(member.env))
     return tuple(merged.items())
+
+
+def host_runtime(matrix: Matrix, cell: Cell, env: HostEnv) -> HostRuntime:
+    """The runtime that serves `cell` from `env`: its interpreter, its files, the ENV an image of the cell
+    would have, and its slot in a site's compile cache (by its compiled packages: HostEnv.compile_cache_key)."""
+    return HostRuntime(
+        python=env.python,
+        files_root=env.files_root,
+        image_env=lineage_env(matrix, cell),
+        cache_key=env.compile_cache_key,
+    )
 
 
 def host_build_section(env: HostEnv) -> dict[str, Any]:

@@ -50,8 +50,8 @@ def built_side(
     site = load_site(matrix)
     if cell.on_host:
         from pipeline.host.env import HostEnv, built_host_env, given_env, plan_host_env
-        from stackproof.runjob import lineage_env
-        from verify.runtime.host import HostRuntime, remove_dead_host_runs
+        from stackproof.runjob import host_runtime
+        from verify.runtime.host import remove_dead_host_runs
 
         for run in remove_dead_host_runs():
             print(f"stackproof: ended {run}: its run is gone", file=sys.stderr)
@@ -67,13 +67,7 @@ def built_side(
             env = built_host_env(plan_host_env(matrix, cell, images))
         if env is None:
             raise InfraError(f"{cell.id}: its host environment is not built: run `stackproof build {cell.id}`")
-        runtime = HostRuntime(
-            python=env.python,
-            files_root=env.files_root,
-            image_env=lineage_env(matrix, cell),
-            cache_key=env.compile_cache_key,
-        )
-        return Side(label=label, cell=cell, arm=arm, runtime=runtime, image=env.ref)
+        return Side(label=label, cell=cell, arm=arm, runtime=host_runtime(matrix, cell, env), image=env.ref)
     from pipeline.build.image import built_image
     from pipeline.docker.client import Docker
     from pipeline.host.modelstore import ensure_model
