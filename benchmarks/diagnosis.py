@@ -185,60 +185,47 @@ def main() -> int:
     return 0
 
 
+# The sets split in two halves by a hash of the thread's URL, by their salt (each folder's SPLIT.md or
+# FRESH8.md); every other set but the corpus is a batch held out whole.
+SALTS = {
+    "tune": "",
+    "test": "",
+    "beyond-tune": "beyond:",
+    "beyond-test": "beyond:",
+    "beyond-fresh8-tune": "fresh8:",
+    "beyond-fresh8-test": "fresh8:",
+}
+
+
 def load_index(name: str) -> list[dict[str, Any]]:
-    """The set's index, with the split and the no-reuse rule checked for the unseen halves."""
+    """The set's index, with the split and the no-reuse rule checked: no thread of a set collected before
+    it (SETS is in the order of collection; a set's other half is not "before" it), and a split half's
+    pastes each in the half its URL hashes to."""
     index = yaml.safe_load((SETS[name] / "index.yaml").read_text())["logs"]
     if name == "corpus":
         return index
-    earlier = ["corpus"] if name in ("tune", "test") else ["corpus", "tune", "test"]
-    fresh = [
-        "beyond-fresh",
-        "beyond-fresh2",
-        "beyond-fresh3",
-        "beyond-fresh4",
-        "beyond-fresh5",
-        "beyond-fresh6",
-        "beyond-fresh7",
-    ]  # each collected after the sets before it
-    if name in fresh:
-        earlier += ["beyond-tune", "beyond-test", *fresh[: fresh.index(name)]]
-    if name.startswith("beyond-fresh8-"):
-        earlier += ["beyond-tune", "beyond-test", *fresh]
-    if name in ("beyond-fresh9", "beyond-fresh10"):
-        earlier += ["beyond-tune", "beyond-test", *fresh, "beyond-fresh8-tune", "beyond-fresh8-test"]
-        earlier += ["beyond-fresh9"] if name == "beyond-fresh10" else []
+    names = list(SETS)
+    earlier = [s for s in names[: names.index(name)] if _pair(s) != _pair(name)]
     corpus = {e["source"] for s in earlier for e in yaml.safe_load((SETS[s] / "index.yaml").read_text())["logs"]}
     for entry in index:
-        if name in (*fresh, "beyond-fresh9", "beyond-fresh10"):  # held out whole: no split to check
-            if entry["source"] in corpus:
-                sys.exit(f"{SETS[name] / entry['file']}: {entry['source']} is already in the corpus")
-            continue
-        if name.startswith("beyond-fresh8-"):
-            half = "beyond-fresh8-" + split_fresh8(entry["url"])
-        elif name in ("tune", "test"):
-            half = split_half(entry["url"])
-        else:
-            half = "beyond-" + split_beyond(entry["url"])
-        if half != name:
-            sys.exit(f"{SETS[name] / entry['file']}: its URL hashes to the {half} half, not {name} (SPLIT.md)")
+        if name in SALTS:
+            half = _pair(name) + split(entry["url"], SALTS[name])
+            if half != name:
+                sys.exit(f"{SETS[name] / entry['file']}: its URL hashes to the {half} half, not {name} (SPLIT.md)")
         if entry["source"] in corpus:
             sys.exit(f"{SETS[name] / entry['file']}: {entry['source']} is already in the corpus")
     return index
 
 
-def split_half(url: str) -> str:
-    """tests/fixtures/logs/unseen/SPLIT.md: the half a thread's paste belongs to, from its URL alone."""
-    return "tune" if hashlib.sha256(url.encode()).hexdigest()[0] in "01234567" else "test"
+def _pair(name: str) -> str:
+    """What a split set's two halves share ("beyond-" of beyond-tune and beyond-test); a whole set's own name."""
+    return name.removesuffix("tune").removesuffix("test")
 
 
-def split_beyond(url: str) -> str:
-    """tests/fixtures/logs/beyond/SPLIT.md: the same rule with a salt, so the two splits are independent."""
-    return "tune" if hashlib.sha256(("beyond:" + url).encode()).hexdigest()[0] in "01234567" else "test"
-
-
-def split_fresh8(url: str) -> str:
-    """tests/fixtures/logs/beyond/fresh8/FRESH8.md: the eighth batch's own salt."""
-    return "tune" if hashlib.sha256(("fresh8:" + url).encode()).hexdigest()[0] in "01234567" else "test"
+def split(url: str, salt: str) -> str:
+    """The half a thread's paste belongs to, from its URL alone: unseen/SPLIT.md (no salt), beyond/SPLIT.md
+    (`beyond:`), fresh8/FRESH8.md (`fresh8:`); a salt keeps each split independent of the others."""
+    return "tune" if hashlib.sha256((salt + url).encode()).hexdigest()[0] in "01234567" else "test"
 
 
 def family_of(cls: str) -> str:
