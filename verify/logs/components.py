@@ -19,7 +19,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from verify.logs.logscan import Log, LogMatch
-from verify.logs.logtext import clean_line, message_of
+from verify.logs.logtext import clean_line, message_of, split_records
 from verify.logs.tracebacks import _QUIET_LEVEL, LastException, _context_before
 
 if TYPE_CHECKING:
@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 # gdb/backtrace ("#3 0x... in f"), Windows' c10 frames ("00007FF... c10.dll!...").
 _FRAME_LINE = re.compile(r'^\s+(?:at |File ")|^\s*#\d+ |^[0-9A-F]{16}')
 _FRAMES_AFTER = 40
+_TRACEBACK = "Traceback (most recent call last)"
+_FRAME_TEXT = re.compile(r'File "[^"\n]+", line \d+, in \S+')
 # One token a message starts with that names its writer: a bracketed tag, a level word, or `name:` (no space).
 _HEAD_TOKEN = re.compile(r"\s*(?:\[(?P<tag>[^\]\s]+)\]|(?P<level>ERROR|ERRO|CRITICAL|FATAL|E)\s|(?P<name>\S+?):\s)")
 # A process's death as a supervisor or shell reports it (the extractor's own patterns say where each comes from).
@@ -46,6 +48,7 @@ def component_text(data: Log, found: LogMatch, last: LastException | None) -> st
     """What wrote an error line: its head (before the message), the frames below it, the exception's frames."""
     parts = _head(clean_line(found.line).text.strip())
     parts += [f for f in _lines_after(data, found.line_no) if _FRAME_LINE.match(f)]
+    parts += _frames_on_the_line(found.line)
     if last is not None:
         parts.append(last.type)
         parts += [f.file for f in (last.frame, last.package_frame) if f is not None]
@@ -87,6 +90,13 @@ def with_exit(hit: ClassHit, data: Log, extractor: Sequence[LogMatch]) -> ClassH
     return hit
 
 
+def _frames_on_the_line(line: str) -> list[str]:
+    """The frames a flattened paste put on the error's own line, after it (records joined by spaces or a
+    `^M`): a traceback cut off before its exception names what raised only there (issue 44, fresh11)."""
+    records = split_records(line.encode(errors="replace"))[1:]
+    return [m.group(0) for r in records if (m := _FRAME_TEXT.search(r.decode(errors="replace")))]
+
+
 def _head(text: str) -> list[str]:
     """The words before an error line's message that name its writer: the logger's header, then the
     bracketed tags and the `name:` tokens the message starts with ("nvidia-container-cli:", "[TensorRT-LLM]",
@@ -104,14 +114,37 @@ def _head(text: str) -> list[str]:
 
 
 def _lines_after(data: Log, line_no: int) -> list[str]:
-    """The lines below line `line_no` (1-based, as the scan counts newlines) up to the next record (a line
-    at column 0 that is not a frame). Found by its number, not its text: a line logged twice (each rank's,
-    each retry's) has different frames under each copy, and the next copy's frames are not this one's."""
+    """The frames below line `line_no` (1-based, as the scan counts newlines) up to the next record that is
+    neither a frame nor a traceback's indented source line. Found by its number, not its text: a line logged
+    twice (each rank's, each retry's) has different frames under each copy, and the next copy's frames are
+    not this one's. A frame is judged on its message, so a traceback each of whose lines carries the
+    logger's header (vLLM logs an exception line by line: `ERROR ... [serving_chat.py:250]   File ...`)
+    or that a paste flattened (records joined by `^M`) keeps its frames (issue 44, fresh11)."""
     pos = 0
     for _ in range(line_no):
         pos = data.find(b"\n", pos) + 1
         if pos == 0:
             return []
     below = bytes(data[pos : pos + (1 << 14)]).decode(errors="replace").splitlines()[:_FRAMES_AFTER]
-    end = next((i for i, t in enumerate(below) if t[:1].strip() and not _FRAME_LINE.match(t)), len(below))
-    return below[:end]
+    frames: list[str] = []
+    for physical in below:
+        for record in split_records(physical.encode(errors="replace")):
+            text = record.decode(errors="replace")
+            if _FRAME_LINE.match(text):
+                frames.append(text)
+                continue
+            message, indented = _message_indented(text)
+            if indented and _FRAME_LINE.match(f" {message}"):
+                frames.append(f"  {message}")
+            elif text[:1].strip() and message and not indented and not message.startswith(_TRACEBACK):
+                return frames
+    return frames
+
+
+def _message_indented(text: str) -> tuple[str, bool]:
+    """A record's message, and whether the message was indented under its logger's header (a traceback's
+    frame or source line, logged line by line: the header, one space, then the traceback's own indent)."""
+    cleaned = clean_line(text).text
+    message = message_of(cleaned)
+    at = cleaned.rfind(message) if message else -1
+    return message, at >= 2 and cleaned[at - 2 : at] == "  "

@@ -17,8 +17,12 @@ from dataclasses import dataclass
 __all__ = ["CleanLine", "clean_line", "decode", "message_of", "split_records"]
 
 # ESC-introduced sequences, then the remnants a copy leaves when the ESC byte is dropped
-# (vllm-project/vllm#2734: ` [36m(RayWorkerVllm pid=5085) [0m`).
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]|(?:(?<=\s)|^)\[\d{1,3}(?:;\d{1,3})*m")
+# (vllm-project/vllm#2734: ` [36m(RayWorkerVllm pid=5085) [0m`), then ESC in caret notation, as a
+# terminal pager or `cat -v` shows it and people paste it (`^[[1;36m(APIServer pid=1)^[[0;0m`;
+# ByteDance-Seed/seed-oss#10, issue 44 fresh11).
+_ANSI = re.compile(
+    r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]|(?:(?<=\s)|^)\[\d{1,3}(?:;\d{1,3})*m|\^\[\[[0-9;?]*[ -/]*[@-~]"
+)
 # Wrappers in front of the record, tried repeatedly (a compose prefix around a timestamped line...).
 _PREFIXES = (
     re.compile(r"^\s*>\s?"),  # markdown quote (leptonai/gpud#46, vllm-project/vllm#11251)
@@ -35,12 +39,16 @@ _BOX_END = re.compile(r"\s*│\s*$")
 _PROCESS = re.compile(r"^\((?P<name>[A-Za-z][\w]*(?:[ _][\w]+)*) pid=\d+(?:, ip=[\d.]+)?\)\s?")
 # The logger's own header before the message: vLLM V1 (`ERROR 05-12 01:48:42 [api_router.py:72] `),
 # vLLM V0 (`ERROR 09-27 06:46:46 engine.py:157] `), a dated variant (`2024-12-19 21:40:35 ERROR 56542
-# [async_llm_engine.py:64] `), SGLang (`[2024-12-07 02:54:42 TP0] `), torch.distributed (`[rank0]: `).
+# [async_llm_engine.py:64] `), SGLang (`[2024-12-07 02:54:42 TP0] `), torch.distributed (`[rank0]: `),
+# FastChat (`2024-02-20 21:46:23 | ERROR | stderr | `).
 _HEADER = re.compile(
     r"^(?:(?:INFO|WARNING|ERROR|DEBUG|CRITICAL):? +\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? +(?:\[[^\]]+\]|[\w.]+:\d+\])\s?"
     r"|\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:,\d+)? +(?:INFO|WARNING|ERROR|DEBUG) +\d+ +\[[^\]]+\]\s?"
     r"|\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?: [\w ]+)?\]\s?"
     r"|\[rank\d+\]:\s?"
+    # FastChat's workers (fastchat/utils.py build_logger: "%(asctime)s | %(levelname)s | %(name)s | %(message)s",
+    # the worker's stderr re-logged as name `stderr`; netease-youdao/QAnything#128)
+    r"|\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \| (?:INFO|WARNING|ERROR|DEBUG|CRITICAL) \| [\w.]+ \|\s?"
     r"|(?:INFO|WARNING|ERROR):\s+)"
 )
 # Ray's dedup suffix (vllm-project/vllm#4327)
@@ -49,8 +57,11 @@ _RAY_REPEAT = re.compile(r"\s*\[repeated \d+x across cluster\]\s*$")
 _RECORD_START = re.compile(
     rb"(?<=[^)\s]) +(?=(?:INFO|WARNING|ERROR|DEBUG|CRITICAL) \d\d-\d\d \d\d:)"  # not after a process prefix
     rb"|(?<=\S) +(?=\([A-Za-z]\w*(?:[ _]\w+)* pid=\d+\) (?:INFO|WARNING|ERROR|DEBUG|CRITICAL) \d\d-\d\d \d\d:)"
-    rb"|(?<=[^\]\s]) +(?=File \"[^\"]+\", line \d+, in )"  # not after a vLLM header ending in ]
+    rb"|(?<=[^\]|\s]) +(?=File \"[^\"]+\", line \d+, in )"  # not after a vLLM header's ] or FastChat's |
     rb"|(?<=\S) +(?=Traceback \(most recent call last\):)"
+    # a carriage return in caret notation (`cat -v`) between two records of a paste: ESC's `^[` or a
+    # letter follows it, never the end of the line (that one clean_line drops)
+    rb"|\^M(?=\^\[|\S)"
 )
 
 
