@@ -75,6 +75,14 @@ STARTUP_NOT_SHOWN = "startup completion not shown in this excerpt"
 # -- data ------------------------------------------------------------------------------------------
 
 
+# Python's warnings module (Lib/warnings.py _formatwarnmsg_impl, 3.12: "%s:%s: %s: %s" of filename, lineno, the
+# category's name, the message): a `...Warning:` line is not an error line for the extractor, whatever its words
+# ("RequestsDependencyWarning: Unable to find acceptable character detection dependency", sglang#22987's check_env;
+# issue 44, tuned on fresh12 after its first run). A class that names its warning (disk-full's huggingface_hub
+# "Not enough free disk space") still reads it.
+_PY_WARNING = re.compile(r"^\s*\S+\.py:\d+: (?:[A-Z]\w*)?Warning: ")
+
+
 @dataclass(frozen=True, kw_only=True)
 class ClassHit:
     id: str
@@ -384,7 +392,11 @@ def _classes(
         if c.fallback or c.loud_only:  # a line its own logger calls INFO or WARNING is not an error line
             found = [m for m in found if not _QUIET_LEVEL.match(clean_line(m.line).text)]
             if c.fallback:
-                found = [m for m in found if m.line_no not in known_warnings]
+                found = [
+                    m
+                    for m in found
+                    if m.line_no not in known_warnings and not _PY_WARNING.match(clean_line(m.line).text)
+                ]
             if not found:
                 continue
         found.sort(key=lambda m: m.line_no)
