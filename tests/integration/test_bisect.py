@@ -52,8 +52,12 @@ FIRST_BAD = "5.0"
 # here (load average 21 on two cores). 200 ms read -97.5% [-98.1%, -96.8%] at the bad end, far past
 # the 60% threshold: the first look decides a BAD step; a GOOD one the first look leaves open goes
 # on to 8 pairs, whose interval is narrower than six's was.
+# Eight tokens a turn, not sixteen (until 2026-12-07): a slice ends when its questions in flight end,
+# and a slow version's question is its 2-3 turns x max_tokens x 200 ms: with 16 tokens each of its
+# 4 s slices took 10.6 s (2 questions), five of them per BAD step. The planted effect is per token,
+# so the step's verdict is as clear: 200 ms read -95.6% to -95.9% at 16 tokens, far past 60%.
 LOAD = [
-    "--concurrency", "2", "--max-tokens", "16", "--slice", "4", "--pairs", "4", "--max-pairs", "8",
+    "--concurrency", "2", "--max-tokens", "8", "--slice", "4", "--pairs", "4", "--max-pairs", "8",
     "--threshold", "60%",
 ]  # fmt: skip
 FIRST_LOOK, LAST_LOOK = 4, 8

@@ -12,12 +12,22 @@ runs are judged against:
    flag corruption (exit 1);
 4. an arm serving the same weights in float32 instead of bfloat16: `compare` with run 1 must show
    a divergence (the tiny random model's top-1/top-2 gaps are hundredths of a nat: near-ties).
+
+Runs 2-4 depend on run 1 only (its baseline, its greedy answers), not on each other: they run at
+once, each its own `stackproof run` with its own server (the looping one builds its image first).
+Each run is mostly a server start (~25-35 s eager) and the first logprobs request, which compiles
+vLLM's sampler (Sampler.gather_logprobs: ~20 s on a cold compile-cache slot, ~8 s on a warm one); the
+load itself is 1-2 s. On two idle cores (2026-12-07) the three took 131 s one after another and 102 s
+at once (the module 203 s -> 175 s). That no server container is left is asserted when all three
+have ended.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -53,9 +63,11 @@ def _run(
 ) -> Completed:
     args = ["run", "cpu-tiny", "--stages", "load", "--matrix", str(matrix), "--images", str(images), "--json"]
     args += ["--out", str(setup["root"] / name), *LIGHT_LOAD, *(["--arm", arm] if arm else [])]
-    result = stackproof(args, env={"STACKPROOF_CACHE_DIR": str(setup["cache"])})
+    return stackproof(args, env={"STACKPROOF_CACHE_DIR": str(setup["cache"])})
+
+
+def _no_server_left() -> None:
     assert containers("io.stackproof.cell=cpu-tiny") == [], "the server container must be removed"
-    return result
 
 
 def _load_stage(result: Completed) -> dict[str, Any]:
@@ -75,8 +87,24 @@ def _compare(a: Completed, b: Completed) -> Completed:
 @pytest.fixture(scope="module")
 def first(setup: dict[str, Path]) -> Completed:
     result = _run(setup, "first", matrix=setup["matrix"])
+    _no_server_left()
     assert result.returncode in (0, 1), result.stderr[-3000:]
     return result
+
+
+@pytest.fixture(scope="module")
+def later(setup: dict[str, Path], first: Completed) -> dict[str, Completed]:
+    """Runs 2-4 at once, after the first (whose baseline they are judged against)."""
+    runs = {
+        "again": functools.partial(_run, setup, "again", matrix=setup["matrix"]),
+        "looping": functools.partial(_run, setup, "looping", matrix=setup["looping"], images=setup["images"]),
+        "fp32": functools.partial(_run, setup, "fp32", matrix=setup["matrix"], arm="fp32"),
+    }
+    with ThreadPoolExecutor(max_workers=len(runs)) as pool:
+        futures = {name: pool.submit(run) for name, run in runs.items()}
+        results = {name: future.result() for name, future in futures.items()}
+    _no_server_left()
+    return results
 
 
 def test_the_first_clean_run_records_the_cells_baseline(first: Completed) -> None:
@@ -93,9 +121,9 @@ def test_the_first_clean_run_records_the_cells_baseline(first: Completed) -> Non
 
 
 def test_cpu_tiny_again_passes_against_its_baseline_and_agrees_with_the_first_run(
-    setup: dict[str, Path], first: Completed
+    later: dict[str, Completed], first: Completed
 ) -> None:
-    again = _run(setup, "again", matrix=setup["matrix"])
+    again = later["again"]
     checks = _checks(again)
     assert again.returncode in (0, 1), again.stderr[-3000:]
     for name in ("degeneration-loop", "degeneration-empty", "degeneration-collapse"):
@@ -108,9 +136,9 @@ def test_cpu_tiny_again_passes_against_its_baseline_and_agrees_with_the_first_ru
 
 
 def test_a_looping_build_of_the_cell_fails_and_compare_flags_corruption(
-    setup: dict[str, Path], first: Completed
+    later: dict[str, Completed], first: Completed
 ) -> None:
-    looping = _run(setup, "looping", matrix=setup["looping"], images=setup["images"])
+    looping = later["looping"]
     assert looping.returncode == 1, looping.stderr[-3000:]
     checks = _checks(looping)
     loop, collapse = checks["degeneration-loop"], checks["degeneration-collapse"]
@@ -125,8 +153,8 @@ def test_a_looping_build_of_the_cell_fails_and_compare_flags_corruption(
     assert all(p["verdict"] == "corruption" and p["gap_b"] > 30 for p in document["prompts"])  # type: ignore[union-attr]
 
 
-def test_a_float32_arm_diverges_from_the_bfloat16_cell(setup: dict[str, Path], first: Completed) -> None:
-    fp32 = _run(setup, "fp32", matrix=setup["matrix"], arm="fp32")
+def test_a_float32_arm_diverges_from_the_bfloat16_cell(later: dict[str, Completed], first: Completed) -> None:
+    fp32 = later["fp32"]
     assert fp32.returncode in (0, 1), fp32.stderr[-3000:]
     compared = _compare(first, fp32)
     assert compared.returncode in (0, 1), compared.stderr[-2000:]
