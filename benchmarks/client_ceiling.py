@@ -74,7 +74,8 @@ async def _serve(port_file: Path) -> None:
             )
             body = json.loads(await reader.readexactly(length)) if length else {}
             if method == "POST" and path.endswith("/chat/completions"):
-                n = int(body.get("max_tokens", 16))
+                # vllm bench's chat backend sends max_completion_tokens (the OpenAI name), ours max_tokens
+                n = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
                 events = cache.setdefault(n, _stream_events(n))
                 writer.write(b"HTTP/1.0 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n")
                 for event in events:

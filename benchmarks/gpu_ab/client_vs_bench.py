@@ -15,6 +15,8 @@ CPU per request no more than its. Writes client-vs-bench.json under --out; asser
 Usage (on the GPU host, a server already up, e.g. benchmarks/gpu_ab/client.sh):
   python benchmarks/gpu_ab/client_vs_bench.py --url http://127.0.0.1:8000 --bench /tmp/venv/bin/vllm \\
       --model /models/tiny-llama [--concurrency 1,8,64,256] [--requests-per-slot 16] [--max-tokens 64]
+  python benchmarks/gpu_ab/client_vs_bench.py --fake-server --bench VENV/bin/vllm --model TOKENIZER_DIR
+      (both clients against the instant fake server: each client's own CPU per request, no GPU needed)
   python benchmarks/gpu_ab/client_vs_bench.py --quick   (the unit tier: ours only, against the instant fake server)
 """
 
@@ -125,7 +127,7 @@ def _row(
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [
         f"{'conc':>5} {'tok/s ours / bench':>22} {'ratio':>6} {'TTFT p50 ms':>18} {'TPOT p50 ms':>16} "
-        f"{'CPU ms/1k tok':>16} {'CPU ms/req':>14}"
+        f"{'CPU ms/1k tok':>16} {'CPU ms/req':>14} {'added per req':>15}"
     ]
     for c in sorted({r["concurrency"] for r in rows}):
         a = next(r for r in rows if r["concurrency"] == c and r["client"] == "stackproof load")
@@ -140,7 +142,8 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"{c:>5} {a['output_tok_s']:>10,.0f} / {b['output_tok_s']:>9,.0f} {ratio:>6.2f} "
             f"{a['ttft_p50_ms']:>8.2f} / {b['ttft_p50_ms']:>7.2f} {a['tpot_p50_ms']:>7.2f} / {b['tpot_p50_ms']:>6.2f} "
             f"{a['cpu_ms_per_1k_tokens']:>7.0f} / {b['cpu_ms_per_1k_tokens']:>6.0f} "
-            f"{a['cpu_ms_per_request']:>6.1f} / {b['cpu_ms_per_request']:>5.1f}"
+            f"{a['cpu_ms_per_request']:>6.1f} / {b['cpu_ms_per_request']:>5.1f} "
+            f"{a.get('cpu_ms_per_request_added', float('nan')):>6.2f} / {b.get('cpu_ms_per_request_added', float('nan')):>5.2f}"
         )  # fmt: skip
     return "\n".join(lines)
 
@@ -156,6 +159,12 @@ def main() -> int:
     parser.add_argument("--input-len", type=int, default=64, help="prompt words (ours) and tokens (vllm bench)")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--quick", action="store_true", help="ours only, one small run against the instant fake server")
+    parser.add_argument(
+        "--fake-server",
+        action="store_true",
+        help="both clients against the instant fake server (benchmarks/client_ceiling.py) instead of --url: what "
+        "each client costs per request when the server costs nothing; --model is then only the tokenizer's folder",
+    )
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--requests", type=int, default=64, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -167,14 +176,21 @@ def main() -> int:
     out = args.out or Path(tempfile.mkdtemp(prefix="client-vs-bench-"))
     out.mkdir(parents=True, exist_ok=True)
     server = None
-    if args.quick:
+    if args.quick or args.fake_server:
         sys.path.insert(0, str(REPO))
         from benchmarks.client_ceiling import start_server
 
         server, args.url = start_server(out)
+    if args.quick:
         args.bench, args.concurrency, args.requests_per_slot, args.max_tokens = None, "2", 4, 8
     rows: list[dict[str, Any]] = []
     try:
+        # Each client's start-up (imports, tokenizer, connection pool) measured once on 2 requests, so that the
+        # CPU a request adds can be told from what a run costs before its first request.
+        tiny = {"concurrency": 1, "requests": 2, "max_tokens": args.max_tokens, "input_len": args.input_len}
+        startup = {"stackproof load": ours(args.url, **tiny, out=out / "ours-startup")["cpu_s"]}
+        if args.bench:
+            startup["vllm bench serve"] = theirs(args.bench, args.url, args.model, **tiny, out=out)["cpu_s"]
         for c in (int(x) for x in args.concurrency.split(",")):
             requests = max(64 if not args.quick else 8, args.requests_per_slot * c)
             same = {"concurrency": c, "requests": requests, "max_tokens": args.max_tokens, "input_len": args.input_len}
@@ -186,7 +202,10 @@ def main() -> int:
         if server is not None:
             server.kill()
             server.wait()
-    (out / "client-vs-bench.json").write_text(json.dumps(rows, indent=1) + "\n")
+    for row in rows:  # the CPU each request adds, the start-up's 2 requests' worth taken off
+        added = max(row["cpu_s"] - startup[row["client"]], 0.0)
+        row["cpu_ms_per_request_added"] = round(1000 * added / max(row["requests"] - 2, 1), 3)
+    (out / "client-vs-bench.json").write_text(json.dumps({"startup_cpu_s": startup, "rows": rows}, indent=1) + "\n")
     print(f"stackproof load vs vllm bench serve at {args.url}: {args.max_tokens} output tokens, {args.input_len}-token "
           f"single-turn prompts, ignore_eos")  # fmt: skip
     print(table(rows))
