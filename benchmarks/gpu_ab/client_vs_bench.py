@@ -143,7 +143,7 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"{a['ttft_p50_ms']:>8.2f} / {b['ttft_p50_ms']:>7.2f} {a['tpot_p50_ms']:>7.2f} / {b['tpot_p50_ms']:>6.2f} "
             f"{a['cpu_ms_per_1k_tokens']:>7.0f} / {b['cpu_ms_per_1k_tokens']:>6.0f} "
             f"{a['cpu_ms_per_request']:>6.1f} / {b['cpu_ms_per_request']:>5.1f} "
-            f"{a.get('cpu_ms_per_request_added', float('nan')):>6.2f} / {b.get('cpu_ms_per_request_added', float('nan')):>5.2f}"
+            f"{a['cpu_ms_per_request_added']:>6.2f} / {b['cpu_ms_per_request_added']:>5.2f}"
         )  # fmt: skip
     return "\n".join(lines)
 
