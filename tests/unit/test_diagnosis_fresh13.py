@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from tests.unit.test_diagnosis_beyond import BEYOND
-from tests.unit.test_diagnosis_unseen import labelled_diagnosis
+from tests.unit.test_diagnosis_unseen import assert_held, assert_index_is_the_folder, held_batch
 from verify.logs.diagnosis import diagnose
 
 BATCH = BEYOND / "fresh13"
@@ -106,22 +106,10 @@ def test_a_near_line_is_not_that_class(line: str, cls: str) -> None:
     assert primary(line) != cls
 
 
-@pytest.mark.parametrize(
-    "entry",
-    [
-        pytest.param(e, marks=pytest.mark.xfail(strict=True, reason=LEFT[e["file"]])) if e["file"] in LEFT else e
-        for e in INDEX
-    ],
-    ids=[e["file"] for e in INDEX],
-)
+@pytest.mark.parametrize("entry", held_batch(INDEX, LEFT))
 def test_batch_log_gets_its_class(entry: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
-    d = labelled_diagnosis(BATCH / entry["file"], entry, capsys)
-    if d is None:
-        return
-    assert d["incident"] is None and "Traceback (most recent call last)" not in d["summary"]
+    assert_held(BATCH / entry["file"], entry, capsys)
 
 
 def test_the_index_is_the_folder_and_the_left_ones_are_in_it() -> None:
-    assert {e["file"] for e in INDEX} == {p.name for p in BATCH.glob("*.log")}
-    assert len(INDEX) == 44 and sum(e["status"] == "failing" for e in INDEX) == 32
-    assert set(LEFT) <= {e["file"] for e in INDEX}
+    assert_index_is_the_folder(BATCH, INDEX, LEFT, logs=44, failing=32)

@@ -49,6 +49,34 @@ def labelled_diagnosis(path: Path, entry: dict[str, Any], capsys: pytest.Capture
     return d
 
 
+def held_batch(index: list[dict[str, Any]], left: dict[str, str]) -> list[Any]:
+    """A held-out batch's entries as pytest params, by file name; the pastes left standing are strict xfails with
+    their reason (a rule that starts naming one must say so)."""
+    return [
+        pytest.param(e, id=e["file"], marks=pytest.mark.xfail(strict=True, reason=left[e["file"]]))
+        if e["file"] in left
+        else pytest.param(e, id=e["file"])
+        for e in index
+    ]
+
+
+def assert_held(path: Path, entry: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    """A batch's paste gets its label's class, no incident, and a summary that quotes a cause, not a bare header."""
+    d = labelled_diagnosis(path, entry, capsys)
+    if d is not None:
+        assert d["incident"] is None and "Traceback (most recent call last)" not in d["summary"]
+
+
+def assert_index_is_the_folder(
+    batch: Path, index: list[dict[str, Any]], left: dict[str, str], *, logs: int, failing: int
+) -> None:
+    """The index names every paste in the folder and no other, its counts are the ones recorded, and the pastes
+    left standing are in it."""
+    assert {e["file"] for e in index} == {p.name for p in batch.glob("*.log")}
+    assert len(index) == logs and sum(e["status"] == "failing" for e in index) == failing
+    assert set(left) <= {e["file"] for e in index}
+
+
 # -- the split: decided by the URL, recorded, no thread reused ----------------------------------
 
 
