@@ -83,6 +83,15 @@ STARTUP_NOT_SHOWN = "startup completion not shown in this excerpt"
 _PY_WARNING = re.compile(r"^\s*\S+\.py:\d+: (?:[A-Z]\w*)?Warning: ")
 
 
+def _not_an_error_line(m: LogMatch, fallback: bool, known_warnings: set[int]) -> bool:
+    """A line its own logger calls INFO or WARNING; for the extractor also a line the catalog knows as a warning
+    and a Python warnings line (each line cleaned once)."""
+    text = clean_line(m.line).text
+    if _QUIET_LEVEL.match(text):
+        return True
+    return fallback and (m.line_no in known_warnings or bool(_PY_WARNING.match(text)))
+
+
 @dataclass(frozen=True, kw_only=True)
 class ClassHit:
     id: str
@@ -390,13 +399,7 @@ def _classes(
     for class_id, found in seen.items():
         c = by_id[class_id]
         if c.fallback or c.loud_only:  # a line its own logger calls INFO or WARNING is not an error line
-            found = [m for m in found if not _QUIET_LEVEL.match(clean_line(m.line).text)]
-            if c.fallback:
-                found = [
-                    m
-                    for m in found
-                    if m.line_no not in known_warnings and not _PY_WARNING.match(clean_line(m.line).text)
-                ]
+            found = [m for m in found if not _not_an_error_line(m, c.fallback, known_warnings)]
             if not found:
                 continue
         found.sort(key=lambda m: m.line_no)
