@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
@@ -81,9 +82,14 @@ def tests(session: nox.Session) -> None:
         timing.fail_if_any(session)
         return
     integration = ["tests/integration", "--run-docker", *rest]
+    # Every pytest below labels what it builds with a job under this run's id and leaves its images
+    # to the run (tests/integration/conftest.py: STACKPROOF_TEST_RUN): `_prebuilt` removes them all
+    # once the last group has ended, never while another group may still use a tag.
+    run_id = f"nox-{socket.gethostname()}-{os.getpid()}"
+    session.env["STACKPROOF_TEST_RUN"] = run_id
     try:
         with (
-            _prebuilt(session, PREBUILD) as first_built,
+            _prebuilt(session, PREBUILD, run_id) as first_built,
             _beside(session, [*integration, "-m", AUDIT, *timing.xml(AUDIT)], AUDIT, timing),
         ):
             timing.run(session, "unit", ["pytest", "-ra", "--durations=15", *unit, *rest])
@@ -149,11 +155,12 @@ class Timing:
 
 
 @contextmanager
-def _prebuilt(session: nox.Session, cells: tuple[str, ...]) -> Iterator[Callable[[], None]]:
+def _prebuilt(session: nox.Session, cells: tuple[str, ...], run_id: str) -> Iterator[Callable[[], None]]:
     """Build `cells` in the background, niced (one after another: they share a bootstrapped base);
-    yields a wait for the first. The images are removed at the end, as the session fixtures would
-    have removed them: those carrying this prebuild's job label, and the bases it bootstrapped."""
-    job = f"nox-prebuild-{os.getpid()}"
+    yields a wait for the first. At the end, when every group is done, the images made since are
+    removed: those carrying a job label of this run (the prebuild's and each group's) and the bases
+    bootstrapped on the way (no job label)."""
+    job = f"{run_id}-prebuild"
     tmp = Path(tempfile.mkdtemp(prefix="stackproof-prebuild-"))
     before = _stackproof_images()
     steps = [f"stackproof build {cell} --out {tmp / cell} && touch {tmp / cell}.done" for cell in cells]
@@ -185,9 +192,15 @@ def _prebuilt(session: nox.Session, cells: tuple[str, ...]) -> Iterator[Callable
         log.close()
         for tag in sorted(_stackproof_images() - before):
             label = _docker("image", "inspect", "--format", '{{index .Config.Labels "io.stackproof.job"}}', tag)
-            if label.strip() in (job, "", "<no value>"):
+            if _made_by_the_run(label.strip(), run_id):
                 _docker("image", "rm", "--force", tag)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _made_by_the_run(job_label: str, run_id: str) -> bool:
+    """An image's job label (`docker image inspect`'s text) is one of this run's jobs, or none (a
+    base bootstrapped on the way); an image of another run on the same daemon is that run's."""
+    return job_label.startswith(f"{run_id}-") or job_label in ("", "<no value>")
 
 
 def _docker(*args: str) -> str:

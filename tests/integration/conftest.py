@@ -42,7 +42,15 @@ pytestmark = pytest.mark.integration
 # Every container the tool creates for this session carries io.stackproof.job=JOB (STACKPROOF_JOB):
 # assertions about containers are about this session's own, so a concurrent run by anyone else on
 # the same daemon (another engineer, another CI job) cannot break them.
-JOB = f"pytest-{socket.gethostname()}-{os.getpid()}"
+#
+# STACKPROOF_TEST_RUN is set by `nox -s tests` (noxfile.py: the run's id) when several pytest
+# sessions share the daemon at once. Their builds of one cell give one content tag, which the last
+# build moves onto its own image (its job label); a session that removed "its" images on leaving
+# would take that tag, and any tag put on that image, from under a session still running (CI,
+# 2026-12-07: the model-store test's variant tag vanished between two docker runs). The run removes
+# them all once every session is done.
+TEST_RUN = os.environ.get("STACKPROOF_TEST_RUN", "")
+JOB = f"{TEST_RUN}-pytest-{os.getpid()}" if TEST_RUN else f"pytest-{socket.gethostname()}-{os.getpid()}"
 JOB_LABEL = f"io.stackproof.job={JOB}"
 
 
@@ -147,6 +155,8 @@ def docker(pytestconfig: pytest.Config) -> Iterator[Docker]:
             os.environ.pop("STACKPROOF_JOB", None)
         else:
             os.environ["STACKPROOF_JOB"] = previous_job
+    if TEST_RUN:
+        return  # the run that set STACKPROOF_TEST_RUN removes them when its last session ends
     for tag in sorted(stackproof_images() - before):
         # Only what this session built (its job label), or what carries no job at all (bootstrap
         # bases): an image a concurrent session built while this one ran is that session's.

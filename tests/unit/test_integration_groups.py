@@ -96,3 +96,14 @@ def test_a_failing_group_hides_none_after_it_and_fails_the_session_at_its_end(tm
     clean.run(passing, "unit", ["unit"])
     clean.fail_if_any(passing)
     assert passing.errors == [] and clean.failed == []
+
+
+def test_the_run_removes_the_images_of_its_groups_and_bases_never_another_runs() -> None:
+    """Groups leave their images to the run (tests/integration/conftest.py: STACKPROOF_TEST_RUN): a
+    group that removed them on leaving took a shared content tag from under a group still running."""
+    nox_file = _noxfile()
+    run = "nox-vm-4242"
+    for label in (f"{run}-prebuild", f"{run}-pytest-77", "", "<no value>"):
+        assert nox_file._made_by_the_run(label, run), label
+    for label in ("nox-vm-42421-pytest-9", "nox-vm-17-prebuild", "pytest-vm-4242", "release-build"):
+        assert not nox_file._made_by_the_run(label, run), label
