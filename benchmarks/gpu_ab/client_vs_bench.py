@@ -197,7 +197,8 @@ def main() -> int:
             rows.append({"concurrency": c, **ours(args.url, **same, out=out / f"ours-c{c}")})
             if args.bench:
                 rows.append({"concurrency": c, **theirs(args.bench, args.url, args.model, **same, out=out)})
-            print(f"concurrency {c}: done", file=sys.stderr)
+            # Each concurrency's rows as they end: a run its call's time limit cuts short keeps them.
+            print(f"concurrency {c}: done: {json.dumps(rows[-2:])}", file=sys.stderr, flush=True)
     finally:
         if server is not None:
             server.kill()
