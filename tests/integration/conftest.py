@@ -1,7 +1,8 @@
 """Fixtures for the integration tier: a real dockerd, real images built by the pipeline.
 
-Images the session tags are removed at its end (also when tests fail); containers are removed by
-the code under test, and every test asserts that none of its containers is left.
+Images the session tags are removed at its end (also when tests fail), or, under `nox -s tests`, at
+the end of the run once its last group is done (STACKPROOF_TEST_RUN, below); containers are removed
+by the code under test, and every test asserts that none of its containers is left.
 """
 
 from __future__ import annotations
