@@ -17,7 +17,15 @@ import httpx
 import pytest
 
 from verify.serving import DRIVERS
-from verify.serving.openai import ErrorClass, RequestRecord, Timeouts, stream_chat
+from verify.serving.openai import (
+    LANE_CONNECTIONS,
+    ErrorClass,
+    RequestRecord,
+    ServerAPI,
+    Timeouts,
+    lanes_for,
+    stream_chat,
+)
 
 MESSAGES = [{"role": "user", "content": "Why is the sky blue?"}]
 GENEROUS = Timeouts(ttft=5.0, chunk=5.0)
@@ -364,3 +372,45 @@ def test_cancellation_marks_the_request_aborted_and_propagates() -> None:
     asyncio.run(main())
     assert record.error_class is ErrorClass.ABORTED
     assert record.chunks == 1 and record.e2el is not None
+
+
+def test_lanes_hold_at_most_lane_connections_each_and_one_pool_below_it() -> None:
+    assert lanes_for(None) == (1, None)
+    assert lanes_for(8) == (1, 8) and lanes_for(LANE_CONNECTIONS) == (1, LANE_CONNECTIONS)
+    assert lanes_for(LANE_CONNECTIONS + 1) == (2, 17)
+    assert lanes_for(260) == (9, 29)
+    for total in range(1, 600):
+        count, per = lanes_for(total)
+        assert per is not None and per <= LANE_CONNECTIONS and count * per >= total > (count - 1) * per
+
+
+def test_the_load_spreads_its_streams_evenly_over_the_lanes_and_frees_them() -> None:
+    """64 streams held open at once on a client of 68 connections: three lanes of 23, the streams 22,
+    21, 21 (never more than a lane's connections), every one completed, nothing counted in flight after."""
+    gate, arrived, seen = asyncio.Event(), [0], []
+
+    async def app(scope: MutableMapping[str, Any], receive: Callable[[], Awaitable[Any]], send: Any) -> None:
+        await receive()
+        arrived[0] += 1
+        if arrived[0] == 64:
+            seen.append(list(api.in_flight))
+            gate.set()
+        await gate.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+        for chunk in GOOD:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def main() -> list[RequestRecord]:
+        async with api:
+            return await asyncio.gather(*(
+                api.stream_chat(model="m", messages=MESSAGES, max_tokens=8, ignore_eos=False, timeouts=GENEROUS,
+                                record=RequestRecord(question_id=i, turn=0), clock=time.monotonic,
+                                on_chunk=lambda: None)
+                for i in range(64)
+            ))  # fmt: skip
+
+    api = ServerAPI("http://fake", DRIVERS["vllm"], max_connections=68, transport=httpx.ASGITransport(app=app))
+    records = asyncio.run(main())
+    assert len(api.lanes) == 3 and seen == [[22, 21, 21]]
+    assert all(r.ok and r.text == "Hello world" for r in records) and api.in_flight == [0, 0, 0]
