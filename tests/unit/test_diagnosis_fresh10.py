@@ -13,8 +13,7 @@ import pytest
 import yaml
 
 from tests.unit.test_diagnosis_beyond import BEYOND
-from tests.unit.test_diagnosis_unseen import assert_held, assert_index_is_the_folder, held_batch
-from verify.logs.diagnosis import diagnose
+from tests.unit.test_diagnosis_unseen import assert_held, assert_index_is_the_folder, held_batch, primary
 
 BATCH = BEYOND / "fresh10"
 INDEX = yaml.safe_load((BATCH / "index.yaml").read_text())["logs"]
@@ -38,11 +37,6 @@ LEFT = {
     "<= 128)' is the trtllm-gen FMHA kernel's check, shipped in TensorRT-LLM as well as FlashInfer, and no flashinfer "
     "frame is in the lines; flashinfer-unsupported from it could be a wrong attribution; python-exception stands",
 }
-
-
-def primary(text: str) -> str | None:
-    d = diagnose(text.encode())
-    return d.primary.id if d.primary else None
 
 
 @pytest.mark.parametrize(

@@ -13,8 +13,7 @@ import pytest
 import yaml
 
 from tests.unit.test_diagnosis_beyond import BEYOND
-from tests.unit.test_diagnosis_unseen import assert_held, assert_index_is_the_folder, held_batch
-from verify.logs.diagnosis import diagnose
+from tests.unit.test_diagnosis_unseen import assert_held, assert_index_is_the_folder, held_batch, primary
 from verify.logs.logtext import clean_line, message_of, split_records
 
 BATCH = BEYOND / "fresh11"
@@ -25,11 +24,6 @@ LEFT = {
     "gone) outranks a bare Python exception by design, and letting any earlier exception line outrank a named engine "
     "death would change every corpus whose engine died of a classified cause logged before it",
 }
-
-
-def primary(text: str) -> str | None:
-    d = diagnose(text.encode())
-    return d.primary.id if d.primary else None
 
 
 @pytest.mark.parametrize(

@@ -13,8 +13,7 @@ import pytest
 import yaml
 
 from tests.unit.test_diagnosis_beyond import BEYOND
-from tests.unit.test_diagnosis_unseen import assert_held, assert_index_is_the_folder, held_batch
-from verify.logs.diagnosis import diagnose
+from tests.unit.test_diagnosis_unseen import assert_held, assert_index_is_the_folder, held_batch, primary
 
 BATCH = BEYOND / "fresh12"
 INDEX = yaml.safe_load((BATCH / "index.yaml").read_text())["logs"]
@@ -25,11 +24,6 @@ LEFT = {
     "ogkm-848-nvrm-nv-err-no-memory-sysmem.log": "NVRM's NV_ERR_NO_MEMORY lines also appear on healthy GB10 starts "
     "(beyond/test's clean-vllm-56824), so they cannot name out-of-memory alone; detected, unclassified",
 }
-
-
-def primary(text: str) -> str | None:
-    d = diagnose(text.encode())
-    return d.primary.id if d.primary else None
 
 
 @pytest.mark.parametrize(

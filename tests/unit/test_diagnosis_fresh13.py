@@ -13,8 +13,7 @@ import pytest
 import yaml
 
 from tests.unit.test_diagnosis_beyond import BEYOND
-from tests.unit.test_diagnosis_unseen import assert_held, assert_index_is_the_folder, held_batch
-from verify.logs.diagnosis import diagnose
+from tests.unit.test_diagnosis_unseen import assert_held, assert_index_is_the_folder, held_batch, primary
 
 BATCH = BEYOND / "fresh13"
 INDEX = yaml.safe_load((BATCH / "index.yaml").read_text())["logs"]
@@ -47,11 +46,6 @@ LEFT = {
     "vllm-41834-sm12x-dmesg-nvrm-nv-err-no-memory.log": "NVRM's NV_ERR_NO_MEMORY lines also appear on healthy GB10 "
     "starts (beyond/test's clean-vllm-56824), so they cannot name out-of-memory alone (as fresh12's ogkm#848)",
 }
-
-
-def primary(text: str) -> str | None:
-    d = diagnose(text.encode())
-    return d.primary.id if d.primary else None
 
 
 @pytest.mark.parametrize(

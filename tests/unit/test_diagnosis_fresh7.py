@@ -10,12 +10,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests.unit.test_diagnosis_unseen import primary
 from verify.logs.diagnosis import diagnose
-
-
-def primary(text: str) -> str | None:
-    d = diagnose(text.encode())
-    return d.primary.id if d.primary else None
 
 
 @pytest.mark.parametrize(

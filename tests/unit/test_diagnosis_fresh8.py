@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from tests.unit.test_diagnosis_beyond import BEYOND
-from tests.unit.test_diagnosis_unseen import labelled_diagnosis
+from tests.unit.test_diagnosis_unseen import labelled_diagnosis, primary
 from verify.logs.diagnosis import diagnose
 
 TUNE = BEYOND / "fresh8" / "tune"
@@ -40,11 +40,6 @@ LEFT = {
     "attempt's ERROR (no 'retrying'), which vLLM's with_retry re-raises, and nothing shows the server going on; "
     "'Repo id must be in the form' for a local path is exactly what a path missing on this node gives (model-files-missing)",
 }
-
-
-def primary(text: str) -> str | None:
-    d = diagnose(text.encode())
-    return d.primary.id if d.primary else None
 
 
 @pytest.mark.parametrize("entry", TUNE_HALF, ids=[e["file"] for e in TUNE_HALF])

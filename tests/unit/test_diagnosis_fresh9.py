@@ -13,8 +13,7 @@ import pytest
 import yaml
 
 from tests.unit.test_diagnosis_beyond import BEYOND
-from tests.unit.test_diagnosis_unseen import assert_held, assert_index_is_the_folder, held_batch
-from verify.logs.diagnosis import diagnose
+from tests.unit.test_diagnosis_unseen import assert_held, assert_index_is_the_folder, held_batch, primary
 
 BATCH = BEYOND / "fresh9"
 INDEX = yaml.safe_load((BATCH / "index.yaml").read_text())["logs"]
@@ -26,11 +25,6 @@ LEFT = {
     "call); 'Failed to initialize NVML: could not load NVML library' is no GPU library in the plugin's container: "
     "detected, unclassified, since fresh7 keys NVML's library-not-found to no-gpu-visible by its error code only",
 }
-
-
-def primary(text: str) -> str | None:
-    d = diagnose(text.encode())
-    return d.primary.id if d.primary else None
 
 
 @pytest.mark.parametrize(

@@ -12,15 +12,11 @@ from __future__ import annotations
 
 import pytest
 
+from tests.unit.test_diagnosis_unseen import primary
 from verify.logs.classes import load_classes
 from verify.logs.components import component_class, component_text
 from verify.logs.diagnosis import diagnose
 from verify.logs.logscan import LogMatch
-
-
-def primary(text: str) -> str | None:
-    d = diagnose(text.encode())
-    return d.primary.id if d.primary else None
 
 
 @pytest.mark.parametrize(

@@ -31,6 +31,12 @@ CORPUS = yaml.safe_load((LOGS / "real" / "index.yaml").read_text())["logs"]
 SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "docs" / "inspect-log.schema.json").read_text())
 
 
+def primary(text: str) -> str | None:
+    """The class a paste gets (None when none is named): the per-mechanism cases of every batch."""
+    d = diagnose(text.encode())
+    return d.primary.id if d.primary else None
+
+
 def inspect(path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[str, Any]]:
     code = main(["inspect", "log", str(path), "--json"])
     return code, json.loads(capsys.readouterr().out)
