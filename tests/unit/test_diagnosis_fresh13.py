@@ -31,8 +31,8 @@ LEFT = {
     "sglang-14814-page-trtllm-mha-sm120-traceback-cut.log": _NOT_IN_THE_LINES + "the traceback is cut before its raise "
     "line; the attention backend's refusal is the thread's word",
     "ovms-4322-page-chat-template-not-loaded.log": "OpenVINO Model Server's 'Chat template not loaded correctly' is "
-    "read as a chat template problem as much as a tokenizer one (the labeller's doubtful call); a Python exception "
-    "is what the lines show",
+    "read as a chat template problem as much as a tokenizer one (the labeller's doubtful call); its C++ 'Error: ...' "
+    "line is an error no class names (a Python exception until diag15 read a bare 'Error:' as no Python raise line)",
     "mlx-lm-296-tiktoken-load-tokenizer-model-valueerror.log": "a ValueError unpacking a line of the tiktoken "
     "vocabulary inside transformers' slow-to-fast conversion; the last exception's frames are outside the tokenizer "
     "libraries, and naming tokenizer-error from one frame of a chained traceback would take any conversion bug for a "

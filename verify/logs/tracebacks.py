@@ -16,8 +16,13 @@ _CONTEXT_LINES = 80  # how far above an exception its frames are looked for
 
 
 SERVING_PACKAGES = ("vllm", "sglang", "flashinfer", "tensorrt_llm", "lmcache", "vllm_ascend")
+# A bare `Error` is no Python raise line: Python has no builtin of that name (a module's `Error` is printed
+# qualified, `shutil.Error`), while Rust's main returning an error prints `Error: <its Debug>` and Go's and
+# Node's CLIs `Error: <message>` (TGI's launcher "Error: WebserverFailed", huggingface/text-generation-inference#2828;
+# issue 44: a non-Python engine's error is not "A Python exception"). `Exception: ...` alone is Python's.
 _EXCEPTION = re.compile(
-    r"^(?P<type>(?:[A-Za-z_]\w*\.)*\w*(?:Error|Exception|OutOfResources|Exit))(?::\s*(?P<message>.*))?$"
+    r"^(?P<type>(?:[A-Za-z_]\w*\.)*(?:\w+Error|\w*(?:Exception|OutOfResources|Exit))|(?:[A-Za-z_]\w*\.)+Error)"
+    r"(?::\s*(?P<message>.*))?$"
 )
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<function>\S+)')
 _PROCESS_ANYWHERE = re.compile(r"\((?P<name>[A-Za-z]\w*(?:[ _]\w+)*) pid=\d+(?:, ip=[\d.]+)?\)")
