@@ -17,15 +17,8 @@ import httpx
 import pytest
 
 from verify.serving import DRIVERS
-from verify.serving.openai import (
-    LANE_CONNECTIONS,
-    ErrorClass,
-    RequestRecord,
-    ServerAPI,
-    Timeouts,
-    lanes_for,
-    stream_chat,
-)
+from verify.serving.lanes import LANE_CONNECTIONS, lanes_for
+from verify.serving.openai import ErrorClass, RequestRecord, ServerAPI, Timeouts, stream_chat
 
 MESSAGES = [{"role": "user", "content": "Why is the sky blue?"}]
 GENEROUS = Timeouts(ttft=5.0, chunk=5.0)
@@ -393,7 +386,7 @@ def test_the_load_spreads_its_streams_evenly_over_the_lanes_and_frees_them() -> 
         await receive()
         arrived[0] += 1
         if arrived[0] == 64:
-            seen.append(list(api.in_flight))
+            seen.append(list(api.lanes.in_flight))
             gate.set()
         await gate.wait()
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
@@ -412,5 +405,5 @@ def test_the_load_spreads_its_streams_evenly_over_the_lanes_and_frees_them() -> 
 
     api = ServerAPI("http://fake", DRIVERS["vllm"], max_connections=68, transport=httpx.ASGITransport(app=app))
     records = asyncio.run(main())
-    assert len(api.lanes) == 3 and seen == [[22, 21, 21]]
-    assert all(r.ok and r.text == "Hello world" for r in records) and api.in_flight == [0, 0, 0]
+    assert len(api.lanes.clients) == 3 and seen == [[22, 21, 21]]
+    assert all(r.ok and r.text == "Hello world" for r in records) and api.lanes.in_flight == [0, 0, 0]

@@ -235,12 +235,15 @@ def test_no_check_names_a_vllm_internal_outside_the_driver() -> None:
 
 
 def test_only_the_client_module_imports_httpx() -> None:
+    """One client talks to the server (openai.py); lanes.py is its connection pools, which only it uses."""
     importing = [
         name
         for name in _sources("verify")
         if re.search(r"^(import httpx|from httpx)", (REPO / name).read_text(), re.MULTILINE)
     ]
-    assert importing == ["verify/serving/openai.py"]
+    assert importing == ["verify/serving/lanes.py", "verify/serving/openai.py"]
+    users = [name for name in _sources("verify") if "verify.serving.lanes" in (REPO / name).read_text()]
+    assert users == ["verify/serving/openai.py"]
 
 
 def _sources(*roots: str) -> list[str]:

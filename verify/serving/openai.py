@@ -32,6 +32,7 @@ import httpx
 from pipeline.errors import CheckFailed, InfraError
 from pipeline.guard.httppolicy import HttpPolicy, fetch
 from verify.serving.driver import Endpoints, ServingDriver
+from verify.serving.lanes import Lanes
 
 __all__ = [
     "Answer",
@@ -201,24 +202,9 @@ def _model_of(base_url: str, path: str, body: Any) -> str:
     return model
 
 
-# httpcore's pool hands a connection to a request by scanning every connection and every queued
-# request (AsyncConnectionPool._assign_requests_to_connections, at each request's start and end): with
-# 256 connections in one pool about 20% of the load client's CPU (cProfile, concurrency 256, the
-# instant fake server of benchmarks/client_ceiling.py). Pools of at most LANE_CONNECTIONS keep it short.
-LANE_CONNECTIONS = 32
-
-
-def lanes_for(max_connections: int | None) -> tuple[int, int | None]:
-    """(pools, connections per pool) for `max_connections` in all (None: one pool, httpx's default)."""
-    if not max_connections:
-        return 1, None
-    count = -(-max_connections // LANE_CONNECTIONS)
-    return count, -(-max_connections // count)
-
-
 class ServerAPI:
     """The async client: its own connection pools per instance (the load's, the watchdog's); the
-    load's streams are spread over pools of at most LANE_CONNECTIONS connections (`lanes_for`)."""
+    load's streams are spread over pools of at most 32 connections (verify/serving/lanes.py)."""
 
     def __init__(
         self,
@@ -235,23 +221,14 @@ class ServerAPI:
         # A plain-HTTP server needs no certificates: httpx would load the CA bundle for every client
         # (0.1-0.13 s of CPU each, two per load run, so two per A/B slice); https keeps verification.
         verify = not base_url.startswith("http://")
-        count, per_lane = lanes_for(max_connections)
-        limits = (
-            httpx.Limits(max_connections=per_lane, max_keepalive_connections=per_lane) if per_lane else httpx.Limits()
-        )
-        self.lanes = [
-            httpx.AsyncClient(base_url=base_url, timeout=timeout, limits=limits, transport=transport, verify=verify)
-            for _ in range(count)
-        ]
-        self.in_flight = [0] * count
-        self.client = self.lanes[0]  # the one-off calls (models, metrics, completions)
+        self.lanes = Lanes.of(max_connections, base_url=base_url, timeout=timeout, transport=transport, verify=verify)
+        self.client = self.lanes.clients[0]  # the one-off calls (models, metrics, completions)
 
     async def __aenter__(self) -> ServerAPI:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        for lane in self.lanes:
-            await lane.aclose()
+        await self.lanes.aclose()
 
     async def get_capped(self, path: str, *, cap: int, timeout: float) -> tuple[int, bytes]:
         """(status, body) of GET path, the body capped at `cap` bytes and the whole answer at `timeout`
@@ -321,20 +298,15 @@ class ServerAPI:
 
     async def stream_chat(self, **kwargs: Any) -> RequestRecord:
         """`stream_chat` on this server's chat path, with the driver's dead markers and extensions, on
-        the lane with the fewest streams in flight: while fewer streams than the lanes' connections are
-        open, that lane has a free one, so no request waits for a connection another lane has spare."""
-        lane = self.in_flight.index(min(self.in_flight))
-        self.in_flight[lane] += 1
-        try:
+        the load's least busy connection pool."""
+        async with self.lanes.take() as client:
             return await stream_chat(
-                self.lanes[lane],
+                client,
                 path=self.paths.chat,
                 dead_markers=self.driver.dead_markers,
                 ignore_eos_field=self.driver.ignore_eos_field,
                 **kwargs,
             )
-        finally:
-            self.in_flight[lane] -= 1
 
 
 class ServerCalls:
