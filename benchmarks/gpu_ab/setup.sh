@@ -28,5 +28,6 @@ PYTHONPATH=$PWD /tmp/tools/bin/python -c 'import stackproof.cli, uv; print("stac
 mkdir -p /models
 [ -f /models/tiny-llama/config.json ] || HF_HUB_OFFLINE=1 /tmp/venv/bin/python images/recipes/tiny-model/make_tiny_model.py \
     /models/tiny-llama > /tmp/tiny.log 2>&1 || { tail -20 /tmp/tiny.log; exit 3; }
-/tmp/tools/bin/python benchmarks/gpu_ab/planted.py --out /tmp/planted || exit 3
+# NO_PLANTED=1: a call that measures only the client (client.sh) skips the bisect's planted index.
+[ -n "${NO_PLANTED:-}" ] || /tmp/tools/bin/python benchmarks/gpu_ab/planted.py --out /tmp/planted || exit 3
 nvidia-smi -L; nproc; echo "$(el) setup done"
