@@ -7,17 +7,13 @@ standing is a strict xfail with the reason.
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
-import yaml
 
 from tests.unit.test_diagnosis_beyond import BEYOND
-from tests.unit.test_diagnosis_unseen import assert_held, assert_index_is_the_folder, held_batch, primary
+from tests.unit.test_diagnosis_unseen import held_batch_tests, primary
 from verify.logs.logtext import clean_line, message_of, split_records
 
 BATCH = BEYOND / "fresh11"
-INDEX = yaml.safe_load((BATCH / "index.yaml").read_text())["logs"]
 LEFT = {
     "sglang-37105-rtx-pro-6000-deep-gemm-nameerror.log": "the NameError is logged above SGLang's 'Scheduler hit an "
     "exception' and 'Received sigquit from a child process', whose traceback the paste cut; engine-dead (the scheduler "
@@ -133,10 +129,6 @@ def test_caret_notation_escapes_and_carriage_returns_are_taken_off_a_paste() -> 
     assert primary(line.replace("render_jinja_template", "apply") + "\n") == "python-exception"
 
 
-@pytest.mark.parametrize("entry", held_batch(INDEX, LEFT))
-def test_batch_log_gets_its_class(entry: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
-    assert_held(BATCH / entry["file"], entry, capsys)
-
-
-def test_the_index_is_the_folder_and_the_left_ones_are_in_it() -> None:
-    assert_index_is_the_folder(BATCH, INDEX, LEFT, logs=45, failing=33)
+test_batch_log_gets_its_class, test_the_index_is_the_folder_and_the_left_ones_are_in_it = held_batch_tests(
+    BATCH, LEFT, logs=45, failing=33
+)

@@ -7,16 +7,12 @@ batch held log by log; the pastes left standing are strict xfails with the reaso
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
-import yaml
 
 from tests.unit.test_diagnosis_beyond import BEYOND
-from tests.unit.test_diagnosis_unseen import assert_held, assert_index_is_the_folder, held_batch, primary
+from tests.unit.test_diagnosis_unseen import held_batch_tests, primary
 
 BATCH = BEYOND / "fresh12"
-INDEX = yaml.safe_load((BATCH / "index.yaml").read_text())["logs"]
 LEFT = {
     "gpustack-5014-raylet-dev-shm-request-exceeds.log": "Ray's plasma store logs 'System memory request exceeds memory "
     "available in /dev/shm' at WARNING and goes on with a fallback directory; a Ray WARNING about /dev/shm is also in "
@@ -102,10 +98,6 @@ def test_a_warnings_line_a_class_names_still_counts_for_it() -> None:
     assert primary(line) == "disk-full"
 
 
-@pytest.mark.parametrize("entry", held_batch(INDEX, LEFT))
-def test_batch_log_gets_its_class(entry: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
-    assert_held(BATCH / entry["file"], entry, capsys)
-
-
-def test_the_index_is_the_folder_and_the_left_ones_are_in_it() -> None:
-    assert_index_is_the_folder(BATCH, INDEX, LEFT, logs=44, failing=32)
+test_batch_log_gets_its_class, test_the_index_is_the_folder_and_the_left_ones_are_in_it = held_batch_tests(
+    BATCH, LEFT, logs=44, failing=32
+)

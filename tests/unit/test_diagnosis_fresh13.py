@@ -7,16 +7,12 @@ standing are strict xfails with the reason.
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
-import yaml
 
 from tests.unit.test_diagnosis_beyond import BEYOND
-from tests.unit.test_diagnosis_unseen import assert_held, assert_index_is_the_folder, held_batch, primary
+from tests.unit.test_diagnosis_unseen import held_batch_tests, primary
 
 BATCH = BEYOND / "fresh13"
-INDEX = yaml.safe_load((BATCH / "index.yaml").read_text())["logs"]
 _NOT_IN_THE_LINES = "labelled from the thread, not from the lines: "
 LEFT = {
     "sglang-6229-grammar-queue-indexerror-stress.log": "an IndexError under SGLang's scheduler, which then dies: "
@@ -100,10 +96,6 @@ def test_a_near_line_is_not_that_class(line: str, cls: str) -> None:
     assert primary(line) != cls
 
 
-@pytest.mark.parametrize("entry", held_batch(INDEX, LEFT))
-def test_batch_log_gets_its_class(entry: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
-    assert_held(BATCH / entry["file"], entry, capsys)
-
-
-def test_the_index_is_the_folder_and_the_left_ones_are_in_it() -> None:
-    assert_index_is_the_folder(BATCH, INDEX, LEFT, logs=44, failing=32)
+test_batch_log_gets_its_class, test_the_index_is_the_folder_and_the_left_ones_are_in_it = held_batch_tests(
+    BATCH, LEFT, logs=44, failing=32
+)

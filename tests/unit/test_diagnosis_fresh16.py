@@ -7,16 +7,12 @@ held log by log; the pastes left standing are strict xfails with the reason.
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
-import yaml
 
 from tests.unit.test_diagnosis_beyond import BEYOND
-from tests.unit.test_diagnosis_unseen import assert_held, assert_index_is_the_folder, held_batch, primary
+from tests.unit.test_diagnosis_unseen import held_batch_tests, primary
 
 BATCH = BEYOND / "fresh16"
-INDEX = yaml.safe_load((BATCH / "index.yaml").read_text())["logs"]
 _RAISED_LAST = (
     "a Python raise line ends the paste, and a Python exception is what the lines show (the labeller's other reading): "
 )
@@ -125,10 +121,6 @@ def test_a_clean_line_stays_clean(line: str) -> None:
     assert primary(line) is None
 
 
-@pytest.mark.parametrize("entry", held_batch(INDEX, LEFT))
-def test_batch_log_gets_its_class(entry: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
-    assert_held(BATCH / entry["file"], entry, capsys)
-
-
-def test_the_index_is_the_folder_and_the_left_ones_are_in_it() -> None:
-    assert_index_is_the_folder(BATCH, INDEX, LEFT, logs=41, failing=28)
+test_batch_log_gets_its_class, test_the_index_is_the_folder_and_the_left_ones_are_in_it = held_batch_tests(
+    BATCH, LEFT, logs=41, failing=28
+)

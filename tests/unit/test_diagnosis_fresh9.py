@@ -7,16 +7,12 @@ left standing are strict xfails with the reason.
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
-import yaml
 
 from tests.unit.test_diagnosis_beyond import BEYOND
-from tests.unit.test_diagnosis_unseen import assert_held, assert_index_is_the_folder, held_batch, primary
+from tests.unit.test_diagnosis_unseen import held_batch_tests, primary
 
 BATCH = BEYOND / "fresh9"
-INDEX = yaml.safe_load((BATCH / "index.yaml").read_text())["logs"]
 LEFT = {
     "machine-shop-70-kernel-520-nvidia-smi-525.log": "no error line: the mismatch is two versions in an environment "
     "report (the kernel module 520.56.06 in /proc/driver/nvidia/version, the nvidia-smi package 525.85.12); the "
@@ -60,10 +56,6 @@ def test_a_near_line_is_not_those_classes(line: str) -> None:
     assert primary(line) not in ("nccl-error", "unsupported-on-gpu")
 
 
-@pytest.mark.parametrize("entry", held_batch(INDEX, LEFT))
-def test_batch_log_gets_its_class(entry: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
-    assert_held(BATCH / entry["file"], entry, capsys)
-
-
-def test_the_index_is_the_folder_and_the_left_ones_are_in_it() -> None:
-    assert_index_is_the_folder(BATCH, INDEX, LEFT, logs=31, failing=22)
+test_batch_log_gets_its_class, test_the_index_is_the_folder_and_the_left_ones_are_in_it = held_batch_tests(
+    BATCH, LEFT, logs=31, failing=22
+)

@@ -83,6 +83,21 @@ def assert_index_is_the_folder(
     assert set(left) <= {e["file"] for e in index}
 
 
+def held_batch_tests(batch: Path, left: dict[str, str], *, logs: int, failing: int) -> tuple[Any, Any]:
+    """A held-out batch's two tests, for its module to bind as its own: each paste gets its label's class (the
+    ones left standing strict xfails), and its index is its folder with the counts recorded."""
+    index = yaml.safe_load((batch / "index.yaml").read_text())["logs"]
+
+    @pytest.mark.parametrize("entry", held_batch(index, left))
+    def test_batch_log_gets_its_class(entry: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+        assert_held(batch / entry["file"], entry, capsys)
+
+    def test_the_index_is_the_folder_and_the_left_ones_are_in_it() -> None:
+        assert_index_is_the_folder(batch, index, left, logs=logs, failing=failing)
+
+    return test_batch_log_gets_its_class, test_the_index_is_the_folder_and_the_left_ones_are_in_it
+
+
 # -- the split: decided by the URL, recorded, no thread reused ----------------------------------
 
 
