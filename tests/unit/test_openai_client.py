@@ -379,15 +379,24 @@ def test_lanes_hold_at_most_lane_connections_each_and_one_pool_below_it() -> Non
 
 def test_the_load_spreads_its_streams_evenly_over_the_lanes_and_frees_them() -> None:
     """64 streams held open at once on a client of 68 connections: three lanes of 23, the streams 22,
-    21, 21 (never more than a lane's connections), every one completed, nothing counted in flight after."""
-    gate, arrived, seen = asyncio.Event(), [0], []
+    21, 21 (never more than a lane's connections); a completion sent meanwhile (the determinism check
+    under load) takes the least busy lane too, not a fixed one that could be full; every one completed,
+    nothing counted in flight after."""
+    full, gate, arrived, seen = asyncio.Event(), asyncio.Event(), [0], []
 
     async def app(scope: MutableMapping[str, Any], receive: Callable[[], Awaitable[Any]], send: Any) -> None:
         await receive()
+        if scope["path"] == "/v1/completions":
+            seen.append(list(api.lanes.in_flight))
+            await send(
+                {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]}
+            )
+            await send({"type": "http.response.body", "body": b'{"choices": []}', "more_body": False})
+            return
         arrived[0] += 1
         if arrived[0] == 64:
             seen.append(list(api.lanes.in_flight))
-            gate.set()
+            full.set()
         await gate.wait()
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
         for chunk in GOOD:
@@ -396,14 +405,19 @@ def test_the_load_spreads_its_streams_evenly_over_the_lanes_and_frees_them() -> 
 
     async def main() -> list[RequestRecord]:
         async with api:
-            return await asyncio.gather(*(
+            streams = asyncio.gather(*(
                 api.stream_chat(model="m", messages=MESSAGES, max_tokens=8, ignore_eos=False, timeouts=GENEROUS,
                                 record=RequestRecord(question_id=i, turn=0), clock=time.monotonic,
                                 on_chunk=lambda: None)
                 for i in range(64)
             ))  # fmt: skip
+            await full.wait()
+            answer = await api.complete({"model": "m", "prompt": "x"}, timeout=5)
+            assert answer.status == 200, answer
+            gate.set()
+            return await streams
 
     api = ServerAPI("http://fake", DRIVERS["vllm"], max_connections=68, transport=httpx.ASGITransport(app=app))
     records = asyncio.run(main())
-    assert len(api.lanes.clients) == 3 and seen == [[22, 21, 21]]
+    assert len(api.lanes.clients) == 3 and seen == [[22, 21, 21], [22, 22, 21]]
     assert all(r.ok and r.text == "Hello world" for r in records) and api.lanes.in_flight == [0, 0, 0]

@@ -30,7 +30,8 @@ def lanes_for(max_connections: int | None) -> tuple[int, int | None]:
 class Lanes:
     """`lanes_for(max_connections)` clients of one server; `take()` lends the one with the fewest streams in
     flight: while fewer streams than the lanes' connections are open, that lane has a free one, so no request
-    waits for a connection while another lane has one spare."""
+    waits for a connection while another lane has one spare. The one-off calls (models, metrics, the
+    determinism completions sent during a load) take a lane too: a fixed one could be full of streams."""
 
     def __init__(self, clients: list[httpx.AsyncClient]) -> None:
         self.clients = clients

@@ -221,8 +221,8 @@ class ServerAPI:
         # A plain-HTTP server needs no certificates: httpx would load the CA bundle for every client
         # (0.1-0.13 s of CPU each, two per load run, so two per A/B slice); https keeps verification.
         verify = not base_url.startswith("http://")
+        # Every call, streamed or one-off, takes the least busy pool (lanes.py says why).
         self.lanes = Lanes.of(max_connections, base_url=base_url, timeout=timeout, transport=transport, verify=verify)
-        self.client = self.lanes.clients[0]  # the one-off calls (models, metrics, completions)
 
     async def __aenter__(self) -> ServerAPI:
         return self
@@ -233,7 +233,11 @@ class ServerAPI:
     async def get_capped(self, path: str, *, cap: int, timeout: float) -> tuple[int, bytes]:
         """(status, body) of GET path, the body capped at `cap` bytes and the whole answer at `timeout`
         seconds (TimeoutError); httpx's own timeout bounds each read, not a dribble."""
-        async with asyncio.timeout(timeout), self.client.stream("GET", path, timeout=timeout) as response:
+        async with (
+            asyncio.timeout(timeout),
+            self.lanes.take() as client,
+            client.stream("GET", path, timeout=timeout) as response,
+        ):
             return response.status_code, await capped_body(response, cap, f"{self.base_url}{path}")
 
     async def model_id(self) -> str:
@@ -266,7 +270,8 @@ class ServerAPI:
         try:  # the status line only: a body (a million-series /metrics, one without end) is never read
             async with (
                 asyncio.timeout(PROBE_TIMEOUT_S),
-                self.client.stream("GET", path, timeout=PROBE_TIMEOUT_S) as response,
+                self.lanes.take() as client,
+                client.stream("GET", path, timeout=PROBE_TIMEOUT_S) as response,
             ):
                 return response.status_code
         except (httpx.TimeoutException, TimeoutError):
@@ -287,7 +292,8 @@ class ServerAPI:
         try:
             async with (
                 asyncio.timeout(timeout),
-                self.client.stream("POST", self.paths.completions, json=body, timeout=timeout) as response,
+                self.lanes.take() as client,
+                client.stream("POST", self.paths.completions, json=body, timeout=timeout) as response,
             ):
                 data = await capped_body(response, MAX_BODY_BYTES, f"{self.base_url}{self.paths.completions}")
         except TimeoutError:
@@ -298,7 +304,7 @@ class ServerAPI:
 
     async def stream_chat(self, **kwargs: Any) -> RequestRecord:
         """`stream_chat` on this server's chat path, with the driver's dead markers and extensions, on
-        the load's least busy connection pool."""
+        the least busy connection pool."""
         async with self.lanes.take() as client:
             return await stream_chat(
                 client,
